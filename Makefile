@@ -1,0 +1,28 @@
+# The two set-up commands of the README: `make demo` and `make test`.
+# Each creates .venv (Python 3.11) and installs the project with what it needs, once.
+PY ?= python3.11
+VENV := .venv
+STAMP := $(VENV)/.installed
+
+$(STAMP): pyproject.toml
+	@command -v $(PY) >/dev/null || { echo "need $(PY) on PATH"; exit 1; }
+	@test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet -e '.[test,bench]'
+	@touch $(STAMP)
+
+.PHONY: env demo test lint bench
+env: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/python examples/quickstart.py
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check actors runtime connectors examples tests
+	$(VENV)/bin/python -m pytest
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check actors runtime connectors examples tests
+
+bench: $(STAMP)
+	$(VENV)/bin/python examples/benchmark.py ledger

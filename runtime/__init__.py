@@ -1,0 +1,1 @@
+"""raytxn runtime: ids, errors, ledgers, state machines and the client API."""

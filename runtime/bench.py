@@ -1,0 +1,94 @@
+"""Benchmarks, one function per subject, each returning rows (dicts) that end up in one JSON file.
+
+Run them with ``raytxn bench <name>`` or ``python examples/benchmark.py <name>``. ``short=True``
+sizes a run for a CI smoke test; the full size is for the numbers quoted in issue notes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from runtime.ledger import LedgerConfig, ManagedLedger
+from runtime.storage import Storage
+
+
+async def _ledger_case(url: str, options: dict, record_size: int, group_commit: bool, appends: int,
+                       concurrency: int) -> dict:
+    storage = Storage.from_url(url, **options)
+    stream = f"bench/{record_size}-{'gc' if group_commit else 'single'}-{time.monotonic_ns()}"
+    ml = await ManagedLedger.open(storage, stream, LedgerConfig(group_commit=group_commit))
+    record = os.urandom(record_size)
+    latencies: list[float] = []
+    per_worker = appends // concurrency
+
+    async def worker() -> None:
+        for _ in range(per_worker):
+            t0 = time.perf_counter()
+            await ml.append([record])
+            latencies.append(time.perf_counter() - t0)
+
+    start = time.perf_counter()
+    await asyncio.gather(*[worker() for _ in range(concurrency)])
+    elapsed = time.perf_counter() - start
+    done = per_worker * concurrency
+    puts = 0
+    for info in ml.ledgers:
+        puts += len(await storage.list(f"streams/{stream}/ledgers/{info.ledger_id:012d}"))
+    latencies.sort()
+    return {
+        "appends": done, "concurrency": concurrency, "seconds": round(elapsed, 3),
+        "appends_per_s": round(done / elapsed, 1),
+        "mb_per_s": round(done * record_size / elapsed / 1e6, 3),
+        "puts": puts, "entries_per_put": round(done / max(puts, 1), 1),
+        "p50_ms": round(latencies[len(latencies) // 2] * 1000, 3),
+        "p99_ms": round(latencies[int(len(latencies) * 0.99)] * 1000, 3),
+    }
+
+
+def bench_ledger(short: bool = False, progress: Callable[[str], None] = print) -> list[dict]:
+    """Appends/s and MB/s for 100 B and 10 KiB records on file:// and SeaweedFS S3, with group
+    commit (64 concurrent appenders) and with one put per append."""
+    from runtime.seaweedfs import start_seaweedfs
+
+    rows: list[dict] = []
+    server = start_seaweedfs()
+    try:
+        server.create_bucket("raytxn-bench")
+        targets = {
+            "file": (f"file://{tempfile.mkdtemp(prefix='raytxn-bench-')}", {}),
+            "s3": (server.url("raytxn-bench", f"run-{time.time_ns()}"), server.storage_options()),
+        }
+        scale = 0.1 if short else 1.0
+        for backend, (url, options) in targets.items():
+            for record_size in (100, 10 * 1024):
+                for group_commit in (True, False):
+                    base = 20_000 if record_size == 100 else 5_000
+                    appends = int((base if group_commit else base // 10) * scale)
+                    concurrency = 64 if group_commit else 1
+                    result = asyncio.run(_ledger_case(url, options, record_size, group_commit,
+                                                      max(appends, concurrency), concurrency))
+                    row = {"bench": "ledger", "backend": backend, "record_bytes": record_size,
+                           "mode": "group-commit" if group_commit else "put-per-append", **result}
+                    progress(f"  {backend:4} {record_size:>6} B {row['mode']:15} "
+                             f"{row['appends_per_s']:>10.0f} appends/s {row['mb_per_s']:>8.2f} MB/s")
+                    rows.append(row)
+    finally:
+        server.stop()
+    return rows
+
+
+BENCHMARKS: dict[str, Callable[..., list[dict]]] = {"ledger": bench_ledger}
+
+
+def write_results(rows: list[dict], out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    out.write_text(json.dumps({"meta": meta, "results": rows}, indent=2))

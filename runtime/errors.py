@@ -1,0 +1,129 @@
+"""The one error hierarchy of raytxn.
+
+Every error a caller can see is a ``RaytxnError``. Errors whose ``retriable`` class attribute is
+true describe a passing condition (storage briefly unreachable, an actor restarting); the client
+retries those transparently and idempotently. All others are final for the request that raised
+them, and the request changed nothing.
+
+Errors cross Ray actor boundaries by pickling, so every subclass keeps its constructor arguments
+in ``args`` (the default ``Exception`` behaviour) and adds no required keyword-only state.
+"""
+
+from __future__ import annotations
+
+
+class RaytxnError(Exception):
+    """Base of every raytxn error."""
+
+    retriable: bool = False
+
+
+# --- generic -----------------------------------------------------------------------------------
+
+
+class Timeout(RaytxnError):
+    """A wait ran out (receive with a timeout, a call past its deadline)."""
+
+    retriable = True
+
+
+class NotAllowed(RaytxnError):
+    """The request is well formed but not allowed in the current state (wrong owner, an append
+    for a transaction already below its coordinator's low watermark, ...)."""
+
+
+class NotAuthorized(RaytxnError):
+    """The caller's principal lacks the permission the request needs."""
+
+
+class InvalidArgument(RaytxnError):
+    """A malformed argument: a bad name, a negative timeout, an empty batch, ..."""
+
+
+# --- topics and messages ---------------------------------------------------------------------
+
+
+class TopicNotFound(RaytxnError):
+    """No topic of that name exists."""
+
+
+class TopicAlreadyExists(RaytxnError):
+    """A topic of that name exists already (with other settings)."""
+
+
+class InvalidTopicName(InvalidArgument):
+    """A topic, subscription or stream name that does not follow the naming rules."""
+
+
+class MessageTooLarge(RaytxnError):
+    """A message (or record) above the configured size limit; nothing was written."""
+
+
+# --- transactions ----------------------------------------------------------------------------
+
+
+class TransactionNotFound(RaytxnError):
+    """The coordinator does not know that transaction id."""
+
+
+class TransactionTimedOut(RaytxnError):
+    """The transaction passed its deadline and was aborted by the coordinator."""
+
+
+class InvalidTxnState(RaytxnError):
+    """A transition that the transaction's current state does not allow."""
+
+
+class TransactionAlreadyCommitted(InvalidTxnState):
+    """Abort (or another change) requested for a transaction that committed."""
+
+
+class TransactionAlreadyAborted(InvalidTxnState):
+    """Commit (or another change) requested for a transaction that aborted."""
+
+
+class TransactionConflict(RaytxnError):
+    """An ack that collides with an ack pending in another transaction, or with one already
+    made."""
+
+
+class Fenced(RaytxnError):
+    """A newer incarnation (of a ledger writer, an actor, or a transactional id) has taken
+    over; the caller is a zombie and must stop."""
+
+
+# --- storage ---------------------------------------------------------------------------------
+
+
+class CorruptLedger(RaytxnError):
+    """A stored object is missing, truncated, or fails its checksum. Never skipped silently.
+
+    ``path`` names the object."""
+
+    def __init__(self, message: str, path: str = "") -> None:
+        super().__init__(message, path)
+        self.path = path
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+class PositionTrimmed(RaytxnError):
+    """A read below the stream's trim point: those entries were deleted on purpose."""
+
+
+class StorageUnavailable(RaytxnError):
+    """The object store could not be reached or answered with a server error. Retriable."""
+
+    retriable = True
+
+
+class ActorUnavailable(RaytxnError):
+    """The actor serving the request died and is restarting. Retriable."""
+
+    retriable = True
+
+
+def is_retriable(error: BaseException) -> bool:
+    """True when ``error`` is a raytxn error marked retriable."""
+    return isinstance(error, RaytxnError) and error.retriable

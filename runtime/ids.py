@@ -1,0 +1,62 @@
+"""Identifiers: ledger positions, transaction ids, and the naming rules.
+
+Positions and transaction ids are frozen, ordered msgspec structs: hashable, comparable, cheap to
+encode, and they pickle across Ray.
+"""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+
+from runtime.errors import InvalidTopicName
+
+
+class Position(msgspec.Struct, frozen=True, order=True, array_like=True):
+    """An entry of a managed ledger: ``(ledger_id, entry_id)``, totally ordered per stream."""
+
+    ledger_id: int
+    entry_id: int
+
+    def __str__(self) -> str:
+        return f"<{self.ledger_id},{self.entry_id}>"
+
+
+# The position before every real one: "nothing read yet" / "nothing acked yet".
+EARLIEST = Position(-1, -1)
+
+
+class TxnID(msgspec.Struct, frozen=True, order=True, array_like=True):
+    """A transaction: the coordinator that owns it and that coordinator's sequence number.
+
+    Sequences are never reused by a coordinator, also across restarts."""
+
+    tc_id: int
+    sequence: int
+
+    def __str__(self) -> str:
+        return f"txn({self.tc_id},{self.sequence})"
+
+
+# Topics, subscriptions and stream names share one conservative alphabet: they end up in Ray
+# actor names and object-store keys, so no slashes, spaces or dots-only names.
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}$")
+# Stream names of the ledger layer may have path-like segments, each a valid name.
+_STREAM = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}(/[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}){0,7}$")
+
+
+def check_name(name: object, what: str = "topic") -> str:
+    """Return ``name`` when it is a valid topic or subscription name, else raise
+    ``InvalidTopicName``."""
+    if not isinstance(name, str) or not _NAME.match(name) or ".." in name:
+        raise InvalidTopicName(f"invalid {what} name {name!r}: use 1-200 of [A-Za-z0-9_.-], "
+                               "starting with a letter or digit")
+    return name
+
+
+def check_stream_name(name: object) -> str:
+    """Return ``name`` when it is a valid ledger stream name (``a/b/c`` of valid names)."""
+    if not isinstance(name, str) or not _STREAM.match(name) or ".." in name:
+        raise InvalidTopicName(f"invalid stream name {name!r}")
+    return name

@@ -1,0 +1,84 @@
+"""Byte layout of ledger objects.
+
+An object holds one or more frames, back to back. A frame is
+
+    magic "RX" | kind u8 | flags u8 | payload length u32 | entry id u64 | crc32c u32 | payload
+
+all big-endian; the CRC32C covers the first 16 header bytes and the payload, so a flipped bit
+anywhere, a truncated object, or an object moved to another position is detected. A data entry's
+payload is the msgpack encoding of its list of records (bytes). A SEAL frame has no payload: it
+closes the ledger at its entry id, and nothing after it is part of the ledger.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from enum import IntEnum
+
+import crc32c
+import msgspec
+
+from runtime.errors import CorruptLedger
+
+MAGIC = b"RX"
+_HEADER = struct.Struct(">2sBBIQI")
+HEADER_SIZE = _HEADER.size  # 20
+_CRC_COVERS = 16  # header bytes before the CRC field
+
+_records_encoder = msgspec.msgpack.Encoder()
+_records_decoder = msgspec.msgpack.Decoder(list[bytes])
+
+
+class FrameKind(IntEnum):
+    ENTRY = 1
+    SEAL = 2
+    META = 3
+
+
+def encode_frame(kind: FrameKind, entry_id: int, payload: bytes) -> bytes:
+    head = struct.pack(">2sBBIQ", MAGIC, int(kind), 0, len(payload), entry_id)
+    crc = crc32c.crc32c(payload, crc32c.crc32c(head))
+    return head + struct.pack(">I", crc) + payload
+
+
+def encode_records(records: Sequence[bytes]) -> bytes:
+    return _records_encoder.encode(list(records))
+
+
+def decode_records(payload: bytes, path: str) -> list[bytes]:
+    try:
+        return _records_decoder.decode(payload)
+    except msgspec.DecodeError as e:  # CRC passed yet payload undecodable: a writer bug or tampering
+        raise CorruptLedger(f"undecodable entry in {path}: {e}", path) from e
+
+
+def decode_frames(data: bytes, path: str) -> list[tuple[FrameKind, int, bytes]]:
+    """Split an object into ``(kind, entry_id, payload)`` frames, verifying every CRC.
+
+    Raises ``CorruptLedger`` naming ``path`` on any truncation, bad magic or checksum."""
+    frames: list[tuple[FrameKind, int, bytes]] = []
+    view = memoryview(data)
+    offset = 0
+    if not data:
+        raise CorruptLedger(f"empty ledger object {path}", path)
+    while offset < len(data):
+        if len(data) - offset < HEADER_SIZE:
+            raise CorruptLedger(f"truncated frame header at byte {offset} of {path}", path)
+        magic, kind, _flags, length, entry_id, crc = _HEADER.unpack_from(view, offset)
+        if magic != MAGIC:
+            raise CorruptLedger(f"bad magic at byte {offset} of {path}", path)
+        start = offset + HEADER_SIZE
+        end = start + length
+        if end > len(data):
+            raise CorruptLedger(f"truncated frame payload at byte {offset} of {path}", path)
+        payload = bytes(view[start:end])
+        actual = crc32c.crc32c(payload, crc32c.crc32c(view[offset:offset + _CRC_COVERS]))
+        if actual != crc:
+            raise CorruptLedger(f"checksum mismatch at byte {offset} of {path}", path)
+        try:
+            frames.append((FrameKind(kind), entry_id, payload))
+        except ValueError as e:
+            raise CorruptLedger(f"unknown frame kind {kind} at byte {offset} of {path}", path) from e
+        offset = end
+    return frames

@@ -1,0 +1,104 @@
+"""The per-stream metadata record, updated by compare-and-set.
+
+Not every store offers a conditional overwrite (obstore's LocalStore has no ``If-Match``), but all
+offer conditional create. So the record is versioned: version ``v`` lives at
+``streams/<stream>/meta/<v, 20 digits>``, the newest version is the current record, and an update
+from version ``v`` is the conditional create of ``v + 1``. Of two incarnations updating from the
+same version exactly one create succeeds; the other gets ``Fenced``.
+
+Old versions are deleted to keep listings short. That opens one hole: a writer holding a very old
+version ``v`` could re-create a deleted ``v + 1`` although ``v + 5`` exists. Two rules close it:
+readers always take the highest version, and a writer lists again after its create and counts as
+fenced if anything higher exists.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from runtime.errors import CorruptLedger, Fenced
+from runtime.ids import Position
+from runtime.ledger.framing import FrameKind, decode_frames, encode_frame
+from runtime.storage import ObjectExists, Storage
+
+KEEP_VERSIONS = 4
+
+
+class LedgerInfo(msgspec.Struct):
+    """One ledger of a stream. ``last_entry_id`` is known once the ledger is closed."""
+
+    ledger_id: int
+    closed: bool = False
+    last_entry_id: int = -1
+    created_ms: int = 0
+
+
+class StreamMetadata(msgspec.Struct):
+    """What a stream consists of. ``incarnation`` counts the writers that opened it."""
+
+    version: int = 0
+    incarnation: int = 0
+    ledgers: list[LedgerInfo] = msgspec.field(default_factory=list)
+    trimmed_below: Position = Position(-1, -1)
+    next_ledger_id: int = 0
+    properties: dict[str, bytes] = msgspec.field(default_factory=dict)
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(StreamMetadata)
+
+
+def meta_prefix(stream: str) -> str:
+    return f"streams/{stream}/meta"
+
+
+def meta_path(stream: str, version: int) -> str:
+    return f"{meta_prefix(stream)}/{version:020d}"
+
+
+async def read_metadata(storage: Storage, stream: str) -> StreamMetadata | None:
+    """The current record of ``stream``, or None for a stream never created."""
+    paths = await storage.list(meta_prefix(stream))
+    if not paths:
+        return None
+    newest = paths[-1]
+    data = await storage.get(newest)
+    if data is None:  # deleted between list and get: a newer version exists, read again
+        return await read_metadata(storage, stream)
+    return decode_metadata(data, newest)
+
+
+def decode_metadata(data: bytes, path: str) -> StreamMetadata:
+    frames = decode_frames(data, path)
+    if len(frames) != 1 or frames[0][0] != FrameKind.META:
+        raise CorruptLedger(f"not a metadata object: {path}", path)
+    try:
+        meta = _decoder.decode(frames[0][2])
+    except msgspec.DecodeError as e:
+        raise CorruptLedger(f"undecodable metadata {path}: {e}", path) from e
+    if meta_path_version(path) != meta.version:
+        raise CorruptLedger(f"metadata {path} claims version {meta.version}", path)
+    return meta
+
+
+def meta_path_version(path: str) -> int:
+    return int(path.rsplit("/", 1)[1])
+
+
+async def compare_and_set(storage: Storage, stream: str, new: StreamMetadata) -> StreamMetadata:
+    """Store ``new`` as the version after ``new.version - 1``; ``Fenced`` if someone else did.
+
+    The caller builds ``new`` from the record it read, with ``version`` one higher."""
+    path = meta_path(stream, new.version)
+    data = encode_frame(FrameKind.META, new.version, _encoder.encode(new))
+    try:
+        await storage.create(path, data)
+    except ObjectExists as e:
+        raise Fenced(f"stream {stream}: metadata version {new.version} was written by another "
+                     "incarnation") from e
+    paths = await storage.list(meta_prefix(stream))
+    if paths and meta_path_version(paths[-1]) > new.version:
+        raise Fenced(f"stream {stream}: metadata moved past version {new.version}")
+    stale = [p for p in paths if meta_path_version(p) <= new.version - KEEP_VERSIONS]
+    await storage.delete(stale)
+    return new

@@ -1,0 +1,26 @@
+"""The benchmark command runs end to end (short mode) against real file:// and SeaweedFS stores."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+@pytest.mark.s3
+def test_bench_ledger_short_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "ledger.json"
+    proc = subprocess.run([sys.executable, "-m", "runtime.cli", "bench", "ledger", "--short", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = json.loads(out.read_text())["results"]
+    cases = {(r["backend"], r["record_bytes"], r["mode"]) for r in rows}
+    assert cases == {(b, s, m) for b in ("file", "s3") for s in (100, 10240)
+                     for m in ("group-commit", "put-per-append")}
+    for row in rows:
+        assert row["appends_per_s"] > 0 and row["puts"] >= 1
+        if row["mode"] == "put-per-append":
+            assert row["entries_per_put"] == 1.0
+        else:
+            assert row["entries_per_put"] > 1.0  # 64 concurrent appenders share puts
