@@ -60,3 +60,20 @@ def check_stream_name(name: object) -> str:
     if not isinstance(name, str) or not _STREAM.match(name) or ".." in name:
         raise InvalidTopicName(f"invalid stream name {name!r}")
     return name
+
+
+# --- Ray actor names (namespace NAMESPACE): a driver finds every actor by name -----------------
+
+NAMESPACE = "raytxn"
+
+
+def coordinator_actor_name(tc_id: int) -> str:
+    return f"tc-{tc_id}"
+
+
+def partition_actor_name(topic: str, partition: int) -> str:
+    return f"partition-{topic}-{partition}"
+
+
+def subscription_actor_name(topic: str, partition: int, subscription: str) -> str:
+    return f"sub-{topic}-{partition}-{subscription}"

@@ -42,3 +42,20 @@ def storage_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
     if request.param == "s3":
         request.applymarker(pytest.mark.s3)
     return make_url(request.param, request, tmp_path_factory)
+
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def ray_session() -> Iterator[object]:
+    """One local Ray for the whole test session (started here, shut down at the end)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(namespace="raytxn", num_cpus=8, include_dashboard=False, logging_level="WARNING",
+                 runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+    try:
+        yield ray
+    finally:
+        ray.shutdown()

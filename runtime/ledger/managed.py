@@ -26,7 +26,7 @@ import asyncio
 import itertools
 import time
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -77,6 +77,7 @@ class _Pending(msgspec.Struct):
     records: list[bytes]
     payload: bytes
     future: asyncio.Future
+    on_durable: Callable[[Position], None] | None = None
 
 
 class ManagedLedger:
@@ -177,8 +178,14 @@ class ManagedLedger:
 
     # --- appending -------------------------------------------------------------------------
 
-    async def append(self, records: Sequence[bytes] | bytes) -> Position:
-        """Append one entry (a batch of records); returns its position once it is durable."""
+    async def append(self, records: Sequence[bytes] | bytes,
+                     on_durable: Callable[[Position], None] | None = None) -> Position:
+        """Append one entry (a batch of records); returns its position once it is durable.
+
+        ``on_durable(position)`` runs as soon as the entry is durable, synchronously and in entry
+        order, before any appender is woken: state machines apply logged records there, so they
+        apply in exactly the order a replay of the ledger will. If it raises, that append fails
+        with the error (the caller's state no longer matches its log: it must stop)."""
         if isinstance(records, (bytes, bytearray, memoryview)):
             records = [bytes(records)]
         if not self.writable:
@@ -192,7 +199,7 @@ class ManagedLedger:
         if len(payload) > self.config.max_entry_bytes:
             raise MessageTooLarge(f"entry of {len(payload)} bytes exceeds {self.config.max_entry_bytes}")
         future = asyncio.get_running_loop().create_future()
-        self._pending.append(_Pending(records, payload, future))
+        self._pending.append(_Pending(records, payload, future, on_durable))
         self._pending_bytes += len(payload)
         if self._flusher is None:
             self._flusher = asyncio.create_task(self._flush_loop())
@@ -260,6 +267,13 @@ class ManagedLedger:
         entries = [Entry(Position(current.ledger_id, first + i), item.records) for i, item in enumerate(batch)]
         self._cache_put((current.ledger_id, first), entries, len(data))
         for entry, item in zip(entries, batch, strict=True):
+            if item.on_durable is not None:
+                try:
+                    item.on_durable(entry.position)
+                except Exception as e:  # noqa: BLE001 - handed to that appender, who must stop
+                    if not item.future.done():
+                        item.future.set_exception(e)
+                    continue
             if not item.future.done():
                 item.future.set_result(entry.position)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import pytest
 
@@ -270,5 +271,29 @@ def test_invalid_stream_names(storage_url: tuple[str, dict]) -> None:
         for bad in ["", "/abs", "a//b", "a/../b", "a b", "x" * 300]:
             with pytest.raises(InvalidTopicName):
                 await ManagedLedger.open(storage_of(storage_url), bad)
+
+    run(go())
+
+
+def test_batch_count_and_delay_limits(storage_url: tuple[str, dict]) -> None:
+    async def go() -> None:
+        storage = storage_of(storage_url)
+        counted = await ManagedLedger.open(storage, "t/count", LedgerConfig(max_batch_entries=10, max_delay_ms=5))
+        await asyncio.gather(*[counted.append([b"c"]) for _ in range(100)])
+        objects = await storage.list(ledger_prefix("t/count", counted.current_ledger_id))
+        firsts = sorted(int(p.rsplit("/", 1)[1]) for p in objects)
+        assert len(firsts) >= 10 and all(b - a <= 10 for a, b in itertools.pairwise(firsts))
+
+        async def two_spaced_appends(ml: ManagedLedger) -> None:
+            first = asyncio.create_task(ml.append([b"a"]))
+            await asyncio.sleep(0.01)
+            await asyncio.gather(first, ml.append([b"b"]))
+
+        waits = await ManagedLedger.open(storage, "t/delay", LedgerConfig(max_delay_ms=80))
+        await two_spaced_appends(waits)  # the second arrives within the first one's window
+        assert len(await storage.list(ledger_prefix("t/delay", waits.current_ledger_id))) == 1
+        eager = await ManagedLedger.open(storage, "t/nodelay", LedgerConfig(max_delay_ms=0))
+        await two_spaced_appends(eager)  # no window: the first is put alone at once
+        assert len(await storage.list(ledger_prefix("t/nodelay", eager.current_ledger_id))) == 2
 
     run(go())
