@@ -1,0 +1,403 @@
+"""The transaction coordinator actor ``tc-<id>``: a thin shell around ``CoordinatorState``.
+
+It owns the state machine and the transaction log (a managed ledger), and does the I/O, locking,
+timers and retries; every decision is the state machine's. Each request is prepare -> log ->
+apply: the record is appended to the log, and the state machine applies it in the ledger's
+``on_durable`` callback, in log order, before anyone is answered.
+
+end_txn: log COMMITTING/ABORTING, send the end (with the low watermark) to every participant in
+parallel, retrying each with backoff until it succeeds (a participant that is restarting must not
+leave the txn half-ended), log COMMITTED/ABORTED. Recovery replays the log and re-drives every
+COMMITTING/ABORTING txn, so a crash at any step ends with the same outcome.
+
+The log is compacted: after ``compact_after_entries`` entries the live state is appended as one
+entry ending with a Checkpoint record, and everything before it is trimmed. Replay starts at the
+last such entry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import ray
+
+from runtime.config import CoordinatorConfig
+from runtime.coordinator_state import CoordinatorState, TxnState
+from runtime.errors import NotAllowed, RaytxnError
+from runtime.faults import FaultPoints
+from runtime.hashing import coordinator_for
+from runtime.ids import EARLIEST, Position, TxnID
+from runtime.ledger import Entry, ManagedLedger
+from runtime.participants import Participant, partition_participant, subscription_participant
+from runtime.storage import Storage
+from runtime.txnlog import Checkpoint, Record, decode_record, encode_record
+
+FAULT_POINTS = (
+    "coordinator.after_log_new",
+    "coordinator.after_log_committing",
+    "coordinator.after_log_aborting",
+    "coordinator.after_send_end",
+    "coordinator.before_log_complete",
+    "coordinator.after_log_complete",
+)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def log_stream(tc_id: int) -> str:
+    return f"coordinator/{tc_id}/log"
+
+
+class TransactionCoordinator:
+    """See the module docstring. Create with ``CoordinatorActor.options(name=...)``."""
+
+    def __init__(self, tc_id: int, storage_url: str | None = None,
+                 storage_options: dict[str, Any] | None = None, config: CoordinatorConfig | None = None,
+                 participant_resolver: Any = None) -> None:
+        self.tc_id = tc_id
+        self.config = config or CoordinatorConfig()
+        self.storage = Storage.from_url(storage_url, **(storage_options or {}))
+        self.state = CoordinatorState(tc_id, max_timeout_ms=self.config.max_timeout_ms,
+                                      max_recent_outcomes=self.config.max_recent_outcomes)
+        self.faults = FaultPoints()
+        self._resolver = participant_resolver
+        self._ledger: ManagedLedger | None = None
+        self._start_task: asyncio.Task | None = None
+        self._timer_task: asyncio.Task | None = None
+        self._locks: dict[object, asyncio.Lock] = {}
+        self._drivers: dict[TxnID, asyncio.Task] = {}
+        self._timing_out: set[TxnID] = set()
+        self._unapplied = 0                      # records logged but not applied yet
+        self._writes_open = asyncio.Event()      # cleared while a compaction runs
+        self._writes_open.set()
+        self._entries_since_compaction = 0
+        self._compaction: asyncio.Task | None = None
+        self._failure: BaseException | None = None
+        self.info: dict[str, Any] = {"tc_id": tc_id, "end_retries": 0, "compactions": 0}
+
+    # --- start and recovery ----------------------------------------------------------------
+
+    async def _started(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+        if self._start_task is None:
+            self._start_task = asyncio.get_running_loop().create_task(self._recover())
+        await asyncio.shield(self._start_task)
+
+    async def _recover(self) -> None:
+        t0 = time.perf_counter()
+        self._ledger = await ManagedLedger.open(self.storage, log_stream(self.tc_id), self.config.log_config())
+        entries = await _read_everything(self._ledger)
+        start = 0
+        for index, entry in enumerate(entries):  # replay from the newest compaction
+            if entry.records and isinstance(decode_record(entry.records[-1]), Checkpoint):
+                start = index
+        for entry in entries[start:]:
+            for raw in entry.records:
+                self.state.apply(decode_record(raw, f"{log_stream(self.tc_id)}@{entry.position}"))
+        self._entries_since_compaction = len(entries) - start
+        self.info.update(incarnation=self._ledger.incarnation, replayed_entries=len(entries) - start,
+                         recovery_ms=round((time.perf_counter() - t0) * 1000, 3), started_ms=now_ms())
+        for state in (TxnState.COMMITTING, TxnState.ABORTING):
+            for meta in self.state.txns_in(state):
+                self._drive(meta.txn)
+        self._timer_task = asyncio.get_running_loop().create_task(self._timer())
+        if self._entries_since_compaction >= self.config.compact_after_entries:
+            self._maybe_compact(force=True)
+
+    async def ready(self) -> dict[str, Any]:
+        """Wait for recovery; returns this incarnation's facts."""
+        await self._started()
+        return dict(self.info)
+
+    # --- logging ---------------------------------------------------------------------------
+
+    def _lock(self, key: object) -> asyncio.Lock:
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = asyncio.Lock()
+        return lock
+
+    async def _log(self, records: list[Record]) -> Position:
+        """Append ``records`` as one entry; they are applied in log order once durable.
+
+        Callers prepare and call this with no await in between, so the log order is the order
+        of preparation."""
+        assert self._ledger is not None
+        self._unapplied += 1
+
+        def apply(_position: Position) -> None:
+            self._unapplied -= 1
+            for record in records:
+                self.state.apply(record)
+
+        try:
+            position = await self._ledger.append([encode_record(r) for r in records], on_durable=apply)
+        except RaytxnError as e:
+            if not e.retriable:  # fenced, or state and log diverged: this incarnation must stop
+                self._failure = e
+            raise
+        self._entries_since_compaction += 1
+        self._maybe_compact()
+        return position
+
+    async def _writable(self) -> None:
+        await self._started()
+        await self._writes_open.wait()
+
+    # --- requests --------------------------------------------------------------------------
+
+    async def new_txn(self, timeout_ms: int | None, owner: str, transactional_id: str | None = None,
+                      epoch: int | None = None) -> TxnID:
+        """Begin a transaction; with a transactional id, ``epoch`` must be its current one."""
+        if transactional_id is not None:
+            self._check_tid_owner(transactional_id)
+        timeout_ms = self.config.default_timeout_ms if timeout_ms is None else timeout_ms
+        key = ("tid", transactional_id) if transactional_id is not None else None
+        async with self._lock(key) if key else _nullcontext():
+            await self._writable()
+            record = self.state.prepare_new_txn(now_ms(), timeout_ms, owner, transactional_id, epoch)
+            await self._log([record])
+        await self.faults.hit("coordinator.after_log_new", txn=record.txn)
+        return record.txn
+
+    async def register_transactional_id(self, transactional_id: str) -> int:
+        """Bump the id's epoch durably, aborting its open txn: older epochs are fenced."""
+        self._check_tid_owner(transactional_id)
+        async with self._lock(("tid", transactional_id)):
+            await self._writable()
+            records = self.state.prepare_register_transactional_id(transactional_id, now_ms())
+            fenced_txns = [r.txn for r in records[:-1]]
+            locks = [self._lock(txn) for txn in fenced_txns]
+            for lock in locks:
+                await lock.acquire()
+            try:
+                await self._writable()
+                records = self.state.prepare_register_transactional_id(transactional_id, now_ms())
+                await self._log(records)
+            finally:
+                for lock in locks:
+                    lock.release()
+        for record in records[:-1]:
+            self._drive(record.txn)  # the fenced txn's abort goes on in the background
+        return records[-1].epoch
+
+    async def add_partitions(self, txn: TxnID, partitions: Iterable[tuple[str, int]], owner: str,
+                             epoch: int | None = None) -> None:
+        async with self._lock(txn):
+            await self._writable()
+            record = self.state.prepare_add_partitions(txn, partitions, owner, now_ms(), epoch)
+            if record is not None:
+                await self._log([record])
+
+    async def add_subscriptions(self, txn: TxnID, subscriptions: Iterable[tuple[str, int, str]], owner: str,
+                                epoch: int | None = None) -> None:
+        async with self._lock(txn):
+            await self._writable()
+            record = self.state.prepare_add_subscriptions(txn, subscriptions, owner, now_ms(), epoch)
+            if record is not None:
+                await self._log([record])
+
+    async def end_txn(self, txn: TxnID, action: str, owner: str, epoch: int | None = None) -> str:
+        """Commit or abort; returns the final state (COMMITTED or ABORTED) once every participant
+        has it. Idempotent for the same action."""
+        async with self._lock(txn):
+            await self._writable()
+            result = self.state.prepare_end(txn, action, owner, now_ms(), epoch)
+            if result.record is not None:
+                await self._log([result.record])
+            elif result.finished:
+                return str(result.state)
+        await asyncio.shield(self._drive(txn))
+        outcome = self.state.outcome(txn)
+        assert outcome is not None, f"{txn} driven to its end without an outcome"
+        return str(TxnState.COMMITTED if outcome == "COMMITTED" else TxnState.ABORTED)
+
+    def _check_tid_owner(self, transactional_id: str) -> None:
+        home = coordinator_for(transactional_id, self.config.num_coordinators)
+        if home != self.tc_id:
+            raise NotAllowed(f"transactional id {transactional_id!r} belongs to coordinator {home}")
+
+    # --- driving ends ----------------------------------------------------------------------
+
+    def _drive(self, txn: TxnID) -> asyncio.Task:
+        task = self._drivers.get(txn)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._run_end(txn))
+            self._drivers[txn] = task
+            task.add_done_callback(lambda _t: self._drivers.pop(txn, None))
+        return task
+
+    async def _run_end(self, txn: TxnID) -> None:
+        meta = self.state.get(txn)
+        if meta is None:
+            return
+        committing = meta.state is TxnState.COMMITTING
+        assert meta.state in (TxnState.COMMITTING, TxnState.ABORTING), f"{txn} is {meta.state}"
+        await self.faults.hit("coordinator.after_log_committing" if committing else
+                              "coordinator.after_log_aborting", txn=txn)
+        action = "COMMIT" if committing else "ABORT"
+        participants: list[Participant] = [
+            *(self._participant("partition", p) for p in meta.partitions),
+            *(self._participant("subscription", s) for s in meta.subscriptions),
+        ]
+        await asyncio.gather(*(self._send_end(p, txn, action) for p in participants))
+        await self.faults.hit("coordinator.after_send_end", txn=txn)
+        async with self._lock(txn):
+            await self.faults.hit("coordinator.before_log_complete", txn=txn)
+            await self._writable()
+            record = self.state.prepare_complete(txn, now_ms())
+            if record is not None:
+                await self._log([record])
+        self._locks.pop(txn, None)
+        await self.faults.hit("coordinator.after_log_complete", txn=txn)
+
+    def _participant(self, kind: str, ident: tuple) -> Participant:
+        if self._resolver is not None:
+            return self._resolver(kind, ident)
+        if kind == "partition":
+            return partition_participant(*ident)
+        return subscription_participant(*ident)
+
+    async def _send_end(self, participant: Participant, txn: TxnID, action: str) -> None:
+        delay, max_delay = self.config.end_retry_backoff_s
+        while True:
+            try:
+                # The watermark is read per attempt: a retry may tell the participant more.
+                await participant.end_txn(txn, action, self.state.low_watermark)
+                return
+            except Exception:  # noqa: BLE001 - dead, restarting or missing: retry until it takes
+                self.info["end_retries"] += 1
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, max_delay)
+
+    # --- timeouts --------------------------------------------------------------------------
+
+    async def _timer(self) -> None:
+        while True:
+            now = now_ms()
+            for txn in self.state.expired(now):
+                if txn not in self._timing_out:
+                    self._timing_out.add(txn)
+                    asyncio.get_running_loop().create_task(self._time_out(txn))
+            next_deadline = self.state.next_deadline_ms()
+            wait = self.config.timer_tick_s
+            if next_deadline is not None:
+                wait = min(wait, max(0.0, (next_deadline - now) / 1000))
+            await asyncio.sleep(max(wait, 0.001))
+
+    async def _time_out(self, txn: TxnID) -> None:
+        try:
+            async with self._lock(txn):
+                await self._writable()
+                record = self.state.prepare_timeout(txn, now_ms())
+                if record is None:
+                    return
+                await self._log([record])
+            self._drive(txn)
+        finally:
+            self._timing_out.discard(txn)
+
+    # --- compaction ------------------------------------------------------------------------
+
+    def _maybe_compact(self, force: bool = False) -> None:
+        due = self._entries_since_compaction >= self.config.compact_after_entries
+        if (due or force) and self._compaction is None:
+            self._compaction = asyncio.get_running_loop().create_task(self._compact())
+
+    async def compact(self) -> dict[str, Any]:
+        """Write the live state anew and trim the log below it (also runs by itself)."""
+        await self._started()
+        self._maybe_compact(force=True)
+        if self._compaction is not None:
+            await asyncio.shield(self._compaction)
+        return {"trimmed_below": str(self._ledger.trimmed_below) if self._ledger else None}
+
+    async def _compact(self) -> None:
+        assert self._ledger is not None
+        try:
+            self._writes_open.clear()
+            while self._unapplied:
+                await asyncio.sleep(0.001)
+            # Nothing in flight, and no await until the entry is queued: it captures exactly
+            # the state every earlier entry produced.
+            records = self.state.compacted_records()
+            position = await self._ledger.append([encode_record(r) for r in records])
+            self._writes_open.set()
+            self._entries_since_compaction = 1
+            await self._ledger.trim(position)
+            self.info["compactions"] += 1
+        finally:
+            self._writes_open.set()
+            self._compaction = None
+
+    # --- introspection and faults ----------------------------------------------------------
+
+    async def get_txn(self, txn: TxnID) -> dict[str, Any]:
+        """The txn's entry (state, owner, participants, times) or its remembered outcome."""
+        await self._started()
+        meta = self.state.get(txn)
+        if meta is not None:
+            return {"txn": txn, "state": str(meta.state), "owner": meta.owner, "start_ms": meta.start_ms,
+                    "deadline_ms": meta.deadline_ms, "partitions": list(meta.partitions),
+                    "subscriptions": list(meta.subscriptions), "transactional_id": meta.transactional_id,
+                    "epoch": meta.epoch, "abort_reason": meta.abort_reason}
+        outcome = self.state.outcome(txn)
+        if outcome is None:
+            from runtime.errors import TransactionNotFound
+
+            raise TransactionNotFound(f"{txn} is not known to coordinator {self.tc_id}")
+        return {"txn": txn, "state": "COMMITTED" if outcome == "COMMITTED" else "ABORTED",
+                "outcome": str(outcome)}
+
+    async def stats(self) -> dict[str, Any]:
+        await self._started()
+        assert self._ledger is not None
+        stats = self.state.stats(now_ms())
+        stats.update(self.info)
+        stats["log"] = {"ledgers": len(self._ledger.ledgers), "last_position": str(self._ledger.last_position),
+                        "trimmed_below": str(self._ledger.trimmed_below),
+                        "entries_since_compaction": self._entries_since_compaction}
+        stats["ending"] = len(self._drivers)
+        return stats
+
+    def arm_fault(self, point: str, action: str = "crash", times: int = 1, probability: float = 1.0,
+                  match: dict[str, object] | None = None, delay_s: float = 1.0) -> None:
+        self.faults.arm(point, action, times, probability, match, delay_s)
+
+    def disarm_fault(self, point: str | None = None) -> None:
+        self.faults.disarm(point)
+
+    def list_faults(self) -> list[dict[str, object]]:
+        return self.faults.armed()
+
+
+class _nullcontext:
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+async def _read_everything(ledger: ManagedLedger) -> list[Entry]:
+    entries: list[Entry] = []
+    position = max(ledger.trimmed_below, Position(0, 0)) if ledger.trimmed_below != EARLIEST else Position(0, 0)
+    while True:
+        batch = await ledger.read(position, max_entries=5000)
+        if not batch:
+            return entries
+        entries.extend(batch)
+        last = batch[-1].position
+        position = Position(last.ledger_id, last.entry_id + 1)
+
+
+# The Ray actor: restarted by Ray forever; calls are not retried by Ray (clients retry, every
+# call is idempotent or harmless to repeat).
+CoordinatorActor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0,
+                              max_concurrency=10_000)(TransactionCoordinator)

@@ -1,0 +1,39 @@
+"""Configuration of the engine's actors. Plain dataclasses: they pickle to actors as they are."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from runtime.ledger import LedgerConfig
+
+
+@dataclass
+class CoordinatorConfig:
+    num_coordinators: int = 2
+    default_timeout_ms: int = 60_000
+    max_timeout_ms: int = 15 * 60 * 1000        # Kafka's transaction.max.timeout.ms
+    max_recent_outcomes: int = 100_000          # ended txns whose outcome a retried end still gets
+    # The transaction log's batched writer: records of concurrent requests share one put, by
+    # count, bytes and delay. `batched_log=False` puts every record on its own (for comparison).
+    batched_log: bool = True
+    log_max_delay_ms: float = 1.0
+    log_max_batch_bytes: int = 1 << 20
+    log_max_batch_records: int = 1000
+    # After this many log entries the live state is written anew and the log below it trimmed.
+    compact_after_entries: int = 10_000
+    end_retry_backoff_s: tuple[float, float] = (0.02, 1.0)
+    timer_tick_s: float = 0.05
+
+    def log_config(self) -> LedgerConfig:
+        return LedgerConfig(group_commit=self.batched_log, max_delay_ms=self.log_max_delay_ms,
+                            max_batch_bytes=self.log_max_batch_bytes,
+                            max_batch_entries=self.log_max_batch_records)
+
+
+@dataclass
+class EngineConfig:
+    """Everything a cluster is configured with; handed to every actor it creates."""
+
+    storage_url: str = "file://./.raytxn-data"
+    storage_options: dict[str, object] = field(default_factory=dict)
+    coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)

@@ -1,0 +1,280 @@
+"""Coordinator actors on a real local Ray with a file:// transaction log, reaching stand-in
+participant actors by their partition/subscription names."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+import ray
+
+from runtime.cluster import start_coordinators, stop_actor
+from runtime.config import CoordinatorConfig, EngineConfig
+from runtime.coordinator_client import CoordinatorClient
+from runtime.errors import (
+    Fenced,
+    NotAllowed,
+    TransactionAlreadyAborted,
+    TransactionAlreadyCommitted,
+    TransactionNotFound,
+    TransactionTimedOut,
+)
+from runtime.hashing import coordinator_for
+from runtime.ids import NAMESPACE, TxnID, coordinator_actor_name, partition_actor_name, subscription_actor_name
+from runtime.storage import Storage
+from runtime.testing import start_participant
+
+pytestmark = pytest.mark.ray
+
+
+@dataclass
+class Env:
+    config: EngineConfig
+    client: CoordinatorClient
+    topic: str
+    participants: dict[str, object]
+
+    def tc(self, tc_id: int) -> object:
+        return ray.get_actor(coordinator_actor_name(tc_id), namespace=NAMESPACE)
+
+    def calls(self, name: str) -> list[tuple[TxnID, str, int]]:
+        return ray.get(self.participants[name].calls.remote())
+
+    def restart(self, tc_id: int) -> dict:
+        """Kill the coordinator's process; Ray restarts it and it recovers from its log."""
+        ray.kill(self.tc(tc_id), no_restart=False)
+        return self.wait_ready(tc_id)
+
+    def wait_ready(self, tc_id: int) -> dict:
+        return self.client.ref(tc_id).call("ready", deadline_s=60)
+
+
+@pytest.fixture(scope="module")
+def coordinators(ray_session: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineConfig]:
+    """Two coordinators shared by the module's tests (each test uses its own topic)."""
+    config = EngineConfig(storage_url=f"file://{tmp_path_factory.mktemp('coordinators')}",
+                          coordinator=CoordinatorConfig(num_coordinators=2, timer_tick_s=0.02))
+    start_coordinators(config)
+    try:
+        yield config
+    finally:
+        for tc_id in range(2):
+            stop_actor(coordinator_actor_name(tc_id))
+
+
+@pytest.fixture(scope="module")
+def participants(coordinators: EngineConfig) -> Iterator[tuple[str, dict[str, object]]]:
+    """Stand-in participants of one topic, shared by the module; reset before each test."""
+    topic = f"t{uuid.uuid4().hex[:8]}"
+    names = [partition_actor_name(topic, 0), partition_actor_name(topic, 1),
+             subscription_actor_name(topic, 0, "sub")]
+    handles = {name: start_participant(name) for name in names}
+    try:
+        yield topic, handles
+    finally:
+        for name in names:
+            stop_actor(name)
+
+
+@pytest.fixture
+def env(coordinators: EngineConfig, participants: tuple[str, dict[str, object]]) -> Env:
+    topic, handles = participants
+    ray.get([p.reset.remote() for p in handles.values()])
+    return Env(coordinators, CoordinatorClient(2, owner="alice", deadline_s=60), topic, handles)
+
+
+def test_commit_reaches_every_participant(env: Env) -> None:
+    txn = env.client.new_txn(timeout_ms=30_000)
+    env.client.add_partitions(txn, [(env.topic, 0), (env.topic, 1)])
+    env.client.add_partitions(txn, [(env.topic, 0)])  # repeated: nothing new
+    env.client.add_subscriptions(txn, [(env.topic, 0, "sub")])
+    assert env.client.get_txn(txn)["state"] == "OPEN"
+    committed_before = env.client.stats()[txn.tc_id]["committed_total"]
+    assert env.client.end_txn(txn, "COMMIT") == "COMMITTED"
+    for name in env.participants:
+        calls = env.calls(name)
+        assert [(t, a) for t, a, _ in calls] == [(txn, "COMMIT")]
+        assert calls[0][2] < txn.sequence  # the low watermark never covers a live txn
+    assert env.client.get_txn(txn)["state"] == "COMMITTED"
+    # idempotent for the same action, an error for the opposite one
+    assert env.client.end_txn(txn, "COMMIT") == "COMMITTED"
+    with pytest.raises(TransactionAlreadyCommitted):
+        env.client.end_txn(txn, "ABORT")
+    stats = env.client.stats()[txn.tc_id]
+    assert stats["committed_total"] == committed_before + 1
+    assert all(row["txn"] != str(txn) for row in stats["slowest_txns"])
+
+
+def test_abort_and_errors(env: Env) -> None:
+    txn = env.client.new_txn()
+    env.client.add_partitions(txn, [(env.topic, 1)])
+    assert env.client.end_txn(txn, "ABORT") == "ABORTED"
+    assert [(t, a) for t, a, _ in env.calls(partition_actor_name(env.topic, 1))] == [(txn, "ABORT")]
+    assert env.calls(partition_actor_name(env.topic, 0)) == []
+    with pytest.raises(TransactionAlreadyAborted):
+        env.client.end_txn(txn, "COMMIT")
+    with pytest.raises(TransactionNotFound):
+        env.client.end_txn(TxnID(txn.tc_id, 10_000), "COMMIT")
+    with pytest.raises(TransactionNotFound):
+        env.client.get_txn(TxnID(txn.tc_id, 10_000))
+
+
+def test_round_robin_and_routing(env: Env) -> None:
+    before = sum(s["committed_total"] for s in env.client.stats())
+    txns = [env.client.new_txn() for _ in range(6)]
+    assert [t.tc_id for t in txns] == [0, 1, 0, 1, 0, 1]
+    for txn in txns:
+        assert env.client.end_txn(txn, "COMMIT") == "COMMITTED"
+    assert sum(s["committed_total"] for s in env.client.stats()) == before + 6
+
+
+def test_only_the_owner_may_change_a_txn_also_after_restart(env: Env) -> None:
+    txn = env.client.new_txn()
+    mallory = CoordinatorClient(2, owner="mallory")
+    with pytest.raises(NotAllowed):
+        mallory.add_partitions(txn, [(env.topic, 0)])
+    with pytest.raises(NotAllowed):
+        mallory.end_txn(txn, "ABORT")
+    env.restart(txn.tc_id)
+    with pytest.raises(NotAllowed):
+        mallory.end_txn(txn, "COMMIT")
+    assert env.client.get_txn(txn)["state"] == "OPEN"
+    assert env.client.end_txn(txn, "COMMIT") == "COMMITTED"
+
+
+def test_timeout_aborts_and_later_calls_get_timed_out(env: Env) -> None:
+    txn = env.client.new_txn(timeout_ms=300)
+    env.client.add_partitions(txn, [(env.topic, 0)])
+    deadline = time.monotonic() + 10
+    while not env.calls(partition_actor_name(env.topic, 0)):
+        assert time.monotonic() < deadline, "timeout never aborted the txn"
+        time.sleep(0.05)
+    assert [(t, a) for t, a, _ in env.calls(partition_actor_name(env.topic, 0))] == [(txn, "ABORT")]
+    with pytest.raises(TransactionTimedOut):
+        env.client.end_txn(txn, "COMMIT")
+    with pytest.raises(TransactionTimedOut):
+        env.client.add_partitions(txn, [(env.topic, 1)])
+    assert env.client.stats()[txn.tc_id]["timed_out_total"] >= 1
+
+
+def test_open_txn_deadline_rearmed_after_restart(env: Env) -> None:
+    txn = env.client.new_txn(timeout_ms=1500)
+    env.client.add_partitions(txn, [(env.topic, 1)])
+    env.restart(txn.tc_id)
+    assert env.client.get_txn(txn)["state"] == "OPEN"
+    deadline = time.monotonic() + 10
+    while env.client.get_txn(txn)["state"] != "ABORTED":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert [(t, a) for t, a, _ in env.calls(partition_actor_name(env.topic, 1))] == [(txn, "ABORT")]
+
+
+@pytest.mark.parametrize("point", ["coordinator.after_log_committing", "coordinator.after_send_end",
+                                   "coordinator.before_log_complete", "coordinator.after_log_complete"])
+def test_crash_at_each_step_of_commit_ends_committed(env: Env, point: str) -> None:
+    txn = env.client.new_txn()
+    env.client.add_partitions(txn, [(env.topic, 0), (env.topic, 1)])
+    env.client.add_subscriptions(txn, [(env.topic, 0, "sub")])
+    before = env.wait_ready(txn.tc_id)
+    ray.get(env.tc(txn.tc_id).arm_fault.remote(point, "crash"))
+    assert env.client.end_txn(txn, "COMMIT") == "COMMITTED"  # rides over the crash
+    after = env.wait_ready(txn.tc_id)
+    assert after["incarnation"] > before["incarnation"], "the fault point was never hit"
+    for name in env.participants:
+        actions = {a for t, a, _ in env.calls(name) if t == txn}
+        assert actions == {"COMMIT"}, f"{name} got {actions}"
+    assert env.client.get_txn(txn)["state"] == "COMMITTED"
+    # the sequence counter survives: a new txn gets a fresh sequence
+    fresh = env.client.new_txn()
+    assert fresh.tc_id != txn.tc_id or fresh.sequence > txn.sequence
+
+
+def test_crash_after_log_aborting_ends_aborted(env: Env) -> None:
+    txn = env.client.new_txn()
+    env.client.add_partitions(txn, [(env.topic, 0)])
+    ray.get(env.tc(txn.tc_id).arm_fault.remote("coordinator.after_log_aborting", "crash"))
+    assert env.client.end_txn(txn, "ABORT") == "ABORTED"
+    assert {a for t, a, _ in env.calls(partition_actor_name(env.topic, 0)) if t == txn} == {"ABORT"}
+
+
+def test_failing_and_restarting_participants_do_not_leave_a_txn_half_ended(env: Env) -> None:
+    txn = env.client.new_txn()
+    env.client.add_partitions(txn, [(env.topic, 0), (env.topic, 1)])
+    flaky = env.participants[partition_actor_name(env.topic, 0)]
+    ray.get(flaky.fail_next.remote(3))
+    retries_before = env.client.stats()[txn.tc_id]["end_retries"]
+    assert env.client.end_txn(txn, "COMMIT") == "COMMITTED"
+    assert env.client.stats()[txn.tc_id]["end_retries"] >= retries_before + 3
+    assert [(t, a) for t, a, _ in env.calls(partition_actor_name(env.topic, 0))] == [(txn, "COMMIT")]
+
+    # a participant that is gone for a while: the end waits for it, then completes
+    txn2 = env.client.new_txn()
+    env.client.add_partitions(txn2, [(env.topic, 1)])
+    name = partition_actor_name(env.topic, 1)
+    stop_actor(name)
+    pending = env.client.ref(txn2.tc_id).handle().end_txn.remote(txn2, "COMMIT", "alice", None)
+    time.sleep(0.5)
+    assert env.client.get_txn(txn2)["state"] == "COMMITTING"
+    env.participants[name] = start_participant(name)
+    assert ray.get(pending, timeout=30) == "COMMITTED"
+    assert [(t, a) for t, a, _ in env.calls(name)] == [(txn2, "COMMIT")]
+
+
+def test_transactional_id_fencing(env: Env) -> None:
+    tid = f"pipeline-{uuid.uuid4().hex[:6]}"
+    home = coordinator_for(tid, 2)
+    epoch0 = env.client.register_transactional_id(tid)
+    old = env.client.new_txn(transactional_id=tid, epoch=epoch0)
+    assert old.tc_id == home
+    env.client.add_partitions(old, [(env.topic, 0)], epoch=epoch0)
+    epoch1 = env.client.register_transactional_id(tid)  # a new incarnation of the same pipeline
+    assert epoch1 == epoch0 + 1
+    deadline = time.monotonic() + 10
+    while env.client.get_txn(old)["state"] != "ABORTED":  # the zombie's open txn is aborted
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert [(t, a) for t, a, _ in env.calls(partition_actor_name(env.topic, 0))] == [(old, "ABORT")]
+    with pytest.raises(Fenced):
+        env.client.end_txn(old, "COMMIT", epoch=epoch0)
+    with pytest.raises(Fenced):
+        env.client.new_txn(transactional_id=tid, epoch=epoch0)
+    new = env.client.new_txn(transactional_id=tid, epoch=epoch1)
+    # fencing survives a restart of the id's coordinator
+    env.restart(home)
+    with pytest.raises(Fenced):
+        env.client.new_txn(transactional_id=tid, epoch=epoch0)
+    assert env.client.end_txn(new, "COMMIT", epoch=epoch1) == "COMMITTED"
+    # the id is decided by its home coordinator only
+    other = 1 - home
+    with pytest.raises(NotAllowed):
+        env.client.ref(other).call("register_transactional_id", tid)
+
+
+def test_batched_log_and_compaction(env: Env) -> None:
+    config = env.config
+    handle = env.tc(0)
+    # many concurrent begins share log puts
+    refs = [handle.new_txn.remote(60_000, "alice") for _ in range(300)]
+    txns = ray.get(refs)
+    storage = Storage.from_url(config.storage_url)
+    import asyncio
+
+    objects = asyncio.run(storage.list("streams/coordinator/0/log/ledgers"))
+    assert len(objects) < 150, f"300 concurrent new_txn took {len(objects)} puts"
+    ray.get([handle.end_txn.remote(t, "COMMIT", "alice", None) for t in txns[:290]])
+    open_txns = txns[290:]
+    compactions = ray.get(handle.stats.remote())["compactions"]
+    ray.get(handle.compact.remote())
+    stats = ray.get(handle.stats.remote())
+    assert stats["compactions"] == compactions + 1 and stats["log"]["trimmed_below"] != "<-1,-1>"
+    remaining = asyncio.run(storage.list("streams/coordinator/0/log/ledgers"))
+    assert len(remaining) <= 2, f"compaction did not trim the log: {remaining}"
+    env.restart(0)
+    for txn in open_txns:
+        assert env.client.get_txn(txn)["state"] == "OPEN"
+    assert env.client.get_txn(txns[0])["state"] == "COMMITTED"  # outcome kept by the checkpoint
+    fresh = env.client.ref(0).call("new_txn", 60_000, "alice")
+    assert fresh.sequence > max(t.sequence for t in txns)
