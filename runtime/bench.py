@@ -84,7 +84,85 @@ def bench_ledger(short: bool = False, progress: Callable[[str], None] = print) -
     return rows
 
 
-BENCHMARKS: dict[str, Callable[..., list[dict]]] = {"ledger": bench_ledger}
+def _ensure_ray() -> None:
+    import ray
+
+    from runtime.ids import NAMESPACE
+
+    if not ray.is_initialized():
+        ray.init(namespace=NAMESPACE, include_dashboard=False, logging_level="ERROR")
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    return sorted_values[min(len(sorted_values) - 1, int(len(sorted_values) * q))]
+
+
+async def _txn_throughput(handle: object, txns: int, concurrency: int) -> float:
+    async def loop(n: int) -> None:
+        for _ in range(n):
+            txn = await handle.new_txn.remote(60_000, "bench")
+            await handle.end_txn.remote(txn, "COMMIT", "bench", None)
+
+    start = time.perf_counter()
+    await asyncio.gather(*[loop(txns // concurrency) for _ in range(concurrency)])
+    return (txns // concurrency) * concurrency / (time.perf_counter() - start)
+
+
+async def _commit_latencies(handle: object, txns: int, partitions: list[tuple[str, int]]) -> list[float]:
+    latencies = []
+    for _ in range(txns):
+        txn = await handle.new_txn.remote(60_000, "bench")
+        if partitions:
+            await handle.add_partitions.remote(txn, partitions, "bench", None)
+        t0 = time.perf_counter()
+        await handle.end_txn.remote(txn, "COMMIT", "bench", None)
+        latencies.append((time.perf_counter() - t0) * 1000)
+    return sorted(latencies)
+
+
+def bench_coordinator(short: bool = False, progress: Callable[[str], None] = print) -> list[dict]:
+    """new_txn + commit per second with the batched log writer on and off (64 concurrent
+    clients), and commit latency p50/p99 with no participants and with 2 participants."""
+    import ray
+
+    from runtime.cluster import start_coordinators, stop_actor
+    from runtime.config import CoordinatorConfig, EngineConfig
+    from runtime.ids import coordinator_actor_name, partition_actor_name
+    from runtime.testing import start_participant
+
+    _ensure_ray()
+    rows: list[dict] = []
+    txns = 400 if short else 5000
+    samples = 50 if short else 500
+    for batched in (True, False):
+        config = EngineConfig(storage_url=f"file://{tempfile.mkdtemp(prefix='raytxn-bench-tc-')}",
+                              coordinator=CoordinatorConfig(num_coordinators=1, batched_log=batched))
+        (handle,) = start_coordinators(config)
+        names = [partition_actor_name("bench", p) for p in range(2)]
+        participants = [start_participant(n) for n in names]
+        try:
+            ray.get([p.calls.remote() for p in participants])
+            rate = asyncio.run(_txn_throughput(handle, txns, 64))
+            mode = "batched" if batched else "unbatched"
+            row = {"bench": "coordinator", "log_writer": mode, "case": "new_txn+commit, 64 clients",
+                   "txns": txns, "txns_per_s": round(rate, 1)}
+            progress(f"  {mode:9} new_txn+commit: {rate:8.0f} txns/s")
+            rows.append(row)
+            for parts in (0, 2):
+                lat = asyncio.run(_commit_latencies(handle, samples, [("bench", p) for p in range(parts)]))
+                row = {"bench": "coordinator", "log_writer": mode, "case": f"commit latency, {parts} participants",
+                       "txns": samples, "p50_ms": round(_percentile(lat, 0.5), 3),
+                       "p99_ms": round(_percentile(lat, 0.99), 3)}
+                progress(f"  {mode:9} commit with {parts} participants: p50 {row['p50_ms']} ms, p99 {row['p99_ms']} ms")
+                rows.append(row)
+        finally:
+            stop_actor(coordinator_actor_name(0))
+            for name in names:
+                stop_actor(name)
+    return rows
+
+
+BENCHMARKS: dict[str, Callable[..., list[dict]]] = {"ledger": bench_ledger, "coordinator": bench_coordinator}
 
 
 def write_results(rows: list[dict], out: Path) -> None:
