@@ -31,9 +31,31 @@ class CoordinatorConfig:
 
 
 @dataclass
+class PartitionConfig:
+    max_message_bytes: int = 5 << 20            # Pulsar's default maxMessageSize
+    snapshot_every_txns: int = 1000              # snapshot after this many ended txns...
+    snapshot_interval_s: float = 60.0            # ...or this long after a change
+    snapshot_segment_bytes: int = 256 << 10      # larger snapshots are split into segments
+    dangling_check_s: float = 5.0                # re-check ongoing txns against watermarks
+    max_read_entries: int = 1000
+
+
+@dataclass
+class SubscriptionConfig:
+    receiver_queue_size: int = 1000            # messages dispatched ahead of acks, per consumer
+    ack_timeout_s: float | None = None         # redeliver unacked messages after this (None: never)
+    negative_ack_redelivery_delay_s: float = 1.0
+    max_index_lag: int = 100                   # pending-ack log index: one entry per this many records
+    cursor_snapshot_interval_s: float = 1.0    # persist the cursor at most this often
+    trim_interval_s: float = 5.0               # trim the pending-ack log on this timer too
+
+
+@dataclass
 class EngineConfig:
     """Everything a cluster is configured with; handed to every actor it creates."""
 
     storage_url: str = "file://./.raytxn-data"
     storage_options: dict[str, object] = field(default_factory=dict)
     coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
+    partition: PartitionConfig = field(default_factory=PartitionConfig)
+    subscription: SubscriptionConfig = field(default_factory=SubscriptionConfig)

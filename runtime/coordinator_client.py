@@ -52,6 +52,11 @@ class CoordinatorClient:
         self._refs[txn.tc_id].call("add_subscriptions", txn, subscriptions, self.owner, epoch,
                                    deadline_s=self.deadline_s)
 
+    async def add_subscriptions_async(self, txn: TxnID, subscriptions: list[tuple[str, int, str]],
+                                      epoch: int | None = None) -> None:
+        await self._refs[txn.tc_id].call_async("add_subscriptions", txn, subscriptions, self.owner, epoch,
+                                               deadline_s=self.deadline_s)
+
     def end_txn(self, txn: TxnID, action: str, epoch: int | None = None) -> str:
         return self._refs[txn.tc_id].call("end_txn", txn, action, self.owner, epoch, deadline_s=self.deadline_s)
 

@@ -1,0 +1,364 @@
+"""The partition actor ``partition-<topic>-<p>``: a thin shell around ``TransactionBuffer``.
+
+It owns the partition's managed ledger (stream ``topics/<topic>/<p>``) and the buffer's snapshots
+(objects under ``topics/<topic>/<p>/snapshots/``), and does the I/O, waiting and timers; every
+decision is the buffer's. Appends and markers are prepared, queued on the ledger with no await in
+between (so the ledger order is the preparation order), and applied in the ledger's
+``on_durable`` callback in entry order, before anyone is answered.
+
+Reads return only committed, non-aborted data up to ``max_read_position``, skip markers and
+aborted data, and always say where to continue, so no reader is ever stuck behind them.
+
+Recovery: open the ledger (sealing the previous incarnation's), restore the newest complete
+snapshot, replay the entries after it, prune aborted txns whose ledgers were trimmed, then abort
+dangling txns at or below the known low watermarks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import ray
+
+from runtime.config import PartitionConfig
+from runtime.entry_format import EntryHeader, MessageRecord, decode_header, encode_entry
+from runtime.errors import Fenced, InvalidArgument, MessageTooLarge, RaytxnError
+from runtime.faults import FaultPoints
+from runtime.ids import EARLIEST, Position, TxnID
+from runtime.ledger import ManagedLedger
+from runtime.snapshots import join_segments, newest_complete, obsolete_segments, split_snapshot
+from runtime.storage import ObjectExists, Storage
+from runtime.txn_buffer import TransactionBuffer, TxnBufferSnapshot
+
+FAULT_POINTS = (
+    "partition.before_append",
+    "partition.after_append_before_reply",
+    "partition.before_marker",
+    "partition.after_marker",
+    "partition.before_snapshot",
+)
+
+
+@dataclass
+class AppendResult:
+    position: Position | None     # None: a duplicate whose original entry is no longer known
+    count: int
+    duplicate: bool
+
+
+def partition_stream(topic: str, partition: int) -> str:
+    return f"topics/{topic}/{partition}"
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+_snapshot_decoder = msgspec.msgpack.Decoder(TxnBufferSnapshot)
+_encoder = msgspec.msgpack.Encoder()
+
+
+class PartitionBuffer:
+    def __init__(self, topic: str, partition: int, storage_url: str | None = None,
+                 storage_options: dict[str, Any] | None = None, config: PartitionConfig | None = None) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.config = config or PartitionConfig()
+        self.storage = Storage.from_url(storage_url, **(storage_options or {}))
+        self.stream = partition_stream(topic, partition)
+        self.snapshot_prefix = f"{self.stream}/snapshots"
+        self.buffer = TransactionBuffer()
+        self.faults = FaultPoints()
+        self._ledger: ManagedLedger | None = None
+        self._start_task: asyncio.Task | None = None
+        self._advanced = asyncio.Condition()
+        self._ended_since_snapshot = 0
+        self._changed_since_snapshot = False
+        self._snapshotting: asyncio.Task | None = None
+        self._timers: list[asyncio.Task] = []
+        self.info: dict[str, Any] = {"topic": topic, "partition": partition, "snapshots_written": 0,
+                                     "appends": 0, "duplicates": 0, "markers": 0, "bytes_in": 0}
+
+    # --- start and recovery ----------------------------------------------------------------
+
+    async def _started(self) -> None:
+        if self._start_task is None:
+            self._start_task = asyncio.get_running_loop().create_task(self._recover())
+        await asyncio.shield(self._start_task)
+
+    async def _recover(self) -> None:
+        t0 = time.perf_counter()
+        ledger = self._ledger = await ManagedLedger.open(self.storage, self.stream)
+        snapshot_id = None
+        listing = await self.storage.list(self.snapshot_prefix)
+        found = newest_complete(listing)
+        start = Position(0, 0)
+        if found is not None:
+            snapshot_id, names = found
+            blobs = []
+            for name in names:
+                data = await self.storage.get(name)
+                if data is None:
+                    from runtime.errors import CorruptLedger
+
+                    raise CorruptLedger(f"snapshot segment {name} vanished", name)
+                blobs.append(data)
+            snapshot = _snapshot_decoder.decode(join_segments(blobs, snapshot_id, where=self.snapshot_prefix))
+            self.buffer = TransactionBuffer.from_snapshot(snapshot)
+            last = snapshot.last_position
+            start = Position(last.ledger_id, last.entry_id + 1) if last != EARLIEST else start
+        replayed = 0
+        position = max(start, ledger.trimmed_below) if ledger.trimmed_below != EARLIEST else start
+        while True:
+            entries = await ledger.read(position, max_entries=5000)
+            if not entries:
+                break
+            for entry in entries:
+                self.buffer.apply(decode_header(entry.records[0], f"{self.stream}@{entry.position}"),
+                                  entry.position)
+            replayed += len(entries)
+            last = entries[-1].position
+            position = Position(last.ledger_id, last.entry_id + 1)
+        self.buffer.prune_aborted(ledger.trimmed_below)
+        for tc_id in self.buffer.ongoing_coordinators():
+            await self._write_markers(self.buffer.prepare_dangling(tc_id, self.buffer.low_watermark(tc_id)))
+        self.info.update(incarnation=ledger.incarnation, recovery_ms=round((time.perf_counter() - t0) * 1000, 3),
+                         replayed_entries=replayed, recovered_from_snapshot=snapshot_id, started_ms=now_ms())
+        loop = asyncio.get_running_loop()
+        self._timers = [loop.create_task(self._snapshot_timer()), loop.create_task(self._dangling_timer())]
+
+    async def ready(self) -> dict[str, Any]:
+        await self._started()
+        return dict(self.info)
+
+    # --- appends ---------------------------------------------------------------------------
+
+    def _apply(self, header: EntryHeader) -> Any:
+        def on_durable(position: Position) -> None:
+            self.buffer.apply(header, position)
+            self._changed_since_snapshot = True
+        return on_durable
+
+    async def append(self, producer: str, first_sequence: int, messages: list[MessageRecord],
+                     txn: TxnID | None = None) -> AppendResult:
+        """Append one producer batch (one ledger entry). Idempotent by (producer, sequence): a
+        retried batch is not stored again and gets the original position when known."""
+        await self._started()
+        if not messages:
+            raise InvalidArgument("empty batch")
+        for message in messages:
+            if len(message.value) > self.config.max_message_bytes:
+                raise MessageTooLarge(f"message of {len(message.value)} bytes exceeds "
+                                      f"{self.config.max_message_bytes} on {self.topic}-{self.partition}")
+        header = EntryHeader("data", txn, producer, first_sequence, first_sequence + len(messages) - 1,
+                             len(messages), now_ms())
+        await self.faults.hit("partition.before_append", txn=txn, producer=producer)
+        while True:
+            decision = self.buffer.prepare_append(header)
+            if not (decision.duplicate and decision.in_flight):
+                break
+            await asyncio.sleep(0.002)  # the original is being written: answer with its outcome
+        if decision.duplicate:
+            self.info["duplicates"] += 1
+            return AppendResult(decision.position, len(messages), True)
+        try:
+            position = await self._ledger_append(encode_entry(header, messages), header)
+        except MessageTooLarge:
+            self.buffer.cancel_append(header)
+            raise
+        self.info["appends"] += 1
+        self.info["bytes_in"] += sum(len(m.value) for m in messages)
+        await self._notify()
+        await self.faults.hit("partition.after_append_before_reply", txn=txn, producer=producer)
+        return AppendResult(position, len(messages), False)
+
+    async def _ledger_append(self, records: list[bytes], header: EntryHeader) -> Position:
+        assert self._ledger is not None
+        try:
+            return await self._ledger.append(records, on_durable=self._apply(header))
+        except RaytxnError as e:
+            if isinstance(e, Fenced) or (not e.retriable and not isinstance(e, MessageTooLarge)):
+                # A newer incarnation owns the partition, or buffer and ledger diverged: stop, so
+                # Ray starts a fresh incarnation that recovers from the ledger.
+                asyncio.get_running_loop().call_later(0.05, os._exit, 3)
+            raise
+
+    async def _notify(self) -> None:
+        async with self._advanced:
+            self._advanced.notify_all()
+
+    # --- ends ------------------------------------------------------------------------------
+
+    async def end_txn(self, txn: TxnID, action: str, low_watermark: int) -> None:
+        """End-on-partition from the coordinator: write the COMMIT/ABORT marker (and aborts of
+        dangling txns at or below the watermark). Idempotent."""
+        await self._started()
+        decision = self.buffer.prepare_end(txn, action, low_watermark)
+        await self._write_markers(decision)
+
+    async def _write_markers(self, decision: Any) -> None:
+        headers = decision.markers(now_ms())
+        if not headers:
+            return
+        await self.faults.hit("partition.before_marker", txn=decision.txn)
+        # Queued back to back (no await between), so they land in this order.
+        appends = [asyncio.ensure_future(self._ledger_append(encode_entry(h), h)) for h in headers]
+        await asyncio.gather(*appends)
+        self.info["markers"] += len(headers)
+        self._ended_since_snapshot += len(headers)
+        await self._notify()
+        await self.faults.hit("partition.after_marker", txn=decision.txn)
+        if self._ended_since_snapshot >= self.config.snapshot_every_txns:
+            self._start_snapshot()
+
+    async def _dangling_timer(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.dangling_check_s)
+            for tc_id in self.buffer.ongoing_coordinators():
+                await self._write_markers(self.buffer.prepare_dangling(tc_id, self.buffer.low_watermark(tc_id)))
+
+    # --- reads -----------------------------------------------------------------------------
+
+    async def read(self, start: Position, max_entries: int = 100, max_wait_s: float = 0.0) -> dict[str, Any]:
+        """Visible entries at or after ``start`` as ``(position, records)`` (records[0] is the
+        encoded header), and ``next``: where to continue. Waits up to ``max_wait_s`` for data."""
+        await self._started()
+        assert self._ledger is not None
+        max_entries = min(max_entries, self.config.max_read_entries)
+        if start < self._ledger.trimmed_below:
+            start = self._ledger.trimmed_below
+        deadline = time.monotonic() + max_wait_s
+        while self.buffer.max_read_position < start and time.monotonic() < deadline:
+            async with self._advanced:
+                try:
+                    await asyncio.wait_for(self._advanced.wait(), deadline - time.monotonic())
+                except TimeoutError:
+                    break
+        max_read = self.buffer.max_read_position
+        if max_read < start:
+            return {"entries": [], "next": start, "max_read": max_read}
+        scanned = await self._ledger.read(start, max_entries=max_entries, end=max_read)
+        visible = []
+        for entry in scanned:
+            header = decode_header(entry.records[0], f"{self.stream}@{entry.position}")
+            if self.buffer.is_visible(header, entry.position):
+                visible.append((entry.position, entry.records))
+        nxt = start
+        if scanned:
+            last = scanned[-1].position
+            nxt = Position(last.ledger_id, last.entry_id + 1)
+        return {"entries": visible, "next": nxt, "max_read": max_read}
+
+    async def last_sequence(self, producer: str) -> int:
+        """The highest sequence id stored for ``producer`` (-1 if none is known)."""
+        await self._started()
+        known = self.buffer.dedup_position(producer)
+        return known[0] if known else -1
+
+    async def last_message_id(self) -> Position | None:
+        """The position of the last visible data entry (None if there is none)."""
+        await self._started()
+        assert self._ledger is not None
+        max_read = self.buffer.max_read_position
+        end = max_read
+        while end >= max(self._ledger.trimmed_below, Position(0, 0)):
+            window_start = Position(end.ledger_id, max(0, end.entry_id - 256))
+            entries = await self._ledger.read(window_start, max_entries=257, end=end)
+            for entry in reversed(entries):
+                header = decode_header(entry.records[0], f"{self.stream}@{entry.position}")
+                if not header.is_marker and self.buffer.is_visible(header, entry.position):
+                    return entry.position
+            if window_start.entry_id > 0:
+                end = Position(end.ledger_id, window_start.entry_id - 1)
+                continue
+            earlier = [i for i in self._ledger.ledgers if i.ledger_id < end.ledger_id and i.last_entry_id >= 0]
+            if not earlier:
+                return None
+            end = Position(earlier[-1].ledger_id, earlier[-1].last_entry_id)
+        return None
+
+    # --- snapshots and trimming ------------------------------------------------------------
+
+    def _start_snapshot(self) -> None:
+        if self._snapshotting is None:
+            self._snapshotting = asyncio.get_running_loop().create_task(self._write_snapshot())
+
+    async def snapshot(self) -> dict[str, Any]:
+        """Write a snapshot now (also happens every N ended txns or T seconds)."""
+        await self._started()
+        self._start_snapshot()
+        assert self._snapshotting is not None
+        await asyncio.shield(self._snapshotting)
+        return dict(self.info.get("last_snapshot", {}))
+
+    async def _write_snapshot(self) -> None:
+        try:
+            await self.faults.hit("partition.before_snapshot")
+            snapshot = self.buffer.snapshot()  # synchronous: the state after last_position
+            self._ended_since_snapshot = 0
+            self._changed_since_snapshot = False
+            last = snapshot.last_position
+            snapshot_id = (last.ledger_id << 32 | last.entry_id) if last != EARLIEST else 0
+            data = _encoder.encode(snapshot)
+            for name, segment in split_snapshot(data, snapshot_id, self.config.snapshot_segment_bytes):
+                try:
+                    await self.storage.create(f"{self.snapshot_prefix}/{name}", segment)
+                except ObjectExists:
+                    pass  # the same position snapshotted before: identical bytes
+            listing = await self.storage.list(self.snapshot_prefix)
+            await self.storage.delete(obsolete_segments(listing))
+            self.info["snapshots_written"] += 1
+            self.info["last_snapshot"] = {"id": snapshot_id, "last_position": str(last), "bytes": len(data),
+                                          "aborted": len(snapshot.aborted), "time_ms": now_ms()}
+        finally:
+            self._snapshotting = None
+
+    async def _snapshot_timer(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.snapshot_interval_s)
+            if self._changed_since_snapshot:
+                self._start_snapshot()
+
+    async def trim(self, below: Position) -> str:
+        """Delete entries below ``below`` (never past the newest snapshot or max_read_position);
+        aborted txns whose marker was deleted are forgotten."""
+        await self._started()
+        assert self._ledger is not None
+        await self.snapshot()
+        newest = newest_complete(await self.storage.list(self.snapshot_prefix))
+        limit = self.buffer.max_read_position
+        if newest is not None:
+            sid = newest[0]
+            limit = min(limit, Position(sid >> 32, sid & 0xFFFFFFFF))
+        cut = min(below, Position(limit.ledger_id, limit.entry_id + 1))
+        trimmed = await self._ledger.trim(cut)
+        self.buffer.prune_aborted(trimmed)
+        return str(trimmed)
+
+    # --- introspection and faults ----------------------------------------------------------
+
+    async def stats(self) -> dict[str, Any]:
+        await self._started()
+        assert self._ledger is not None
+        buffer_stats = msgspec.structs.asdict(self.buffer.stats(now_ms()))
+        stats = {**self.info, **{k: str(v) if isinstance(v, (Position, TxnID)) else v
+                                 for k, v in buffer_stats.items()}}
+        stats["ledgers"] = [i.ledger_id for i in self._ledger.ledgers]
+        stats["trimmed_below"] = str(self._ledger.trimmed_below)
+        return stats
+
+    def arm_fault(self, point: str, action: str = "crash", times: int = 1, probability: float = 1.0,
+                  match: dict[str, object] | None = None, delay_s: float = 1.0) -> None:
+        self.faults.arm(point, action, times, probability, match, delay_s)
+
+    def disarm_fault(self, point: str | None = None) -> None:
+        self.faults.disarm(point)
+
+
+PartitionActor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0,
+                            max_concurrency=10_000)(PartitionBuffer)

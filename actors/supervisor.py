@@ -1,0 +1,186 @@
+"""The supervisor actor: owns the catalog and creates every other actor.
+
+It persists the catalog (topics, partitions, subscriptions) in the object store, creates the
+coordinators, one ``partition-<topic>-<p>`` per partition and one ``sub-<topic>-<p>-<name>`` per
+partition and subscription, and answers admin calls. Actors are created with Ray's restart
+machinery (``max_restarts=-1``); every actor recovers from its own ledgers when restarted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import ray
+
+from runtime.catalog import CATALOG_KEY, CATALOG_STREAM, Catalog, decode_catalog, encode_catalog
+from runtime.config import EngineConfig
+from runtime.ids import NAMESPACE, coordinator_actor_name, partition_actor_name, subscription_actor_name
+from runtime.ledger import ManagedLedger
+from runtime.storage import Storage
+
+SUPERVISOR_NAME = "supervisor"
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Supervisor:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.storage = Storage.from_url(config.storage_url, **config.storage_options)
+        self.catalog = Catalog()
+        self._ledger: ManagedLedger | None = None
+        self._start_task: asyncio.Task | None = None
+        self._lock = asyncio.Lock()
+
+    async def _started(self) -> None:
+        if self._start_task is None:
+            self._start_task = asyncio.get_running_loop().create_task(self._start())
+        await asyncio.shield(self._start_task)
+
+    async def _start(self) -> None:
+        self._ledger = await ManagedLedger.open(self.storage, CATALOG_STREAM)
+        self.catalog = decode_catalog(self._ledger.properties.get(CATALOG_KEY))
+        await asyncio.gather(*self._coordinator_refs())
+        for topic in self.catalog.topics.values():
+            await self._ensure_topic_actors(topic.name)
+
+    async def ready(self) -> dict[str, Any]:
+        await self._started()
+        return {"config": self.config, "topics": len(self.catalog.topics)}
+
+    async def engine_config(self) -> EngineConfig:
+        await self._started()
+        return self.config
+
+    # --- actors ------------------------------------------------------------------------------
+
+    def _coordinator_refs(self) -> list[Any]:
+        from actors.coordinator import CoordinatorActor
+
+        refs = []
+        for tc_id in range(self.config.coordinator.num_coordinators):
+            handle = CoordinatorActor.options(
+                name=coordinator_actor_name(tc_id), namespace=NAMESPACE, lifetime="detached",
+                get_if_exists=True).remote(tc_id, self.config.storage_url, self.config.storage_options,
+                                           self.config.coordinator)
+            refs.append(handle.ready.remote())
+        return refs
+
+    async def _ensure_topic_actors(self, topic: str) -> None:
+        from actors.partition import PartitionActor
+
+        info = self.catalog.topic(topic)
+        refs = []
+        for p in range(info.partitions):
+            handle = PartitionActor.options(
+                name=partition_actor_name(topic, p), namespace=NAMESPACE, lifetime="detached",
+                get_if_exists=True).remote(topic, p, self.config.storage_url, self.config.storage_options,
+                                           self.config.partition)
+            refs.append(handle.ready.remote())
+        for sub in self.catalog.subscriptions.get(topic, {}).values():
+            refs += self._subscription_refs(sub.topic, sub.name, info.partitions)
+        await asyncio.gather(*refs)
+
+    def _subscription_refs(self, topic: str, name: str, partitions: int) -> list[Any]:
+        try:
+            from actors.subscription import SubscriptionActor
+        except ImportError:  # subscriptions arrive with their own actor module
+            return []
+        sub = self.catalog.subscriptions[topic][name]
+        refs = []
+        for p in range(partitions):
+            handle = SubscriptionActor.options(
+                name=subscription_actor_name(topic, p, name), namespace=NAMESPACE, lifetime="detached",
+                get_if_exists=True).remote(topic, p, name, sub.initial_position, self.config.storage_url,
+                                           self.config.storage_options, self.config.subscription)
+            refs.append(handle.ready.remote())
+        return refs
+
+    async def _save(self, catalog: Catalog) -> None:
+        assert self._ledger is not None
+        await self._ledger.set_properties({CATALOG_KEY: encode_catalog(catalog)})
+        self.catalog = catalog
+
+    # --- admin -------------------------------------------------------------------------------
+
+    async def create_topic(self, name: str, partitions: int = 1) -> dict[str, Any]:
+        await self._started()
+        async with self._lock:
+            await self._save(self.catalog.with_topic(name, partitions, now_ms()))
+        await self._ensure_topic_actors(name)
+        return {"name": name, "partitions": partitions}
+
+    async def delete_topic(self, name: str) -> None:
+        """Remove the topic, stop its actors and delete its data."""
+        await self._started()
+        async with self._lock:
+            info = self.catalog.topic(name)
+            subs = list(self.catalog.subscriptions.get(name, {}))
+            await self._save(self.catalog.without_topic(name))
+        for p in range(info.partitions):
+            names = [partition_actor_name(name, p)] + [subscription_actor_name(name, p, s) for s in subs]
+            for actor_name in names:
+                _kill(actor_name)
+        paths = await self.storage.list(f"streams/topics/{name}")
+        paths += await self.storage.list(f"topics/{name}")
+        paths += await self.storage.list(f"streams/subscriptions/{name}")
+        await self.storage.delete(paths)
+
+    async def list_topics(self) -> list[dict[str, Any]]:
+        await self._started()
+        return [{"name": t.name, "partitions": t.partitions, "created_ms": t.created_ms,
+                 "subscriptions": sorted(self.catalog.subscriptions.get(t.name, {}))}
+                for t in sorted(self.catalog.topics.values(), key=lambda t: t.name)]
+
+    async def get_topic(self, name: str) -> dict[str, Any]:
+        await self._started()
+        info = self.catalog.topic(name)
+        return {"name": info.name, "partitions": info.partitions, "created_ms": info.created_ms,
+                "subscriptions": sorted(self.catalog.subscriptions.get(name, {}))}
+
+    async def create_subscription(self, topic: str, name: str, initial_position: str = "latest") -> dict[str, Any]:
+        await self._started()
+        async with self._lock:
+            catalog = self.catalog.with_subscription(topic, name, initial_position, now_ms())
+            if catalog is not self.catalog:
+                await self._save(catalog)
+        info = self.catalog.topic(topic)
+        await asyncio.gather(*self._subscription_refs(topic, name, info.partitions))
+        return {"topic": topic, "name": name, "partitions": info.partitions}
+
+    async def delete_subscription(self, topic: str, name: str) -> None:
+        await self._started()
+        async with self._lock:
+            info = self.catalog.topic(topic)
+            await self._save(self.catalog.without_subscription(topic, name))
+        for p in range(info.partitions):
+            _kill(subscription_actor_name(topic, p, name))
+        paths = await self.storage.list(f"streams/subscriptions/{topic}")
+        await self.storage.delete([x for x in paths if f"/{name}/" in x])
+
+    async def shutdown_actors(self) -> None:
+        """Stop every actor this supervisor created (the cluster is being shut down)."""
+        await self._started()
+        for topic in self.catalog.topics.values():
+            subs = list(self.catalog.subscriptions.get(topic.name, {}))
+            for p in range(topic.partitions):
+                _kill(partition_actor_name(topic.name, p))
+                for s in subs:
+                    _kill(subscription_actor_name(topic.name, p, s))
+        for tc_id in range(self.config.coordinator.num_coordinators):
+            _kill(coordinator_actor_name(tc_id))
+
+
+def _kill(name: str) -> None:
+    try:
+        ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
+    except ValueError:
+        pass
+
+
+SupervisorActor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0,
+                             max_concurrency=1000)(Supervisor)

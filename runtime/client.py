@@ -1,0 +1,182 @@
+"""The client: ``runtime.connect()`` and what hangs off it.
+
+    import runtime as rt
+    client = rt.connect()                                  # local Ray, file://./.raytxn-data
+    client.create_topic("orders", partitions=4)
+    producer = client.create_producer("orders")
+    with client.transaction(timeout=60) as txn:            # commit on exit, abort on exception
+        producer.send(b"payload", key="k1", txn=txn)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import ray
+
+from runtime.config import EngineConfig
+from runtime.coordinator_client import CoordinatorClient
+from runtime.errors import InvalidArgument
+from runtime.ids import NAMESPACE, partition_actor_name
+from runtime.loop import BackgroundLoop
+from runtime.producer import Producer
+from runtime.rpc import ActorRef
+from runtime.storage import DEFAULT_URL
+from runtime.transaction import Transaction
+
+SUPERVISOR_NAME = "supervisor"
+
+
+def connect(storage: str | None = None, address: str | None = None, *, owner: str | None = None,
+            storage_options: dict[str, Any] | None = None, deadline_s: float = 60.0, **config: Any) -> Client:
+    """Join (or start) a Ray cluster and the raytxn engine on it, and return a client.
+
+    With nothing given, starts a local Ray (or joins the one running in this process) and stores
+    everything under ``file://./.raytxn-data``. ``address`` joins an existing cluster (``"auto"``
+    or ``ray://host:port``). Starts the supervisor and coordinators unless they already run, in
+    which case it attaches to them (and their storage wins). ``config`` overrides EngineConfig
+    fields for a new engine, e.g. ``num_coordinators=3``."""
+    started_ray = False
+    if not ray.is_initialized():
+        ray.init(address=address, namespace=NAMESPACE, include_dashboard=False, logging_level="WARNING",
+                 configure_logging=True)
+        started_ray = address is None
+    engine = _engine_config(storage, storage_options or {}, config)
+    from actors.supervisor import SupervisorActor
+
+    supervisor = SupervisorActor.options(name=SUPERVISOR_NAME, namespace=NAMESPACE, lifetime="detached",
+                                         get_if_exists=True).remote(engine)
+    ready = ray.get(supervisor.ready.remote())
+    client = Client(ready["config"], owner=owner, deadline_s=deadline_s)
+    client._started_ray = started_ray
+    return client
+
+
+def _engine_config(storage: str | None, storage_options: dict[str, Any], overrides: dict[str, Any]) -> EngineConfig:
+    engine = EngineConfig(storage_url=storage or DEFAULT_URL, storage_options=storage_options)
+    if storage and storage.startswith("file://") and not storage.startswith("file:///"):
+        # a relative path must mean the same directory to every actor: make it absolute
+        import os
+
+        engine.storage_url = "file://" + os.path.abspath(storage[len("file://"):])
+    elif not storage:
+        import os
+
+        engine.storage_url = "file://" + os.path.abspath(DEFAULT_URL[len("file://"):])
+    coordinator = engine.coordinator
+    for key, value in overrides.items():
+        if key == "num_coordinators":
+            coordinator = replace(coordinator, num_coordinators=value)
+        elif hasattr(engine, key):
+            setattr(engine, key, value)
+        else:
+            raise InvalidArgument(f"unknown config option {key!r}")
+    engine.coordinator = coordinator
+    return engine
+
+
+def shutdown() -> None:
+    """Stop the engine's actors (supervisor, coordinators, partitions, subscriptions) and the
+    local Ray this process started. Data stays in the storage."""
+    if not ray.is_initialized():
+        return
+    try:
+        supervisor = ray.get_actor(SUPERVISOR_NAME, namespace=NAMESPACE)
+    except ValueError:
+        supervisor = None
+    if supervisor is not None:
+        ray.get(supervisor.shutdown_actors.remote())
+        ray.kill(supervisor, no_restart=True)
+    ray.shutdown()
+
+
+class Client:
+    def __init__(self, config: EngineConfig, owner: str | None = None, deadline_s: float = 60.0) -> None:
+        self.config = config
+        self.owner = owner or f"client-{uuid.uuid4().hex[:12]}"
+        self.deadline_s = deadline_s
+        self.loop = BackgroundLoop()
+        self.supervisor = ActorRef(SUPERVISOR_NAME)
+        self.coordinators = CoordinatorClient(config.coordinator.num_coordinators, self.owner, deadline_s)
+        self._producers: list[Producer] = []
+        self._consumers: list[Any] = []
+        self._started_ray = False
+
+    # --- admin -------------------------------------------------------------------------------
+
+    def create_topic(self, name: str, partitions: int = 1) -> dict[str, Any]:
+        return self.supervisor.call("create_topic", name, partitions, deadline_s=self.deadline_s)
+
+    def delete_topic(self, name: str) -> None:
+        self.supervisor.call("delete_topic", name, deadline_s=self.deadline_s)
+
+    def list_topics(self) -> list[dict[str, Any]]:
+        return self.supervisor.call("list_topics", deadline_s=self.deadline_s)
+
+    def get_topic(self, name: str) -> dict[str, Any]:
+        return self.supervisor.call("get_topic", name, deadline_s=self.deadline_s)
+
+    def topic_stats(self, name: str) -> dict[str, Any]:
+        info = self.get_topic(name)
+        partitions = [ActorRef(partition_actor_name(name, p)).call("stats", deadline_s=self.deadline_s)
+                      for p in range(info["partitions"])]
+        return {**info, "partition_stats": partitions}
+
+    def coordinator_stats(self) -> list[dict[str, Any]]:
+        return self.coordinators.stats()
+
+    # --- producers ---------------------------------------------------------------------------
+
+    def create_producer(self, topic: str, producer_name: str | None = None, **options: Any) -> Producer:
+        """A producer for ``topic``. Options: batching_max_messages, batching_max_bytes,
+        batching_max_delay_ms, send_timeout_s."""
+        info = self.get_topic(topic)
+        options.setdefault("max_message_bytes", self.config.partition.max_message_bytes)
+        producer = Producer(self, topic, info["partitions"], producer_name, **options)
+        self._producers.append(producer)
+        return producer
+
+    # --- transactions ------------------------------------------------------------------------
+
+    def new_transaction(self, timeout: float = 60.0, transactional_id: str | None = None,
+                        epoch: int | None = None) -> Transaction:
+        """Begin a transaction (``timeout`` in seconds). With a ``transactional_id``, pass the
+        ``epoch`` that ``register_transactional_id`` returned (older epochs are fenced)."""
+        if timeout <= 0:
+            raise InvalidArgument(f"timeout must be > 0, got {timeout!r}")
+        txn_id = self.coordinators.new_txn(int(timeout * 1000), transactional_id, epoch)
+        return Transaction(self, txn_id, timeout, transactional_id, epoch)
+
+    @contextlib.contextmanager
+    def transaction(self, timeout: float = 60.0, transactional_id: str | None = None,
+                    epoch: int | None = None) -> Iterator[Transaction]:
+        """``with client.transaction() as txn:`` commits on normal exit, aborts on an exception
+        (which is re-raised)."""
+        txn = self.new_transaction(timeout, transactional_id, epoch)
+        with txn:
+            yield txn
+
+    def register_transactional_id(self, transactional_id: str) -> int:
+        """Start a new incarnation of ``transactional_id``: bumps its epoch, aborts its open
+        transaction, and fences every older epoch (Kafka's initTransactions)."""
+        return self.coordinators.register_transactional_id(transactional_id)
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Flush producers, close consumers; the cluster keeps running."""
+        for producer in self._producers:
+            producer.close()
+        for consumer in self._consumers:
+            consumer.close()
+        self.loop.stop()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
