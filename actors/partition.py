@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+import psutil
 import ray
 
 from runtime.config import PartitionConfig
@@ -349,6 +350,7 @@ class PartitionBuffer:
         stats = {**self.info, **{k: str(v) if isinstance(v, (Position, TxnID)) else v
                                  for k, v in buffer_stats.items()}}
         stats["ledgers"] = [i.ledger_id for i in self._ledger.ledgers]
+        stats["rss_bytes"] = psutil.Process().memory_info().rss
         stats["trimmed_below"] = str(self._ledger.trimmed_below)
         return stats
 

@@ -162,7 +162,22 @@ def bench_coordinator(short: bool = False, progress: Callable[[str], None] = pri
     return rows
 
 
-BENCHMARKS: dict[str, Callable[..., list[dict]]] = {"ledger": bench_ledger, "coordinator": bench_coordinator}
+def _lazy(module: str, name: str) -> Callable[..., list[dict]]:
+    def run(**kwargs: object) -> list[dict]:
+        import importlib
+
+        return getattr(importlib.import_module(module), name)(**kwargs)
+    run.__doc__ = f"{module}.{name}"
+    return run
+
+
+BENCHMARKS: dict[str, Callable[..., list[dict]]] = {
+    "ledger": bench_ledger,
+    "coordinator": bench_coordinator,
+    "produce": _lazy("runtime.bench_produce", "bench_produce"),
+    "recovery": _lazy("runtime.bench_produce", "bench_recovery"),
+    "partition-memory": _lazy("runtime.bench_produce", "bench_partition_memory"),
+}
 
 
 def write_results(rows: list[dict], out: Path) -> None:

@@ -32,3 +32,15 @@ def stop_actor(name: str) -> None:
     except ValueError:
         return
     ray.kill(handle, no_restart=True)
+
+
+def stop_engine() -> None:
+    """Stop the engine's actors (supervisor and everything it created), leaving Ray running."""
+    from runtime.client import SUPERVISOR_NAME
+
+    try:
+        supervisor = ray.get_actor(SUPERVISOR_NAME, namespace=NAMESPACE)
+    except ValueError:
+        return
+    ray.get(supervisor.shutdown_actors.remote())
+    ray.kill(supervisor, no_restart=True)

@@ -102,9 +102,8 @@ class Producer:
         record = MessageRecord(value, key, dict(properties or {}), event_time)
         future: concurrent.futures.Future = concurrent.futures.Future()
         future._raytxn_partition = None  # type: ignore[attr-defined]
-        if txn is not None:
-            txn.track(future)
-            txn._flushers.add(self)
+        if txn is not None and self not in txn._flushers:
+            txn._flushers.add(self)  # commit flushes this producer's batches of the txn and waits
         self._client.loop.call_soon(self._enqueue, record, future, txn)
         return future
 
@@ -190,6 +189,8 @@ class Producer:
                 "append", self.producer_name, first_sequence, batch.messages, txn.id if txn else None,
                 deadline_s=self.send_timeout_s)
         except BaseException as e:  # noqa: BLE001 - every message of the batch learns why
+            if txn is not None:
+                txn.fail(e)  # the txn can no longer commit: its writes would be partial
             for future in batch.futures:
                 if not future.done():
                     future.set_exception(e)

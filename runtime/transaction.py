@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import enum
+import threading
 from typing import TYPE_CHECKING, Any
 
 from runtime.errors import InvalidTxnState, RaytxnError, TransactionAlreadyAborted, TransactionAlreadyCommitted
@@ -43,6 +44,7 @@ class Transaction:
         self._outstanding: set[concurrent.futures.Future | asyncio.Future] = set()
         self._failure: BaseException | None = None
         self._flushers: set[Any] = set()  # producers holding unsent batches of this txn
+        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"Transaction({self.id}, {self.state})"
@@ -75,14 +77,21 @@ class Transaction:
                 raise
         await asyncio.shield(future)
 
+    def fail(self, error: BaseException) -> None:
+        """A send or ack of this txn failed for good: commit will abort and raise ``error``."""
+        if self._failure is None:
+            self._failure = error
+
     def track(self, future: concurrent.futures.Future | asyncio.Future) -> None:
         """Count a send or ack as outstanding until it completes; a failure dooms the txn."""
-        self._outstanding.add(future)
+        with self._lock:
+            self._outstanding.add(future)
 
         def done(f: Any) -> None:
-            self._outstanding.discard(f)
-            if not f.cancelled() and f.exception() is not None and self._failure is None:
-                self._failure = f.exception()
+            with self._lock:
+                self._outstanding.discard(f)
+            if not f.cancelled() and f.exception() is not None:
+                self.fail(f.exception())
 
         future.add_done_callback(done)
 
@@ -135,7 +144,8 @@ class Transaction:
     def _wait_outstanding(self, ignore_errors: bool = False) -> None:
         for producer in list(self._flushers):
             producer.flush_txn(self)
-        pending = list(self._outstanding)
+        with self._lock:
+            pending = list(self._outstanding)
         if pending:
             done, _ = concurrent.futures.wait(
                 [f for f in pending if isinstance(f, concurrent.futures.Future)], timeout=self.timeout_s)

@@ -12,21 +12,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import ray
 
 import runtime as rt
-from runtime.client import SUPERVISOR_NAME
-from runtime.ids import NAMESPACE
-
-
-def stop_engine() -> None:
-    """Stop the engine's actors but leave the session's Ray running."""
-    try:
-        supervisor = ray.get_actor(SUPERVISOR_NAME, namespace=NAMESPACE)
-    except ValueError:
-        return
-    ray.get(supervisor.shutdown_actors.remote())
-    ray.kill(supervisor, no_restart=True)
+from runtime.cluster import stop_engine
 
 
 def engine_client(tmp_path_factory: pytest.TempPathFactory, **config: Any) -> Iterator[rt.Client]:
