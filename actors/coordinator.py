@@ -92,6 +92,7 @@ class TransactionCoordinator:
     async def _recover(self) -> None:
         t0 = time.perf_counter()
         self._ledger = await ManagedLedger.open(self.storage, log_stream(self.tc_id), self.config.log_config())
+        self._ledger.faults = self.faults
         entries = await _read_everything(self._ledger)
         start = 0
         for index, entry in enumerate(entries):  # replay from the newest compaction

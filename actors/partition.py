@@ -95,6 +95,7 @@ class PartitionBuffer:
     async def _recover(self) -> None:
         t0 = time.perf_counter()
         ledger = self._ledger = await ManagedLedger.open(self.storage, self.stream)
+        ledger.faults = self.faults
         snapshot_id = None
         listing = await self.storage.list(self.snapshot_prefix)
         found = newest_complete(listing)
@@ -360,6 +361,9 @@ class PartitionBuffer:
 
     def disarm_fault(self, point: str | None = None) -> None:
         self.faults.disarm(point)
+
+    def list_faults(self) -> list[dict[str, object]]:
+        return self.faults.armed()
 
 
 PartitionActor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0,

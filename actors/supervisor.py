@@ -35,6 +35,8 @@ class Supervisor:
         self._ledger: ManagedLedger | None = None
         self._start_task: asyncio.Task | None = None
         self._lock = asyncio.Lock()
+        self._health: dict[str, dict[str, Any]] = {}
+        self._watch_task: asyncio.Task | None = None
 
     async def _started(self) -> None:
         if self._start_task is None:
@@ -47,6 +49,7 @@ class Supervisor:
         await asyncio.gather(*self._coordinator_refs())
         for topic in self.catalog.topics.values():
             await self._ensure_topic_actors(topic.name)
+        self._watch_task = asyncio.get_running_loop().create_task(self._watch())
 
     async def ready(self) -> dict[str, Any]:
         await self._started()
@@ -162,9 +165,88 @@ class Supervisor:
         paths = await self.storage.list(f"streams/subscriptions/{topic}")
         await self.storage.delete([x for x in paths if f"/{name}/" in x])
 
+    # --- watching ----------------------------------------------------------------------------
+
+    def actor_names(self, kind: str | None = None, topic: str | None = None) -> list[tuple[str, str]]:
+        """(name, kind) of every actor the catalog implies: coordinators, partitions, subscriptions."""
+        names = [(coordinator_actor_name(i), "coordinator") for i in range(self.config.coordinator.num_coordinators)]
+        for info in self.catalog.topics.values():
+            if topic is not None and info.name != topic:
+                continue
+            for p in range(info.partitions):
+                names.append((partition_actor_name(info.name, p), "partition"))
+                for sub in self.catalog.subscriptions.get(info.name, {}):
+                    names.append((subscription_actor_name(info.name, p, sub), "subscription"))
+        return [(n, k) for n, k in names if kind is None or k == kind]
+
+    async def list_actors(self, kind: str | None = None, topic: str | None = None) -> list[tuple[str, str]]:
+        await self._started()
+        return self.actor_names(kind, topic)
+
+    async def _watch(self) -> None:
+        """Probe every actor; a restarted one is driven through recovery at once (actors recover
+        lazily), a dead one is created again. Nothing stays stuck waiting for a first call."""
+        while True:
+            await asyncio.sleep(self.config.watch_interval_s)
+            await asyncio.gather(*(self._probe(name, kind) for name, kind in self.actor_names()),
+                                 return_exceptions=True)
+
+    async def _probe(self, name: str, kind: str) -> None:
+        row = self._health.setdefault(name, {"name": name, "kind": kind, "state": "UNKNOWN", "incarnation": None,
+                                             "restarts": 0, "last_recovery_ms": None, "recovery_ms": None,
+                                             "recreated": 0})
+        try:
+            handle = ray.get_actor(name, namespace=NAMESPACE)
+        except ValueError:
+            handle = None
+        if handle is None:
+            row["state"] = "DEAD"
+            row["recreated"] += 1
+            await self._recreate(name, kind)
+            return
+        try:
+            info = await asyncio.wait_for(asyncio.wrap_future(handle.ready.remote().future()),
+                                          self.config.watch_timeout_s)
+        except TimeoutError:
+            row["state"] = "RECOVERING"
+            return
+        except ray.exceptions.ActorDiedError:
+            row["state"] = "DEAD"
+            row["recreated"] += 1
+            await self._recreate(name, kind)
+            return
+        except Exception as e:  # noqa: BLE001 - restarting or failing recovery: report it
+            row["state"] = f"RESTARTING ({type(e).__name__})"
+            return
+        incarnation = info.get("incarnation")
+        if row["incarnation"] is not None and incarnation is not None and incarnation > row["incarnation"]:
+            row["restarts"] += 1
+        row.update(state="ALIVE", incarnation=incarnation, last_recovery_ms=info.get("started_ms"),
+                   recovery_ms=info.get("recovery_ms"), checked_ms=now_ms())
+
+    async def _recreate(self, name: str, kind: str) -> None:
+        if kind == "coordinator":
+            await asyncio.gather(*self._coordinator_refs())
+            return
+        for topic in self.catalog.topics.values():
+            if any(n == name for n, _ in self.actor_names(topic=topic.name)):
+                await self._ensure_topic_actors(topic.name)
+                return
+
+    async def health(self) -> dict[str, Any]:
+        """Every actor: state, incarnation (its epoch: each incarnation fences the last),
+        restarts seen, when and how long its last recovery took."""
+        await self._started()
+        await asyncio.gather(*(self._probe(n, k) for n, k in self.actor_names()), return_exceptions=True)
+        rows = [self._health[n] for n, _ in self.actor_names() if n in self._health]
+        return {"actors": rows, "healthy": all(r["state"] == "ALIVE" for r in rows),
+                "storage": self.config.storage_url}
+
     async def shutdown_actors(self) -> None:
         """Stop every actor this supervisor created (the cluster is being shut down)."""
         await self._started()
+        if self._watch_task is not None:
+            self._watch_task.cancel()
         for topic in self.catalog.topics.values():
             subs = list(self.catalog.subscriptions.get(topic.name, {}))
             for p in range(topic.partitions):

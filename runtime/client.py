@@ -21,6 +21,7 @@ import ray
 from runtime.config import EngineConfig
 from runtime.coordinator_client import CoordinatorClient
 from runtime.errors import InvalidArgument
+from runtime.faults import Faults
 from runtime.ids import NAMESPACE, partition_actor_name
 from runtime.loop import BackgroundLoop
 from runtime.producer import Producer
@@ -102,6 +103,7 @@ class Client:
         self.loop = BackgroundLoop()
         self.supervisor = ActorRef(SUPERVISOR_NAME)
         self.coordinators = CoordinatorClient(config.coordinator.num_coordinators, self.owner, deadline_s)
+        self.faults = Faults(self.supervisor, deadline_s)
         self._producers: list[Producer] = []
         self._consumers: list[Any] = []
         self._started_ray = False
@@ -125,6 +127,10 @@ class Client:
         partitions = [ActorRef(partition_actor_name(name, p)).call("stats", deadline_s=self.deadline_s)
                       for p in range(info["partitions"])]
         return {**info, "partition_stats": partitions}
+
+    def health(self) -> dict[str, Any]:
+        """The supervisor's view of every actor (state, incarnation, restarts, recovery)."""
+        return self.supervisor.call("health", deadline_s=self.deadline_s)
 
     def coordinator_stats(self) -> list[dict[str, Any]]:
         return self.coordinators.stats()

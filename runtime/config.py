@@ -56,6 +56,8 @@ class EngineConfig:
 
     storage_url: str = "file://./.raytxn-data"
     storage_options: dict[str, object] = field(default_factory=dict)
+    watch_interval_s: float = 1.0     # the supervisor probes every actor this often
+    watch_timeout_s: float = 10.0     # a probe unanswered this long reports RECOVERING
     coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
     partition: PartitionConfig = field(default_factory=PartitionConfig)
     subscription: SubscriptionConfig = field(default_factory=SubscriptionConfig)

@@ -28,6 +28,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 from sortedcontainers import SortedDict
@@ -101,6 +102,7 @@ class ManagedLedger:
         self._flusher: asyncio.Task | None = None
         self._failure: BaseException | None = None
         self._closed = False
+        self.faults: Any = None  # the owning actor's FaultPoints: "ledger.before_put" fires there
         current = meta.ledgers[-1] if writable else None
         self._current = current
         self._next_entry_id = 0
@@ -282,9 +284,13 @@ class ManagedLedger:
 
         A retry may find the object there because an earlier attempt landed but its reply was
         lost; the same bytes mean success, other bytes mean another incarnation wrote: Fenced."""
+        from runtime.faults import InjectedFault
+
         delay, max_delay = self.config.retry_backoff_s
         while True:
             try:
+                if self.faults is not None:
+                    await self.faults.hit("ledger.before_put", stream=self.stream, path=path)
                 await self.storage.create(path, data)
                 return
             except ObjectExists as e:
@@ -292,7 +298,7 @@ class ManagedLedger:
                 if existing == data:
                     return
                 raise Fenced(f"stream {self.stream}: {path} was written by another incarnation") from e
-            except StorageUnavailable:
+            except (StorageUnavailable, InjectedFault):  # an injected fault stands for a storage error
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, max_delay)
 
