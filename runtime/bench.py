@@ -177,6 +177,7 @@ BENCHMARKS: dict[str, Callable[..., list[dict]]] = {
     "produce": _lazy("runtime.bench_produce", "bench_produce"),
     "recovery": _lazy("runtime.bench_produce", "bench_recovery"),
     "partition-memory": _lazy("runtime.bench_produce", "bench_partition_memory"),
+    "crash-recovery": _lazy("runtime.bench_produce", "bench_crash_recovery"),
 }
 
 
