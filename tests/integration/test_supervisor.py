@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import ray
@@ -28,7 +28,7 @@ def row(client: rt.Client, name: str) -> dict:
     return next(r for r in client.health()["actors"] if r["name"] == name)
 
 
-def wait_for(predicate, timeout_s: float = 30, what: str = "condition") -> None:  # noqa: ANN001
+def wait_for(predicate: Callable[[], bool], timeout_s: float = 30, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
