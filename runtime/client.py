@@ -50,7 +50,7 @@ def connect(storage: str | None = None, address: str | None = None, *, owner: st
     from actors.supervisor import SupervisorActor
 
     supervisor = SupervisorActor.options(name=SUPERVISOR_NAME, namespace=NAMESPACE, lifetime="detached",
-                                         get_if_exists=True).remote(engine)
+                                         get_if_exists=True, resources=engine.actor_resources).remote(engine)
     ready = ray.get(supervisor.ready.remote())
     client = Client(ready["config"], owner=owner, deadline_s=deadline_s)
     client._started_ray = started_ray

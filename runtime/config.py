@@ -48,6 +48,10 @@ class SubscriptionConfig:
     max_index_lag: int = 100                   # pending-ack log index: one entry per this many records
     cursor_snapshot_interval_s: float = 1.0    # persist the cursor at most this often
     trim_interval_s: float = 5.0               # trim the pending-ack log on this timer too
+    consumer_timeout_s: float = 30.0           # a consumer neither fetching nor pinging this long is dropped
+    read_ahead_messages: int = 2000            # messages read from the partition ahead of dispatch
+    read_batch_entries: int = 200              # entries per partition read
+    read_wait_s: float = 0.5                   # a partition read long-polls this long for new data
 
 
 @dataclass
@@ -56,6 +60,9 @@ class EngineConfig:
 
     storage_url: str = "file://./.raytxn-data"
     storage_options: dict[str, object] = field(default_factory=dict)
+    # Ray custom resources every engine actor asks for (e.g. {"raytxn": 0.01}): pins the engine to
+    # the nodes that offer them. Empty: anywhere.
+    actor_resources: dict[str, float] = field(default_factory=dict)
     watch_interval_s: float = 1.0     # the supervisor probes every actor this often
     watch_timeout_s: float = 10.0     # a probe unanswered this long reports RECOVERING
     coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
