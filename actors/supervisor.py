@@ -68,8 +68,8 @@ class Supervisor:
         for tc_id in range(self.config.coordinator.num_coordinators):
             handle = CoordinatorActor.options(
                 name=coordinator_actor_name(tc_id), namespace=NAMESPACE, lifetime="detached",
-                get_if_exists=True, resources=self.config.actor_resources).remote(tc_id, self.config.storage_url, self.config.storage_options,
-                                           self.config.coordinator)
+                get_if_exists=True, resources=self.config.actor_resources,
+            ).remote(tc_id, self.config.storage_url, self.config.storage_options, self.config.coordinator)
             refs.append(handle.ready.remote())
         return refs
 
@@ -81,8 +81,8 @@ class Supervisor:
         for p in range(info.partitions):
             handle = PartitionActor.options(
                 name=partition_actor_name(topic, p), namespace=NAMESPACE, lifetime="detached",
-                get_if_exists=True, resources=self.config.actor_resources).remote(topic, p, self.config.storage_url, self.config.storage_options,
-                                           self.config.partition)
+                get_if_exists=True, resources=self.config.actor_resources,
+            ).remote(topic, p, self.config.storage_url, self.config.storage_options, self.config.partition)
             refs.append(handle.ready.remote())
         for sub in self.catalog.subscriptions.get(topic, {}).values():
             refs += self._subscription_refs(sub.topic, sub.name, info.partitions)
@@ -98,8 +98,9 @@ class Supervisor:
         for p in range(partitions):
             handle = SubscriptionActor.options(
                 name=subscription_actor_name(topic, p, name), namespace=NAMESPACE, lifetime="detached",
-                get_if_exists=True, resources=self.config.actor_resources).remote(topic, p, name, sub.initial_position, self.config.storage_url,
-                                           self.config.storage_options, self.config.subscription)
+                get_if_exists=True, resources=self.config.actor_resources,
+            ).remote(topic, p, name, sub.initial_position, self.config.storage_url, self.config.storage_options,
+                     self.config.subscription)
             refs.append(handle.ready.remote())
         return refs
 
