@@ -5,6 +5,7 @@ Prints one JSON line with what happened and the checker's report."""
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import sys
 import tempfile
@@ -48,6 +49,7 @@ def drain() -> list[tuple[int, MessageId, str]]:
 
 
 def main() -> None:
+    faulthandler.dump_traceback_later(480, exit=True)  # a hang shows where it hangs
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"head": 1}})
     workers = [cluster.add_node(num_cpus=2, resources={"raytxn": 100}) for _ in range(2)]
     cluster.wait_for_nodes()

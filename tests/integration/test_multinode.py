@@ -14,9 +14,10 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.timeout(600)
 def test_node_loss_recovers_on_other_nodes() -> None:
     proc = subprocess.run([sys.executable, str(Path(__file__).with_name("multinode_run.py"))],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          capture_output=True, text=True, timeout=540, cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
