@@ -1,0 +1,175 @@
+"""Spark on Ray (RayDP) reading from and writing to raytxn topics exactly once.
+
+- ``init_spark`` / ``stop_spark``: Spark on the Ray cluster the client is connected to, with the
+  JDK 17 ``--add-opens`` flags RayDP's Spark->Ray path needs and ``PYSPARK_PYTHON`` set to this
+  environment's Python, so nobody has to know either.
+- ``write``: every row of a DataFrame produced inside a transaction, in parallel from the Spark
+  tasks themselves (each task reaches the partition actors; nothing funnels through the driver).
+  Each task is one producer named ``<writer_id>-s<spark partition>`` whose sequence ids count the
+  rows it sent to each topic partition, in the partition's deterministic row order. A retried task
+  (or a zombie attempt) re-sends the same (producer, sequence ids) and the partition's dedup drops
+  the replay.
+- ``read_batch`` and ``ExactlyOncePipeline``: see ``connectors/spark_pipeline.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+JDK17_OPENS = " ".join(
+    f"--add-opens={module}=ALL-UNNAMED" for module in (
+        "java.base/java.lang", "java.base/java.math", "java.base/java.net", "java.base/java.text",
+        "java.base/java.util", "java.base/java.util.concurrent", "java.base/java.nio", "java.base/sun.nio.ch",
+        "java.sql/java.sql"))
+_JAVA_OPTION_KEYS = ("spark.ray.raydp_app_master.extraJavaOptions", "spark.driver.extraJavaOptions",
+                     "spark.executor.extraJavaOptions")
+
+_session: Any = None
+
+
+def init_spark(app_name: str = "raytxn", num_executors: int = 1, executor_cores: int = 1,
+               executor_memory: str = "1g", **configs: str) -> Any:
+    """Start Spark on Ray (once; later calls return the same session). ``configs`` are Spark
+    settings, e.g. ``**{"spark.sql.shuffle.partitions": "4"}``."""
+    global _session
+    if _session is not None:
+        return _session
+    import raydp
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    merged = dict(configs)
+    for key in _JAVA_OPTION_KEYS:
+        merged[key] = f"{merged[key]} {JDK17_OPENS}" if key in merged else JDK17_OPENS
+    merged.setdefault("spark.task.maxFailures", "4")
+    merged.setdefault("spark.speculation", "false")  # one attempt at a time per task
+    if not ray.is_initialized():
+        from runtime.ids import NAMESPACE
+
+        ray.init(namespace=NAMESPACE, logging_level="WARNING")
+    _session = raydp.init_spark(app_name, num_executors, executor_cores, executor_memory, configs=merged)
+    _session.sparkContext.setLogLevel("ERROR")
+    return _session
+
+
+def stop_spark() -> None:
+    """Stop Spark on Ray (a no-op when it is not running)."""
+    global _session
+    if _session is None:
+        return
+    import raydp
+
+    raydp.stop_spark()
+    _session = None
+
+
+# --- writing -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WriteSpec:
+    """Everything a Spark task needs to produce into the txn (it pickles to the executors)."""
+
+    topic: str
+    partitions: int
+    txn: Any                    # TxnID
+    owner: str
+    epoch: int | None
+    num_coordinators: int
+    writer_id: str
+    key_col: str | None
+    value_col: str
+    properties_col: str | None
+    event_time_col: str | None
+    batch_rows: int
+    send_timeout_s: float
+
+
+def write(df: Any, client: Any, topic: str, txn: Any, key_col: str | None = None, value_col: str = "value",
+          properties_col: str | None = None, event_time_col: str | None = None, writer_id: str | None = None,
+          batch_rows: int = 1000, fault: Callable[[int, int, int], None] | None = None) -> int:
+    """Produce every row of ``df`` to ``topic`` inside ``txn``, from the Spark tasks; returns the
+    number of rows. ``value_col`` holds bytes or str; ``key_col`` routes (murmur2, as a Kafka
+    producer would); ``writer_id`` names the producers (default: unique per call; pipelines pass
+    ``<pipeline>-<batch>``). ``fault(spark_partition, attempt, rows_sent)`` is called after each
+    batch a task sent: tests raise from it to fail a task midway."""
+    txn.check_open()
+    info = client.get_topic(topic)
+    spec = WriteSpec(topic, info["partitions"], txn.id, client.owner, txn.epoch,
+                     client.config.coordinator.num_coordinators, writer_id or f"w-{uuid.uuid4().hex[:12]}",
+                     key_col, value_col, properties_col, event_time_col, batch_rows, client.deadline_s)
+    columns = [c for c in (key_col, value_col, properties_col, event_time_col) if c is not None]
+    # A retried task must meet its rows in the same order (sequence ids are row counts): rows
+    # after a shuffle arrive in fetch order, so sort within each partition first. The set of rows
+    # in a partition is deterministic (hash partitioning); the sort makes their order so too.
+    sortable = [c for c in (key_col, value_col, event_time_col) if c is not None]
+    counts = df.select(*columns).sortWithinPartitions(*sortable).rdd.mapPartitionsWithIndex(
+        lambda index, rows: _write_partition(spec, index, rows, fault)).collect()
+    return sum(counts)
+
+
+def _worker_connect() -> None:
+    """Spark's Python workers join the Ray cluster they run on, once per worker process."""
+    if not ray.is_initialized():
+        from runtime.ids import NAMESPACE
+
+        ray.init(address="auto", namespace=NAMESPACE, logging_level="ERROR", log_to_driver=False)
+
+
+def _write_partition(spec: WriteSpec, index: int, rows: Iterable[Any],
+                     fault: Callable[[int, int, int], None] | None) -> Iterator[int]:
+    from pyspark import TaskContext
+
+    from runtime.coordinator_client import CoordinatorClient
+    from runtime.entry_format import MessageRecord
+    from runtime.hashing import partition_for
+    from runtime.ids import partition_actor_name
+    from runtime.rpc import ActorRef
+
+    _worker_connect()
+    attempt = TaskContext.get().attemptNumber() if TaskContext.get() else 0
+    producer = f"{spec.writer_id}-s{index}"
+    coordinators = CoordinatorClient(spec.num_coordinators, spec.owner, spec.send_timeout_s)
+    registered: set[int] = set()
+    next_sequence = [0] * spec.partitions
+    pending: dict[int, list[MessageRecord]] = {}
+    sent = 0
+
+    def flush(p: int) -> None:
+        nonlocal sent
+        batch = pending.pop(p, [])
+        if not batch:
+            return
+        if p not in registered:  # the coordinator must know the partition before data lands
+            coordinators.add_partitions(spec.txn, [(spec.topic, p)], spec.epoch)
+            registered.add(p)
+        first = next_sequence[p]
+        next_sequence[p] += len(batch)
+        ActorRef(partition_actor_name(spec.topic, p)).call(
+            "append", producer, first, batch, spec.txn, deadline_s=spec.send_timeout_s)
+        sent += len(batch)
+        if fault is not None:
+            fault(index, attempt, sent)
+
+    for row_index, row in enumerate(rows):
+        value = row[spec.value_col]
+        value = value.encode() if isinstance(value, str) else bytes(value)
+        key = row[spec.key_col] if spec.key_col else None
+        key = None if key is None else str(key)
+        properties = dict(row[spec.properties_col] or {}) if spec.properties_col else {}
+        event_time = row[spec.event_time_col] if spec.event_time_col else None
+        p = partition_for(key, spec.partitions) if key is not None else (index + row_index) % spec.partitions
+        pending.setdefault(p, []).append(MessageRecord(value, key, {str(k): str(v) for k, v in properties.items()},
+                                                       None if event_time is None else int(event_time)))
+        if len(pending[p]) >= spec.batch_rows:
+            flush(p)
+    for p in sorted(pending):
+        flush(p)
+    yield sent

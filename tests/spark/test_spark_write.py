@@ -1,0 +1,80 @@
+"""Spark on Ray (RayDP) writing into transactions: parallel from the tasks, exactly once even
+when a task fails midway and is retried."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+import runtime as rt
+from connectors import spark as sc
+from runtime.entry_format import decode_entry
+from runtime.ids import Position, partition_actor_name
+from runtime.rpc import ActorRef
+from tests.engine import engine_client
+
+pytestmark = [pytest.mark.ray, pytest.mark.spark]
+
+
+@pytest.fixture(scope="module")
+def client(ray_session: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[rt.Client]:
+    yield from engine_client(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def spark(client: rt.Client) -> Iterator[object]:
+    session = sc.init_spark("raytxn-tests", num_executors=1, executor_cores=1, executor_memory="1g",
+                            **{"spark.sql.shuffle.partitions": "3"})
+    assert sc.init_spark("again") is session  # idempotent
+    try:
+        yield session
+    finally:
+        sc.stop_spark()
+        sc.stop_spark()  # idempotent
+
+
+def visible(topic: str, partitions: int) -> list[bytes]:
+    values = []
+    for p in range(partitions):
+        position = Position(0, 0)
+        while True:
+            result = ActorRef(partition_actor_name(topic, p)).call("read", position, 1000)
+            for _pos, records in result["entries"]:
+                values.extend(m.value for m in decode_entry(records)[1])
+            if result["next"] == position:
+                break
+            position = result["next"]
+    return values
+
+
+def test_write_in_txn_visible_at_commit_only(client: rt.Client, spark) -> None:
+    topic = f"sw-{uuid.uuid4().hex[:6]}"
+    client.create_topic(topic, 2)
+    df = spark.createDataFrame([(f"k{i % 17}", f"v{i}") for i in range(1000)], ["key", "value"]).repartition(4)
+    txn = client.new_transaction(timeout=120)
+    assert sc.write(df, client, topic, txn, key_col="key", batch_rows=100) == 1000
+    assert visible(topic, 2) == []
+    txn.commit()
+    got = visible(topic, 2)
+    assert sorted(got) == sorted(f"v{i}".encode() for i in range(1000))
+
+
+def test_task_failing_midway_is_retried_without_duplicates(client: rt.Client, spark) -> None:
+    topic = f"sf-{uuid.uuid4().hex[:6]}"
+    client.create_topic(topic, 3)
+    rows = [(f"k{i}", f"v{i}") for i in range(900)]
+    df = spark.createDataFrame(rows, ["key", "value"]).repartition(3)
+
+    def fail_first_attempt(spark_partition: int, attempt: int, rows_sent: int) -> None:
+        if spark_partition == 1 and attempt == 0 and rows_sent >= 100:
+            raise RuntimeError("injected task failure after writing part of the partition")
+
+    txn = client.new_transaction(timeout=120)
+    assert sc.write(df, client, topic, txn, key_col="key", batch_rows=50, fault=fail_first_attempt) == 900
+    txn.commit()
+    got = visible(topic, 3)
+    assert len(got) == 900 and sorted(got) == sorted(f"v{i}".encode() for i in range(900))
+    duplicates = sum(ActorRef(partition_actor_name(topic, p)).call("stats")["duplicates"] for p in range(3))
+    assert duplicates >= 1, "the retried task never re-sent a batch: the failure was not midway"
