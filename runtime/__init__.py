@@ -5,7 +5,9 @@
 """
 
 from runtime.client import Client, connect, shutdown
+from runtime.consumer import ConsumerType, InitialPosition
 from runtime.message import Message, MessageId
 from runtime.transaction import Transaction
 
-__all__ = ["Client", "Message", "MessageId", "Transaction", "connect", "shutdown"]
+__all__ = ["Client", "ConsumerType", "InitialPosition", "Message", "MessageId", "Transaction", "connect",
+           "shutdown"]

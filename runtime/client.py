@@ -19,6 +19,7 @@ from typing import Any
 import ray
 
 from runtime.config import EngineConfig
+from runtime.consumer import Consumer, ConsumerType, InitialPosition
 from runtime.coordinator_client import CoordinatorClient
 from runtime.errors import InvalidArgument
 from runtime.faults import Faults
@@ -145,6 +146,26 @@ class Client:
         producer = Producer(self, topic, info["partitions"], producer_name, **options)
         self._producers.append(producer)
         return producer
+
+    # --- consumers ---------------------------------------------------------------------------
+
+    def subscribe(self, topic: str, subscription: str, consumer_type: ConsumerType | str = ConsumerType.Exclusive,
+                  initial_position: InitialPosition | str = InitialPosition.Latest, consumer_name: str | None = None,
+                  receiver_queue_size: int = 1000, ack_timeout_s: float | None = None,
+                  negative_ack_redelivery_delay_s: float = 1.0) -> Consumer:
+        """A consumer of ``subscription`` on every partition of ``topic``; the subscription is
+        created (at ``initial_position``) unless it exists. ``NotAllowed`` when its type refuses
+        another consumer (Exclusive, or a consumer of another type attached)."""
+        try:
+            position = InitialPosition(initial_position)
+        except ValueError:
+            raise InvalidArgument(f"initial_position must be latest or earliest, got {initial_position!r}") from None
+        info = self.supervisor.call("create_subscription", topic, subscription, str(position),
+                                    deadline_s=self.deadline_s)
+        consumer = Consumer(self, topic, subscription, info["partitions"], consumer_type, consumer_name,
+                            receiver_queue_size, ack_timeout_s, negative_ack_redelivery_delay_s)
+        self._consumers.append(consumer)
+        return consumer
 
     # --- transactions ------------------------------------------------------------------------
 

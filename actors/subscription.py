@@ -1,0 +1,464 @@
+"""The subscription actor ``sub-<topic>-<p>-<name>``: a thin shell around ``SubscriptionState``.
+
+It owns the subscription's pending-ack log, a managed ledger (stream
+``subscriptions/<topic>/<p>/<name>/pending-ack``) whose metadata properties also hold the
+persisted cursor, and does the I/O, locking and timers; every decision is the state's.
+
+* Reading: one task pulls committed messages from ``partition-<topic>-<p>`` while consumers are
+  attached and the queue has room, and dispatches them.
+* Consumers pull: ``subscribe`` attaches one, ``fetch`` long-polls for up to ``max_messages``
+  (its receiver queue's free room: the permits), ``ack``, ``redeliver`` (negative acks and ack
+  timeouts, tracked by the consumer as Pulsar's client does), ``close_consumer``. A consumer that
+  neither fetches nor pings (a zero fetch) for ``consumer_timeout_s`` is dropped, and its
+  messages go to the others.
+* Transactional acks and ends: prepare -> log -> apply under one lock. Records are applied in the
+  ledger's ``on_durable`` callback, so the state changes in log order, and an ack is answered
+  only once its record is durable. ``end_txn`` is the coordinator's participant call (idempotent).
+  Plain acks take the same lock, so none lands between a txn ack's preparation and its apply.
+* Durability: the cursor is persisted (at most every ``cursor_snapshot_interval_s``, and always
+  before the log is trimmed) as a property of the pending-ack ledger together with the log
+  position it includes. Recovery: restore it, replay the log (rebuilding the index), and deliver
+  everything unacked again. The log is trimmed by the index every ``trim_interval_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from typing import Any
+
+import ray
+
+from runtime.config import SubscriptionConfig
+from runtime.cursor import Cursor, next_position
+from runtime.entry_format import decode_header
+from runtime.errors import Fenced, InvalidArgument, MessageTooLarge, NotAllowed, RaytxnError, is_retriable
+from runtime.faults import FaultPoints
+from runtime.ids import EARLIEST, Position, TxnID, partition_actor_name
+from runtime.ledger import LedgerConfig, ManagedLedger
+from runtime.pending_ack import Record, decode_record, encode_record
+from runtime.rpc import ActorRef
+from runtime.storage import Storage
+from runtime.subscription_state import (
+    AckTuple,
+    PersistedCursor,
+    SubscriptionState,
+    count_entries,
+    decode_persisted,
+    encode_persisted,
+)
+
+FAULT_POINTS = (
+    "subscription.before_pending_ack_log",
+    "subscription.after_pending_ack_log",
+    "subscription.before_commit_log",
+    "subscription.after_commit_log",
+    "subscription.after_cursor_persist",
+)
+
+CURSOR_PROPERTY = "cursor"
+_OPEN_LEDGER_END = 1 << 62  # an open ledger's last entry is not in its metadata: count up to max_read
+
+log = logging.getLogger(__name__)
+
+
+def pending_ack_stream(topic: str, partition: int, subscription: str) -> str:
+    return f"subscriptions/{topic}/{partition}/{subscription}/pending-ack"
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Subscription:
+    def __init__(self, topic: str, partition: int, name: str, initial_position: str = "latest",
+                 storage_url: str | None = None, storage_options: dict[str, Any] | None = None,
+                 config: SubscriptionConfig | None = None) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.name = name
+        self.initial_position = initial_position
+        self.config = config or SubscriptionConfig()
+        self.storage = Storage.from_url(storage_url, **(storage_options or {}))
+        self.stream = pending_ack_stream(topic, partition, name)
+        self.state = SubscriptionState(partition, Cursor(), self.config.max_index_lag)  # replaced by recovery
+        self.faults = FaultPoints()
+        self._partition = ActorRef(partition_actor_name(topic, partition))
+        self._ledger: ManagedLedger | None = None
+        self._partition_ledger: ManagedLedger | None = None  # read-only: ledger sizes for the backlog
+        self._start_task: asyncio.Task | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._lock = asyncio.Lock()          # prepare -> log -> apply, and every other state change
+        self._persist_lock = asyncio.Lock()  # persisted cursor forms go out in order, trims after them
+        self._wakeup = asyncio.Event()       # the reader: a rewind, a seek, new demand
+        self._waiters: dict[str, asyncio.Event] = {}  # consumer id -> its waiting fetch
+        self._last_persisted: PersistedCursor | None = None
+        self._last_persist = 0.0
+        self._last_trim = 0.0
+        self.info: dict[str, Any] = {"topic": topic, "partition": partition, "subscription": name,
+                                     "cursor_persists": 0, "log_trims": 0, "consumers_dropped": 0}
+
+    # --- start and recovery ----------------------------------------------------------------
+
+    async def _started(self) -> None:
+        task = self._start_task
+        if task is None or (task.done() and not task.cancelled() and task.exception() is not None
+                            and is_retriable(task.exception())):  # e.g. the partition was restarting
+            self._start_task = asyncio.get_running_loop().create_task(self._recover())
+        await asyncio.shield(self._start_task)
+
+    async def _recover(self) -> None:
+        t0 = time.perf_counter()
+        ledger = self._ledger = await ManagedLedger.open(self.storage, self.stream, LedgerConfig(max_delay_ms=0.0))
+        readable_end = (await self._partition.call_async("read", EARLIEST, 0, 0.0))["max_read"]
+        raw = ledger.properties.get(CURSOR_PROPERTY)
+        persisted = None if raw is None else decode_persisted(raw, self.stream)
+        if persisted is not None:
+            cursor = Cursor.from_snapshot(persisted.cursor)
+        else:  # a new subscription: earliest, or everything up to now counts as acked
+            cursor = Cursor() if self.initial_position == "earliest" else Cursor(readable_end)
+        state = SubscriptionState(self.partition, cursor, self.config.max_index_lag)
+        included = persisted.log_position if persisted is not None else EARLIEST
+        replayed = 0
+        position = ledger.trimmed_below if ledger.trimmed_below != EARLIEST else Position(0, 0)
+        while entries := await ledger.read(position, max_entries=5000):
+            for entry in entries:
+                for raw_record in entry.records:
+                    record = decode_record(raw_record, f"{self.stream}@{entry.position}")
+                    state.apply(record, entry.position, in_cursor_snapshot=entry.position <= included)
+                    replayed += 1
+            position = next_position(entries[-1].position)
+        state.read_position = state.cursor.acked_below
+        # An earlier incarnation may have delivered anything readable now; acks of it are allowed.
+        state.delivered_through = readable_end
+        state.max_read = readable_end
+        self.state = state
+        self._last_persisted = persisted
+        if persisted is None:
+            await self._persist()  # fixes where "latest" was, for every later incarnation
+        self.info.update(incarnation=ledger.incarnation, replayed_records=replayed, started_ms=now_ms(),
+                         recovery_ms=round((time.perf_counter() - t0) * 1000, 3))
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._read_loop()), loop.create_task(self._maintenance_loop())]
+
+    async def ready(self) -> dict[str, Any]:
+        await self._started()
+        return dict(self.info)
+
+    def _generation(self) -> tuple[int, int]:
+        """Changes with every incarnation and seek: consumers drop messages prefetched before."""
+        return (self.info.get("incarnation", 0), self.state.generation)
+
+    # --- consumers -------------------------------------------------------------------------
+
+    async def subscribe(self, consumer_id: str, consumer_name: str, consumer_type: str) -> dict[str, Any]:
+        """Attach a consumer (again: a no-op); ``NotAllowed`` when the subscription's type or an
+        exclusive consumer refuses it."""
+        await self._started()
+        async with self._lock:
+            self.state.add_consumer(consumer_id, consumer_name, consumer_type, time.monotonic())
+        self._changed()
+        return {"generation": self._generation()}
+
+    async def fetch(self, consumer_id: str, max_messages: int, max_wait_s: float = 0.0) -> dict[str, Any]:
+        """Up to ``max_messages`` messages for the consumer, waiting up to ``max_wait_s`` for the
+        first. A zero fetch is a ping. ``registered`` False: subscribe again (this incarnation
+        does not know the consumer, or dropped it)."""
+        await self._started()
+        state = self.state
+        if not state.dispatcher.has_consumer(consumer_id):
+            return {"registered": False, "generation": self._generation(), "messages": []}
+        state.dispatcher.touch(consumer_id, time.monotonic(), fetching=1)
+        try:
+            if max_messages > 0:
+                state.dispatcher.want(consumer_id, max_messages)
+                self._dispatch()
+                if not state.dispatcher.has_outbox(consumer_id) and max_wait_s > 0:
+                    waiter = self._waiters.setdefault(consumer_id, asyncio.Event())
+                    waiter.clear()
+                    try:
+                        await asyncio.wait_for(waiter.wait(), max_wait_s)
+                    except TimeoutError:
+                        pass
+            messages = state.take(consumer_id)
+        finally:
+            state.dispatcher.touch(consumer_id, time.monotonic(), fetching=-1)
+        return {"registered": state.dispatcher.has_consumer(consumer_id), "generation": self._generation(),
+                "messages": messages}
+
+    async def redeliver(self, consumer_id: str, keys: list[tuple[Position, int]] | None = None) -> int:
+        """Give back the consumer's outstanding messages (all, or these ``(position, batch
+        index)``): negative acks and ack timeouts. Returns how many were its."""
+        await self._started()
+        async with self._lock:
+            released = self.state.release(consumer_id, keys)
+        self._changed()
+        return released
+
+    async def close_consumer(self, consumer_id: str) -> None:
+        """Detach a consumer; its unacked messages go to the others."""
+        await self._started()
+        async with self._lock:
+            self._detach(consumer_id)
+        self._changed()
+
+    def _detach(self, consumer_id: str) -> None:
+        self.state.remove_consumer(consumer_id)
+        waiter = self._waiters.pop(consumer_id, None)
+        if waiter is not None:
+            waiter.set()  # its waiting fetch returns now
+
+    async def unsubscribe(self, consumer_id: str) -> None:
+        """Check that the subscription may be deleted by this consumer: ``NotAllowed`` while others
+        are attached. (The supervisor deletes it.)"""
+        await self._started()
+        others = [c for c in self.state.dispatcher.consumer_ids() if c != consumer_id]
+        if others:
+            raise NotAllowed(f"subscription {self.name} on {self.topic}-{self.partition} has {len(others)} "
+                             "other consumer(s) attached")
+
+    # --- acks and ends ---------------------------------------------------------------------
+
+    async def ack(self, consumer_id: str, acks: list[AckTuple], cumulative: bool = False,
+                  txn: TxnID | None = None) -> None:
+        """Acks of ``(position, batch_index, batch_size)``. Plain ones change the cursor (which is
+        persisted later); transactional ones return once logged in the pending-ack log."""
+        await self._started()
+        self.state.dispatcher.touch(consumer_id, time.monotonic())
+        async with self._lock:
+            if txn is None:
+                self.state.ack(acks, cumulative)
+            else:
+                for record in self.state.prepare_ack(txn, acks, cumulative):
+                    await self.faults.hit("subscription.before_pending_ack_log", txn=txn)
+                    await self._log(record)
+                    await self.faults.hit("subscription.after_pending_ack_log", txn=txn)
+        self._changed()
+
+    async def end_txn(self, txn: TxnID, action: str, low_watermark: int) -> None:
+        """End-on-subscription from the coordinator: commit applies the txn's acks to the cursor,
+        abort drops them and redelivers; dangling txns at or below the watermark are aborted.
+        Idempotent (the coordinator retries until it succeeds)."""
+        await self._started()
+        async with self._lock:
+            for record in self.state.prepare_end(txn, action, low_watermark):
+                await self.faults.hit("subscription.before_commit_log", txn=record.txn)
+                await self._log(record)
+                await self.faults.hit("subscription.after_commit_log", txn=record.txn)
+        self._changed()
+
+    async def _log(self, record: Record) -> Position:
+        """Append one record; the state applies it as soon as it is durable, in log order."""
+        assert self._ledger is not None
+
+        def apply(position: Position) -> None:
+            self.state.apply(record, position)
+
+        try:
+            return await self._ledger.append([encode_record(record)], on_durable=apply)
+        except RaytxnError as error:
+            if isinstance(error, Fenced) or not (error.retriable or isinstance(error, MessageTooLarge)):
+                # A newer incarnation owns the log, or state and log diverged: stop, so that Ray
+                # starts a fresh incarnation that recovers from the log.
+                asyncio.get_running_loop().call_later(0.05, os._exit, 3)
+            raise
+
+    # --- seek ------------------------------------------------------------------------------
+
+    async def seek(self, position: Position | None = None, publish_time_ms: int | None = None) -> tuple[int, int]:
+        """Deliver again from ``position`` (inclusive), or from the first message published at or
+        after ``publish_time_ms``; returns the new generation."""
+        await self._started()
+        if (position is None) == (publish_time_ms is None):
+            raise InvalidArgument("seek takes a position or a publish time")
+        if publish_time_ms is not None:
+            position = await self._position_at_time(publish_time_ms)
+        assert position is not None
+        async with self._lock:
+            self.state.seek(position)
+        for waiter in self._waiters.values():
+            waiter.set()  # waiting fetches return, with the new generation
+        self._changed()
+        async with self._persist_lock:
+            await self._persist()
+        return self._generation()
+
+    async def _position_at_time(self, publish_time_ms: int) -> Position:
+        """The first entry published at or after the time (a linear scan of the partition), else
+        the partition's end."""
+        position = EARLIEST
+        while True:
+            reply = await self._partition.call_async("read", position, 1000, 0.0)
+            for entry_position, records in reply["entries"]:
+                if decode_header(records[0]).publish_time_ms >= publish_time_ms:
+                    return entry_position
+            if reply["next"] == position:
+                return position
+            position = reply["next"]
+
+    # --- reading and dispatching -----------------------------------------------------------
+
+    def _changed(self) -> None:
+        """After any change: hand out what can go, and let the reader look again."""
+        self._dispatch()
+        self._wakeup.set()
+
+    def _dispatch(self) -> None:
+        for consumer_id in self.state.dispatch():
+            waiter = self._waiters.get(consumer_id)
+            if waiter is not None:
+                waiter.set()
+        if self.state.wants_read(self.config.read_ahead_messages):
+            self._wakeup.set()
+
+    async def _read_loop(self) -> None:
+        while True:
+            state = self.state
+            self._wakeup.clear()
+            if not state.wants_read(self.config.read_ahead_messages):
+                try:
+                    await asyncio.wait_for(self._wakeup.wait(), 1.0)
+                except TimeoutError:
+                    pass
+                continue
+            start, generation = state.read_position, state.generation
+            try:
+                reply = await self._read_unless_rewound(start, generation)
+            except Exception:  # the partition is restarting: try again shortly
+                log.warning("read of %s-%s failed", self.topic, self.partition, exc_info=True)
+                await asyncio.sleep(0.2)
+                continue
+            if reply is None or generation != state.generation:
+                continue
+            state.on_read(start, reply["entries"], reply["next"], reply["max_read"])
+            self._dispatch()
+
+    async def _read_unless_rewound(self, start: Position, generation: int) -> dict[str, Any] | None:
+        """A (long-polling) partition read from ``start``; None when a rewind below ``start`` or a
+        seek made it pointless before it returned."""
+        read = asyncio.ensure_future(self._partition.call_async(
+            "read", start, self.config.read_batch_entries, self.config.read_wait_s))
+        while True:
+            woken = asyncio.ensure_future(self._wakeup.wait())
+            done, _ = await asyncio.wait({read, woken}, return_when=asyncio.FIRST_COMPLETED)
+            woken.cancel()
+            if read in done:
+                return read.result()
+            self._wakeup.clear()
+            if self.state.read_position < start or self.state.generation != generation:
+                read.cancel()  # reads change nothing: dropping one is harmless
+                return None
+
+    # --- durability ------------------------------------------------------------------------
+
+    async def _persist(self) -> PersistedCursor:
+        """Persist the cursor with the log position it includes (if it changed). Callers hold the
+        persist lock (or are the recovery), so forms go out in the order they were taken."""
+        assert self._ledger is not None
+        persisted = self.state.persisted_form()  # one synchronous capture: cursor and log agree
+        if persisted != self._last_persisted:
+            await self._ledger.set_properties({CURSOR_PROPERTY: encode_persisted(persisted)})
+            self._last_persisted = persisted
+            self.info["cursor_persists"] += 1
+            await self.faults.hit("subscription.after_cursor_persist")
+        self._last_persist = time.monotonic()
+        return persisted
+
+    async def _trim_log(self) -> Position | None:
+        """Persist the cursor, then delete the log entries its mark-delete position made useless."""
+        assert self._ledger is not None
+        async with self._persist_lock:
+            persisted = await self._persist()
+            point = self.state.trim_point(persisted)
+            self._last_trim = time.monotonic()
+            if point is None or next_position(point) <= self._ledger.trimmed_below:
+                return None
+            await self._ledger.trim(next_position(point))
+            self.state.log_index.on_trimmed(point)
+            self.info["log_trims"] += 1
+            return point
+
+    async def _maintenance_loop(self) -> None:
+        config = self.config
+        tick = max(0.05, min(1.0, config.cursor_snapshot_interval_s, config.trim_interval_s,
+                             config.consumer_timeout_s / 4))
+        while True:
+            await asyncio.sleep(tick)
+            try:
+                now = time.monotonic()
+                idle = self.state.dispatcher.idle_consumers(now, config.consumer_timeout_s)
+                if idle:
+                    async with self._lock:
+                        for consumer_id in idle:
+                            self._detach(consumer_id)
+                            self.info["consumers_dropped"] += 1
+                    self._changed()
+                self.state.dispatcher.prune_redeliveries(self.state.cursor.acked_below)
+                if now - self._last_trim >= config.trim_interval_s:
+                    await self._trim_log()
+                elif now - self._last_persist >= config.cursor_snapshot_interval_s:
+                    async with self._persist_lock:
+                        await self._persist()
+            except Exception:  # storage hiccup: the next tick tries again
+                log.warning("maintenance of %s failed", self.stream, exc_info=True)
+
+    async def persist_cursor(self) -> str:
+        """Persist the cursor now (it also happens on a timer); returns its mark-delete position."""
+        await self._started()
+        async with self._persist_lock:
+            persisted = await self._persist()
+        return str(Cursor.from_snapshot(persisted.cursor).mark_delete_position)
+
+    async def trim_log(self) -> str | None:
+        """Persist the cursor and trim the pending-ack log now (it also happens on a timer)."""
+        await self._started()
+        point = await self._trim_log()
+        return None if point is None else str(point)
+
+    # --- introspection and faults ----------------------------------------------------------
+
+    async def stats(self) -> dict[str, Any]:
+        """Backlog, unacked, consumers, pending-ack txns and positions, log size, cursor."""
+        await self._started()
+        assert self._ledger is not None
+        stats = {**self.info, **self.state.stats()}
+        stats["backlog_entries"] = self.state.backlog_entries(await self._partition_ledger_ends())
+        last = self._ledger.last_position
+        own_ends = [(info.ledger_id, info.last_entry_id if info.closed else last.entry_id)
+                    for info in self._ledger.ledgers]
+        stats["log"] = {"entries": count_entries(own_ends, self._ledger.trimmed_below, last),
+                        "trimmed_below": str(self._ledger.trimmed_below), "last_position": str(last),
+                        "ledgers": len(own_ends)}
+        return stats
+
+    async def _partition_ledger_ends(self) -> list[tuple[int, int]]:
+        from actors.partition import partition_stream
+
+        if self._partition_ledger is None:
+            self._partition_ledger = await ManagedLedger.open(
+                self.storage, partition_stream(self.topic, self.partition), writable=False)
+        else:
+            await self._partition_ledger.refresh()
+        return [(info.ledger_id, info.last_entry_id if info.closed else _OPEN_LEDGER_END)
+                for info in self._partition_ledger.ledgers]
+
+    def process_info(self) -> dict[str, int]:
+        """This incarnation's process id and resident memory (benchmarks)."""
+        import psutil
+
+        return {"pid": os.getpid(), "rss": psutil.Process().memory_info().rss}
+
+    def arm_fault(self, point: str, action: str = "crash", times: int = 1, probability: float = 1.0,
+                  match: dict[str, object] | None = None, delay_s: float = 1.0) -> None:
+        self.faults.arm(point, action, times, probability, match, delay_s)
+
+    def disarm_fault(self, point: str | None = None) -> None:
+        self.faults.disarm(point)
+
+
+# Restarted by Ray forever; calls are not retried by Ray (clients retry, every call is idempotent
+# or harmless to repeat: acks, ends, fetches of a consumer that must subscribe again).
+SubscriptionActor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0,
+                               max_concurrency=10_000)(Subscription)

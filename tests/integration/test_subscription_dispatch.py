@@ -1,0 +1,332 @@
+"""Subscriptions and consumers on a real engine (Ray actors, file:// storage): the four
+subscription types, receive / batch_receive, ack timeouts and negative acks, consumer liveness,
+seek, initial positions, batch messages, stats and unsubscribe. One engine for the module; every
+test uses its own topic."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator
+
+import pytest
+import ray
+
+import runtime as rt
+from runtime.config import SubscriptionConfig
+from runtime.consumer import Consumer
+from runtime.errors import InvalidArgument, NotAllowed, Timeout
+from runtime.ids import subscription_actor_name
+from runtime.message import Message
+from runtime.rpc import ActorRef
+from tests.engine import engine_client
+
+pytestmark = pytest.mark.ray
+
+CONSUMER_TIMEOUT_S = 1.5
+
+
+@pytest.fixture(scope="module")
+def client(ray_session: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[rt.Client]:
+    config = SubscriptionConfig(consumer_timeout_s=CONSUMER_TIMEOUT_S, cursor_snapshot_interval_s=0.2,
+                                trim_interval_s=0.5, read_wait_s=0.2)
+    yield from engine_client(tmp_path_factory, subscription=config)
+
+
+def new_topic(client: rt.Client, partitions: int = 1) -> str:
+    topic = f"t-{uuid.uuid4().hex[:8]}"
+    client.create_topic(topic, partitions)
+    return topic
+
+
+def send(client: rt.Client, topic: str, values: list[bytes], keys: list[str] | None = None,
+         batch: bool = False) -> list[rt.MessageId]:
+    """Send ``values``: one entry each, or (``batch``) all in one batch entry."""
+    producer = client.create_producer(topic, batching_max_messages=len(values) if batch else 1)
+    futures = [producer.send_async(value, key=keys[i] if keys else None) for i, value in enumerate(values)]
+    producer.flush()
+    return [future.result() for future in futures]
+
+
+def receive_all(consumer: Consumer, count: int, timeout: float = 10.0) -> list[Message]:
+    messages = []
+    deadline = time.monotonic() + timeout
+    while len(messages) < count:
+        messages.append(consumer.receive(timeout=max(0.01, deadline - time.monotonic())))
+    return messages
+
+
+def values(messages: list[Message]) -> list[bytes]:
+    return [m.value() for m in messages]
+
+
+def nothing_more(consumer: Consumer, wait_s: float = 0.5) -> bool:
+    try:
+        consumer.receive(timeout=wait_s)
+    except Timeout:
+        return True
+    return False
+
+
+def test_exclusive_receives_in_order_and_refuses_a_second_consumer(client: rt.Client) -> None:
+    topic = new_topic(client)
+    consumer = client.subscribe(topic, "sub", initial_position=rt.InitialPosition.Earliest)
+    sent = [f"m{i}".encode() for i in range(20)]
+    ids = send(client, topic, sent)
+    received = receive_all(consumer, 20)
+    assert values(received) == sent
+    assert [m.message_id() for m in received] == ids
+    first = received[0]
+    assert first.topic_name() == topic and first.redelivery_count() == 0 and first.key() is None
+    assert first.publish_time() > 0 and first.event_time() is None and first.properties() == {}
+    with pytest.raises(NotAllowed):
+        client.subscribe(topic, "sub")
+    with pytest.raises(NotAllowed):  # the type is the attached consumers' type
+        client.subscribe(topic, "sub", consumer_type=rt.ConsumerType.Shared)
+    for message in received:
+        consumer.acknowledge(message)
+    consumer.close()
+    second = client.subscribe(topic, "sub")  # the exclusive consumer left: a new one may attach
+    assert nothing_more(second)  # everything was acked (acks are sent before close returns)
+    second.close()
+
+
+def test_receive_timeout_raises_and_batch_receive(client: rt.Client) -> None:
+    topic = new_topic(client)
+    consumer = client.subscribe(topic, "sub")
+    t0 = time.monotonic()
+    with pytest.raises(Timeout):
+        consumer.receive(timeout=0.3)
+    assert 0.25 < time.monotonic() - t0 < 2.0
+    assert consumer.batch_receive(10, timeout=0.2) == []
+    send(client, topic, [b"a", b"b", b"c"])
+    time.sleep(0.5)  # prefetched meanwhile
+    batch = consumer.batch_receive(2, timeout=1.0)
+    assert values(batch) == [b"a", b"b"]
+    assert values(consumer.batch_receive(10, timeout=0.3)) == [b"c"]
+    consumer.close()
+    with pytest.raises(NotAllowed):
+        consumer.receive(timeout=0.1)
+
+
+def test_latest_starts_after_existing_messages_and_earliest_before(client: rt.Client) -> None:
+    topic = new_topic(client)
+    send(client, topic, [b"old"])
+    latest = client.subscribe(topic, "latest")
+    earliest = client.subscribe(topic, "earliest", initial_position=rt.InitialPosition.Earliest)
+    send(client, topic, [b"new"])
+    assert values(receive_all(latest, 1)) == [b"new"]
+    assert values(receive_all(earliest, 2)) == [b"old", b"new"]
+    latest.close()
+    earliest.close()
+
+
+def test_failover_active_consumer_and_takeover(client: rt.Client) -> None:
+    topic = new_topic(client)
+    first = client.subscribe(topic, "sub", rt.ConsumerType.Failover, consumer_name="a")
+    second = client.subscribe(topic, "sub", rt.ConsumerType.Failover, consumer_name="b")
+    send(client, topic, [f"m{i}".encode() for i in range(10)])
+    got = receive_all(first, 10)  # partition 0 % 2 consumers -> the first by name
+    assert values(got) == [f"m{i}".encode() for i in range(10)]
+    assert nothing_more(second, 0.3)
+    for message in got[:4]:
+        first.acknowledge(message)
+    first.acknowledge_async(got[3]).result()
+    first.close()  # the unacked six go to the standby, in order
+    taken_over = receive_all(second, 6)
+    assert values(taken_over) == [f"m{i}".encode() for i in range(4, 10)]
+    assert all(m.redelivery_count() == 1 for m in taken_over)
+    second.close()
+
+
+def test_failover_spreads_partitions_over_consumers(client: rt.Client) -> None:
+    topic = new_topic(client, partitions=2)
+    a = client.subscribe(topic, "sub", rt.ConsumerType.Failover, consumer_name="a")
+    b = client.subscribe(topic, "sub", rt.ConsumerType.Failover, consumer_name="b")
+    send(client, topic, [f"m{i}".encode() for i in range(20)], keys=[f"k{i}" for i in range(20)])
+    got_a = receive_all(a, 1)
+    got_b = receive_all(b, 1)
+    partitions_a = {m.message_id().partition for m in got_a + a.batch_receive(100, 1.0)}
+    partitions_b = {m.message_id().partition for m in got_b + b.batch_receive(100, 1.0)}
+    assert partitions_a == {0} and partitions_b == {1}  # partition p goes to sorted(consumers)[p % 2]
+    a.close()
+    b.close()
+
+
+def test_shared_round_robin(client: rt.Client) -> None:
+    topic = new_topic(client)
+    a = client.subscribe(topic, "sub", rt.ConsumerType.Shared, receiver_queue_size=10)
+    b = client.subscribe(topic, "sub", rt.ConsumerType.Shared, receiver_queue_size=10)
+    time.sleep(0.3)  # both fetch loops are waiting
+    sent = [f"m{i}".encode() for i in range(20)]
+    send(client, topic, sent, batch=True)
+    got_a = a.batch_receive(20, timeout=1.5)
+    got_b = b.batch_receive(20, timeout=1.5)
+    assert sorted(values(got_a) + values(got_b)) == sorted(sent)  # each once
+    assert len(got_a) == len(got_b) == 10  # one at a time, in turn
+    with pytest.raises(NotAllowed):
+        a.acknowledge_cumulative(got_a[-1])
+    for message in got_a:
+        a.acknowledge(message)
+    b.close()  # b's unacked messages go to a
+    again = receive_all(a, 10)
+    assert sorted(values(again)) == sorted(values(got_b))
+    a.close()
+
+
+def test_key_shared_keeps_each_key_on_one_consumer_in_order(client: rt.Client) -> None:
+    topic = new_topic(client)
+    a = client.subscribe(topic, "sub", rt.ConsumerType.KeyShared)
+    b = client.subscribe(topic, "sub", rt.ConsumerType.KeyShared)
+    time.sleep(0.3)
+    keys = [f"key-{i % 8}" for i in range(80)]
+    send(client, topic, [f"{key}:{i}".encode() for i, key in enumerate(keys)], keys=keys)
+    got: dict[str, list[Message]] = {"a": [], "b": []}
+    deadline = time.monotonic() + 10
+    while len(got["a"]) + len(got["b"]) < 80 and time.monotonic() < deadline:
+        got["a"] += a.batch_receive(80, timeout=0.1)
+        got["b"] += b.batch_receive(80, timeout=0.1)
+    assert len(got["a"]) + len(got["b"]) == 80
+    owner = {}
+    per_key: dict[str, list[int]] = defaultdict(list)
+    for name, messages in got.items():
+        for message in messages:
+            assert owner.setdefault(message.key(), name) == name  # a key never goes to both
+            per_key[message.key()].append(int(message.value().split(b":")[1]))
+    assert set(owner.values()) == {"a", "b"}  # 8 keys over 2 consumers: both get some
+    assert all(seq == sorted(seq) for seq in per_key.values())  # in order within a key
+    a.close()
+    b.close()
+
+
+def test_batch_messages_carry_batch_indexes(client: rt.Client) -> None:
+    topic = new_topic(client)
+    consumer = client.subscribe(topic, "sub")
+    ids = send(client, topic, [b"x0", b"x1", b"x2", b"x3"], batch=True)
+    assert [i.batch_index for i in ids] == [0, 1, 2, 3] and len({i.position for i in ids}) == 1
+    got = receive_all(consumer, 4)
+    assert [m.message_id() for m in got] == ids and all(m.batch_size == 4 for m in got)
+    for message in got[:3]:
+        consumer.acknowledge(message)
+    consumer.acknowledge_async(got[0]).result()
+    stats = consumer.stats()[0]
+    assert stats["partially_acked_batches"] == 1 and stats["unacked"] == 1
+    consumer.acknowledge_async(got[3].message_id()).result()  # by id: the batch size is known here
+    stats = consumer.stats()[0]
+    assert stats["partially_acked_batches"] == 0 and stats["mark_delete_position"] == str(ids[0].position)
+    with pytest.raises(InvalidArgument):
+        consumer.acknowledge(rt.MessageId("other", 0, 0, 0))
+    consumer.close()
+
+
+def test_negative_ack_redelivers_after_the_delay(client: rt.Client) -> None:
+    topic = new_topic(client)
+    consumer = client.subscribe(topic, "sub", negative_ack_redelivery_delay_s=0.5)
+    send(client, topic, [b"a", b"b"])
+    first, second = receive_all(consumer, 2)
+    consumer.acknowledge(second)
+    t0 = time.monotonic()
+    consumer.negative_acknowledge(first)
+    again = consumer.receive(timeout=5)
+    assert again.message_id() == first.message_id() and again.redelivery_count() == 1
+    assert time.monotonic() - t0 >= 0.45
+    consumer.negative_acknowledge(again)
+    assert consumer.receive(timeout=5).redelivery_count() == 2
+    consumer.close()
+
+
+def test_ack_timeout_redelivers_unacked_messages(client: rt.Client) -> None:
+    topic = new_topic(client)
+    consumer = client.subscribe(topic, "sub", rt.ConsumerType.Shared, ack_timeout_s=0.5)
+    send(client, topic, [b"a", b"b"])
+    a, b = receive_all(consumer, 2)
+    consumer.acknowledge(a)
+    again = consumer.receive(timeout=5)
+    assert again.message_id() == b.message_id() and again.redelivery_count() == 1
+    consumer.acknowledge(again)
+    assert nothing_more(consumer, 1.0)
+    consumer.close()
+
+
+def test_a_consumer_that_stops_fetching_is_dropped(client: rt.Client) -> None:
+    topic = new_topic(client)
+    live = client.subscribe(topic, "sub", rt.ConsumerType.Shared, receiver_queue_size=1)
+    # A consumer that fetches once and then goes silent (as a crashed client would).
+    actor = ActorRef(subscription_actor_name(topic, 0, "sub"))
+    actor.call("subscribe", "silent", "silent", "Shared")
+    send(client, topic, [b"a", b"b", b"c"])
+    silent_got = []
+    deadline = time.monotonic() + 5
+    while not silent_got and time.monotonic() < deadline:
+        silent_got = actor.call("fetch", "silent", 10, 0.2)["messages"]
+    assert silent_got
+    received = [live.receive(timeout=5)]
+    live.acknowledge(received[0])
+    # The silent consumer's messages come back once it has been idle for the timeout.
+    received += receive_all(live, 3 - len(received), timeout=CONSUMER_TIMEOUT_S + 5)
+    assert sorted(values(received)) == [b"a", b"b", b"c"]
+    stats = live.stats()[0]
+    assert stats["consumers_dropped"] >= 1 and [c["name"] for c in stats["consumers"]] == [live.consumer_name]
+    assert not actor.call("fetch", "silent", 1, 0.0)["registered"]
+    live.close()
+
+
+def test_seek_to_a_message_and_to_a_publish_time(client: rt.Client) -> None:
+    topic = new_topic(client)
+    consumer = client.subscribe(topic, "sub")
+    first_half = send(client, topic, [b"a", b"b", b"c"])
+    time.sleep(0.05)
+    middle = int(time.time() * 1000)
+    time.sleep(0.05)
+    send(client, topic, [b"d", b"e"])
+    got = receive_all(consumer, 5)
+    for message in got:
+        consumer.acknowledge(message)
+    consumer.acknowledge_async(got[-1]).result()
+    consumer.seek(first_half[1])  # inclusive
+    assert values(receive_all(consumer, 4)) == [b"b", b"c", b"d", b"e"]
+    consumer.seek(middle)
+    assert values(receive_all(consumer, 2)) == [b"d", b"e"]
+    consumer.seek(0)
+    assert values(receive_all(consumer, 5)) == [b"a", b"b", b"c", b"d", b"e"]
+    assert nothing_more(consumer, 0.3)
+    consumer.close()
+
+
+def test_multi_partition_topic_in_order_per_partition(client: rt.Client) -> None:
+    topic = new_topic(client, partitions=3)
+    consumer = client.subscribe(topic, "sub", rt.ConsumerType.Shared)
+    keys = [f"k{i % 5}" for i in range(60)]
+    send(client, topic, [f"{i}".encode() for i in range(60)], keys=keys)
+    got = receive_all(consumer, 60)
+    per_partition: dict[int, list[int]] = defaultdict(list)
+    for message in got:
+        per_partition[message.message_id().partition].append(int(message.value()))
+    assert len(per_partition) > 1 and sorted(v for seq in per_partition.values() for v in seq) == list(range(60))
+    assert all(seq == sorted(seq) for seq in per_partition.values())
+    consumer.close()
+
+
+def test_stats_backlog_and_unsubscribe(client: rt.Client) -> None:
+    topic = new_topic(client)
+    consumer = client.subscribe(topic, "sub", receiver_queue_size=5)
+    send(client, topic, [f"m{i}".encode() for i in range(10)])
+    got = receive_all(consumer, 3)
+    time.sleep(0.3)
+    stats = consumer.stats()[0]
+    assert stats["backlog_entries"] == 10 and stats["unacked"] >= 3
+    for message in got:
+        consumer.acknowledge(message)
+    consumer.acknowledge_async(got[-1]).result()
+    assert consumer.stats()[0]["backlog_entries"] == 7
+    other = client.subscribe(topic, "other", rt.ConsumerType.Shared)
+    another = client.subscribe(topic, "other", rt.ConsumerType.Shared)
+    with pytest.raises(NotAllowed):
+        other.unsubscribe()
+    another.close()
+    other.unsubscribe()
+    assert client.get_topic(topic)["subscriptions"] == ["sub"]
+    with pytest.raises(ValueError):
+        ray.get_actor(subscription_actor_name(topic, 0, "other"), namespace="raytxn")
+    consumer.close()

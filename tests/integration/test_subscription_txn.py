@@ -1,0 +1,382 @@
+"""Transactional acks on a real engine (coordinators, partition and subscription actors, file://
+storage): the pending-ack rules end to end, commit and abort, coordinator timeouts, the low
+watermark, recovery by log replay after a crash at every step of ack and commit, log trimming,
+and an exactly-once move from one topic to another. One engine for the module."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+import ray
+
+import runtime as rt
+from actors.subscription import FAULT_POINTS
+from runtime.config import SubscriptionConfig
+from runtime.consumer import Consumer
+from runtime.errors import (
+    NotAllowed,
+    Timeout,
+    TransactionAlreadyAborted,
+    TransactionConflict,
+    TransactionTimedOut,
+)
+from runtime.ids import NAMESPACE, subscription_actor_name
+from runtime.message import Message
+from runtime.rpc import ActorRef
+from runtime.transaction import TxnClientState
+from tests.engine import engine_client
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def client(ray_session: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[rt.Client]:
+    config = SubscriptionConfig(max_index_lag=2, cursor_snapshot_interval_s=0.2, trim_interval_s=0.5,
+                                read_wait_s=0.2)
+    yield from engine_client(tmp_path_factory, subscription=config)
+
+
+def new_topic(client: rt.Client, partitions: int = 1) -> str:
+    topic = f"t-{uuid.uuid4().hex[:8]}"
+    client.create_topic(topic, partitions)
+    return topic
+
+
+def send(client: rt.Client, topic: str, count: int, batch: bool = False, prefix: str = "m") -> list[rt.MessageId]:
+    producer = client.create_producer(topic, batching_max_messages=count if batch else 1)
+    futures = [producer.send_async(f"{prefix}{i}".encode()) for i in range(count)]
+    producer.flush()
+    return [future.result() for future in futures]
+
+
+def receive_all(consumer: Consumer, count: int, timeout: float = 10.0) -> list[Message]:
+    deadline = time.monotonic() + timeout
+    return [consumer.receive(timeout=max(0.01, deadline - time.monotonic())) for _ in range(count)]
+
+
+def nothing_more(consumer: Consumer, wait_s: float = 0.5) -> bool:
+    try:
+        consumer.receive(timeout=wait_s)
+    except Timeout:
+        return True
+    return False
+
+
+def actor(topic: str, sub: str = "sub") -> ActorRef:
+    return ActorRef(subscription_actor_name(topic, 0, sub))
+
+
+def stats(topic: str, sub: str = "sub") -> dict:
+    return actor(topic, sub).call("stats")
+
+
+def restart(topic: str, sub: str = "sub") -> dict:
+    """Kill the subscription actor's process; Ray restarts it and it recovers from its log.
+    Returns the new incarnation's ``ready`` facts."""
+    before = actor(topic, sub).call("ready")["incarnation"]
+    ray.kill(ray.get_actor(subscription_actor_name(topic, 0, sub), namespace=NAMESPACE), no_restart=False)
+    deadline = time.monotonic() + 30
+    while True:  # the old process may still answer for a moment
+        info = actor(topic, sub).call("ready")
+        if info["incarnation"] > before or time.monotonic() > deadline:
+            return info
+        time.sleep(0.05)
+
+
+def fresh_consumer(client: rt.Client, old: Consumer, topic: str) -> Consumer:
+    """Replace an exclusive consumer by a new one (with an empty receiver queue)."""
+    old.close()
+    return client.subscribe(topic, "sub")
+
+
+def test_commit_makes_acks_permanent_across_a_restart(client: rt.Client) -> None:
+    topic = new_topic(client)
+    consumer = client.subscribe(topic, "sub")
+    ids = send(client, topic, 5)
+    got = receive_all(consumer, 5)
+    with client.transaction() as txn:
+        consumer.acknowledge(got[0], txn)
+        consumer.acknowledge(got[1], txn)
+        pending = stats(topic)["pending_ack"]
+        assert pending["txns"] == [str(txn.id)] and pending["positions"] == 2  # kept apart until commit
+    after = stats(topic)
+    assert after["pending_ack"]["txns"] == [] and after["mark_delete_position"] == str(ids[1].position)
+    incarnation = after["incarnation"]
+    assert restart(topic)["incarnation"] == incarnation + 1
+    consumer = fresh_consumer(client, consumer, topic)
+    assert [m.message_id() for m in receive_all(consumer, 3)] == ids[2:]
+    assert nothing_more(consumer)
+    consumer.close()
+
+
+def test_abort_redelivers_without_being_asked(client: rt.Client) -> None:
+    topic = new_topic(client)
+    consumer = client.subscribe(topic, "sub")
+    send(client, topic, 2)
+    first, _unacked = receive_all(consumer, 2)
+    txn = client.new_transaction()
+    consumer.acknowledge(first, txn)
+    assert nothing_more(consumer, 0.3)
+    txn.abort()
+    again = consumer.receive(timeout=5)
+    assert again.message_id() == first.message_id() and again.redelivery_count() == 1
+    assert nothing_more(consumer, 0.3)  # the second is still with the consumer, unacked: not resent
+    assert stats(topic)["pending_ack"]["txns"] == []
+    consumer.close()
+
+
+def test_two_txns_acking_one_message_conflict(client: rt.Client) -> None:
+    topic = new_topic(client)
+    consumer = client.subscribe(topic, "sub")
+    send(client, topic, 2)
+    first, second = receive_all(consumer, 2)
+    txn1, txn2 = client.new_transaction(), client.new_transaction()
+    consumer.acknowledge(first, txn1)
+    consumer.acknowledge(first, txn1)  # again in the same txn: a no-op
+    with pytest.raises(TransactionConflict, match="pending in"):
+        consumer.acknowledge(first, txn2)
+    with pytest.raises(TransactionConflict):  # the failed ack dooms txn2: commit aborts it
+        txn2.commit()
+    assert txn2.state is TxnClientState.ABORTED
+    txn1.commit()
+    consumer.acknowledge_async(second).result()  # plain
+    txn3 = client.new_transaction()
+    for message in (first, second):  # acked already (in a txn, then plainly)
+        with pytest.raises(TransactionConflict, match="already acked"):
+            consumer.acknowledge(message, txn3)
+    txn3.abort()
+    assert stats(topic)["pending_ack"]["txns"] == []
+    consumer.close()
+
+
+def test_batch_index_conflicts_and_abort_restores_the_ack_set(client: rt.Client) -> None:
+    """The seed's worked example: txn1 acks TTTF and TTFT (indexes 3 and 2), txn2 acks TFTT
+    (index 1); aborting txn2 restores TTFF and redelivers index 1."""
+    topic = new_topic(client)
+    consumer = client.subscribe(topic, "sub")
+    ids = send(client, topic, 4, batch=True)
+    got = receive_all(consumer, 4)
+    assert [m.message_id().batch_index for m in got] == [0, 1, 2, 3]
+    txn1, txn2, txn3 = (client.new_transaction() for _ in range(3))
+    consumer.acknowledge(got[3], txn1)
+    consumer.acknowledge(got[2], txn1)
+    consumer.acknowledge(got[1], txn2)
+    with pytest.raises(TransactionConflict, match="batch index 2"):
+        consumer.acknowledge(got[2], txn3)
+    pending = stats(topic)["pending_ack"]
+    assert pending["batch_indexes"] == 3 and len(pending["txns"]) == 2
+    txn2.abort()
+    again = consumer.receive(timeout=5)
+    assert again.message_id() == ids[1] and again.redelivery_count() == 1
+    assert stats(topic)["pending_ack"]["batch_indexes"] == 2  # TTFF: txn1's indexes only
+    with pytest.raises(TransactionConflict):
+        txn3.commit()
+    txn1.commit()
+    after = stats(topic)
+    assert after["partially_acked_batches"] == 1 and after["pending_ack"]["txns"] == []
+    consumer.acknowledge(got[0])
+    consumer.acknowledge_async(again).result()
+    after = stats(topic)
+    assert after["partially_acked_batches"] == 0 and after["mark_delete_position"] == str(ids[0].position)
+    consumer.close()
+
+
+def test_acking_a_message_never_delivered_is_refused(client: rt.Client) -> None:
+    topic = new_topic(client)
+    consumer = client.subscribe(topic, "sub", receiver_queue_size=1)
+    ids = send(client, topic, 5)
+    first = consumer.receive(timeout=5)
+    assert first.message_id() == ids[0]
+    txn = client.new_transaction()
+    with pytest.raises(NotAllowed, match="never delivered"):
+        consumer.acknowledge(ids[4], txn)  # the receiver queue holds one: not dispatched yet
+    with pytest.raises(NotAllowed, match="never delivered"):
+        consumer.acknowledge(rt.MessageId(topic, 0, ids[0].ledger_id + 5, 0), txn)
+    txn.abort()
+    consumer.close()
+
+
+def test_cumulative_acks_in_txns(client: rt.Client) -> None:
+    topic = new_topic(client)
+    consumer = client.subscribe(topic, "sub")
+    ids = send(client, topic, 8)
+    got = receive_all(consumer, 8)
+    txn1, txn2 = client.new_transaction(), client.new_transaction()
+    consumer.acknowledge_cumulative(got[2], txn1)
+    assert stats(topic)["pending_ack"]["cumulative"] == [str(txn1.id), str(ids[2].position)]
+    with pytest.raises(TransactionConflict):  # under txn1's cumulative ack
+        consumer.acknowledge(got[1], txn2)
+    txn2.abort()
+    txn3 = client.new_transaction()
+    with pytest.raises(TransactionConflict):  # one pending cumulative ack per subscription
+        consumer.acknowledge_cumulative(got[4], txn3)
+    txn3.abort()
+    consumer.acknowledge_cumulative(got[4], txn1)  # moving its own cumulative ack up is fine
+    with pytest.raises(TransactionConflict):  # a plain cumulative ack over pending txn acks
+        consumer.acknowledge_cumulative_async(got[5]).result()
+    txn1.commit()
+    assert stats(topic)["mark_delete_position"] == str(ids[4].position)
+    txn4 = client.new_transaction()
+    consumer.acknowledge_cumulative(got[6], txn4)
+    with pytest.raises(TransactionConflict, match="below its own"):
+        consumer.acknowledge_cumulative(got[5], txn4)
+    txn5 = client.new_transaction()
+    with pytest.raises(TransactionConflict, match="mark-delete"):
+        consumer.acknowledge_cumulative(got[4], txn5)
+    txn5.abort()
+    txn4.abort()  # the failed ack doomed it anyway
+    redelivered = receive_all(consumer, 2)  # what its cumulative ack covered, not got[7] (still out)
+    assert [m.message_id() for m in redelivered] == ids[5:7] and nothing_more(consumer, 0.3)
+    restart(topic)
+    consumer = fresh_consumer(client, consumer, topic)
+    assert [m.message_id() for m in receive_all(consumer, 3)] == ids[5:]
+    assert nothing_more(consumer)
+    consumer.close()
+
+
+def test_coordinator_timeout_aborts_pending_acks(client: rt.Client) -> None:
+    topic = new_topic(client)
+    consumer = client.subscribe(topic, "sub")
+    send(client, topic, 1)
+    message = consumer.receive(timeout=5)
+    txn = client.new_transaction(timeout=1.0)
+    consumer.acknowledge(message, txn)
+    again = consumer.receive(timeout=10)  # the coordinator aborts it at the timeout
+    assert again.message_id() == message.message_id() and again.redelivery_count() == 1
+    with pytest.raises((TransactionTimedOut, TransactionAlreadyAborted)):
+        txn.commit()
+    consumer.acknowledge_async(again).result()
+    assert stats(topic)["pending_ack"]["txns"] == []
+    consumer.close()
+
+
+def test_low_watermark_aborts_a_dangling_ack(client: rt.Client) -> None:
+    topic = new_topic(client)
+    consumer = client.subscribe(topic, "sub")
+    send(client, topic, 2)
+    first, second = receive_all(consumer, 2)
+    # An ack that reaches the subscription for a txn that never registered it (as a zombie's late
+    # ack would): no end is ever sent here for it.
+    dangling = client.new_transaction()
+    actor(topic).call("ack", consumer.consumer_id, [(first.message_id().position, 0, 1)], False, dangling.id)
+    dangling.commit()
+    assert stats(topic)["pending_ack"]["txns"] == [str(dangling.id)]
+    later = client.new_transaction()
+    while later.id.tc_id != dangling.id.tc_id:  # the watermark is per coordinator
+        later.abort()
+        later = client.new_transaction()
+    consumer.acknowledge(second, later)
+    later.commit()  # its end carries a low watermark >= the dangling txn's sequence
+    assert stats(topic)["pending_ack"]["txns"] == []
+    again = consumer.receive(timeout=5)
+    assert again.message_id() == first.message_id() and again.redelivery_count() == 1
+    consumer.close()
+
+
+@pytest.fixture(scope="module")
+def crash_topic(client: rt.Client) -> str:
+    """One topic for the crash tests (each acks everything it sent before it ends)."""
+    return new_topic(client)
+
+
+@pytest.mark.parametrize("point", FAULT_POINTS)
+def test_recovery_by_log_replay_after_a_crash(client: rt.Client, crash_topic: str, point: str) -> None:
+    topic = crash_topic
+    consumer = client.subscribe(topic, "sub")
+    ids = send(client, topic, 3, prefix=point)
+    got = receive_all(consumer, 3)
+    assert [m.message_id() for m in got] == ids
+    incarnation = stats(topic)["incarnation"]
+    actor(topic).call("arm_fault", point, "crash")
+    with client.transaction() as txn:  # the client retries acks, the coordinator retries the end
+        consumer.acknowledge(got[0], txn)
+        consumer.acknowledge(got[1], txn)
+    if point == "subscription.after_cursor_persist":
+        actor(topic).call("persist_cursor")  # the timer may have persisted (and crashed) already
+    after = stats(topic)
+    assert after["incarnation"] == incarnation + 1  # it did crash, once
+    assert after["pending_ack"]["txns"] == [] and after["mark_delete_position"] == str(ids[1].position)
+    consumer = fresh_consumer(client, consumer, topic)
+    [rest] = receive_all(consumer, 1)
+    assert rest.message_id() == ids[2] and nothing_more(consumer, 0.3)
+    consumer.acknowledge_async(rest).result()
+    actor(topic).call("persist_cursor")  # plain acks are durable once persisted: the next test starts clean
+    consumer.close()
+
+
+def test_log_is_trimmed_as_mark_delete_moves_and_on_a_timer(client: rt.Client) -> None:
+    topic = new_topic(client)
+    consumer = client.subscribe(topic, "sub")
+    ids = send(client, topic, 20)
+    got = receive_all(consumer, 20)
+
+    def ack_each_in_a_txn(messages: list[Message]) -> None:
+        for message in messages:
+            with client.transaction() as txn:
+                consumer.acknowledge(message, txn)
+
+    def log_after_timer(trimmed: Callable[[dict], bool]) -> dict:
+        deadline = time.monotonic() + 10
+        while True:  # nothing is acked meanwhile: only the timer trims
+            current = stats(topic)
+            if trimmed(current) or time.monotonic() > deadline:
+                return current
+            time.sleep(0.1)
+
+    ack_each_in_a_txn(got[:8])  # 16 log entries: an ACK and a COMMIT per txn
+    first = log_after_timer(lambda s: s["log"]["entries"] <= 3)
+    assert first["log"]["entries"] <= 3 and first["log_trims"] >= 1
+    ack_each_in_a_txn(got[9:])  # got[8] is not acked: the mark-delete position stays below it
+    time.sleep(1.2)  # a few timer rounds
+    stuck = stats(topic)
+    assert stuck["mark_delete_position"] == str(ids[7].position)
+    assert stuck["log"]["entries"] >= 20  # the records of acks above the mark-delete position stay
+    ack_each_in_a_txn([got[8]])
+    trimmed = log_after_timer(lambda s: s["log"]["entries"] <= 3)
+    assert trimmed["mark_delete_position"] == str(ids[19].position) and trimmed["log"]["entries"] <= 3
+    recovered = restart(topic)
+    assert recovered["replayed_records"] <= 3
+    assert stats(topic)["mark_delete_position"] == str(ids[19].position)
+    consumer.close()
+
+
+def test_exactly_once_move_between_topics(client: rt.Client) -> None:
+    """Consume from A and produce to B in one txn per message, with an abort and a subscription
+    crash in between: B holds every input's output exactly once."""
+    source, sink = new_topic(client), new_topic(client)
+    consumer = client.subscribe(source, "mover")
+    checker = client.subscribe(sink, "check", initial_position=rt.InitialPosition.Earliest)
+    producer = client.create_producer(sink)
+    count = 30
+    send(client, source, count)
+    moved: set[bytes] = set()
+    aborted = crashed = False
+    deadline = time.monotonic() + 60
+    while len(moved) < count and time.monotonic() < deadline:
+        message = consumer.receive(timeout=10)
+        txn = client.new_transaction()
+        producer.send(message.value() + b"-out", txn=txn)
+        try:
+            consumer.acknowledge(message, txn)
+        except TransactionConflict:  # a copy redelivered by the restarted actor, moved already
+            txn.abort()
+            continue
+        if len(moved) == 10 and not aborted:
+            aborted = True
+            txn.abort()  # the input comes back, the output is never visible
+            continue
+        if len(moved) == 20 and not crashed:
+            crashed = True
+            actor(source, "mover").call("arm_fault", "subscription.after_commit_log", "crash")
+        txn.commit()
+        moved.add(message.value())
+    assert aborted and crashed and len(moved) == count
+    outputs = [m.value() for m in receive_all(checker, count)]
+    assert sorted(outputs) == sorted(f"m{i}-out".encode() for i in range(count))
+    assert nothing_more(checker)
+    assert stats(source, "mover")["backlog_entries"] == 0
+    consumer.close()
+    checker.close()
