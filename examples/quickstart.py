@@ -1,64 +1,83 @@
-"""Quickstart (for now: the durable ledger round trip the rest of raytxn is built on).
+"""Quickstart: an exactly-once transfer between two topics, with a coordinator crash in the middle.
 
-On the embedded default storage (file://./.raytxn-data) it appends entries with group commit,
-restarts the writer (the new incarnation seals the old ledger and fences the old writer), reads
-everything back in order, trims, and shows that a flipped byte is reported, never skipped.
+Starts a local Ray and the raytxn engine on the embedded default storage (file://./.raytxn-data),
+puts 10 orders on `orders`, and moves each one to `invoices` in a transaction that both produces
+the invoice and acknowledges the order. One transaction is aborted on purpose (its order comes
+back and is processed again) and one commit crashes the coordinator half way; it recovers from its
+log and finishes the commit. At the end every order has exactly one invoice.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 
-from runtime.errors import CorruptLedger, Fenced
-from runtime.ids import Position
-from runtime.ledger import ManagedLedger, chunk_path
-from runtime.storage import DEFAULT_URL, Storage
+import runtime as rt
+from runtime.ids import coordinator_actor_name
 
 
-async def main() -> None:
-    storage = Storage.from_url(DEFAULT_URL)
-    stream = f"quickstart/{uuid.uuid4().hex[:8]}"
-    print(f"storage {DEFAULT_URL}, stream {stream}")
-
-    writer = await ManagedLedger.open(storage, stream)
+def main() -> None:
     t0 = time.perf_counter()
-    positions = await asyncio.gather(*[writer.append([f"order-{i}".encode()]) for i in range(1000)])
-    elapsed = time.perf_counter() - t0
-    objects = await storage.list(f"streams/{stream}/ledgers")
-    print(f"appended 1000 entries in {elapsed * 1000:.0f} ms, {len(objects)} object puts (group commit), "
-          f"last position {positions[-1]}")
+    client = rt.connect()
+    print(f"connected in {time.perf_counter() - t0:.1f}s: storage {client.config.storage_url}, "
+          f"{client.config.coordinator.num_coordinators} coordinators")
+    run = uuid.uuid4().hex[:6]
+    orders, invoices = f"orders-{run}", f"invoices-{run}"
+    client.create_topic(orders, partitions=2)
+    client.create_topic(invoices, partitions=2)
 
-    successor = await ManagedLedger.open(Storage.from_url(DEFAULT_URL), stream)
-    print(f"restarted: incarnation {successor.incarnation}, ledgers "
-          f"{[(i.ledger_id, 'closed' if i.closed else 'open', i.last_entry_id) for i in successor.ledgers]}")
-    try:
-        await writer.append([b"written by the old incarnation"])
-    except Fenced as e:
-        print(f"old writer fenced: {type(e).__name__}")
-    await successor.append([b"after restart"])
+    producer = client.create_producer(orders)
+    for i in range(10):
+        producer.send(f"order-{i}".encode(), key=f"customer-{i % 3}")
+    print(f"produced 10 orders on {orders}")
 
-    entries = await successor.read(Position(0, 0), max_entries=2000)
-    values = [r for e in entries for r in e.records]
-    assert values == [f"order-{i}".encode() for i in range(1000)] + [b"after restart"], "round trip failed"
-    print(f"read back {len(values)} records in order: {values[0]!r} ... {values[-1]!r}")
+    consumer = client.subscribe(orders, "billing", consumer_type=rt.ConsumerType.Shared,
+                                initial_position=rt.InitialPosition.Earliest)
+    invoicer = client.create_producer(invoices)
+    done: set[str] = set()
+    aborted_once = crashed_once = False
+    while len(done) < 10:
+        msg = consumer.receive(timeout=30)
+        order = msg.value().decode()
+        txn = client.new_transaction(timeout=30)
+        invoicer.send(f"invoice for {order}".encode(), key=msg.key(), txn=txn)
+        consumer.acknowledge(msg, txn=txn)
+        if order == "order-3" and not aborted_once:
+            aborted_once = True
+            txn.abort()
+            print(f"{txn.id}: aborted on purpose -> its invoice is discarded, {order} is redelivered")
+            continue
+        if order == "order-6" and not crashed_once:
+            crashed_once = True
+            tc = coordinator_actor_name(txn.id.tc_id)
+            before = client.coordinators.ref(txn.id.tc_id).call("ready")["incarnation"]
+            client.faults.arm("coordinator.after_log_committing", "crash", actor=tc)
+            txn.commit()  # the coordinator dies after logging COMMITTING; the client rides over it
+            after = client.coordinators.ref(txn.id.tc_id).call("ready")["incarnation"]
+            print(f"{txn.id}: {tc} crashed mid-commit (incarnation {before} -> {after}); "
+                  f"recovered from its log and finished the commit")
+        else:
+            txn.commit()
+        done.add(order)
+        print(f"{txn.id}: {order} -> invoice (redelivered {msg.redelivery_count()}x)")
 
-    await successor.trim(Position(successor.current_ledger_id, 0))
-    print(f"trimmed below {successor.trimmed_below}: ledgers now {[i.ledger_id for i in successor.ledgers]}")
-
-    victim = chunk_path(stream, successor.current_ledger_id, 0)
-    data = bytearray(await storage.get(victim))
-    data[-1] ^= 0xFF
-    await storage.delete([victim])
-    await storage.create(victim, bytes(data))
-    reader = await ManagedLedger.open(Storage.from_url(DEFAULT_URL), stream, writable=False)
-    try:
-        await reader.read(Position(successor.current_ledger_id, 0))
-    except CorruptLedger as e:
-        print(f"flipped one byte: {type(e).__name__}: {e}")
-    print("ok")
+    checker = client.subscribe(invoices, "audit", initial_position=rt.InitialPosition.Earliest)
+    seen = []
+    while True:
+        try:
+            seen.append(checker.receive(timeout=2).value().decode())
+        except rt.errors.Timeout:
+            break
+    expected = sorted(f"invoice for order-{i}" for i in range(10))
+    print(f"{invoices} holds {len(seen)} invoices; exactly once per order: {sorted(seen) == expected}")
+    assert sorted(seen) == expected, seen
+    health = client.health()
+    print(f"health: {sum(r['state'] == 'ALIVE' for r in health['actors'])}/{len(health['actors'])} actors alive, "
+          f"restarts {sum(r['restarts'] for r in health['actors'])}")
+    client.close()
+    rt.shutdown()
+    print(f"ok ({time.perf_counter() - t0:.1f}s)")
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()
