@@ -18,6 +18,7 @@ last such entry.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -26,7 +27,7 @@ import ray
 
 from runtime.config import CoordinatorConfig
 from runtime.coordinator_state import CoordinatorState, TxnState
-from runtime.errors import NotAllowed, RaytxnError
+from runtime.errors import ActorUnavailable, NotAllowed, RaytxnError
 from runtime.faults import FaultPoints
 from runtime.hashing import coordinator_for
 from runtime.ids import EARLIEST, Position, TxnID
@@ -141,7 +142,9 @@ class TransactionCoordinator:
             position = await self._ledger.append([encode_record(r) for r in records], on_durable=apply)
         except RaytxnError as e:
             if not e.retriable:  # fenced, or state and log diverged: this incarnation must stop
-                self._failure = e
+                self._failure = ActorUnavailable(f"coordinator {self.tc_id}: this incarnation stopped ({e})")
+                asyncio.get_running_loop().call_later(0.05, os._exit, 3)  # Ray starts a fresh one
+                raise self._failure from e
             raise
         self._entries_since_compaction += 1
         self._maybe_compact()

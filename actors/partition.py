@@ -28,7 +28,7 @@ import ray
 
 from runtime.config import PartitionConfig
 from runtime.entry_format import EntryHeader, MessageRecord, decode_header, encode_entry
-from runtime.errors import Fenced, InvalidArgument, MessageTooLarge, RaytxnError
+from runtime.errors import ActorUnavailable, Fenced, InvalidArgument, MessageTooLarge, RaytxnError
 from runtime.faults import FaultPoints
 from runtime.ids import EARLIEST, Position, TxnID
 from runtime.ledger import ManagedLedger
@@ -188,6 +188,9 @@ class PartitionBuffer:
                 # A newer incarnation owns the partition, or buffer and ledger diverged: stop, so
                 # Ray starts a fresh incarnation that recovers from the ledger.
                 asyncio.get_running_loop().call_later(0.05, os._exit, 3)
+                # For the caller this is an actor restart, not a fencing of its own: it retries
+                # against the new incarnation.
+                raise ActorUnavailable(f"{self.stream}: this incarnation stopped ({e}); retry") from e
             raise
 
     async def _notify(self) -> None:

@@ -42,6 +42,40 @@ def bench_command(
     console.print(f"wrote {out}")
 
 
+@app.command("chaos")
+def chaos_command(
+    txns: Annotated[int, typer.Option("--txns", help="orders to move, one transaction each")] = 500,
+    seed: Annotated[int, typer.Option("--seed", help="the fault schedule's seed (replays exactly)")] = 1,
+    workers: Annotated[int, typer.Option("--workers")] = 3,
+    storage: Annotated[str | None, typer.Option("--storage", help="storage URL (default: a new temp dir)")] = None,
+    fault_interval_s: Annotated[float, typer.Option("--fault-interval")] = 1.0,
+    json_out: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
+) -> None:
+    """Run the chaos workload under a seeded fault schedule and check it exactly-once."""
+    import json
+    import tempfile
+
+    import runtime as rt
+    from runtime.chaos import run_chaos
+
+    client = rt.connect(storage=storage or f"file://{tempfile.mkdtemp(prefix='raytxn-chaos-')}")
+    try:
+        result = run_chaos(client, txns=txns, seed=seed, workers=workers, fault_interval_s=fault_interval_s,
+                           progress=None if json_out else console.print)
+    finally:
+        client.close()
+        rt.shutdown()
+    if json_out:
+        print(json.dumps({"seed": seed, "txns": txns, "clean": result.clean, "committed": result.committed,
+                          "aborted": result.aborted, "seconds": round(result.seconds, 1),
+                          "faults": len(result.schedule), "anomalies": result.report.summary(),
+                          "errors": result.errors}))
+    else:
+        console.print(result.summary())
+    if not result.clean:
+        raise typer.Exit(1)
+
+
 @app.command("version")
 def version() -> None:
     """Print the version."""

@@ -136,10 +136,11 @@ class Faults:
                                 deadline_s=self._deadline_s)
         return targets
 
-    def disarm(self, point: str | None = None, topic: str | None = None) -> None:
+    def disarm(self, point: str | None = None, topic: str | None = None, actor: str | None = None) -> None:
+        """Disarm ``point`` (every point when None) in the matching actors."""
         from runtime.rpc import ActorRef
 
-        for name in self._targets(point or "ledger.any", topic, None):
+        for name in self._targets(point or "ledger.any", topic, actor):
             ActorRef(name).call("disarm_fault", point, deadline_s=self._deadline_s)
 
     def list(self, topic: str | None = None) -> dict[str, list[dict[str, object]]]:
