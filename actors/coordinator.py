@@ -359,6 +359,23 @@ class TransactionCoordinator:
         return {"txn": txn, "state": "COMMITTED" if outcome == "COMMITTED" else "ABORTED",
                 "outcome": str(outcome)}
 
+    async def list_txns(self, limit: int = 100) -> list[dict[str, Any]]:
+        """Live transactions, the oldest first (for operators)."""
+        await self._started()
+        now = now_ms()
+        rows = sorted(self.state.live_txns(), key=lambda m: m.start_ms)[:limit]
+        return [{"txn": str(m.txn), "tc_id": m.txn.tc_id, "sequence": m.txn.sequence, "state": str(m.state),
+                 "owner": m.owner, "age_ms": now - m.start_ms, "deadline_in_ms": m.deadline_ms - now,
+                 "partitions": [list(p) for p in m.partitions], "subscriptions": [list(s) for s in m.subscriptions],
+                 "transactional_id": m.transactional_id} for m in rows]
+
+    async def admin_abort(self, txn: TxnID) -> str:
+        """Abort a transaction whoever owns it (operators; with auth on, superusers only)."""
+        await self._started()
+        meta = self.state.get(txn)
+        owner = meta.owner if meta is not None else ""
+        return await self.end_txn(txn, "ABORT", owner, meta.epoch if meta is not None else None)
+
     async def stats(self) -> dict[str, Any]:
         await self._started()
         assert self._ledger is not None

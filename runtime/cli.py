@@ -1,18 +1,301 @@
-"""The ``raytxn`` command line."""
+"""The ``raytxn`` command line (typer + rich).
+
+Every read command takes ``--json`` for scripts; errors print one line and exit with 1 (a raytxn
+error) or 2 (bad usage). Commands other than ``start``/``bench``/``chaos`` attach to the running
+cluster (``--address``, default ``auto``).
+"""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.progress import Progress
 from rich.table import Table
 
 from runtime import bench
+from runtime.errors import RaytxnError
 
 app = typer.Typer(help="raytxn: exactly-once transactional messaging on Ray.", no_args_is_help=True)
+topics_app = typer.Typer(help="Create, list, inspect and delete topics.", no_args_is_help=True)
+subs_app = typer.Typer(help="List, inspect and reset subscriptions.", no_args_is_help=True)
+txns_app = typer.Typer(help="Open transactions: list, show, abort.", no_args_is_help=True)
+app.add_typer(topics_app, name="topics")
+app.add_typer(subs_app, name="subs")
+app.add_typer(txns_app, name="txns")
 console = Console(width=160)
+
+Address = Annotated[str, typer.Option("--address", help="Ray cluster to attach to")]
+Json = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
+
+
+@contextmanager
+def _client(address: str = "auto", storage: str | None = None) -> Iterator[Any]:
+    import runtime as rt
+
+    try:
+        client = rt.connect(storage=storage, address=address)
+    except ConnectionError as e:
+        console.print(f"[red]no raytxn cluster at {address!r}: {e}. Start one with `raytxn start`.[/red]")
+        raise typer.Exit(1) from e
+    try:
+        yield client
+    except RaytxnError as e:
+        console.print(f"[red]{type(e).__name__}: {e}[/red]")
+        raise typer.Exit(1) from e
+    finally:
+        client.close()
+
+
+def _emit(rows: list[dict[str, Any]] | dict[str, Any], as_json: bool, title: str,
+          columns: list[str] | None = None) -> None:
+    if as_json:
+        print(json.dumps(rows, default=str))
+        return
+    items = rows if isinstance(rows, list) else [rows]
+    table = Table(title=title)
+    columns = columns or (list(items[0]) if items else [])
+    for column in columns:
+        table.add_column(column)
+    for row in items:
+        table.add_row(*(_cell(row.get(c)) for c in columns))
+    console.print(table)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, default=str)
+    return "" if value is None else str(value)
+
+
+# --- cluster -------------------------------------------------------------------------------------
+
+
+@app.command()
+def start(storage: Annotated[str, typer.Option("--storage", help="storage URL")] = "file://./.raytxn-data",
+          num_cpus: Annotated[int | None, typer.Option("--num-cpus")] = None) -> None:
+    """Start a local Ray cluster (if none runs) and the raytxn engine on it."""
+    import ray
+
+    if subprocess.run(["ray", "status"], capture_output=True).returncode != 0:
+        argv = [str(Path(sys.executable).with_name("ray")), "start", "--head", "--disable-usage-stats"]
+        if num_cpus is not None:
+            argv.append(f"--num-cpus={num_cpus}")
+        with console.status("starting Ray"):
+            subprocess.run(argv, check=True, capture_output=True)
+    with _client("auto", storage) as client:
+        console.print(f"raytxn running: storage {client.config.storage_url}, "
+                      f"{client.config.coordinator.num_coordinators} coordinators")
+    ray.shutdown()
+
+
+@app.command()
+def stop(address: Address = "auto") -> None:
+    """Stop the engine's actors, then the local Ray cluster (`ray stop`)."""
+    import runtime as rt
+
+    with _client(address):
+        pass
+    rt.shutdown()
+    subprocess.run([str(Path(sys.executable).with_name("ray")), "stop"], capture_output=True)
+    console.print("stopped")
+
+
+@app.command()
+def status(address: Address = "auto", as_json: Json = False) -> None:
+    """Health of every actor: state, incarnation, restarts, last recovery."""
+    with _client(address) as client:
+        health = client.health()
+    if as_json:
+        print(json.dumps(health, default=str))
+        return
+    _emit(health["actors"], False, f"raytxn status ({'healthy' if health['healthy'] else 'DEGRADED'}, "
+          f"storage {health['storage']})",
+          ["name", "kind", "state", "incarnation", "restarts", "recovery_ms", "recreated"])
+    if not health["healthy"]:
+        raise typer.Exit(1)
+
+
+# --- topics ----------------------------------------------------------------------------------------
+
+
+@topics_app.command("create")
+def topics_create(name: str, partitions: Annotated[int, typer.Option("--partitions", "-p")] = 1,
+                  address: Address = "auto") -> None:
+    with _client(address) as client:
+        client.create_topic(name, partitions)
+    console.print(f"created {name} with {partitions} partition(s)")
+
+
+@topics_app.command("list")
+def topics_list(address: Address = "auto", as_json: Json = False) -> None:
+    with _client(address) as client:
+        _emit(client.list_topics(), as_json, "topics", ["name", "partitions", "subscriptions", "created_ms"])
+
+
+@topics_app.command("stats")
+def topics_stats(name: str, address: Address = "auto", as_json: Json = False) -> None:
+    with _client(address) as client:
+        stats = client.topic_stats(name)
+    if as_json:
+        print(json.dumps(stats, default=str))
+        return
+    _emit(stats["partition_stats"], False, f"topic {name}",
+          ["partition", "incarnation", "applied_entries", "max_read_position", "last_position", "ongoing_txns",
+           "aborted_txns", "oldest_ongoing", "oldest_ongoing_age_ms", "duplicates"])
+
+
+@topics_app.command("delete")
+def topics_delete(name: str, address: Address = "auto") -> None:
+    with _client(address) as client:
+        client.delete_topic(name)
+    console.print(f"deleted {name}")
+
+
+# --- subscriptions -----------------------------------------------------------------------------
+
+
+def _sub_stats(client: Any, topic: str, subscription: str) -> list[dict[str, Any]]:
+    from runtime.ids import subscription_actor_name
+    from runtime.rpc import ActorRef
+
+    partitions = client.get_topic(topic)["partitions"]
+    return [{"partition": p, **ActorRef(subscription_actor_name(topic, p, subscription)).call("stats")}
+            for p in range(partitions)]
+
+
+@subs_app.command("list")
+def subs_list(topic: str, address: Address = "auto", as_json: Json = False) -> None:
+    with _client(address) as client:
+        info = client.get_topic(topic)
+    _emit([{"topic": topic, "subscription": s} for s in info["subscriptions"]], as_json, f"subscriptions of {topic}")
+
+
+@subs_app.command("stats")
+def subs_stats(topic: str, subscription: str, address: Address = "auto", as_json: Json = False) -> None:
+    with _client(address) as client:
+        rows = _sub_stats(client, topic, subscription)
+    _emit(rows, as_json, f"{topic} / {subscription}")
+
+
+@subs_app.command("reset")
+def subs_reset(topic: str, subscription: str,
+               to: Annotated[str, typer.Option("--to", help="earliest, latest, or a publish time in ms")] = "earliest",
+               address: Address = "auto") -> None:
+    """Move the subscription's cursor (no consumer may be attached)."""
+    from runtime.ids import Position, subscription_actor_name
+    from runtime.rpc import ActorRef
+
+    with _client(address) as client:
+        partitions = client.get_topic(topic)["partitions"]
+        for p in range(partitions):
+            ref = ActorRef(subscription_actor_name(topic, p, subscription))
+            if to == "earliest":
+                ref.call("seek", Position(-1, -1))
+            elif to == "latest":
+                ref.call("seek", None, int(time.time() * 1000) + 10**9)
+            else:
+                ref.call("seek", None, int(to))
+    console.print(f"reset {topic}/{subscription} to {to}")
+
+
+# --- transactions ------------------------------------------------------------------------------
+
+
+@txns_app.command("list")
+def txns_list(address: Address = "auto", as_json: Json = False,
+              limit: Annotated[int, typer.Option("--limit")] = 50) -> None:
+    """Open transactions, the slowest (oldest) first."""
+    with _client(address) as client:
+        rows = [row for ref in client.coordinators._refs for row in ref.call("list_txns", limit)]
+    rows.sort(key=lambda r: -r["age_ms"])
+    _emit(rows[:limit], as_json, "open transactions",
+          ["txn", "state", "owner", "age_ms", "deadline_in_ms", "partitions", "subscriptions", "transactional_id"])
+
+
+def _parse_txn(text: str) -> Any:
+    from runtime.ids import TxnID
+
+    cleaned = text.replace("txn(", "").replace(")", "")
+    try:
+        tc, seq = (int(x) for x in cleaned.split(","))
+    except ValueError as e:
+        console.print(f"[red]not a transaction id: {text!r} (use TC,SEQ, e.g. 0,42)[/red]")
+        raise typer.Exit(2) from e
+    return TxnID(tc, seq)
+
+
+@txns_app.command("show")
+def txns_show(txn: str, address: Address = "auto", as_json: Json = False) -> None:
+    txn_id = _parse_txn(txn)
+    with _client(address) as client:
+        info = client.coordinators.get_txn(txn_id)
+    _emit({k: str(v) if k == "txn" else v for k, v in info.items()}, as_json, f"{txn_id}")
+
+
+@txns_app.command("abort")
+def txns_abort(txn: str, address: Address = "auto") -> None:
+    """Abort a transaction whoever owns it."""
+    txn_id = _parse_txn(txn)
+    with _client(address) as client:
+        state = client.coordinators.ref(txn_id.tc_id).call("admin_abort", txn_id)
+    console.print(f"{txn_id}: {state}")
+
+
+# --- debugging: produce and consume ----------------------------------------------------------
+
+
+@app.command()
+def produce(topic: str, value: Annotated[list[str], typer.Argument(help="message values")],
+            key: Annotated[str | None, typer.Option("--key")] = None,
+            txn: Annotated[bool, typer.Option("--txn", help="send all in one transaction")] = False,
+            address: Address = "auto", as_json: Json = False) -> None:
+    """Send messages (in one transaction with --txn)."""
+    with _client(address) as client:
+        producer = client.create_producer(topic)
+        transaction = client.new_transaction() if txn else None
+        ids = [producer.send(v.encode(), key=key, txn=transaction) for v in value]
+        if transaction is not None:
+            transaction.commit()
+    _emit([{"value": v, "message_id": str(i)} for v, i in zip(value, ids, strict=True)], as_json, f"sent to {topic}")
+
+
+@app.command()
+def consume(topic: str, subscription: str, count: Annotated[int, typer.Option("--count", "-n")] = 10,
+            timeout: Annotated[float, typer.Option("--timeout")] = 2.0,
+            earliest: Annotated[bool, typer.Option("--earliest", help="a new subscription starts at the start")] = True,
+            ack: Annotated[bool, typer.Option("--ack/--no-ack")] = True,
+            address: Address = "auto", as_json: Json = False) -> None:
+    """Receive (and acknowledge) up to COUNT messages."""
+    import runtime as rt
+
+    rows = []
+    with _client(address) as client:
+        consumer = client.subscribe(topic, subscription, consumer_type=rt.ConsumerType.Shared,
+                                    initial_position="earliest" if earliest else "latest")
+        while len(rows) < count:
+            try:
+                msg = consumer.receive(timeout=timeout)
+            except rt.errors.Timeout:
+                break
+            rows.append({"message_id": str(msg.message_id()), "key": msg.key(),
+                         "value": msg.value().decode(errors="replace"), "publish_time": msg.publish_time(),
+                         "redeliveries": msg.redelivery_count()})
+            if ack:
+                consumer.acknowledge(msg)
+        consumer.close()
+    _emit(rows, as_json, f"{topic} / {subscription}", ["message_id", "key", "value", "publish_time", "redeliveries"])
+
+
+# --- benchmarks and chaos ----------------------------------------------------------------------
 
 
 @app.command("bench")
@@ -28,18 +311,22 @@ def bench_command(
         console.print(f"[red]unknown benchmark(s): {', '.join(unknown)}[/red]")
         raise typer.Exit(2)
     rows: list[dict] = []
-    for name in names:
-        console.print(f"[bold]{name}[/bold]")
-        rows += bench.BENCHMARKS[name](short=short, progress=console.print)
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("benchmarks", total=len(names))
+        for name in names:
+            progress.update(task, description=f"bench {name}")
+            rows += _run_bench(bench.BENCHMARKS[name], short, progress.console.print)
+            progress.advance(task)
     bench.write_results(rows, out)
-    table = Table(title="raytxn benchmarks")
-    columns = sorted({k for row in rows for k in row}, key=lambda k: list(rows[0]).index(k) if k in rows[0] else 99)
-    for col in columns:
-        table.add_column(col)
-    for row in rows:
-        table.add_row(*(str(row.get(c, "")) for c in columns))
-    console.print(table)
+    for name in names:
+        mine = [r for r in rows if r.get("bench", "").replace("_", "-") == name or r.get("bench") == name]
+        if mine:
+            _emit(mine, False, f"bench {name}")
     console.print(f"wrote {out}")
+
+
+def _run_bench(fn: Callable[..., list[dict]], short: bool, printer: Callable[[str], None]) -> list[dict]:
+    return fn(short=short, progress=printer)
 
 
 @app.command("chaos")
@@ -49,10 +336,9 @@ def chaos_command(
     workers: Annotated[int, typer.Option("--workers")] = 3,
     storage: Annotated[str | None, typer.Option("--storage", help="storage URL (default: a new temp dir)")] = None,
     fault_interval_s: Annotated[float, typer.Option("--fault-interval")] = 1.0,
-    json_out: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
+    as_json: Json = False,
 ) -> None:
     """Run the chaos workload under a seeded fault schedule and check it exactly-once."""
-    import json
     import tempfile
 
     import runtime as rt
@@ -61,11 +347,11 @@ def chaos_command(
     client = rt.connect(storage=storage or f"file://{tempfile.mkdtemp(prefix='raytxn-chaos-')}")
     try:
         result = run_chaos(client, txns=txns, seed=seed, workers=workers, fault_interval_s=fault_interval_s,
-                           progress=None if json_out else console.print)
+                           progress=None if as_json else console.print)
     finally:
         client.close()
         rt.shutdown()
-    if json_out:
+    if as_json:
         print(json.dumps({"seed": seed, "txns": txns, "clean": result.clean, "committed": result.committed,
                           "aborted": result.aborted, "seconds": round(result.seconds, 1),
                           "faults": len(result.schedule), "anomalies": result.report.summary(),

@@ -1,0 +1,70 @@
+"""The raytxn CLI against a running engine (in-process through typer's runner)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from typer.testing import CliRunner
+
+import runtime as rt
+from runtime.cli import app
+from tests.engine import engine_client
+
+pytestmark = pytest.mark.ray
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def client(ray_session: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[rt.Client]:
+    yield from engine_client(tmp_path_factory)
+
+
+def run(*args: str) -> str:
+    result = runner.invoke(app, list(args), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def run_json(*args: str) -> object:
+    return json.loads(run(*args, "--json").strip().splitlines()[-1])
+
+
+def test_topics_produce_consume_and_status(client: rt.Client) -> None:
+    topic = f"cli-{uuid.uuid4().hex[:6]}"
+    assert "created" in run("topics", "create", topic, "--partitions", "2")
+    assert topic in [t["name"] for t in run_json("topics", "list")]
+    sent = run_json("produce", topic, "a", "b", "c", "--key", "k", "--txn")
+    assert [r["value"] for r in sent] == ["a", "b", "c"]
+    got = run_json("consume", topic, "cli-sub", "--count", "3", "--timeout", "5")
+    assert [r["value"] for r in got] == ["a", "b", "c"]
+    stats = run_json("topics", "stats", topic)
+    assert len(stats["partition_stats"]) == 2
+    assert run_json("subs", "list", topic) == [{"topic": topic, "subscription": "cli-sub"}]
+    assert len(run_json("subs", "stats", topic, "cli-sub")) == 2
+    health = run_json("status")
+    assert health["healthy"] and any(r["name"] == "tc-0" for r in health["actors"])
+    assert "raytxn status" in run("status")
+    run("topics", "delete", topic)
+    result = runner.invoke(app, ["topics", "stats", topic])
+    assert result.exit_code == 1 and "TopicNotFound" in result.output
+
+
+def test_txns_list_show_abort(client: rt.Client) -> None:
+    topic = f"cli-t-{uuid.uuid4().hex[:6]}"
+    client.create_topic(topic, 1)
+    txn = client.new_transaction(timeout=120)
+    client.create_producer(topic).send(b"pending", txn=txn)
+    rows = run_json("txns", "list")
+    mine = [r for r in rows if r["txn"] == str(txn.id)]
+    assert mine and mine[0]["partitions"] == [[topic, 0]] and mine[0]["owner"] == client.owner
+    shown = run_json("txns", "show", f"{txn.id.tc_id},{txn.id.sequence}")
+    assert shown["state"] == "OPEN"
+    assert "ABORTED" in run("txns", "abort", f"{txn.id.tc_id},{txn.id.sequence}")
+    assert run_json("txns", "show", str(txn.id))["state"] == "ABORTED"
+    bad = runner.invoke(app, ["txns", "show", "nonsense"])
+    assert bad.exit_code == 2
+    missing = runner.invoke(app, ["txns", "show", "0,999999"])
+    assert missing.exit_code == 1 and "TransactionNotFound" in missing.output
