@@ -338,8 +338,8 @@ class Subscription:
     async def _read_unless_rewound(self, start: Position, generation: int) -> dict[str, Any] | None:
         """A (long-polling) partition read from ``start``; None when a rewind below ``start`` or a
         seek made it pointless before it returned."""
-        read = asyncio.ensure_future(self._partition.call_async(
-            "read", start, self.config.read_batch_entries, self.config.read_wait_s))
+        size = self.state.read_size(self.config.read_ahead_messages, self.config.read_batch_entries)
+        read = asyncio.ensure_future(self._partition.call_async("read", start, size, self.config.read_wait_s))
         while True:
             woken = asyncio.ensure_future(self._wakeup.wait())
             done, _ = await asyncio.wait({read, woken}, return_when=asyncio.FIRST_COMPLETED)

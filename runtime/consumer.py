@@ -27,6 +27,7 @@ import asyncio
 import concurrent.futures
 import enum
 import logging
+import math
 import threading
 import time
 import uuid
@@ -51,7 +52,10 @@ log = logging.getLogger(__name__)
 
 FETCH_WAIT_S = 0.5        # a fetch long-polls the actor this long
 PING_INTERVAL_S = 0.5     # a consumer whose queue is full still shows it is alive this often
-ACK_GROUP_DELAY_S = 0.005
+# Acks wait this long for company. Acks in a txn go sooner, so that little is left to send when
+# the txn commits (a commit sends its txn's acks at once).
+ACK_GROUP_DELAY_S = 0.02
+TXN_ACK_GROUP_DELAY_S = 0.005
 ACK_GROUP_MAX = 1000
 REMEMBERED_BATCH_SIZES = 100_000  # entries whose batch size acks by MessageId can look up
 
@@ -77,10 +81,22 @@ class _Feed:
 
 
 @dataclass
+class _HeldBatch:
+    """Async acks in a txn of some messages of one batch entry (see ``Consumer._ack``)."""
+
+    txn: Transaction
+    batch_size: int
+    indexes: set[int] = field(default_factory=set)
+    futures: list[concurrent.futures.Future] = field(default_factory=list)
+
+
+@dataclass
 class _AckGroup:
     txn: Transaction | None
-    acks: list[tuple[Position, int, int]] = field(default_factory=list)
+    acks: list[tuple[Position, int | None, int]] = field(default_factory=list)
     futures: list[concurrent.futures.Future] = field(default_factory=list)
+    # Resolved with the group: what the txn tracks (one future per group, not per ack).
+    sent: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
 
 
 class Consumer:
@@ -113,7 +129,8 @@ class Consumer:
         self._cond = threading.Condition()      # guards the queue and the feeds' counters
         self._acks_lock = threading.Lock()      # guards everything below
         self._ack_groups: dict[tuple[int, TxnID | None, bool], _AckGroup] = {}
-        self._flush_pending = False
+        self._held: dict[tuple[TxnID, int, Position], _HeldBatch] = {}  # (txn, partition, entry)
+        self._flush_due_in = math.inf  # the grouped acks are sent within this (a flush is scheduled)
         self._unacked: OrderedDict[MessageId, float] = OrderedDict()  # received -> ack deadline
         self._nacked: list[tuple[float, MessageId]] = []  # redeliver at
         self._batch_sizes: OrderedDict[tuple[int, Position], int] = OrderedDict()
@@ -188,7 +205,7 @@ class Consumer:
         """Ack one message. Plain acks return at once (grouped, sent within milliseconds); with a
         ``txn`` this waits until the ack is in the subscription's pending-ack log and raises
         ``TransactionConflict`` / ``NotAllowed`` as the rules say."""
-        future = self._ack(message, False, txn)
+        future = self._ack(message, False, txn, send_now=txn is not None)
         if txn is not None:
             future.result()
 
@@ -199,7 +216,7 @@ class Consumer:
 
     def acknowledge_cumulative(self, message: Message | MessageId, txn: Transaction | None = None) -> None:
         """Ack every message of the message's partition up to it (Exclusive and Failover only)."""
-        future = self._ack(message, True, txn)
+        future = self._ack(message, True, txn, send_now=txn is not None)
         if txn is not None:
             future.result()
 
@@ -220,8 +237,13 @@ class Consumer:
             self._unacked.clear()
         self._client.loop.run(self._call_all("redeliver", self.consumer_id, None))
 
-    def _ack(self, message: Message | MessageId, cumulative: bool,
-             txn: Transaction | None) -> concurrent.futures.Future:
+    def _ack(self, message: Message | MessageId, cumulative: bool, txn: Transaction | None,
+             send_now: bool = False) -> concurrent.futures.Future:
+        """Queue an ack in its group; ``send_now`` for a caller that waits for it.
+
+        Async acks in a txn of batch messages are held until the txn acked every message of the
+        entry, which then goes as one whole-entry ack (as Pulsar's client acks batches), or until
+        the txn commits (then the indexes go one by one)."""
         self._check_open()
         message_id, batch_size = self._id_and_size(message)
         if cumulative and self.consumer_type in (ConsumerType.Shared, ConsumerType.KeyShared):
@@ -229,30 +251,50 @@ class Consumer:
         if txn is not None:
             txn.check_open()
         future: concurrent.futures.Future = concurrent.futures.Future()
-        ack = (message_id.position, message_id.batch_index, batch_size)
+        ack: tuple[Position, int | None, int] = (message_id.position, message_id.batch_index, batch_size)
+        futures = [future]
         with self._acks_lock:
             self._untrack(message_id, cumulative)
-            key = (message_id.partition, txn.id if txn is not None else None, cumulative)
-            group = self._ack_groups.get(key)
-            if group is None:
-                group = self._ack_groups[key] = _AckGroup(txn)
+            if txn is not None and batch_size > 1 and not cumulative and not send_now:
+                held_key = (txn.id, message_id.partition, message_id.position)
+                held = self._held.get(held_key)
+                if held is None:
+                    held = self._held[held_key] = _HeldBatch(txn, batch_size)
+                held.indexes.add(message_id.batch_index)
+                held.futures.append(future)
+                if len(held.indexes) < batch_size:
+                    txn._flushers.add(self)  # the commit sends what is held
+                    return future
+                del self._held[held_key]
+                ack, futures = (message_id.position, None, batch_size), held.futures
+            group, new_group = self._group_locked(message_id.partition, txn, cumulative)
             if cumulative and txn is None:  # only the highest plain cumulative ack matters
-                group.acks = [max([*group.acks, ack])]
+                group.acks = [max([*group.acks, ack], key=lambda a: (a[0], a[1] or 0))]
             else:
                 group.acks.append(ack)
-            group.futures.append(future)
-            flush_now = txn is not None or len(group.acks) >= ACK_GROUP_MAX
-            flush_later = not flush_now and not self._flush_pending
+            group.futures += futures
+            flush_now = send_now or len(group.acks) >= ACK_GROUP_MAX
+            delay = ACK_GROUP_DELAY_S if txn is None else TXN_ACK_GROUP_DELAY_S
+            flush_later = not flush_now and delay < self._flush_due_in
             if flush_later:
-                self._flush_pending = True
-        if txn is not None:
-            txn.track(future)
+                self._flush_due_in = delay
+        if txn is not None and new_group:
+            txn.track(group.sent)
             txn._flushers.add(self)  # commit flushes this txn's grouped acks first
         if flush_now:
             self._client.loop.call_soon(self._flush)
         elif flush_later:
-            self._client.loop.call_soon(self._flush_later)
+            self._client.loop.call_soon(self._flush_later, delay)
         return future
+
+    def _group_locked(self, partition: int, txn: Transaction | None, cumulative: bool) -> tuple[_AckGroup, bool]:
+        """The ack group of (partition, txn, kind), and whether it is new."""
+        key = (partition, txn.id if txn is not None else None, cumulative)
+        group = self._ack_groups.get(key)
+        if group is not None:
+            return group, False
+        group = self._ack_groups[key] = _AckGroup(txn)
+        return group, True
 
     def _id_and_size(self, message: Message | MessageId) -> tuple[MessageId, int]:
         if isinstance(message, Message):
@@ -279,8 +321,21 @@ class Consumer:
             del self._unacked[tracked]
 
     def flush_txn(self, txn: Transaction) -> None:
-        """Send this txn's grouped acks now (``Transaction.commit`` calls it, then waits for them)."""
+        """Send this txn's held and grouped acks now (``Transaction.commit`` calls it, then waits
+        for them)."""
         txn._flushers.discard(self)
+        new_groups = []
+        with self._acks_lock:
+            for held_key in [key for key in self._held if key[0] == txn.id]:
+                held = self._held.pop(held_key)
+                _, partition, position = held_key
+                group, new_group = self._group_locked(partition, txn, False)
+                group.acks += [(position, index, held.batch_size) for index in sorted(held.indexes)]
+                group.futures += held.futures
+                if new_group:
+                    new_groups.append(group)
+        for group in new_groups:
+            txn.track(group.sent)
         self._client.loop.call_soon(self._flush)
 
     # --- seek, unsubscribe, close ----------------------------------------------------------
@@ -429,14 +484,16 @@ class Consumer:
             feed.queued += len(messages)
             self._cond.notify_all()
 
-    def _flush_later(self) -> None:
-        asyncio.get_running_loop().call_later(ACK_GROUP_DELAY_S, self._flush)
+    def _flush_later(self, delay: float) -> None:
+        asyncio.get_running_loop().call_later(delay, self._flush)
 
     def _flush(self) -> None:
         with self._acks_lock:
             groups, self._ack_groups = self._ack_groups, {}
-            self._flush_pending = False
+            self._flush_due_in = math.inf
         for (partition, _, cumulative), group in groups.items():
+            if not cumulative:
+                group.acks = _whole_entries(group.acks)
             task = asyncio.get_running_loop().create_task(self._send_acks(partition, cumulative, group))
             self._sending.add(task)
             task.add_done_callback(self._sending.discard)
@@ -452,13 +509,13 @@ class Consumer:
         except BaseException as error:  # every ack of the group learns why
             if txn is None:
                 log.warning("acks on %s failed: %r", feed.ref.name, error)
-            for future in group.futures:
+            for future in [*group.futures, group.sent]:
                 if not future.done():
                     future.set_exception(error)
             if not isinstance(error, Exception):
                 raise
             return
-        for future in group.futures:
+        for future in [*group.futures, group.sent]:
             if not future.done():
                 future.set_result(None)
 
@@ -493,8 +550,26 @@ class Consumer:
     async def _shutdown(self) -> None:
         for task in self._tasks:
             task.cancel()
+        for txn in {held.txn for held in list(self._held.values())}:
+            self.flush_txn(txn)
         self._flush()
         if self._sending:
             await asyncio.gather(*list(self._sending), return_exceptions=True)
         await asyncio.gather(*(feed.ref.call_async("close_consumer", self.consumer_id, deadline_s=10)
                                for feed in self._feeds), return_exceptions=True)
+
+
+def _whole_entries(acks: list[tuple[Position, int | None, int]]) -> list[tuple[Position, int | None, int]]:
+    """The acks, with every batch entry whose indexes are all there as one whole-entry ack (much
+    less work for the subscription than one ack per index)."""
+    indexes: dict[Position, set[int]] = {}
+    sizes: dict[Position, int] = {}
+    for position, batch_index, batch_size in acks:
+        if batch_index is not None and batch_size > 1:
+            indexes.setdefault(position, set()).add(batch_index)
+            sizes[position] = batch_size
+    complete = {position for position, seen in indexes.items() if len(seen) == sizes[position]}
+    if not complete:
+        return acks
+    partial = [ack for ack in acks if ack[0] not in complete]
+    return partial + [(position, None, sizes[position]) for position in complete]

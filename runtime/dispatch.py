@@ -51,6 +51,7 @@ MessageKey = tuple[Position, int]  # (entry position, batch index); batch index 
 SettledCheck = Callable[[Position, int, int], bool]
 
 _UNDECODED = object()
+_MAX_INDEX = 1 << 62  # above every batch index: (position, _MAX_INDEX) ends an entry's keys
 
 
 class QueuedMessage:
@@ -103,7 +104,7 @@ class Dispatcher:
         self._ring_hashes: list[int] = []
         self._ring_owners: list[str] = []
         self._queue: SortedDict = SortedDict()  # MessageKey -> QueuedMessage
-        self._owner: dict[MessageKey, str] = {}  # outstanding message -> consumer id
+        self._owner: dict[Position, dict[int, str]] = {}  # outstanding: entry -> batch index -> consumer id
         self._redeliveries: dict[MessageKey, int] = {}
 
     # --- consumers ---------------------------------------------------------------------------
@@ -184,14 +185,15 @@ class Dispatcher:
     def offer(self, message: QueuedMessage) -> bool:
         """Queue a message unless it is queued or outstanding already."""
         key = message.key
-        if key in self._queue or key in self._owner:
+        if self.is_tracked(key):
             return False
         self._queue[key] = message
         return True
 
     def is_tracked(self, key: MessageKey) -> bool:
         """Whether the message is queued or outstanding (so reading it again must not queue it)."""
-        return key in self._queue or key in self._owner
+        owners = self._owner.get(key[0])
+        return key in self._queue or (owners is not None and key[1] in owners)
 
     @property
     def queued(self) -> int:
@@ -199,7 +201,7 @@ class Dispatcher:
 
     @property
     def outstanding(self) -> int:
-        return len(self._owner)
+        return sum(len(c.outstanding) for c in self._consumers.values())
 
     def want(self, consumer_id: str, max_messages: int) -> None:
         """A fetch of ``consumer_id`` can take ``max_messages`` (its outbox counts against it)."""
@@ -231,7 +233,7 @@ class Dispatcher:
             consumer.outbox.append(message)
             consumer.demand -= 1
             consumer.outstanding[key] = None
-            self._owner[key] = consumer.consumer_id
+            self._owner.setdefault(message.position, {})[message.batch_index] = consumer.consumer_id
             served[consumer.consumer_id] = None
             done.append(key)
             if self.max_dispatched is None or message.position > self.max_dispatched:
@@ -287,17 +289,33 @@ class Dispatcher:
         removed = []
         for key in keys:
             self._queue.pop(key, None)
-            owner = self._owner.pop(key, None)
+            owners = self._owner.get(key[0])
+            owner = owners.pop(key[1], None) if owners is not None else None
             if owner is not None:
+                if not owners:
+                    del self._owner[key[0]]
                 self._consumers[owner].outstanding.pop(key, None)
                 removed.append(key)
         return removed
 
+    def settle_entry(self, position: Position) -> list[MessageKey]:
+        """``settle`` every message of the entry at ``position`` (a whole batch acked at once)."""
+        for key in list(self._queue.irange((position, 0), (position, _MAX_INDEX))):
+            del self._queue[key]
+        removed = []
+        for index, owner in self._owner.pop(position, {}).items():
+            self._consumers[owner].outstanding.pop((position, index), None)
+            removed.append((position, index))
+        return removed
+
     def settle_through(self, position: Position) -> list[MessageKey]:
         """``settle`` every message at or below ``position`` (a cumulative ack)."""
-        for key in list(self._queue.irange(maximum=(position, 1 << 62))):
+        for key in list(self._queue.irange(maximum=(position, _MAX_INDEX))):
             del self._queue[key]
-        return self.settle([key for key in self._owner if key[0] <= position])
+        removed = []
+        for entry in [entry for entry in self._owner if entry <= position]:
+            removed += self.settle_entry(entry)
+        return removed
 
     def release(self, consumer_id: str, keys: Iterable[MessageKey] | None = None) -> list[MessageKey]:
         """Give back outstanding messages of ``consumer_id`` (all when ``keys`` is None); their
@@ -311,7 +329,10 @@ class Dispatcher:
             released = [key for key in keys if key in consumer.outstanding]
         for key in released:
             del consumer.outstanding[key]
-            del self._owner[key]
+            owners = self._owner[key[0]]
+            del owners[key[1]]
+            if not owners:
+                del self._owner[key[0]]
         self.count_redelivery(released)
         gone = set(released)
         consumer.outbox = [message for message in consumer.outbox if message.key not in gone]

@@ -44,8 +44,9 @@ from runtime.pending_ack import (
     Record,
 )
 
-# An ack as consumers send it: (entry position, batch index, batch size). Single messages may
-# leave the batch fields None or say (0, 1).
+# An ack as consumers send it: (entry position, batch index, batch size). A batch index None acks
+# the whole entry (a single message, or every message of a batch); a single message may also
+# say (0, 1).
 AckTuple = tuple[Position, int | None, int | None]
 
 # What a fetch returns per message (cheap to pickle; the consumer decodes the record):
@@ -77,19 +78,15 @@ def decode_persisted(data: bytes, where: str = "") -> PersistedCursor:
 
 
 def normalize_ack(ack: AckTuple | Sequence[Any]) -> Ack:
-    """An ``Ack``: whole entry for single messages, one batch index for batch messages."""
+    """An ``Ack``: a whole entry, or one batch index of a batch entry."""
     if not isinstance(ack, tuple | list) or len(ack) != 3 or not isinstance(ack[0], Position):
         raise InvalidArgument(f"an ack is (position, batch_index, batch_size), got {ack!r}")
     position, batch_index, batch_size = ack
-    if batch_size in (None, 1) and batch_index in (None, 0):
+    if batch_index is None or (batch_size == 1 and batch_index == 0):
         return Ack(position)
     if batch_size is None:
         raise InvalidArgument(f"ack of batch index {batch_index} of {position} needs the batch size")
     return Ack(position, batch_index, batch_size)
-
-
-def message_key(ack: Ack) -> MessageKey:
-    return (ack.position, ack.batch_index or 0)
 
 
 def routing_key_of(record: bytes) -> str | None:
@@ -124,6 +121,7 @@ class SubscriptionState:
         self.max_read = EARLIEST  # the partition's readable end, as last seen
         self.generation = 0  # seeks so far: consumers drop what they prefetched before a seek
         self._txn_keys: dict[TxnID, list[MessageKey]] = {}  # outstanding messages a txn's acks took
+        self._messages_per_entry = 1.0  # a moving average of the partition's batch sizes
 
     # --- delivery ----------------------------------------------------------------------------
 
@@ -137,6 +135,12 @@ class SubscriptionState:
     def wants_read(self, read_ahead: int) -> bool:
         """Read more when somebody may consume it and the queue has room."""
         return bool(self.dispatcher.consumer_ids()) and self.dispatcher.queued < read_ahead
+
+    def read_size(self, read_ahead: int, max_entries: int) -> int:
+        """How many entries the next read asks for: about enough to fill the queue's room, so that
+        batch entries (a thousand messages each, say) do not flood it."""
+        room = read_ahead - self.dispatcher.queued
+        return max(1, min(max_entries, int(room / self._messages_per_entry)))
 
     def on_read(self, start: Position, entries: Sequence[tuple[Position, Sequence[bytes]]],
                 next_read: Position, max_read: Position) -> int:
@@ -154,6 +158,7 @@ class SubscriptionState:
         queued = 0
         for position, records in entries:
             header = decode_entry_header(records, str(position))
+            self._messages_per_entry = 0.9 * self._messages_per_entry + 0.1 * header.count
             for index in range(header.count):
                 if self.dispatcher.is_tracked((position, index)) or not self.deliverable(position, index,
                                                                                           header.count):
@@ -214,8 +219,17 @@ class SubscriptionState:
             if self.pending.held_by(ack.position, ack.batch_index) is not None:
                 continue  # Pulsar ignores a plain ack of a message pending in a txn
             self.cursor.ack(ack.position, ack.batch_index, ack.batch_size)
-            settled.append(message_key(ack))
-        self.dispatcher.forget_redeliveries(self.dispatcher.settle(settled))
+            settled.append(ack)
+        self.dispatcher.forget_redeliveries(self._settle(settled))
+
+    def _settle(self, acks: Sequence[Ack]) -> list[MessageKey]:
+        """The acked messages are no longer outstanding or queued; returns those that were
+        outstanding."""
+        settled = self.dispatcher.settle([(a.position, a.batch_index) for a in acks if a.batch_index is not None])
+        for ack in acks:
+            if ack.batch_index is None:
+                settled += self.dispatcher.settle_entry(ack.position)
+        return settled
 
     def _ack_cumulative(self, ack: Ack) -> None:
         position = ack.position
@@ -255,6 +269,10 @@ class SubscriptionState:
         normalized = [normalize_ack(ack) for ack in acks]
         delivered = self.delivered_through
         if not cumulative:
+            for ack in normalized:
+                if ack.batch_index is None and self.cursor.partial_batch(ack.position) is not None:
+                    raise TransactionConflict(f"{txn} acks every message of {ack.position}, some of which are "
+                                              "already acked")
             record = self.pending.prepare_ack(txn, AckKind.INDIVIDUAL, normalized, delivered)
             return [record] if record is not None else []
         self._check_cumulative_allowed()
@@ -299,7 +317,7 @@ class SubscriptionState:
             if record.kind is AckKind.CUMULATIVE:
                 taken = self.dispatcher.settle_through(record.acks[0].position)
             else:
-                taken = self.dispatcher.settle([message_key(ack) for ack in record.acks])
+                taken = self._settle(record.acks)
             if taken:
                 self._txn_keys.setdefault(record.txn, []).extend(taken)
         elif isinstance(record, CommitRecord):

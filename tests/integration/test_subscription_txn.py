@@ -184,6 +184,35 @@ def test_batch_index_conflicts_and_abort_restores_the_ack_set(client: rt.Client)
     consumer.close()
 
 
+def test_async_txn_acks_of_a_whole_batch_go_as_one_entry_ack(client: rt.Client) -> None:
+    topic = new_topic(client)
+    consumer = client.subscribe(topic, "sub")
+    first = send(client, topic, 4, batch=True)
+    second = send(client, topic, 4, batch=True)
+    got = receive_all(consumer, 8)
+    txn = client.new_transaction()
+    whole = [consumer.acknowledge_async(m, txn) for m in got[:4]]
+    half = [consumer.acknowledge_async(m, txn) for m in got[4:6]]
+    for future in whole:
+        future.result(timeout=10)  # sent as one whole-entry ack once the txn acked all four
+    assert not any(future.done() for future in half)  # held until the entry is complete or commit
+    [pending] = stats(topic)["pending_ack"]["per_txn"]
+    assert (pending["entries"], pending["batch_indexes"]) == (1, 0)
+    txn.commit()
+    assert all(future.done() and future.exception() is None for future in half)
+    after = stats(topic)
+    assert after["mark_delete_position"] == str(first[0].position) and after["partially_acked_batches"] == 1
+    assert second[0].position != first[0].position
+    consumer.acknowledge_async(got[6]).result()
+    txn2 = client.new_transaction()
+    acks = [consumer.acknowledge_async(m, txn2) for m in got[4:]]  # all four: two of them acked already
+    with pytest.raises(TransactionConflict, match="already acked"):
+        acks[-1].result(timeout=10)
+    with pytest.raises(TransactionConflict):
+        txn2.commit()
+    consumer.close()
+
+
 def test_acking_a_message_never_delivered_is_refused(client: rt.Client) -> None:
     topic = new_topic(client)
     consumer = client.subscribe(topic, "sub", receiver_queue_size=1)
