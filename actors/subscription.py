@@ -423,6 +423,8 @@ class Subscription:
         """Backlog, unacked, consumers, pending-ack txns and positions, log size, cursor."""
         await self._started()
         assert self._ledger is not None
+        readable_end = (await self._partition.call_async("read", EARLIEST, 0, 0.0))["max_read"]
+        self.state.max_read = max(self.state.max_read, readable_end)  # also when nothing is read
         stats = {**self.info, **self.state.stats()}
         stats["backlog_entries"] = self.state.backlog_entries(await self._partition_ledger_ends())
         last = self._ledger.last_position

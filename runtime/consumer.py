@@ -149,6 +149,7 @@ class Consumer:
         """The next message; waits up to ``timeout`` seconds (None: forever), then ``Timeout``."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
+            self._check_open()
             while not self._queue:
                 self._check_open()
                 remaining = None if deadline is None else deadline - time.monotonic()
@@ -166,6 +167,7 @@ class Consumer:
             raise InvalidArgument(f"max_messages must be >= 1, got {max_messages!r}")
         deadline = time.monotonic() + timeout
         with self._cond:
+            self._check_open()
             while len(self._queue) < max_messages:
                 self._check_open()
                 remaining = deadline - time.monotonic()
