@@ -115,6 +115,17 @@ def write(df: Any, client: Any, topic: str, txn: Any, key_col: str | None = None
     return sum(counts)
 
 
+def _properties(value: Any) -> dict[str, Any]:
+    """A properties column holds a map or a JSON object string (see spark_pipeline.BATCH_SCHEMA)."""
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        import json
+
+        return dict(json.loads(value)) if value else {}
+    return dict(value)
+
+
 def _worker_connect() -> None:
     """Spark's Python workers join the Ray cluster they run on, once per worker process."""
     if not ray.is_initialized():
@@ -163,7 +174,7 @@ def _write_partition(spec: WriteSpec, index: int, rows: Iterable[Any],
         value = value.encode() if isinstance(value, str) else bytes(value)
         key = row[spec.key_col] if spec.key_col else None
         key = None if key is None else str(key)
-        properties = dict(row[spec.properties_col] or {}) if spec.properties_col else {}
+        properties = _properties(row[spec.properties_col]) if spec.properties_col else {}
         event_time = row[spec.event_time_col] if spec.event_time_col else None
         p = partition_for(key, spec.partitions) if key is not None else (index + row_index) % spec.partitions
         pending.setdefault(p, []).append(MessageRecord(value, key, {str(k): str(v) for k, v in properties.items()},

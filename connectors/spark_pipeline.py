@@ -1,0 +1,209 @@
+"""Exactly-once micro-batches from raytxn topics through Spark (on Ray, via RayDP) to raytxn topics.
+
+``read_batch`` attaches an Exclusive consumer to the subscription, which starts at the
+subscription's cursor, and takes up to ``max_messages`` (or everything available): per partition
+a contiguous range from the first unacknowledged message. It returns them as a Spark DataFrame
+(moved Ray -> Spark with ``Dataset.to_spark``) and a handle that acknowledges exactly that range,
+cumulatively per partition, inside a transaction. The consumer is closed after the batch ends, so
+an aborted batch is read again, in order, from the same cursor.
+
+``ExactlyOncePipeline`` runs micro-batches: register ``pipeline_id`` as a transactional id (a
+zombie of the same pipeline, e.g. a driver that was thought dead, is fenced and its open
+transaction aborted), begin a transaction, read a batch, transform it, write the result from the
+Spark tasks inside the transaction, acknowledge the input in it, commit. An exception aborts the
+transaction and the batch is tried again; a restarted pipeline resumes where the last commit left
+off, because the input's cursor only moves when a batch commits.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from connectors.spark import write
+from runtime.errors import Fenced, NotAllowed, RaytxnError, Timeout
+from runtime.message import Message
+
+# `properties` is a JSON object in a string column: map columns do not survive RayDP's
+# Ray -> Spark conversion with pandas 3 (pyspark's convert_map asserts dict values).
+BATCH_SCHEMA = ("key string, value binary, properties string, event_time long, "
+                "publish_time long, topic string, partition int, message_id string")
+
+
+@dataclass
+class BatchHandle:
+    """The messages of one batch, and how to acknowledge exactly them in a transaction."""
+
+    consumer: Any
+    last_per_partition: dict[int, Message]
+    count: int
+
+    def acknowledge(self, txn: Any) -> None:
+        """Cumulatively acknowledge each partition's range inside ``txn``."""
+        for message in self.last_per_partition.values():
+            self.consumer.acknowledge_cumulative(message, txn=txn)
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def _attach(client: Any, topic: str, subscription: str, name: str, deadline_s: float) -> Any:
+    """An Exclusive consumer. While a dead driver's consumer is still attached the subscription
+    refuses a second one; keep trying until the dead one is dropped (``consumer_timeout_s``)."""
+    import runtime as rt
+
+    deadline = time.monotonic() + deadline_s
+    while True:
+        try:
+            return client.subscribe(topic, subscription, consumer_type=rt.ConsumerType.Exclusive,
+                                    initial_position=rt.InitialPosition.Earliest, consumer_name=name,
+                                    receiver_queue_size=1000)
+        except NotAllowed:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def read_batch(spark: Any, client: Any, topic: str, subscription: str, max_messages: int | None = 1000,
+               until_caught_up: bool = False, idle_timeout_s: float = 1.0, consumer_name: str | None = None,
+               attach_deadline_s: float = 120.0) -> tuple[Any, BatchHandle]:
+    """A DataFrame (columns: key, value, properties, event_time, publish_time, topic, partition,
+    message_id) of the next messages of ``subscription`` and the handle acknowledging them."""
+    if max_messages is None and not until_caught_up:
+        raise ValueError("give max_messages, or until_caught_up=True")
+    consumer = _attach(client, topic, subscription, consumer_name or f"batch-{subscription}", attach_deadline_s)
+    messages: list[Message] = []
+    try:
+        while until_caught_up or len(messages) < (max_messages or 0):
+            want = 1000 if max_messages is None else min(1000, max_messages - len(messages))
+            got = consumer.batch_receive(want, timeout=idle_timeout_s)
+            if not got:
+                break  # caught up
+            messages.extend(got)
+    except (RaytxnError, Timeout):
+        consumer.close()
+        raise
+    last: dict[int, Message] = {}
+    for message in messages:
+        partition = message.message_id().partition
+        if partition not in last or message.message_id() > last[partition].message_id():
+            last[partition] = message
+    rows = [{"key": m.key(), "value": m.value(), "properties": json.dumps(m.properties()), "event_time": m.event_time(),
+             "publish_time": m.publish_time(), "topic": m.message_id().topic,
+             "partition": m.message_id().partition, "message_id": str(m.message_id())} for m in messages]
+    return _to_spark(spark, rows), BatchHandle(consumer, last, len(messages))
+
+
+def _to_spark(spark: Any, rows: list[dict[str, Any]]) -> Any:
+    """Ray -> Spark: the batch becomes a Ray Dataset (one Arrow block) and then a DataFrame."""
+    import pyarrow as pa
+    import ray
+
+    if not rows:
+        return spark.createDataFrame([], BATCH_SCHEMA)
+    table = pa.Table.from_pylist(rows, schema=pa.schema([
+        ("key", pa.string()), ("value", pa.binary()), ("properties", pa.string()),
+        ("event_time", pa.int64()), ("publish_time", pa.int64()), ("topic", pa.string()),
+        ("partition", pa.int32()), ("message_id", pa.string())]))
+    return ray.data.from_arrow(table).to_spark(spark)
+
+
+@dataclass
+class BatchStats:
+    batch: int
+    rows_in: int
+    rows_out: int
+    batch_s: float
+    commit_s: float
+    txn: str
+    attempt: int
+
+
+@dataclass
+class ExactlyOncePipeline:
+    spark: Any
+    client: Any
+    source: str
+    subscription: str
+    sink: str
+    transform: Callable[[Any], Any]
+    pipeline_id: str
+    batch_max_messages: int = 1000
+    trigger_interval: float = 0.0
+    txn_timeout_s: float = 120.0
+    max_attempts: int = 5
+    write_fault: Callable[[int, int, int], None] | None = None  # passed to ``write`` (tests)
+    stats: list[BatchStats] = field(default_factory=list)
+
+    def run_batch(self, batch: int) -> BatchStats | None:
+        """One micro-batch in one transaction; None when there was no input."""
+        t0 = time.perf_counter()
+        epoch = self.client.register_transactional_id(self.pipeline_id)  # fences any zombie
+        txn = self.client.new_transaction(self.txn_timeout_s, transactional_id=self.pipeline_id, epoch=epoch)
+        handle = None
+        try:
+            df, handle = read_batch(self.spark, self.client, self.source, self.subscription,
+                                    self.batch_max_messages, consumer_name=f"{self.pipeline_id}")
+            if handle.count == 0:
+                txn.abort()
+                return None
+            out = self.transform(df)
+            columns = set(out.columns)
+            if "value" not in columns:
+                raise ValueError("the transform's result needs a `value` column")
+            rows_out = write(out, self.client, self.sink, txn, key_col="key" if "key" in columns else None,
+                             properties_col="properties" if "properties" in columns else None,
+                             writer_id=f"{self.pipeline_id}-e{epoch}-b{batch}", fault=self.write_fault)
+            handle.acknowledge(txn)
+            t_commit = time.perf_counter()
+            txn.commit()
+            commit_s = time.perf_counter() - t_commit
+            return BatchStats(batch, handle.count, rows_out, time.perf_counter() - t0, commit_s, str(txn.id), 0)
+        except BaseException:
+            if txn.state in ("OPEN", "COMMITTING"):
+                try:
+                    txn.abort()
+                except RaytxnError:
+                    pass  # it times out instead
+            raise
+        finally:
+            if handle is not None:
+                handle.close()
+
+    def run(self, max_batches: int | None = None, until_idle: bool = False,
+            progress: bool = True) -> list[BatchStats]:
+        """Run micro-batches (forever, ``max_batches`` of them, or until the input is drained)."""
+        from rich.progress import Progress
+
+        batch = len(self.stats)
+        with Progress(disable=not progress, transient=True) as bar:
+            task = bar.add_task(f"pipeline {self.pipeline_id}", total=max_batches)
+            while max_batches is None or batch < max_batches:
+                attempt = 0
+                while True:
+                    try:
+                        result = self.run_batch(batch)
+                        break
+                    except Fenced:
+                        raise  # a newer incarnation of this pipeline runs: this one must stop
+                    except Exception:
+                        attempt += 1
+                        if attempt >= self.max_attempts:
+                            raise
+                        time.sleep(min(2.0, 0.2 * attempt))
+                if result is None:
+                    if until_idle:
+                        break
+                    time.sleep(max(self.trigger_interval, 0.2))
+                    continue
+                result.attempt = attempt
+                self.stats.append(result)
+                bar.update(task, advance=1, description=(
+                    f"batch {batch}: {result.rows_in} in, {result.rows_out} out, {result.batch_s:.2f}s"))
+                batch += 1
+                if self.trigger_interval:
+                    time.sleep(self.trigger_interval)
+        return self.stats
