@@ -234,9 +234,14 @@ class Consumer:
             self._nacked.append((time.monotonic() + self.negative_ack_redelivery_delay_s, message_id))
 
     def redeliver_unacknowledged_messages(self) -> None:
-        """Every message delivered to this consumer and not acked yet is delivered again."""
+        """Every message delivered to this consumer and not acked yet is delivered again (the
+        prefetched ones too: they are dropped here and come again, in order)."""
         with self._acks_lock:
             self._unacked.clear()
+        with self._cond:
+            self._queue.clear()
+            for feed in self._feeds:
+                feed.queued = 0
         self._client.loop.run(self._call_all("redeliver", self.consumer_id, None))
 
     def _ack(self, message: Message | MessageId, cumulative: bool, txn: Transaction | None,

@@ -233,6 +233,10 @@ def test_negative_ack_redelivers_after_the_delay(client: rt.Client) -> None:
     assert time.monotonic() - t0 >= 0.45
     consumer.negative_acknowledge(again)
     assert consumer.receive(timeout=5).redelivery_count() == 2
+    consumer.redeliver_unacknowledged_messages()  # at once, and whatever was prefetched too
+    third = consumer.receive(timeout=5)
+    assert third.message_id() == first.message_id() and third.redelivery_count() == 3
+    assert nothing_more(consumer, 0.3)
     consumer.close()
 
 
