@@ -49,7 +49,7 @@ def send(client: rt.Client, topic: str, values: list[bytes], keys: list[str] | N
     return [future.result() for future in futures]
 
 
-def receive_all(consumer: Consumer, count: int, timeout: float = 10.0) -> list[Message]:
+def receive_all(consumer: Consumer, count: int, timeout: float = 20.0) -> list[Message]:
     messages = []
     deadline = time.monotonic() + timeout
     while len(messages) < count:
@@ -228,13 +228,13 @@ def test_negative_ack_redelivers_after_the_delay(client: rt.Client) -> None:
     consumer.acknowledge(second)
     t0 = time.monotonic()
     consumer.negative_acknowledge(first)
-    again = consumer.receive(timeout=5)
+    again = consumer.receive(timeout=15)
     assert again.message_id() == first.message_id() and again.redelivery_count() == 1
     assert time.monotonic() - t0 >= 0.45
     consumer.negative_acknowledge(again)
-    assert consumer.receive(timeout=5).redelivery_count() == 2
+    assert consumer.receive(timeout=15).redelivery_count() == 2
     consumer.redeliver_unacknowledged_messages()  # at once, and whatever was prefetched too
-    third = consumer.receive(timeout=5)
+    third = consumer.receive(timeout=15)
     assert third.message_id() == first.message_id() and third.redelivery_count() == 3
     assert nothing_more(consumer, 0.3)
     consumer.close()
@@ -246,7 +246,7 @@ def test_ack_timeout_redelivers_unacked_messages(client: rt.Client) -> None:
     send(client, topic, [b"a", b"b"])
     a, b = receive_all(consumer, 2)
     consumer.acknowledge(a)
-    again = consumer.receive(timeout=5)
+    again = consumer.receive(timeout=15)
     assert again.message_id() == b.message_id() and again.redelivery_count() == 1
     consumer.acknowledge(again)
     assert nothing_more(consumer, 1.0)
@@ -265,7 +265,7 @@ def test_a_consumer_that_stops_fetching_is_dropped(client: rt.Client) -> None:
     while not silent_got and time.monotonic() < deadline:
         silent_got = actor.call("fetch", "silent", 10, 0.2)["messages"]
     assert silent_got
-    received = [live.receive(timeout=5)]
+    received = [live.receive(timeout=15)]
     live.acknowledge(received[0])
     # The silent consumer's messages come back once it has been idle for the timeout.
     received += receive_all(live, 3 - len(received), timeout=CONSUMER_TIMEOUT_S + 5)

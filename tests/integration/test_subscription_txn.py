@@ -52,7 +52,7 @@ def send(client: rt.Client, topic: str, count: int, batch: bool = False, prefix:
     return [future.result() for future in futures]
 
 
-def receive_all(consumer: Consumer, count: int, timeout: float = 10.0) -> list[Message]:
+def receive_all(consumer: Consumer, count: int, timeout: float = 20.0) -> list[Message]:
     deadline = time.monotonic() + timeout
     return [consumer.receive(timeout=max(0.01, deadline - time.monotonic())) for _ in range(count)]
 
@@ -121,7 +121,7 @@ def test_abort_redelivers_without_being_asked(client: rt.Client) -> None:
     consumer.acknowledge(first, txn)
     assert nothing_more(consumer, 0.3)
     txn.abort()
-    again = consumer.receive(timeout=5)
+    again = consumer.receive(timeout=15)
     assert again.message_id() == first.message_id() and again.redelivery_count() == 1
     assert nothing_more(consumer, 0.3)  # the second is still with the consumer, unacked: not resent
     assert stats(topic)["pending_ack"]["txns"] == []
@@ -169,7 +169,7 @@ def test_batch_index_conflicts_and_abort_restores_the_ack_set(client: rt.Client)
     pending = stats(topic)["pending_ack"]
     assert pending["batch_indexes"] == 3 and len(pending["txns"]) == 2
     txn2.abort()
-    again = consumer.receive(timeout=5)
+    again = consumer.receive(timeout=15)
     assert again.message_id() == ids[1] and again.redelivery_count() == 1
     assert stats(topic)["pending_ack"]["batch_indexes"] == 2  # TTFF: txn1's indexes only
     with pytest.raises(TransactionConflict):
@@ -217,7 +217,7 @@ def test_acking_a_message_never_delivered_is_refused(client: rt.Client) -> None:
     topic = new_topic(client)
     consumer = client.subscribe(topic, "sub", receiver_queue_size=1)
     ids = send(client, topic, 5)
-    first = consumer.receive(timeout=5)
+    first = consumer.receive(timeout=15)
     assert first.message_id() == ids[0]
     txn = client.new_transaction()
     with pytest.raises(NotAllowed, match="never delivered"):
@@ -270,10 +270,10 @@ def test_coordinator_timeout_aborts_pending_acks(client: rt.Client) -> None:
     topic = new_topic(client)
     consumer = client.subscribe(topic, "sub")
     send(client, topic, 1)
-    message = consumer.receive(timeout=5)
+    message = consumer.receive(timeout=15)
     txn = client.new_transaction(timeout=1.0)
     consumer.acknowledge(message, txn)
-    again = consumer.receive(timeout=10)  # the coordinator aborts it at the timeout
+    again = consumer.receive(timeout=15)  # the coordinator aborts it at the timeout
     assert again.message_id() == message.message_id() and again.redelivery_count() == 1
     with pytest.raises((TransactionTimedOut, TransactionAlreadyAborted)):
         txn.commit()
@@ -300,7 +300,7 @@ def test_low_watermark_aborts_a_dangling_ack(client: rt.Client) -> None:
     consumer.acknowledge(second, later)
     later.commit()  # its end carries a low watermark >= the dangling txn's sequence
     assert stats(topic)["pending_ack"]["txns"] == []
-    again = consumer.receive(timeout=5)
+    again = consumer.receive(timeout=15)
     assert again.message_id() == first.message_id() and again.redelivery_count() == 1
     consumer.close()
 
@@ -385,7 +385,7 @@ def test_exactly_once_move_between_topics(client: rt.Client) -> None:
     aborted = crashed = False
     deadline = time.monotonic() + 60
     while len(moved) < count and time.monotonic() < deadline:
-        message = consumer.receive(timeout=10)
+        message = consumer.receive(timeout=15)
         txn = client.new_transaction()
         producer.send(message.value() + b"-out", txn=txn)
         try:
