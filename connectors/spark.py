@@ -90,6 +90,7 @@ class WriteSpec:
     event_time_col: str | None
     batch_rows: int
     send_timeout_s: float
+    ray_address: str            # the driver's cluster: workers join exactly that one
 
 
 def write(df: Any, client: Any, topic: str, txn: Any, key_col: str | None = None, value_col: str = "value",
@@ -104,7 +105,8 @@ def write(df: Any, client: Any, topic: str, txn: Any, key_col: str | None = None
     info = client.get_topic(topic)
     spec = WriteSpec(topic, info["partitions"], txn.id, client.owner, txn.epoch,
                      client.config.coordinator.num_coordinators, writer_id or f"w-{uuid.uuid4().hex[:12]}",
-                     key_col, value_col, properties_col, event_time_col, batch_rows, client.deadline_s)
+                     key_col, value_col, properties_col, event_time_col, batch_rows, client.deadline_s,
+                     ray.get_runtime_context().gcs_address)
     columns = [c for c in (key_col, value_col, properties_col, event_time_col) if c is not None]
     # A retried task must meet its rows in the same order (sequence ids are row counts): rows
     # after a shuffle arrive in fetch order, so sort within each partition first. The set of rows
@@ -126,12 +128,12 @@ def _properties(value: Any) -> dict[str, Any]:
     return dict(value)
 
 
-def _worker_connect() -> None:
-    """Spark's Python workers join the Ray cluster they run on, once per worker process."""
+def _worker_connect(address: str) -> None:
+    """Spark's Python workers join the driver's Ray cluster, once per worker process."""
     if not ray.is_initialized():
         from runtime.ids import NAMESPACE
 
-        ray.init(address="auto", namespace=NAMESPACE, logging_level="ERROR", log_to_driver=False)
+        ray.init(address=address, namespace=NAMESPACE, logging_level="ERROR", log_to_driver=False)
 
 
 def _write_partition(spec: WriteSpec, index: int, rows: Iterable[Any],
@@ -144,7 +146,7 @@ def _write_partition(spec: WriteSpec, index: int, rows: Iterable[Any],
     from runtime.ids import partition_actor_name
     from runtime.rpc import ActorRef
 
-    _worker_connect()
+    _worker_connect(spec.ray_address)
     attempt = TaskContext.get().attemptNumber() if TaskContext.get() else 0
     producer = f"{spec.writer_id}-s{index}"
     coordinators = CoordinatorClient(spec.num_coordinators, spec.owner, spec.send_timeout_s)

@@ -136,6 +136,7 @@ class ExactlyOncePipeline:
     txn_timeout_s: float = 120.0
     max_attempts: int = 5
     write_fault: Callable[[int, int, int], None] | None = None  # passed to ``write`` (tests)
+    before_commit: Callable[[int], None] | None = None  # called with the batch number (tests, demos)
     stats: list[BatchStats] = field(default_factory=list)
 
     def run_batch(self, batch: int) -> BatchStats | None:
@@ -158,6 +159,8 @@ class ExactlyOncePipeline:
                              properties_col="properties" if "properties" in columns else None,
                              writer_id=f"{self.pipeline_id}-e{epoch}-b{batch}", fault=self.write_fault)
             handle.acknowledge(txn)
+            if self.before_commit is not None:
+                self.before_commit(batch)
             t_commit = time.perf_counter()
             txn.commit()
             commit_s = time.perf_counter() - t_commit

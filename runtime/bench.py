@@ -178,6 +178,7 @@ BENCHMARKS: dict[str, Callable[..., list[dict]]] = {
     "recovery": _lazy("runtime.bench_produce", "bench_recovery"),
     "partition-memory": _lazy("runtime.bench_produce", "bench_partition_memory"),
     "crash-recovery": _lazy("runtime.bench_produce", "bench_crash_recovery"),
+    "subscription": _lazy("runtime.bench_subscription", "bench_subscription"),
 }
 
 

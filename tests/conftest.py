@@ -53,7 +53,7 @@ def ray_session() -> Iterator[object]:
     import ray
 
     if not ray.is_initialized():
-        ray.init(namespace="raytxn", num_cpus=8, include_dashboard=False, logging_level="WARNING",
+        ray.init(address="local", namespace="raytxn", num_cpus=8, include_dashboard=False, logging_level="WARNING",
                  runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
     try:
         yield ray

@@ -23,18 +23,6 @@ def client(ray_session: object, tmp_path_factory: pytest.TempPathFactory) -> Ite
     yield from engine_client(tmp_path_factory)
 
 
-@pytest.fixture(scope="module")
-def spark(client: rt.Client) -> Iterator[object]:
-    session = sc.init_spark("raytxn-tests", num_executors=1, executor_cores=1, executor_memory="1g",
-                            **{"spark.sql.shuffle.partitions": "3"})
-    assert sc.init_spark("again") is session  # idempotent
-    try:
-        yield session
-    finally:
-        sc.stop_spark()
-        sc.stop_spark()  # idempotent
-
-
 def visible(topic: str, partitions: int) -> list[bytes]:
     values = []
     for p in range(partitions):

@@ -1,0 +1,43 @@
+"""The word count used by the examples and tests: lines in, (word, count) per batch out."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+
+def wordcount(df: Any) -> Any:
+    """DataFrame of messages -> DataFrame(key=word, value=count in this batch)."""
+    from pyspark.sql import functions as F
+
+    words = df.select(F.explode(F.split(F.col("value").cast("string"), " ")).alias("word"))
+    counts = words.groupBy("word").count()
+    return counts.select(F.col("word").alias("key"), F.col("count").cast("string").alias("value"))
+
+
+def expected_counts(lines: Iterable[str]) -> Counter:
+    """The same count computed in plain Python, independently of Spark and raytxn."""
+    return Counter(word for line in lines for word in line.split(" "))
+
+
+def total_counts(client: Any, topic: str, subscription: str, idle_s: float = 3.0) -> Counter:
+    """Sum every (word, count) output of all committed batches, read from the start."""
+    import runtime as rt
+
+    consumer = client.subscribe(topic, subscription, initial_position=rt.InitialPosition.Earliest)
+    totals: Counter = Counter()
+    try:
+        while True:
+            try:
+                message = consumer.receive(timeout=idle_s)
+            except rt.errors.Timeout:
+                return totals
+            totals[message.key()] += int(message.value())
+    finally:
+        consumer.close()
+
+
+def sample_lines(n: int) -> list[str]:
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
+    return [" ".join(words[(i * 7 + j * 3) % len(words)] for j in range(1 + i % 6)) for i in range(n)]

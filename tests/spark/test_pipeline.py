@@ -1,0 +1,170 @@
+"""Exactly-once Spark-on-Ray pipelines (real Spark through RayDP, real engine): the output always
+equals the word count computed independently in plain Python, across a failed task attempt, an
+executor killed, a partition actor crash during the write, a coordinator crash during commit, and a
+driver stopped mid-batch, replaced (the old one fenced) and killed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import ray
+
+import runtime as rt
+from connectors.spark_pipeline import ExactlyOncePipeline, read_batch
+from connectors.wordcount import expected_counts, sample_lines, total_counts, wordcount
+from runtime.ids import coordinator_actor_name
+from tests.engine import engine_client
+
+pytestmark = [pytest.mark.ray, pytest.mark.spark]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def client(ray_session: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[rt.Client]:
+    from runtime.config import SubscriptionConfig
+
+    yield from engine_client(tmp_path_factory, subscription=SubscriptionConfig(consumer_timeout_s=3.0))
+
+
+def setup_topics(client: rt.Client, lines: list[str]) -> tuple[str, str]:
+    run = uuid.uuid4().hex[:6]
+    source, sink = f"lines-{run}", f"counts-{run}"
+    client.create_topic(source, 2)
+    client.create_topic(sink, 2)
+    producer = client.create_producer(source)
+    for i, line in enumerate(lines):
+        producer.send_async(line.encode(), key=str(i))
+    producer.flush()
+    return source, sink
+
+
+def pipeline(spark, client: rt.Client, source: str, sink: str, **kwargs) -> ExactlyOncePipeline:
+    return ExactlyOncePipeline(spark, client, source, "wc", sink, wordcount, f"wc-{source}",
+                               batch_max_messages=kwargs.pop("batch_max_messages", 50), **kwargs)
+
+
+def test_read_batch_columns_and_ack_handle(client: rt.Client, spark) -> None:
+    source, _sink = setup_topics(client, ["a b", "c"])
+    df, handle = read_batch(spark, client, source, "peek", max_messages=10)
+    assert set(df.columns) == {"key", "value", "properties", "event_time", "publish_time", "topic", "partition",
+                               "message_id"}
+    assert sorted(bytes(r.value).decode() for r in df.collect()) == ["a b", "c"] and handle.count == 2
+    handle.close()  # not acknowledged: the same range comes back
+    df2, handle2 = read_batch(spark, client, source, "peek", until_caught_up=True)
+    assert sorted(r.message_id for r in df2.collect()) == sorted(r.message_id for r in df.collect())
+    with client.transaction() as txn:
+        handle2.acknowledge(txn)
+    handle2.close()
+    _df3, handle3 = read_batch(spark, client, source, "peek", max_messages=10, idle_timeout_s=0.5)
+    assert handle3.count == 0  # acknowledged in a committed txn: gone
+    handle3.close()
+
+
+def test_wordcount_exactly_once(client: rt.Client, spark) -> None:
+    lines = sample_lines(200)
+    source, sink = setup_topics(client, lines)
+    stats = pipeline(spark, client, source, sink).run(until_idle=True, progress=False)
+    assert sum(s.rows_in for s in stats) == 200 and len(stats) >= 4
+    assert total_counts(client, sink, "check") == expected_counts(lines)
+
+
+def test_failed_task_attempt_is_retried_without_duplicates(client: rt.Client, spark) -> None:
+    lines = sample_lines(120)
+    source, sink = setup_topics(client, lines)
+    failures = []
+
+    def fail_once(spark_partition: int, attempt: int, rows_sent: int) -> None:
+        if attempt == 0 and spark_partition == 0 and not failures:
+            failures.append(spark_partition)  # (runs in the Spark worker; the list is its copy)
+            raise RuntimeError("injected failure of a write task")
+
+    stats = pipeline(spark, client, source, sink, write_fault=fail_once).run(until_idle=True, progress=False)
+    assert sum(s.rows_in for s in stats) == 120
+    assert total_counts(client, sink, "check") == expected_counts(lines)
+
+
+def test_partition_crash_during_write_and_coordinator_crash_during_commit(client: rt.Client, spark) -> None:
+    lines = sample_lines(150)
+    source, sink = setup_topics(client, lines)
+    client.faults.arm("partition.after_append_before_reply", "crash", topic=sink, times=1)
+    for tc in range(client.config.coordinator.num_coordinators):
+        client.faults.arm("coordinator.after_log_committing", "crash", actor=coordinator_actor_name(tc))
+    stats = pipeline(spark, client, source, sink).run(until_idle=True, progress=False)
+    assert sum(s.rows_in for s in stats) == 150
+    assert total_counts(client, sink, "check") == expected_counts(lines)
+    restarted = [r for r in client.health()["actors"] if r["restarts"] > 0]
+    assert any(r["kind"] == "coordinator" for r in restarted), "no coordinator crashed"
+
+
+def test_executor_killed_mid_run(client: rt.Client, spark) -> None:
+    lines = sample_lines(150)
+    source, sink = setup_topics(client, lines)
+    killed = []
+
+    def kill_executor(batch: int) -> None:
+        if batch == 1 and not killed:
+            executors = [a for a in ray.util.list_named_actors(all_namespaces=True)
+                         if a["name"].startswith("raydp-executor-")]
+            assert executors, "no RayDP executor actor found"
+            ray.kill(ray.get_actor(executors[0]["name"], namespace=executors[0]["namespace"]), no_restart=False)
+            killed.append(executors[0]["name"])
+
+    stats = pipeline(spark, client, source, sink, before_commit=kill_executor).run(until_idle=True, progress=False)
+    assert killed, "the executor was never killed"
+    assert sum(s.rows_in for s in stats) == 150
+    assert total_counts(client, sink, "check") == expected_counts(lines)
+
+
+def _driver(address: str, pipeline_id: str, source: str, sink: str, pause: float) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(Path(__file__).with_name("driver_run.py")), "--address", address,
+                             "--pipeline", pipeline_id, "--source", source, "--sink", sink, "--pause", str(pause)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def _wait_line(proc: subprocess.Popen, prefix: str, timeout_s: float = 240) -> str:
+    deadline = time.monotonic() + timeout_s
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:
+        if line.startswith(prefix):
+            return line
+        seen.append(line)
+        assert time.monotonic() < deadline, f"no {prefix!r} line"
+    raise AssertionError(f"driver exited ({proc.wait()}) before printing {prefix!r}:\n{''.join(seen[-40:])}")
+
+
+@pytest.mark.timeout(900)
+def test_driver_stopped_replaced_fenced_and_killed(client: rt.Client) -> None:
+    lines = sample_lines(200)
+    source, sink = setup_topics(client, lines)
+    address = ray.get_runtime_context().gcs_address
+    pipeline_id = f"wc-driver-{source}"
+    zombie = _driver(address, pipeline_id, source, sink, pause=2.0)
+    try:
+        _wait_line(zombie, "COMMITTING")
+        os.kill(zombie.pid, signal.SIGSTOP)  # the driver hangs mid-batch: output written, not committed
+        successor = _driver(address, pipeline_id, source, sink, pause=1.0)
+        _wait_line(successor, "COMMITTING 1")
+        successor.kill()  # and the successor dies mid-batch too
+        successor.wait()
+        os.kill(zombie.pid, signal.SIGCONT)  # the zombie wakes up and tries to commit: fenced
+        rest, _ = zombie.communicate(timeout=120)
+        assert zombie.returncode == 3, rest[-3000:]  # exit code 3: stopped by Fenced
+        final = _driver(address, pipeline_id, source, sink, pause=0.0)  # restarted: resumes and finishes
+        assert _wait_line(final, "DONE").startswith("DONE")
+        assert final.wait(timeout=120) == 0
+    finally:
+        for proc in (zombie,):
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGCONT)
+                proc.kill()
+    assert total_counts(client, sink, "check") == expected_counts(lines)
