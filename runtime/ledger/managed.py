@@ -37,6 +37,7 @@ from runtime.errors import CorruptLedger, Fenced, InvalidArgument, MessageTooLar
 from runtime.ids import EARLIEST, Position, check_stream_name
 from runtime.ledger.framing import FrameKind, decode_frames, decode_records, encode_frame, encode_records
 from runtime.ledger.metadata import LedgerInfo, StreamMetadata, compare_and_set, read_metadata
+from runtime.metrics import LedgerMetrics
 from runtime.storage import ObjectExists, Storage
 
 
@@ -103,6 +104,7 @@ class ManagedLedger:
         self._failure: BaseException | None = None
         self._closed = False
         self.faults: Any = None  # the owning actor's FaultPoints: "ledger.before_put" fires there
+        self._metrics = LedgerMetrics(stream)
         current = meta.ledgers[-1] if writable else None
         self._current = current
         self._next_entry_id = 0
@@ -287,15 +289,18 @@ class ManagedLedger:
         from runtime.faults import InjectedFault
 
         delay, max_delay = self.config.retry_backoff_s
+        started = time.perf_counter()  # the latency appenders wait for: retries included
         while True:
             try:
                 if self.faults is not None:
                     await self.faults.hit("ledger.before_put", stream=self.stream, path=path)
                 await self.storage.create(path, data)
+                self._metrics.put_latency((time.perf_counter() - started) * 1000)
                 return
             except ObjectExists as e:
                 existing = await self.storage.get(path)
                 if existing == data:
+                    self._metrics.put_latency((time.perf_counter() - started) * 1000)
                     return
                 raise Fenced(f"stream {self.stream}: {path} was written by another incarnation") from e
             except (StorageUnavailable, InjectedFault):  # an injected fault stands for a storage error
