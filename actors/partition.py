@@ -32,6 +32,7 @@ from runtime.errors import ActorUnavailable, Fenced, InvalidArgument, MessageToo
 from runtime.faults import FaultPoints
 from runtime.ids import EARLIEST, Position, TxnID
 from runtime.ledger import ManagedLedger
+from runtime.metrics import PartitionMetrics, recovered
 from runtime.snapshots import join_segments, newest_complete, obsolete_segments, split_snapshot
 from runtime.storage import ObjectExists, Storage
 from runtime.txn_buffer import TransactionBuffer, TxnBufferSnapshot
@@ -84,6 +85,7 @@ class PartitionBuffer:
         self._timers: list[asyncio.Task] = []
         self.info: dict[str, Any] = {"topic": topic, "partition": partition, "snapshots_written": 0,
                                      "appends": 0, "duplicates": 0, "markers": 0, "bytes_in": 0}
+        self.metrics = PartitionMetrics(topic, partition)
 
     # --- start and recovery ----------------------------------------------------------------
 
@@ -131,6 +133,8 @@ class PartitionBuffer:
             await self._write_markers(self.buffer.prepare_dangling(tc_id, self.buffer.low_watermark(tc_id)))
         self.info.update(incarnation=ledger.incarnation, recovery_ms=round((time.perf_counter() - t0) * 1000, 3),
                          replayed_entries=replayed, recovered_from_snapshot=snapshot_id, started_ms=now_ms())
+        recovered("partition", self.info["recovery_ms"])
+        self.metrics.max_read_lag(self.buffer.lag_entries)
         loop = asyncio.get_running_loop()
         self._timers = [loop.create_task(self._snapshot_timer()), loop.create_task(self._dangling_timer())]
 
@@ -168,13 +172,15 @@ class PartitionBuffer:
         if decision.duplicate:
             self.info["duplicates"] += 1
             return AppendResult(decision.position, len(messages), True)
+        records = encode_entry(header, messages)
         try:
-            position = await self._ledger_append(encode_entry(header, messages), header)
+            position = await self._ledger_append(records, header)
         except MessageTooLarge:
             self.buffer.cancel_append(header)
             raise
         self.info["appends"] += 1
         self.info["bytes_in"] += sum(len(m.value) for m in messages)
+        self.metrics.appended(len(messages), sum(len(r) for r in records) - len(records[0]))  # records[0]: header
         await self._notify()
         await self.faults.hit("partition.after_append_before_reply", txn=txn, producer=producer)
         return AppendResult(position, len(messages), False)
@@ -194,6 +200,8 @@ class PartitionBuffer:
             raise
 
     async def _notify(self) -> None:
+        """After appends and markers: wake waiting readers (the readable end may have moved)."""
+        self.metrics.max_read_lag(self.buffer.lag_entries)
         async with self._advanced:
             self._advanced.notify_all()
 

@@ -205,6 +205,13 @@ class TransactionBuffer:
         """Readers may read up to and including this position, never past it."""
         return self._max_read_position
 
+    @property
+    def lag_entries(self) -> int:
+        """Entries applied after ``max_read_position``: held back from readers by the oldest
+        ongoing txn (0 when none is ongoing)."""
+        head = next(iter(self._ongoing.values()), None)
+        return self._applied_entries - head.entries_before if head else 0
+
     def ongoing_txns(self) -> list[TxnID]:
         return list(self._ongoing)
 
@@ -445,7 +452,6 @@ class TransactionBuffer:
 
     def stats(self, now_ms: int) -> TxnBufferStats:
         oldest = min(self._ongoing.values(), key=lambda entry: entry.start_ms, default=None)
-        head = next(iter(self._ongoing.values()), None)
         return TxnBufferStats(
             ongoing_txns=len(self._ongoing),
             aborted_txns=len(self._aborted),
@@ -454,7 +460,7 @@ class TransactionBuffer:
             max_read_position=self._max_read_position,
             last_position=self._last_position,
             applied_entries=self._applied_entries,
-            lag_entries=self._applied_entries - head.entries_before if head else 0,
+            lag_entries=self.lag_entries,
             oldest_ongoing=oldest.txn if oldest else None,
             oldest_ongoing_age_ms=max(0, now_ms - oldest.start_ms) if oldest else None,
         )
