@@ -32,6 +32,7 @@ from runtime.faults import FaultPoints
 from runtime.hashing import coordinator_for
 from runtime.ids import EARLIEST, Position, TxnID
 from runtime.ledger import Entry, ManagedLedger
+from runtime.metrics import CoordinatorMetrics, recovered
 from runtime.participants import Participant, partition_participant, subscription_participant
 from runtime.storage import Storage
 from runtime.txnlog import Checkpoint, Record, decode_record, encode_record
@@ -80,6 +81,7 @@ class TransactionCoordinator:
         self._compaction: asyncio.Task | None = None
         self._failure: BaseException | None = None
         self.info: dict[str, Any] = {"tc_id": tc_id, "end_retries": 0, "compactions": 0}
+        self.metrics = CoordinatorMetrics(tc_id)
 
     # --- start and recovery ----------------------------------------------------------------
 
@@ -105,6 +107,7 @@ class TransactionCoordinator:
         self._entries_since_compaction = len(entries) - start
         self.info.update(incarnation=self._ledger.incarnation, replayed_entries=len(entries) - start,
                          recovery_ms=round((time.perf_counter() - t0) * 1000, 3), started_ms=now_ms())
+        recovered("coordinator", self.info["recovery_ms"])
         for state in (TxnState.COMMITTING, TxnState.ABORTING):
             for meta in self.state.txns_in(state):
                 self._drive(meta.txn)
@@ -167,6 +170,7 @@ class TransactionCoordinator:
             await self._writable()
             record = self.state.prepare_new_txn(now_ms(), timeout_ms, owner, transactional_id, epoch)
             await self._log([record])
+        self.metrics.txn_begun()
         await self.faults.hit("coordinator.after_log_new", txn=record.txn)
         return record.txn
 
@@ -210,6 +214,7 @@ class TransactionCoordinator:
     async def end_txn(self, txn: TxnID, action: str, owner: str, epoch: int | None = None) -> str:
         """Commit or abort; returns the final state (COMMITTED or ABORTED) once every participant
         has it. Idempotent for the same action."""
+        requested = time.perf_counter()
         async with self._lock(txn):
             await self._writable()
             result = self.state.prepare_end(txn, action, owner, now_ms(), epoch)
@@ -220,6 +225,9 @@ class TransactionCoordinator:
         await asyncio.shield(self._drive(txn))
         outcome = self.state.outcome(txn)
         assert outcome is not None, f"{txn} driven to its end without an outcome"
+        # Only the request that started the commit is timed: a retried end_txn would count it twice.
+        if result.record is not None and result.record.new_state is TxnState.COMMITTING:
+            self.metrics.commit_latency((time.perf_counter() - requested) * 1000)
         return str(TxnState.COMMITTED if outcome == "COMMITTED" else TxnState.ABORTED)
 
     def _check_tid_owner(self, transactional_id: str) -> None:
@@ -258,6 +266,7 @@ class TransactionCoordinator:
             record = self.state.prepare_complete(txn, now_ms())
             if record is not None:
                 await self._log([record])
+                self.metrics.txn_ended(committed=committing)
         self._locks.pop(txn, None)
         await self.faults.hit("coordinator.after_log_complete", txn=txn)
 
@@ -303,6 +312,7 @@ class TransactionCoordinator:
                 if record is None:
                     return
                 await self._log([record])
+                self.metrics.txn_timed_out()
             self._drive(txn)
         finally:
             self._timing_out.discard(txn)
