@@ -38,6 +38,7 @@ from runtime.errors import Fenced, InvalidArgument, MessageTooLarge, NotAllowed,
 from runtime.faults import FaultPoints
 from runtime.ids import EARLIEST, Position, TxnID, partition_actor_name
 from runtime.ledger import LedgerConfig, ManagedLedger
+from runtime.metrics import SubscriptionMetrics, recovered
 from runtime.pending_ack import Record, decode_record, encode_record
 from runtime.rpc import ActorRef
 from runtime.storage import Storage
@@ -99,6 +100,7 @@ class Subscription:
         self._last_trim = 0.0
         self.info: dict[str, Any] = {"topic": topic, "partition": partition, "subscription": name,
                                      "cursor_persists": 0, "log_trims": 0, "consumers_dropped": 0}
+        self.metrics = SubscriptionMetrics(topic, partition, name)
 
     # --- start and recovery ----------------------------------------------------------------
 
@@ -140,6 +142,8 @@ class Subscription:
             await self._persist()  # fixes where "latest" was, for every later incarnation
         self.info.update(incarnation=ledger.incarnation, replayed_records=replayed, started_ms=now_ms(),
                          recovery_ms=round((time.perf_counter() - t0) * 1000, 3))
+        recovered("subscription", self.info["recovery_ms"])
+        self._pending_ack_changed()
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._read_loop()), loop.create_task(self._maintenance_loop())]
 
@@ -185,6 +189,7 @@ class Subscription:
             messages = state.take(consumer_id)
         finally:
             state.dispatcher.touch(consumer_id, time.monotonic(), fetching=-1)
+        self.metrics.dispatched(len(messages), sum(len(m[-1]) for m in messages))  # m[-1]: the encoded message
         return {"registered": state.dispatcher.has_consumer(consumer_id), "generation": self._generation(),
                 "messages": messages}
 
@@ -235,6 +240,7 @@ class Subscription:
                     await self.faults.hit("subscription.before_pending_ack_log", txn=txn)
                     await self._log(record)
                     await self.faults.hit("subscription.after_pending_ack_log", txn=txn)
+                self._pending_ack_changed()
         self._changed()
 
     async def end_txn(self, txn: TxnID, action: str, low_watermark: int) -> None:
@@ -247,7 +253,12 @@ class Subscription:
                 await self.faults.hit("subscription.before_commit_log", txn=record.txn)
                 await self._log(record)
                 await self.faults.hit("subscription.after_commit_log", txn=record.txn)
+            self._pending_ack_changed()
         self._changed()
+
+    def _pending_ack_changed(self) -> None:
+        pending = self.state.pending
+        self.metrics.pending_ack(pending.pending_txn_count, pending.pending_position_count)
 
     async def _log(self, record: Record) -> Position:
         """Append one record; the state applies it as soon as it is durable, in log order."""

@@ -192,6 +192,15 @@ class PendingAck:
     def pending_txns(self) -> list[TxnID]:
         return sorted(self._txns)
 
+    @property
+    def pending_txn_count(self) -> int:
+        return len(self._txns)
+
+    @property
+    def pending_position_count(self) -> int:
+        """Entries with an individual ack (whole, or some batch indexes) pending in a txn."""
+        return len(self._holds)
+
     def pending_of(self, txn: TxnID) -> tuple[list[Ack], Position | None]:
         """The individual acks (as ``Ack``; batch indexes one by one) and the cumulative ack
         pending in ``txn``."""
