@@ -96,14 +96,17 @@ class WriteSpec:
 def write(df: Any, client: Any, topic: str, txn: Any, key_col: str | None = None, value_col: str = "value",
           properties_col: str | None = None, event_time_col: str | None = None, writer_id: str | None = None,
           batch_rows: int = 1000, fault: Callable[[int, int, int], None] | None = None) -> int:
-    """Produce every row of ``df`` to ``topic`` inside ``txn``, from the Spark tasks; returns the
+    """Produce every row of ``df`` to ``topic`` inside ``txn`` (``None``: plain sends, still
+    deduplicated per task), from the Spark tasks; returns the
     number of rows. ``value_col`` holds bytes or str; ``key_col`` routes (murmur2, as a Kafka
     producer would); ``writer_id`` names the producers (default: unique per call; pipelines pass
     ``<pipeline>-<batch>``). ``fault(spark_partition, attempt, rows_sent)`` is called after each
     batch a task sent: tests raise from it to fail a task midway."""
-    txn.check_open()
+    if txn is not None:
+        txn.check_open()
     info = client.get_topic(topic)
-    spec = WriteSpec(topic, info["partitions"], txn.id, client.owner, txn.epoch,
+    spec = WriteSpec(topic, info["partitions"], txn.id if txn is not None else None, client.owner,
+                     txn.epoch if txn is not None else None,
                      client.config.coordinator.num_coordinators, writer_id or f"w-{uuid.uuid4().hex[:12]}",
                      key_col, value_col, properties_col, event_time_col, batch_rows, client.deadline_s,
                      ray.get_runtime_context().gcs_address)
@@ -160,7 +163,7 @@ def _write_partition(spec: WriteSpec, index: int, rows: Iterable[Any],
         batch = pending.pop(p, [])
         if not batch:
             return
-        if p not in registered:  # the coordinator must know the partition before data lands
+        if spec.txn is not None and p not in registered:  # the coordinator must know it before data lands
             coordinators.add_partitions(spec.txn, [(spec.topic, p)], spec.epoch)
             registered.add(p)
         first = next_sequence[p]

@@ -42,7 +42,7 @@ class BatchHandle:
     count: int
 
     def acknowledge(self, txn: Any) -> None:
-        """Cumulatively acknowledge each partition's range inside ``txn``."""
+        """Cumulatively acknowledge each partition's range inside ``txn`` (``None``: plain acks)."""
         for message in self.last_per_partition.values():
             self.consumer.acknowledge_cumulative(message, txn=txn)
 
@@ -137,11 +137,14 @@ class ExactlyOncePipeline:
     max_attempts: int = 5
     write_fault: Callable[[int, int, int], None] | None = None  # passed to ``write`` (tests)
     before_commit: Callable[[int], None] | None = None  # called with the batch number (tests, demos)
+    exactly_once: bool = True  # False: plain sends and acks, at-least-once (for comparison only)
     stats: list[BatchStats] = field(default_factory=list)
 
     def run_batch(self, batch: int) -> BatchStats | None:
         """One micro-batch in one transaction; None when there was no input."""
         t0 = time.perf_counter()
+        if not self.exactly_once:
+            return self._run_batch_at_least_once(batch, t0)
         epoch = self.client.register_transactional_id(self.pipeline_id)  # fences any zombie
         txn = self.client.new_transaction(self.txn_timeout_s, transactional_id=self.pipeline_id, epoch=epoch)
         handle = None
@@ -175,6 +178,20 @@ class ExactlyOncePipeline:
         finally:
             if handle is not None:
                 handle.close()
+
+    def _run_batch_at_least_once(self, batch: int, t0: float) -> BatchStats | None:
+        df, handle = read_batch(self.spark, self.client, self.source, self.subscription, self.batch_max_messages,
+                                consumer_name=f"{self.pipeline_id}")
+        try:
+            if handle.count == 0:
+                return None
+            out = self.transform(df)
+            rows_out = write(out, self.client, self.sink, None, key_col="key" if "key" in out.columns else None,
+                             writer_id=f"{self.pipeline_id}-b{batch}")
+            handle.acknowledge(None)
+            return BatchStats(batch, handle.count, rows_out, time.perf_counter() - t0, 0.0, "-", 0)
+        finally:
+            handle.close()
 
     def run(self, max_batches: int | None = None, until_idle: bool = False,
             progress: bool = True) -> list[BatchStats]:

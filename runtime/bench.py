@@ -179,6 +179,7 @@ BENCHMARKS: dict[str, Callable[..., list[dict]]] = {
     "partition-memory": _lazy("runtime.bench_produce", "bench_partition_memory"),
     "crash-recovery": _lazy("runtime.bench_produce", "bench_crash_recovery"),
     "subscription": _lazy("runtime.bench_subscription", "bench_subscription"),
+    "spark": _lazy("runtime.bench_spark", "bench_spark_pipeline"),
 }
 
 
