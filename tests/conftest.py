@@ -54,6 +54,7 @@ def ray_session() -> Iterator[object]:
 
     if not ray.is_initialized():
         ray.init(address="local", namespace="raytxn", num_cpus=8, include_dashboard=False, logging_level="WARNING",
+                 log_to_driver=False,  # actors log to /tmp/ray/session_*/logs, not into the test output
                  runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
     try:
         yield ray
