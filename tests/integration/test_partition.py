@@ -330,3 +330,20 @@ def test_aborted_txns_pruned_when_their_ledger_is_trimmed(client: rt.Client) -> 
     assert visible(topic) == [b"kept"]
     restart_partition(topic)
     assert stats(topic)["aborted_txns"] == 0 and visible(topic) == [b"kept"]
+
+
+def test_last_message_id_is_the_last_visible_data_message(client: rt.Client) -> None:
+    topic = new_topic(client)
+    producer = client.create_producer(topic)
+    assert partition_ref(topic).call("last_message_id") is None  # nothing yet
+    first = producer.send(b"one")
+    txn = client.new_transaction()
+    producer.send(b"aborted", txn=txn)
+    txn.abort()  # its data and its marker come after `first`, but neither is visible
+    assert partition_ref(topic).call("last_message_id") == first.position
+    open_txn = client.new_transaction()
+    producer.send(b"open", txn=open_txn)
+    producer.send(b"held back")  # behind the open txn: not visible yet
+    assert partition_ref(topic).call("last_message_id") == first.position
+    open_txn.commit()
+    assert partition_ref(topic).call("last_message_id") > first.position
