@@ -28,7 +28,7 @@ import ray
 from runtime.config import CoordinatorConfig
 from runtime.coordinator_state import CoordinatorState, TxnState
 from runtime.errors import ActorUnavailable, NotAllowed, RaytxnError
-from runtime.faults import FaultPoints
+from runtime.faults import FaultPoints, FaultTarget
 from runtime.hashing import coordinator_for
 from runtime.ids import EARLIEST, Position, TxnID
 from runtime.ledger import Entry, ManagedLedger
@@ -55,7 +55,7 @@ def log_stream(tc_id: int) -> str:
     return f"coordinator/{tc_id}/log"
 
 
-class TransactionCoordinator:
+class TransactionCoordinator(FaultTarget):
     """See the module docstring. Create with ``CoordinatorActor.options(name=...)``."""
 
     def __init__(self, tc_id: int, storage_url: str | None = None,
@@ -397,15 +397,6 @@ class TransactionCoordinator:
         stats["ending"] = len(self._drivers)
         return stats
 
-    def arm_fault(self, point: str, action: str = "crash", times: int = 1, probability: float = 1.0,
-                  match: dict[str, object] | None = None, delay_s: float = 1.0) -> None:
-        self.faults.arm(point, action, times, probability, match, delay_s)
-
-    def disarm_fault(self, point: str | None = None) -> None:
-        self.faults.disarm(point)
-
-    def list_faults(self) -> list[dict[str, object]]:
-        return self.faults.armed()
 
 
 class _nullcontext:

@@ -29,7 +29,7 @@ import ray
 from runtime.config import PartitionConfig
 from runtime.entry_format import EntryHeader, MessageRecord, decode_header, encode_entry
 from runtime.errors import ActorUnavailable, Fenced, InvalidArgument, MessageTooLarge, RaytxnError
-from runtime.faults import FaultPoints
+from runtime.faults import FaultPoints, FaultTarget
 from runtime.ids import EARLIEST, Position, TxnID
 from runtime.ledger import ManagedLedger
 from runtime.metrics import PartitionMetrics, recovered
@@ -65,7 +65,7 @@ _snapshot_decoder = msgspec.msgpack.Decoder(TxnBufferSnapshot)
 _encoder = msgspec.msgpack.Encoder()
 
 
-class PartitionBuffer:
+class PartitionBuffer(FaultTarget):
     def __init__(self, topic: str, partition: int, storage_url: str | None = None,
                  storage_options: dict[str, Any] | None = None, config: PartitionConfig | None = None) -> None:
         self.topic = topic
@@ -366,15 +366,6 @@ class PartitionBuffer:
         stats["trimmed_below"] = str(self._ledger.trimmed_below)
         return stats
 
-    def arm_fault(self, point: str, action: str = "crash", times: int = 1, probability: float = 1.0,
-                  match: dict[str, object] | None = None, delay_s: float = 1.0) -> None:
-        self.faults.arm(point, action, times, probability, match, delay_s)
-
-    def disarm_fault(self, point: str | None = None) -> None:
-        self.faults.disarm(point)
-
-    def list_faults(self) -> list[dict[str, object]]:
-        return self.faults.armed()
 
 
 PartitionActor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0,

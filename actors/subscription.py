@@ -35,7 +35,7 @@ from runtime.config import SubscriptionConfig
 from runtime.cursor import Cursor, next_position
 from runtime.entry_format import decode_header
 from runtime.errors import Fenced, InvalidArgument, MessageTooLarge, NotAllowed, RaytxnError, is_retriable
-from runtime.faults import FaultPoints
+from runtime.faults import FaultPoints, FaultTarget
 from runtime.ids import EARLIEST, Position, TxnID, partition_actor_name
 from runtime.ledger import LedgerConfig, ManagedLedger
 from runtime.metrics import SubscriptionMetrics, recovered
@@ -73,7 +73,7 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class Subscription:
+class Subscription(FaultTarget):
     def __init__(self, topic: str, partition: int, name: str, initial_position: str = "latest",
                  storage_url: str | None = None, storage_options: dict[str, Any] | None = None,
                  config: SubscriptionConfig | None = None) -> None:
@@ -463,12 +463,6 @@ class Subscription:
 
         return {"pid": os.getpid(), "rss": psutil.Process().memory_info().rss}
 
-    def arm_fault(self, point: str, action: str = "crash", times: int = 1, probability: float = 1.0,
-                  match: dict[str, object] | None = None, delay_s: float = 1.0) -> None:
-        self.faults.arm(point, action, times, probability, match, delay_s)
-
-    def disarm_fault(self, point: str | None = None) -> None:
-        self.faults.disarm(point)
 
 
 # Restarted by Ray forever; calls are not retried by Ray (clients retry, every call is idempotent

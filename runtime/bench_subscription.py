@@ -26,7 +26,7 @@ from typing import Any
 import ray
 
 import runtime as rt
-from runtime.client import SUPERVISOR_NAME
+from runtime.cluster import stop_engine
 from runtime.config import SubscriptionConfig
 from runtime.consumer import Consumer
 from runtime.ids import NAMESPACE, Position, TxnID, subscription_actor_name
@@ -52,19 +52,10 @@ def bench_subscription(short: bool = False, progress: Callable[[str], None] = pr
         rows.append(_memory(client, 100_000 if short else 1_000_000, 10_000, progress))
     finally:
         client.close()
-        _stop_engine()
+        stop_engine()
         if started_ray:
             ray.shutdown()
     return rows
-
-
-def _stop_engine() -> None:
-    try:
-        supervisor = ray.get_actor(SUPERVISOR_NAME, namespace=NAMESPACE)
-    except ValueError:
-        return
-    ray.get(supervisor.shutdown_actors.remote())
-    ray.kill(supervisor, no_restart=True)
 
 
 def _produce(client: rt.Client, topic: str, count: int) -> None:

@@ -101,6 +101,22 @@ class FaultPoints:
         raise ReplyDropped(f"reply dropped at {fault.point} {context}")
 
 
+class FaultTarget:
+    """The fault-control methods every actor exposes (the actor sets ``self.faults``)."""
+
+    faults: FaultPoints
+
+    def arm_fault(self, point: str, action: str = "crash", times: int = 1, probability: float = 1.0,
+                  match: dict[str, object] | None = None, delay_s: float = 1.0) -> None:
+        self.faults.arm(point, action, times, probability, match, delay_s)
+
+    def disarm_fault(self, point: str | None = None) -> None:
+        self.faults.disarm(point)
+
+    def list_faults(self) -> list[dict[str, object]]:
+        return self.faults.armed()
+
+
 class Faults:
     """``client.faults``: arm fault points in the running actors from a driver.
 

@@ -91,6 +91,11 @@ def test_fault_api_arm_list_disarm_and_ride_over(client: rt.Client) -> None:
     assert time.monotonic() - t0 >= 0.3
     client.faults.disarm("partition.before_append", topic=topic)
     assert client.faults.list(topic) == {}
+    client.subscribe(topic, "watchers").close()  # every actor kind answers list/arm/disarm
+    armed = client.faults.arm("subscription.after_cursor_persist", action="delay", delay_s=0.01, topic=topic)
+    assert list(client.faults.list(topic)) == armed
+    client.faults.disarm(topic=topic)
+    assert client.faults.list(topic) == {}
     # storage errors at the ledger are retried inside the actor: the send still lands once
     client.faults.arm("ledger.before_put", action="raise", times=3, topic=topic,
                       actor=partition_actor_name(topic, 0))
