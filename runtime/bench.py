@@ -188,3 +188,103 @@ def write_results(rows: list[dict], out: Path) -> None:
     meta = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     out.write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
+    write_chart(rows, out.with_suffix(".png"))
+
+
+# --- chart -------------------------------------------------------------------------------------
+
+_LATENCY_PAIRS = (("p50_ms", "p99_ms", "ms"), ("p50_batch_s", "p99_batch_s", "s"))
+
+
+def _is_measurement(key: str, value: object) -> bool:
+    return (key.endswith(("_per_s", "_ms", "_s", "_mb")) or isinstance(value, float | list | dict)
+            or isinstance(value, bool))
+
+
+def _labels(rows: list[dict]) -> list[str]:
+    """``bench`` plus the fields that tell a bench's rows apart: its descriptive fields (those
+    before the first measurement) that vary, minus any not needed to keep the labels unique
+    (e.g. ledger's ``concurrency`` follows from its ``mode``)."""
+    labels = [""] * len(rows)
+    by_bench: dict[str, list[int]] = {}
+    for i, row in enumerate(rows):
+        by_bench.setdefault(str(row.get("bench", "?")), []).append(i)
+    for bench, indexes in by_bench.items():
+        keys: list[str] = []
+        for i in indexes:
+            for key, value in rows[i].items():
+                if _is_measurement(key, value):
+                    break
+                if key != "bench" and key not in keys:
+                    keys.append(key)
+        keys = [k for k in keys if len({repr(rows[i].get(k)) for i in indexes}) > 1]
+
+        def unique(candidate: list[str], indexes: list[int] = indexes) -> bool:
+            return len({tuple(repr(rows[i].get(k)) for k in candidate) for i in indexes}) == len(indexes)
+
+        for key in reversed(list(keys)):
+            if unique([k for k in keys if k != key]):
+                keys.remove(key)
+        for i in indexes:
+            parts = [str(v) if isinstance(v := rows[i].get(k), str) else f"{k}={v}" for k in keys if k in rows[i]]
+            labels[i] = " ".join([bench, *parts])
+    return labels
+
+
+def chart_series(rows: list[dict]) -> tuple[list[tuple[str, float]], list[tuple[str, float, float, str]]]:
+    """(throughput bars: label, value) and (latency bars: label, p50, p99, unit) of the rows. A
+    row's throughput is each of its ``*_per_s`` fields, except MB/s when it has an item rate."""
+    labels = _labels(rows)
+    throughput: list[tuple[str, float]] = []
+    latency: list[tuple[str, float, float, str]] = []
+    for label, row in zip(labels, rows, strict=True):
+        rates = [k for k, v in row.items() if k.endswith("_per_s") and isinstance(v, int | float)]
+        if len(rates) > 1:
+            rates = [k for k in rates if k != "mb_per_s"]
+        for key in rates:
+            throughput.append((f"{label} [{key}]", float(row[key])))
+        for p50, p99, unit in _LATENCY_PAIRS:
+            if isinstance(row.get(p50), int | float) and isinstance(row.get(p99), int | float):
+                latency.append((label, float(row[p50]), float(row[p99]), unit))
+    return throughput, latency
+
+
+def write_chart(rows: list[dict], out: Path) -> None:
+    """A PNG with a throughput panel (one bar per row and rate) and a latency panel (p50 and p99
+    per row); log scales, since the benchmarks' rates and latencies span orders of magnitude."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on CI or a cluster node
+    import matplotlib.pyplot as plt
+
+    throughput, latency = chart_series(rows)
+    # Latencies in seconds are drawn in ms, so that both units share one axis.
+    latency_ms = [(f"{label} (per batch)" if unit == "s" else label, p50 * (1000 if unit == "s" else 1),
+                   p99 * (1000 if unit == "s" else 1)) for label, p50, p99, unit in latency]
+    heights = [max(1.5, 0.28 * len(throughput) + 1), max(1.5, 0.4 * len(latency_ms) + 1)]
+    fig, (ax_t, ax_l) = plt.subplots(2, 1, figsize=(12, sum(heights) + 1), height_ratios=heights)
+    if throughput:
+        names, values = zip(*throughput, strict=True)
+        ax_t.barh(range(len(values)), values, color="tab:blue")
+        ax_t.set_yticks(range(len(values)), names, fontsize=7)
+        ax_t.set_xscale("log")
+        ax_t.invert_yaxis()
+    else:
+        ax_t.text(0.5, 0.5, "no throughput rows", ha="center", va="center", transform=ax_t.transAxes)
+    ax_t.set_title("Throughput (per second, log scale)")
+    if latency_ms:
+        names, p50s, p99s = zip(*latency_ms, strict=True)
+        ys = range(len(names))
+        ax_l.barh([y - 0.2 for y in ys], p50s, height=0.4, label="p50", color="tab:green")
+        ax_l.barh([y + 0.2 for y in ys], p99s, height=0.4, label="p99", color="tab:red")
+        ax_l.set_yticks(list(ys), names, fontsize=7)
+        ax_l.set_xscale("log")
+        ax_l.invert_yaxis()
+        ax_l.legend(fontsize=7)
+    else:
+        ax_l.text(0.5, 0.5, "no latency rows", ha="center", va="center", transform=ax_l.transAxes)
+    ax_l.set_title("Latency (ms, log scale)")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)

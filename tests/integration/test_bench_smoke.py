@@ -24,3 +24,5 @@ def test_bench_ledger_short_writes_json(tmp_path: Path) -> None:
             assert row["entries_per_put"] == 1.0
         else:
             assert row["entries_per_put"] > 1.0  # 64 concurrent appenders share puts
+    chart = out.with_suffix(".png")  # the chart is written next to the JSON
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
