@@ -15,15 +15,15 @@ import runtime as rt
 from runtime.cluster import stop_engine
 from runtime.entry_format import MessageRecord
 from runtime.ids import NAMESPACE, TxnID, partition_actor_name
-from runtime.rpc import ActorRef
+from runtime.rpc import ActorRef, retry
 
 PAYLOAD = b"x" * 100
 
 
-def _engine() -> rt.Client:
+def _engine(**config: object) -> rt.Client:
     if ray.is_initialized():
         stop_engine()
-    return rt.connect(storage=f"file://{tempfile.mkdtemp(prefix='raytxn-bench-')}")
+    return rt.connect(storage=f"file://{tempfile.mkdtemp(prefix='raytxn-bench-')}", **config)
 
 
 def _produce(client: rt.Client, topic: str, messages: int, transactional: bool) -> float:
@@ -87,7 +87,10 @@ def _restart(ref: ActorRef, name: str) -> dict:
 
 def bench_recovery(short: bool = False, progress: Callable[[str], None] = print) -> list[dict]:
     """Recovery of a partition holding N aborted txns: newest snapshot + tail vs full replay."""
-    client = _engine()
+    from runtime.config import PartitionConfig
+
+    # No automatic snapshots: the first restart must replay the whole ledger.
+    client = _engine(partition=PartitionConfig(snapshot_every_txns=10**9, snapshot_interval_s=10**9))
     aborted = 1_000 if short else 10_000
     try:
         client.create_topic("bench-recovery", 1)
@@ -97,11 +100,13 @@ def bench_recovery(short: bool = False, progress: Callable[[str], None] = print)
         # Straight at the partition, as a coordinator would: append in txn i, then abort it.
         tc = 77  # a coordinator id no real coordinator uses: this partition only
         for chunk in range(0, aborted, 500):
-            ray.get([handle.append.remote("bench", i, [MessageRecord(PAYLOAD)], TxnID(tc, i))
-                     for i in range(chunk, min(chunk + 500, aborted))])
-            ray.get([handle.end_txn.remote(TxnID(tc, i), "ABORT", -1)
-                     for i in range(chunk, min(chunk + 500, aborted))])
+            ids = range(chunk, min(chunk + 500, aborted))
+            # Appends (a producer per txn) and ends are idempotent: a chunk may be sent again.
+            retry(lambda ids=ids: ray.get([handle.append.remote(f"bench-{i}", 0, [MessageRecord(PAYLOAD)],
+                                                                 TxnID(tc, i)) for i in ids]), 120)
+            retry(lambda ids=ids: ray.get([handle.end_txn.remote(TxnID(tc, i), "ABORT", -1) for i in ids]), 120)
         full = _restart(ref, name)
+        assert full["recovered_from_snapshot"] is None and full["replayed_entries"] >= 2 * aborted, full
         ref.call("snapshot")
         snap = _restart(ref, name)
         assert snap["recovered_from_snapshot"] is not None
