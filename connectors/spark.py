@@ -93,6 +93,19 @@ class WriteSpec:
     ray_address: str            # the driver's cluster: workers join exactly that one
 
 
+def write_spec(client: Any, topic: str, txn: Any, key_col: str | None, value_col: str, properties_col: str | None,
+               event_time_col: str | None, writer_id: str | None, batch_rows: int) -> WriteSpec:
+    """The spec of one write into ``txn`` (``None``: plain sends), which must still be open."""
+    if txn is not None:
+        txn.check_open()
+    info = client.get_topic(topic)
+    return WriteSpec(topic, info["partitions"], txn.id if txn is not None else None, client.owner,
+                     txn.epoch if txn is not None else None,
+                     client.config.coordinator.num_coordinators, writer_id or f"w-{uuid.uuid4().hex[:12]}",
+                     key_col, value_col, properties_col, event_time_col, batch_rows, client.deadline_s,
+                     ray.get_runtime_context().gcs_address)
+
+
 def write(df: Any, client: Any, topic: str, txn: Any, key_col: str | None = None, value_col: str = "value",
           properties_col: str | None = None, event_time_col: str | None = None, writer_id: str | None = None,
           batch_rows: int = 1000, fault: Callable[[int, int, int], None] | None = None) -> int:
@@ -102,14 +115,7 @@ def write(df: Any, client: Any, topic: str, txn: Any, key_col: str | None = None
     producer would); ``writer_id`` names the producers (default: unique per call; pipelines pass
     ``<pipeline>-<batch>``). ``fault(spark_partition, attempt, rows_sent)`` is called after each
     batch a task sent: tests raise from it to fail a task midway."""
-    if txn is not None:
-        txn.check_open()
-    info = client.get_topic(topic)
-    spec = WriteSpec(topic, info["partitions"], txn.id if txn is not None else None, client.owner,
-                     txn.epoch if txn is not None else None,
-                     client.config.coordinator.num_coordinators, writer_id or f"w-{uuid.uuid4().hex[:12]}",
-                     key_col, value_col, properties_col, event_time_col, batch_rows, client.deadline_s,
-                     ray.get_runtime_context().gcs_address)
+    spec = write_spec(client, topic, txn, key_col, value_col, properties_col, event_time_col, writer_id, batch_rows)
     columns = [c for c in (key_col, value_col, properties_col, event_time_col) if c is not None]
     # A retried task must meet its rows in the same order (sequence ids are row counts): rows
     # after a shuffle arrive in fetch order, so sort within each partition first. The set of rows
@@ -143,14 +149,24 @@ def _write_partition(spec: WriteSpec, index: int, rows: Iterable[Any],
                      fault: Callable[[int, int, int], None] | None) -> Iterator[int]:
     from pyspark import TaskContext
 
+    _worker_connect(spec.ray_address)
+    attempt = TaskContext.get().attemptNumber() if TaskContext.get() else 0
+    yield produce_slice(spec, index, attempt, rows, fault)
+
+
+def produce_slice(spec: WriteSpec, index: int, attempt: int, rows: Iterable[Any],
+                  fault: Callable[[int, int, int], None] | None) -> int:
+    """Produce one slice of the rows (``row[column]`` lookups: Spark Rows or dicts) as the producer
+    ``<writer_id>-s<index>``; returns the number of rows sent. The caller guarantees that every
+    attempt at slice ``index`` meets the same rows in the same order: the sequence ids count rows
+    per topic partition, so a retried attempt re-sends the same (producer, sequence ids) and the
+    partition drops what it already has. ``fault(index, attempt, rows_sent)`` runs after each append."""
     from runtime.coordinator_client import CoordinatorClient
     from runtime.entry_format import MessageRecord
     from runtime.hashing import partition_for
     from runtime.ids import partition_actor_name
     from runtime.rpc import ActorRef
 
-    _worker_connect(spec.ray_address)
-    attempt = TaskContext.get().attemptNumber() if TaskContext.get() else 0
     producer = f"{spec.writer_id}-s{index}"
     coordinators = CoordinatorClient(spec.num_coordinators, spec.owner, spec.send_timeout_s)
     registered: set[int] = set()
@@ -188,4 +204,4 @@ def _write_partition(spec: WriteSpec, index: int, rows: Iterable[Any],
             flush(p)
     for p in sorted(pending):
         flush(p)
-    yield sent
+    return sent

@@ -1,8 +1,7 @@
 """Exactly-once micro-batches from raytxn topics through Spark (on Ray, via RayDP) to raytxn topics.
 
-``read_batch`` attaches an Exclusive consumer to the subscription, which starts at the
-subscription's cursor, and takes up to ``max_messages`` (or everything available): per partition
-a contiguous range from the first unacknowledged message. It returns them as a Spark DataFrame
+``read_batch`` takes the next batch of the subscription (``connectors.batches.read_messages``: per
+partition a contiguous range from the subscription's cursor) and returns it as a Spark DataFrame
 (moved Ray -> Spark with ``Dataset.to_spark``) and a handle that acknowledges exactly that range,
 cumulatively per partition, inside a transaction. The consumer is closed after the batch ends, so
 an aborted batch is read again, in order, from the same cursor.
@@ -17,54 +16,20 @@ off, because the input's cursor only moves when a batch commits.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from connectors.batches import BatchHandle, read_messages, to_arrow
 from connectors.spark import write
-from runtime.errors import Fenced, NotAllowed, RaytxnError, Timeout
-from runtime.message import Message
+from runtime.errors import Fenced, RaytxnError
 
-# `properties` is a JSON object in a string column: map columns do not survive RayDP's
-# Ray -> Spark conversion with pandas 3 (pyspark's convert_map asserts dict values).
+__all__ = ["BATCH_SCHEMA", "BatchHandle", "BatchStats", "ExactlyOncePipeline", "read_batch"]
+
+# The Spark DDL of connectors.batches.batch_arrow_schema(); `properties` is a JSON string (see there).
 BATCH_SCHEMA = ("key string, value binary, properties string, event_time long, "
                 "publish_time long, topic string, partition int, message_id string")
-
-
-@dataclass
-class BatchHandle:
-    """The messages of one batch, and how to acknowledge exactly them in a transaction."""
-
-    consumer: Any
-    last_per_partition: dict[int, Message]
-    count: int
-
-    def acknowledge(self, txn: Any) -> None:
-        """Cumulatively acknowledge each partition's range inside ``txn`` (``None``: plain acks)."""
-        for message in self.last_per_partition.values():
-            self.consumer.acknowledge_cumulative(message, txn=txn)
-
-    def close(self) -> None:
-        self.consumer.close()
-
-
-def _attach(client: Any, topic: str, subscription: str, name: str, deadline_s: float) -> Any:
-    """An Exclusive consumer. While a dead driver's consumer is still attached the subscription
-    refuses a second one; keep trying until the dead one is dropped (``consumer_timeout_s``)."""
-    import runtime as rt
-
-    deadline = time.monotonic() + deadline_s
-    while True:
-        try:
-            return client.subscribe(topic, subscription, consumer_type=rt.ConsumerType.Exclusive,
-                                    initial_position=rt.InitialPosition.Earliest, consumer_name=name,
-                                    receiver_queue_size=1000)
-        except NotAllowed:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
 
 
 def read_batch(spark: Any, client: Any, topic: str, subscription: str, max_messages: int | None = 1000,
@@ -72,43 +37,18 @@ def read_batch(spark: Any, client: Any, topic: str, subscription: str, max_messa
                attach_deadline_s: float = 120.0) -> tuple[Any, BatchHandle]:
     """A DataFrame (columns: key, value, properties, event_time, publish_time, topic, partition,
     message_id) of the next messages of ``subscription`` and the handle acknowledging them."""
-    if max_messages is None and not until_caught_up:
-        raise ValueError("give max_messages, or until_caught_up=True")
-    consumer = _attach(client, topic, subscription, consumer_name or f"batch-{subscription}", attach_deadline_s)
-    messages: list[Message] = []
-    try:
-        while until_caught_up or len(messages) < (max_messages or 0):
-            want = 1000 if max_messages is None else min(1000, max_messages - len(messages))
-            got = consumer.batch_receive(want, timeout=idle_timeout_s)
-            if not got:
-                break  # caught up
-            messages.extend(got)
-    except (RaytxnError, Timeout):
-        consumer.close()
-        raise
-    last: dict[int, Message] = {}
-    for message in messages:
-        partition = message.message_id().partition
-        if partition not in last or message.message_id() > last[partition].message_id():
-            last[partition] = message
-    rows = [{"key": m.key(), "value": m.value(), "properties": json.dumps(m.properties()), "event_time": m.event_time(),
-             "publish_time": m.publish_time(), "topic": m.message_id().topic,
-             "partition": m.message_id().partition, "message_id": str(m.message_id())} for m in messages]
-    return _to_spark(spark, rows), BatchHandle(consumer, last, len(messages))
+    rows, handle = read_messages(client, topic, subscription, max_messages, until_caught_up, idle_timeout_s,
+                                 consumer_name, attach_deadline_s)
+    return _to_spark(spark, rows), handle
 
 
 def _to_spark(spark: Any, rows: list[dict[str, Any]]) -> Any:
     """Ray -> Spark: the batch becomes a Ray Dataset (one Arrow block) and then a DataFrame."""
-    import pyarrow as pa
     import ray
 
     if not rows:
         return spark.createDataFrame([], BATCH_SCHEMA)
-    table = pa.Table.from_pylist(rows, schema=pa.schema([
-        ("key", pa.string()), ("value", pa.binary()), ("properties", pa.string()),
-        ("event_time", pa.int64()), ("publish_time", pa.int64()), ("topic", pa.string()),
-        ("partition", pa.int32()), ("message_id", pa.string())]))
-    return ray.data.from_arrow(table).to_spark(spark)
+    return ray.data.from_arrow(to_arrow(rows)).to_spark(spark)
 
 
 @dataclass
