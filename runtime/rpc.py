@@ -64,42 +64,47 @@ class ActorRef:
         return await retry_async(attempt, deadline_s, on_retry=self.forget, what=f"{self.name}.{method}")
 
 
+class _Backoff:
+    """The retry policy both loops share: which errors to retry, how long to wait, when to stop."""
+
+    def __init__(self, deadline_s: float, on_retry: Callable[[], None] | None, what: str) -> None:
+        self.deadline_s = deadline_s
+        self.deadline = time.monotonic() + deadline_s
+        self.on_retry = on_retry
+        self.what = what
+        self.delay = 0.02
+
+    def next_delay(self, raw: BaseException) -> float:
+        """The wait before the next attempt; raises the error when it is final or time is up."""
+        error = unwrap(raw)
+        if not retriable(error):
+            raise error from None
+        if self.on_retry:
+            self.on_retry()
+        if time.monotonic() + self.delay > self.deadline:
+            raise _give_up(error, self.what, self.deadline_s) from None
+        delay, self.delay = self.delay, min(self.delay * 2, 1.0)
+        return delay
+
+
 def retry(attempt: Callable[[], Any], deadline_s: float, on_retry: Callable[[], None] | None = None,
           what: str = "call") -> Any:
-    deadline = time.monotonic() + deadline_s
-    delay = 0.02
+    backoff = _Backoff(deadline_s, on_retry, what)
     while True:
         try:
             return attempt()
-        except Exception as raw:  # noqa: BLE001 - sorted below: raised as is, or retried
-            error = unwrap(raw)
-            if not retriable(error):
-                raise error from None
-            if on_retry:
-                on_retry()
-            if time.monotonic() + delay > deadline:
-                raise _give_up(error, what, deadline_s) from None
-            time.sleep(delay)
-            delay = min(delay * 2, 1.0)
+        except Exception as raw:  # noqa: BLE001 - sorted by the backoff: raised as is, or retried
+            time.sleep(backoff.next_delay(raw))
 
 
 async def retry_async(attempt: Callable[[], Any], deadline_s: float, on_retry: Callable[[], None] | None = None,
                       what: str = "call") -> Any:
-    deadline = time.monotonic() + deadline_s
-    delay = 0.02
+    backoff = _Backoff(deadline_s, on_retry, what)
     while True:
         try:
             return await attempt()
-        except Exception as raw:  # noqa: BLE001 - sorted below: raised as is, or retried
-            error = unwrap(raw)
-            if not retriable(error):
-                raise error from None
-            if on_retry:
-                on_retry()
-            if time.monotonic() + delay > deadline:
-                raise _give_up(error, what, deadline_s) from None
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
+        except Exception as raw:  # noqa: BLE001 - sorted by the backoff: raised as is, or retried
+            await asyncio.sleep(backoff.next_delay(raw))
 
 
 def _give_up(error: BaseException, what: str, deadline_s: float) -> BaseException:
