@@ -8,7 +8,7 @@ on the session's Ray, with its own storage directory. Use from a module-scoped f
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pytest
@@ -25,3 +25,23 @@ def engine_client(tmp_path_factory: pytest.TempPathFactory, **config: Any) -> It
     finally:
         client.close()
         stop_engine()
+
+
+def visible_values(topic: str, partitions: Iterable[int] = (0,), deadline_s: float = 60.0) -> list[bytes]:
+    """Every readable message value of the given partitions (in order per partition), read through
+    the partition actors' dispatch read path: committed, non-aborted, up to max_read_position."""
+    from runtime.entry_format import decode_entry
+    from runtime.ids import Position, partition_actor_name
+    from runtime.rpc import ActorRef
+
+    values: list[bytes] = []
+    for p in partitions:
+        position = Position(0, 0)
+        while True:
+            result = ActorRef(partition_actor_name(topic, p)).call("read", position, 1000, deadline_s=deadline_s)
+            for _pos, records in result["entries"]:
+                values.extend(m.value for m in decode_entry(records)[1])
+            if result["next"] == position:
+                break
+            position = result["next"]
+    return values

@@ -13,7 +13,7 @@ import ray
 
 import runtime as rt
 from runtime.config import PartitionConfig
-from runtime.entry_format import MessageRecord, decode_entry
+from runtime.entry_format import MessageRecord
 from runtime.errors import (
     InvalidArgument,
     InvalidTopicName,
@@ -28,7 +28,7 @@ from runtime.ids import NAMESPACE, Position, partition_actor_name
 from runtime.message import MessageId
 from runtime.rpc import ActorRef
 from runtime.storage import Storage
-from tests.engine import engine_client
+from tests.engine import engine_client, visible_values
 
 pytestmark = pytest.mark.ray
 
@@ -51,17 +51,7 @@ def partition_ref(topic: str, p: int = 0) -> ActorRef:
 
 def visible(topic: str, p: int = 0) -> list[bytes]:
     """Every readable message value of a partition, in order, through the dispatch read path."""
-    values: list[bytes] = []
-    position = Position(0, 0)
-    while True:
-        result = partition_ref(topic, p).call("read", position, 1000)
-        for _pos, records in result["entries"]:
-            _header, messages = decode_entry(records)
-            values.extend(m.value for m in messages)
-        if result["next"] == position:
-            return values
-        position = result["next"]
-
+    return visible_values(topic, [p])
 
 def stats(topic: str, p: int = 0) -> dict:
     return partition_ref(topic, p).call("stats")

@@ -14,10 +14,9 @@ import ray
 
 import runtime as rt
 from connectors.ray_data import read_topic, write_topic
-from runtime.entry_format import decode_entry
-from runtime.ids import Position, partition_actor_name
+from runtime.ids import partition_actor_name
 from runtime.rpc import ActorRef
-from tests.engine import engine_client
+from tests.engine import engine_client, visible_values
 
 pytestmark = pytest.mark.ray
 
@@ -33,18 +32,7 @@ def client(ray_session: object, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 def visible(topic: str, partitions: int) -> list[bytes]:
     """Every committed message of the topic, read straight from the partition actors."""
-    values = []
-    for p in range(partitions):
-        position = Position(0, 0)
-        while True:
-            result = ActorRef(partition_actor_name(topic, p)).call("read", position, 1000)
-            for _pos, records in result["entries"]:
-                values.extend(m.value for m in decode_entry(records)[1])
-            if result["next"] == position:
-                break
-            position = result["next"]
-    return values
-
+    return visible_values(topic, range(partitions))
 
 def duplicates(topic: str, partitions: int) -> int:
     return sum(ActorRef(partition_actor_name(topic, p)).call("stats")["duplicates"] for p in range(partitions))

@@ -15,13 +15,13 @@ import ray
 
 import runtime as rt
 from runtime.cluster import stop_engine
-from runtime.entry_format import decode_entry
 from runtime.errors import CorruptLedger
-from runtime.ids import NAMESPACE, Position, partition_actor_name
+from runtime.ids import NAMESPACE, partition_actor_name
 from runtime.rpc import ActorRef
 from runtime.seaweedfs import SeaweedFS
 from runtime.storage import Storage
 from tests.conftest import TEST_BUCKET
+from tests.engine import visible_values
 
 pytestmark = [pytest.mark.ray, pytest.mark.s3]
 
@@ -39,16 +39,7 @@ def s3_client(ray_session: object, seaweedfs: SeaweedFS) -> Iterator[tuple[rt.Cl
 
 
 def visible(topic: str, p: int = 0) -> list[bytes]:
-    values: list[bytes] = []
-    position = Position(0, 0)
-    while True:
-        result = ActorRef(partition_actor_name(topic, p)).call("read", position, 1000, deadline_s=120)
-        for _pos, records in result["entries"]:
-            values.extend(m.value for m in decode_entry(records)[1])
-        if result["next"] == position:
-            return values
-        position = result["next"]
-
+    return visible_values(topic, [p], deadline_s=120)
 
 def test_outage_of_ten_seconds_loses_nothing_acknowledged(s3_client: tuple[rt.Client, SeaweedFS]) -> None:
     client, server = s3_client

@@ -10,10 +10,9 @@ import pytest
 
 import runtime as rt
 from connectors import spark as sc
-from runtime.entry_format import decode_entry
-from runtime.ids import Position, partition_actor_name
+from runtime.ids import partition_actor_name
 from runtime.rpc import ActorRef
-from tests.engine import engine_client
+from tests.engine import engine_client, visible_values
 
 pytestmark = [pytest.mark.ray, pytest.mark.spark]
 
@@ -24,18 +23,7 @@ def client(ray_session: object, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 
 def visible(topic: str, partitions: int) -> list[bytes]:
-    values = []
-    for p in range(partitions):
-        position = Position(0, 0)
-        while True:
-            result = ActorRef(partition_actor_name(topic, p)).call("read", position, 1000)
-            for _pos, records in result["entries"]:
-                values.extend(m.value for m in decode_entry(records)[1])
-            if result["next"] == position:
-                break
-            position = result["next"]
-    return values
-
+    return visible_values(topic, range(partitions))
 
 def test_write_in_txn_visible_at_commit_only(client: rt.Client, spark) -> None:
     topic = f"sw-{uuid.uuid4().hex[:6]}"
