@@ -243,19 +243,16 @@ class Supervisor:
         return {"actors": rows, "healthy": all(r["state"] == "ALIVE" for r in rows),
                 "storage": self.config.storage_url}
 
-    async def shutdown_actors(self) -> None:
-        """Stop every actor this supervisor created (the cluster is being shut down)."""
+    async def shutdown_actors(self) -> list[str]:
+        """Stop every actor this supervisor created (the cluster is being shut down); returns the
+        names killed, which Ray releases asynchronously (callers wait, see ``cluster.stop_engine``)."""
         await self._started()
         if self._watch_task is not None:
             self._watch_task.cancel()
-        for topic in self.catalog.topics.values():
-            subs = list(self.catalog.subscriptions.get(topic.name, {}))
-            for p in range(topic.partitions):
-                _kill(partition_actor_name(topic.name, p))
-                for s in subs:
-                    _kill(subscription_actor_name(topic.name, p, s))
-        for tc_id in range(self.config.coordinator.num_coordinators):
-            _kill(coordinator_actor_name(tc_id))
+        names = [name for name, _ in self.actor_names()]
+        for name in names:
+            _kill(name)
+        return names
 
 
 def _kill(name: str) -> None:

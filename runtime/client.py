@@ -86,13 +86,9 @@ def shutdown() -> None:
     local Ray this process started. Data stays in the storage."""
     if not ray.is_initialized():
         return
-    try:
-        supervisor = ray.get_actor(SUPERVISOR_NAME, namespace=NAMESPACE)
-    except ValueError:
-        supervisor = None
-    if supervisor is not None:
-        ray.get(supervisor.shutdown_actors.remote())
-        ray.kill(supervisor, no_restart=True)
+    from runtime.cluster import stop_engine
+
+    stop_engine()
     ray.shutdown()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import ray
@@ -26,21 +27,48 @@ def start_coordinators(config: EngineConfig, wait: bool = True) -> list[Any]:
 
 
 def stop_actor(name: str) -> None:
-    """Kill a named actor for good (no restart), if it exists."""
+    """Kill a named actor for good (no restart), if it exists, and wait until its name is free."""
     try:
         handle = ray.get_actor(name, namespace=NAMESPACE)
     except ValueError:
         return
     ray.kill(handle, no_restart=True)
+    wait_names_released([name])
 
 
 def stop_engine() -> None:
-    """Stop the engine's actors (supervisor and everything it created), leaving Ray running."""
+    """Stop the engine's actors (supervisor and everything it created), leaving Ray running.
+    Returns once every name is free, so a new engine started right after gets fresh actors."""
     from runtime.client import SUPERVISOR_NAME
 
     try:
         supervisor = ray.get_actor(SUPERVISOR_NAME, namespace=NAMESPACE)
     except ValueError:
         return
-    ray.get(supervisor.shutdown_actors.remote())
+    names = ray.get(supervisor.shutdown_actors.remote())
     ray.kill(supervisor, no_restart=True)
+    wait_names_released([*names, SUPERVISOR_NAME])
+
+
+def wait_names_released(names: list[str], timeout_s: float = 30.0) -> None:
+    """Wait until none of ``names`` resolves to an actor.
+
+    ``ray.kill`` returns before the GCS marks the actor dead and frees its name; until then
+    ``get_if_exists=True`` hands back the dying actor, whose first call fails with ActorDiedError
+    (the failure CI saw when one test module's teardown raced the next module's setup)."""
+    deadline = time.monotonic() + timeout_s
+    pending = list(names)
+    while pending:
+        still = []
+        for name in pending:
+            try:
+                ray.get_actor(name, namespace=NAMESPACE)
+                still.append(name)
+            except ValueError:
+                pass
+        if not still:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"actors still registered {timeout_s}s after being killed: {still}")
+        pending = still
+        time.sleep(0.05)
