@@ -25,9 +25,10 @@ from typing import Any
 
 import ray
 
+from runtime.auth import Access, AuthConfig, Authorizer, AuthTarget, guarded
 from runtime.config import CoordinatorConfig
 from runtime.coordinator_state import CoordinatorState, TxnState
-from runtime.errors import ActorUnavailable, NotAllowed, RaytxnError
+from runtime.errors import ActorUnavailable, NotAllowed, NotAuthorized, RaytxnError
 from runtime.faults import FaultPoints, FaultTarget
 from runtime.hashing import coordinator_for
 from runtime.ids import EARLIEST, Position, TxnID
@@ -55,13 +56,14 @@ def log_stream(tc_id: int) -> str:
     return f"coordinator/{tc_id}/log"
 
 
-class TransactionCoordinator(FaultTarget):
+class TransactionCoordinator(FaultTarget, AuthTarget):
     """See the module docstring. Create with ``CoordinatorActor.options(name=...)``."""
 
     def __init__(self, tc_id: int, storage_url: str | None = None,
                  storage_options: dict[str, Any] | None = None, config: CoordinatorConfig | None = None,
-                 participant_resolver: Any = None) -> None:
+                 participant_resolver: Any = None, auth: AuthConfig | None = None) -> None:
         self.tc_id = tc_id
+        self.authorizer = Authorizer(auth)
         self.config = config or CoordinatorConfig()
         self.storage = Storage.from_url(storage_url, **(storage_options or {}))
         self.state = CoordinatorState(tc_id, max_timeout_ms=self.config.max_timeout_ms,
@@ -115,6 +117,7 @@ class TransactionCoordinator(FaultTarget):
         if self._entries_since_compaction >= self.config.compact_after_entries:
             self._maybe_compact(force=True)
 
+    @guarded(Access.PUBLIC)
     async def ready(self) -> dict[str, Any]:
         """Wait for recovery; returns this incarnation's facts."""
         await self._started()
@@ -159,11 +162,17 @@ class TransactionCoordinator(FaultTarget):
 
     # --- requests --------------------------------------------------------------------------
 
+    @guarded(Access.AUTHENTICATED)
     async def new_txn(self, timeout_ms: int | None, owner: str, transactional_id: str | None = None,
-                      epoch: int | None = None) -> TxnID:
-        """Begin a transaction; with a transactional id, ``epoch`` must be its current one."""
+                      epoch: int | None = None, caller: str | None = None) -> TxnID:
+        """Begin a transaction; with a transactional id, ``epoch`` must be its current one. With
+        auth on, the caller's principal owns it (``owner`` is ignored)."""
+        if caller is not None:
+            owner = caller
         if transactional_id is not None:
             self._check_tid_owner(transactional_id)
+            await self._started()
+            self._check_tid_principal(transactional_id, caller)
         timeout_ms = self.config.default_timeout_ms if timeout_ms is None else timeout_ms
         key = ("tid", transactional_id) if transactional_id is not None else None
         async with self._lock(key) if key else _nullcontext():
@@ -174,19 +183,22 @@ class TransactionCoordinator(FaultTarget):
         await self.faults.hit("coordinator.after_log_new", txn=record.txn)
         return record.txn
 
-    async def register_transactional_id(self, transactional_id: str) -> int:
-        """Bump the id's epoch durably, aborting its open txn: older epochs are fenced."""
+    @guarded(Access.AUTHENTICATED)
+    async def register_transactional_id(self, transactional_id: str, caller: str | None = None) -> int:
+        """Bump the id's epoch durably, aborting its open txn: older epochs are fenced. With auth
+        on, the id belongs to the principal that registered it first: others get NotAuthorized."""
         self._check_tid_owner(transactional_id)
         async with self._lock(("tid", transactional_id)):
             await self._writable()
-            records = self.state.prepare_register_transactional_id(transactional_id, now_ms())
+            self._check_tid_principal(transactional_id, caller)
+            records = self.state.prepare_register_transactional_id(transactional_id, now_ms(), caller)
             fenced_txns = [r.txn for r in records[:-1]]
             locks = [self._lock(txn) for txn in fenced_txns]
             for lock in locks:
                 await lock.acquire()
             try:
                 await self._writable()
-                records = self.state.prepare_register_transactional_id(transactional_id, now_ms())
+                records = self.state.prepare_register_transactional_id(transactional_id, now_ms(), caller)
                 await self._log(records)
             finally:
                 for lock in locks:
@@ -195,28 +207,39 @@ class TransactionCoordinator(FaultTarget):
             self._drive(record.txn)  # the fenced txn's abort goes on in the background
         return records[-1].epoch
 
+    @guarded(Access.AUTHENTICATED)
     async def add_partitions(self, txn: TxnID, partitions: Iterable[tuple[str, int]], owner: str,
-                             epoch: int | None = None) -> None:
+                             epoch: int | None = None, caller: str | None = None) -> None:
         async with self._lock(txn):
             await self._writable()
+            owner = self._acting_owner(txn, owner, caller)
             record = self.state.prepare_add_partitions(txn, partitions, owner, now_ms(), epoch)
             if record is not None:
                 await self._log([record])
 
+    @guarded(Access.AUTHENTICATED)
     async def add_subscriptions(self, txn: TxnID, subscriptions: Iterable[tuple[str, int, str]], owner: str,
-                                epoch: int | None = None) -> None:
+                                epoch: int | None = None, caller: str | None = None) -> None:
         async with self._lock(txn):
             await self._writable()
+            owner = self._acting_owner(txn, owner, caller)
             record = self.state.prepare_add_subscriptions(txn, subscriptions, owner, now_ms(), epoch)
             if record is not None:
                 await self._log([record])
 
-    async def end_txn(self, txn: TxnID, action: str, owner: str, epoch: int | None = None) -> str:
+    @guarded(Access.AUTHENTICATED)
+    async def end_txn(self, txn: TxnID, action: str, owner: str, epoch: int | None = None,
+                      caller: str | None = None) -> str:
         """Commit or abort; returns the final state (COMMITTED or ABORTED) once every participant
         has it. Idempotent for the same action."""
+        return await self._end_txn(txn, action, owner, epoch, caller)
+
+    async def _end_txn(self, txn: TxnID, action: str, owner: str, epoch: int | None,
+                       caller: str | None) -> str:
         requested = time.perf_counter()
         async with self._lock(txn):
             await self._writable()
+            owner = self._acting_owner(txn, owner, caller)
             result = self.state.prepare_end(txn, action, owner, now_ms(), epoch)
             if result.record is not None:
                 await self._log([result.record])
@@ -229,6 +252,27 @@ class TransactionCoordinator(FaultTarget):
         if result.record is not None and result.record.new_state is TxnState.COMMITTING:
             self.metrics.commit_latency((time.perf_counter() - requested) * 1000)
         return str(TxnState.COMMITTED if outcome == "COMMITTED" else TxnState.ABORTED)
+
+    def _acting_owner(self, txn: TxnID, owner: str, principal: str | None) -> str:
+        """Who the request acts as. Auth off: the owner the client names. Auth on: its principal,
+        which must own the txn, or a superuser, who acts as the txn's owner (as Pulsar's
+        ownership check lets superusers through)."""
+        if principal is None:
+            return owner
+        meta = self.state.get(txn)
+        if meta is None:
+            return principal  # unknown or ended: the state machine says which
+        if self.authorizer.is_superuser(principal):
+            return meta.owner
+        if meta.owner != principal:
+            raise NotAuthorized(f"{txn} is owned by {meta.owner!r}, not {principal!r}")
+        return principal
+
+    def _check_tid_principal(self, transactional_id: str, principal: str | None) -> None:
+        owner = self.state.transactional_id_principal(transactional_id)
+        if principal is None or owner is None or owner == principal or self.authorizer.is_superuser(principal):
+            return
+        raise NotAuthorized(f"transactional id {transactional_id!r} belongs to {owner!r}, not {principal!r}")
 
     def _check_tid_owner(self, transactional_id: str) -> None:
         home = coordinator_for(transactional_id, self.config.num_coordinators)
@@ -274,8 +318,8 @@ class TransactionCoordinator(FaultTarget):
         if self._resolver is not None:
             return self._resolver(kind, ident)
         if kind == "partition":
-            return partition_participant(*ident)
-        return subscription_participant(*ident)
+            return partition_participant(*ident, token=self.authorizer.engine_token())
+        return subscription_participant(*ident, token=self.authorizer.engine_token())
 
     async def _send_end(self, participant: Participant, txn: TxnID, action: str) -> None:
         delay, max_delay = self.config.end_retry_backoff_s
@@ -324,6 +368,7 @@ class TransactionCoordinator(FaultTarget):
         if (due or force) and self._compaction is None:
             self._compaction = asyncio.get_running_loop().create_task(self._compact())
 
+    @guarded(Access.SUPERUSER)
     async def compact(self) -> dict[str, Any]:
         """Write the live state anew and trim the log below it (also runs by itself)."""
         await self._started()
@@ -352,9 +397,12 @@ class TransactionCoordinator(FaultTarget):
 
     # --- introspection and faults ----------------------------------------------------------
 
-    async def get_txn(self, txn: TxnID) -> dict[str, Any]:
-        """The txn's entry (state, owner, participants, times) or its remembered outcome."""
+    @guarded(Access.AUTHENTICATED)
+    async def get_txn(self, txn: TxnID, caller: str | None = None) -> dict[str, Any]:
+        """The txn's entry (state, owner, participants, times) or its remembered outcome. With
+        auth on, only its owner or a superuser may look."""
         await self._started()
+        self._acting_owner(txn, "", caller)
         meta = self.state.get(txn)
         if meta is not None:
             return {"txn": txn, "state": str(meta.state), "owner": meta.owner, "start_ms": meta.start_ms,
@@ -369,6 +417,7 @@ class TransactionCoordinator(FaultTarget):
         return {"txn": txn, "state": "COMMITTED" if outcome == "COMMITTED" else "ABORTED",
                 "outcome": str(outcome)}
 
+    @guarded(Access.SUPERUSER)
     async def list_txns(self, limit: int = 100) -> list[dict[str, Any]]:
         """Live transactions, the oldest first (for operators)."""
         await self._started()
@@ -379,13 +428,15 @@ class TransactionCoordinator(FaultTarget):
                  "partitions": [list(p) for p in m.partitions], "subscriptions": [list(s) for s in m.subscriptions],
                  "transactional_id": m.transactional_id} for m in rows]
 
+    @guarded(Access.SUPERUSER)
     async def admin_abort(self, txn: TxnID) -> str:
         """Abort a transaction whoever owns it (operators; with auth on, superusers only)."""
         await self._started()
         meta = self.state.get(txn)
         owner = meta.owner if meta is not None else ""
-        return await self.end_txn(txn, "ABORT", owner, meta.epoch if meta is not None else None)
+        return await self._end_txn(txn, "ABORT", owner, meta.epoch if meta is not None else None, None)
 
+    @guarded(Access.AUTHENTICATED)
     async def stats(self) -> dict[str, Any]:
         await self._started()
         assert self._ledger is not None

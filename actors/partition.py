@@ -26,6 +26,8 @@ import msgspec
 import psutil
 import ray
 
+from actors.topic_permissions import TopicPermissions
+from runtime.auth import Access, AuthConfig, Authorizer, guarded
 from runtime.config import PartitionConfig
 from runtime.entry_format import EntryHeader, MessageRecord, decode_header, encode_entry
 from runtime.errors import ActorUnavailable, Fenced, InvalidArgument, MessageTooLarge, RaytxnError
@@ -65,9 +67,11 @@ _snapshot_decoder = msgspec.msgpack.Decoder(TxnBufferSnapshot)
 _encoder = msgspec.msgpack.Encoder()
 
 
-class PartitionBuffer(FaultTarget):
+class PartitionBuffer(FaultTarget, TopicPermissions):
     def __init__(self, topic: str, partition: int, storage_url: str | None = None,
-                 storage_options: dict[str, Any] | None = None, config: PartitionConfig | None = None) -> None:
+                 storage_options: dict[str, Any] | None = None, config: PartitionConfig | None = None,
+                 auth: AuthConfig | None = None) -> None:
+        self.authorizer = Authorizer(auth)
         self.topic = topic
         self.partition = partition
         self.config = config or PartitionConfig()
@@ -138,6 +142,7 @@ class PartitionBuffer(FaultTarget):
         loop = asyncio.get_running_loop()
         self._timers = [loop.create_task(self._snapshot_timer()), loop.create_task(self._dangling_timer())]
 
+    @guarded(Access.PUBLIC)
     async def ready(self) -> dict[str, Any]:
         await self._started()
         return dict(self.info)
@@ -150,6 +155,7 @@ class PartitionBuffer(FaultTarget):
             self._changed_since_snapshot = True
         return on_durable
 
+    @guarded(Access.PRODUCE)
     async def append(self, producer: str, first_sequence: int, messages: list[MessageRecord],
                      txn: TxnID | None = None) -> AppendResult:
         """Append one producer batch (one ledger entry). Idempotent by (producer, sequence): a
@@ -207,6 +213,7 @@ class PartitionBuffer(FaultTarget):
 
     # --- ends ------------------------------------------------------------------------------
 
+    @guarded(Access.SUPERUSER)
     async def end_txn(self, txn: TxnID, action: str, low_watermark: int) -> None:
         """End-on-partition from the coordinator: write the COMMIT/ABORT marker (and aborts of
         dangling txns at or below the watermark). Idempotent."""
@@ -237,6 +244,7 @@ class PartitionBuffer(FaultTarget):
 
     # --- reads -----------------------------------------------------------------------------
 
+    @guarded(Access.CONSUME)
     async def read(self, start: Position, max_entries: int = 100, max_wait_s: float = 0.0) -> dict[str, Any]:
         """Visible entries at or after ``start`` as ``(position, records)`` (records[0] is the
         encoded header), and ``next``: where to continue. Waits up to ``max_wait_s`` for data."""
@@ -267,12 +275,14 @@ class PartitionBuffer(FaultTarget):
             nxt = Position(last.ledger_id, last.entry_id + 1)
         return {"entries": visible, "next": nxt, "max_read": max_read}
 
+    @guarded(Access.PRODUCE)
     async def last_sequence(self, producer: str) -> int:
         """The highest sequence id stored for ``producer`` (-1 if none is known)."""
         await self._started()
         known = self.buffer.dedup_position(producer)
         return known[0] if known else -1
 
+    @guarded(Access.CONSUME)
     async def last_message_id(self) -> Position | None:
         """The position of the last visible data entry (None if there is none)."""
         await self._started()
@@ -301,8 +311,12 @@ class PartitionBuffer(FaultTarget):
         if self._snapshotting is None:
             self._snapshotting = asyncio.get_running_loop().create_task(self._write_snapshot())
 
+    @guarded(Access.SUPERUSER)
     async def snapshot(self) -> dict[str, Any]:
         """Write a snapshot now (also happens every N ended txns or T seconds)."""
+        return await self._snapshot_now()
+
+    async def _snapshot_now(self) -> dict[str, Any]:
         await self._started()
         self._start_snapshot()
         assert self._snapshotting is not None
@@ -337,12 +351,13 @@ class PartitionBuffer(FaultTarget):
             if self._changed_since_snapshot:
                 self._start_snapshot()
 
+    @guarded(Access.SUPERUSER)
     async def trim(self, below: Position) -> str:
         """Delete entries below ``below`` (never past the newest snapshot or max_read_position);
         aborted txns whose marker was deleted are forgotten."""
         await self._started()
         assert self._ledger is not None
-        await self.snapshot()
+        await self._snapshot_now()
         newest = newest_complete(await self.storage.list(self.snapshot_prefix))
         limit = self.buffer.max_read_position
         if newest is not None:
@@ -355,6 +370,7 @@ class PartitionBuffer(FaultTarget):
 
     # --- introspection and faults ----------------------------------------------------------
 
+    @guarded(Access.AUTHENTICATED)
     async def stats(self) -> dict[str, Any]:
         await self._started()
         assert self._ledger is not None

@@ -31,6 +31,8 @@ from typing import Any
 
 import ray
 
+from actors.topic_permissions import TopicPermissions
+from runtime.auth import Access, AuthConfig, Authorizer, guarded
 from runtime.config import SubscriptionConfig
 from runtime.cursor import Cursor, next_position
 from runtime.entry_format import decode_header
@@ -73,10 +75,11 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class Subscription(FaultTarget):
+class Subscription(FaultTarget, TopicPermissions):
     def __init__(self, topic: str, partition: int, name: str, initial_position: str = "latest",
                  storage_url: str | None = None, storage_options: dict[str, Any] | None = None,
-                 config: SubscriptionConfig | None = None) -> None:
+                 config: SubscriptionConfig | None = None, auth: AuthConfig | None = None) -> None:
+        self.authorizer = Authorizer(auth)
         self.topic = topic
         self.partition = partition
         self.name = name
@@ -86,7 +89,7 @@ class Subscription(FaultTarget):
         self.stream = pending_ack_stream(topic, partition, name)
         self.state = SubscriptionState(partition, Cursor(), self.config.max_index_lag)  # replaced by recovery
         self.faults = FaultPoints()
-        self._partition = ActorRef(partition_actor_name(topic, partition))
+        self._partition = ActorRef(partition_actor_name(topic, partition), self.authorizer.engine_token())
         self._ledger: ManagedLedger | None = None
         self._partition_ledger: ManagedLedger | None = None  # read-only: ledger sizes for the backlog
         self._start_task: asyncio.Task | None = None
@@ -147,6 +150,7 @@ class Subscription(FaultTarget):
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._read_loop()), loop.create_task(self._maintenance_loop())]
 
+    @guarded(Access.PUBLIC)
     async def ready(self) -> dict[str, Any]:
         await self._started()
         return dict(self.info)
@@ -157,6 +161,7 @@ class Subscription(FaultTarget):
 
     # --- consumers -------------------------------------------------------------------------
 
+    @guarded(Access.CONSUME)
     async def subscribe(self, consumer_id: str, consumer_name: str, consumer_type: str) -> dict[str, Any]:
         """Attach a consumer (again: a no-op); ``NotAllowed`` when the subscription's type or an
         exclusive consumer refuses it."""
@@ -166,6 +171,7 @@ class Subscription(FaultTarget):
         self._changed()
         return {"generation": self._generation()}
 
+    @guarded(Access.CONSUME)
     async def fetch(self, consumer_id: str, max_messages: int, max_wait_s: float = 0.0) -> dict[str, Any]:
         """Up to ``max_messages`` messages for the consumer, waiting up to ``max_wait_s`` for the
         first. A zero fetch is a ping. ``registered`` False: subscribe again (this incarnation
@@ -193,6 +199,7 @@ class Subscription(FaultTarget):
         return {"registered": state.dispatcher.has_consumer(consumer_id), "generation": self._generation(),
                 "messages": messages}
 
+    @guarded(Access.CONSUME)
     async def redeliver(self, consumer_id: str, keys: list[tuple[Position, int]] | None = None) -> int:
         """Give back the consumer's outstanding messages (all, or these ``(position, batch
         index)``): negative acks and ack timeouts. Returns how many were its."""
@@ -202,6 +209,7 @@ class Subscription(FaultTarget):
         self._changed()
         return released
 
+    @guarded(Access.CONSUME)
     async def close_consumer(self, consumer_id: str) -> None:
         """Detach a consumer; its unacked messages go to the others."""
         await self._started()
@@ -215,6 +223,7 @@ class Subscription(FaultTarget):
         if waiter is not None:
             waiter.set()  # its waiting fetch returns now
 
+    @guarded(Access.CONSUME)
     async def unsubscribe(self, consumer_id: str) -> None:
         """Check that the subscription may be deleted by this consumer: ``NotAllowed`` while others
         are attached. (The supervisor deletes it.)"""
@@ -226,6 +235,7 @@ class Subscription(FaultTarget):
 
     # --- acks and ends ---------------------------------------------------------------------
 
+    @guarded(Access.CONSUME)
     async def ack(self, consumer_id: str, acks: list[AckTuple], cumulative: bool = False,
                   txn: TxnID | None = None) -> None:
         """Acks of ``(position, batch_index, batch_size)``. Plain ones change the cursor (which is
@@ -243,6 +253,7 @@ class Subscription(FaultTarget):
                 self._pending_ack_changed()
         self._changed()
 
+    @guarded(Access.SUPERUSER)
     async def end_txn(self, txn: TxnID, action: str, low_watermark: int) -> None:
         """End-on-subscription from the coordinator: commit applies the txn's acks to the cursor,
         abort drops them and redelivers; dangling txns at or below the watermark are aborted.
@@ -278,6 +289,7 @@ class Subscription(FaultTarget):
 
     # --- seek ------------------------------------------------------------------------------
 
+    @guarded(Access.CONSUME)
     async def seek(self, position: Position | None = None, publish_time_ms: int | None = None) -> tuple[int, int]:
         """Deliver again from ``position`` (inclusive), or from the first message published at or
         after ``publish_time_ms``; returns the new generation."""
@@ -415,6 +427,7 @@ class Subscription(FaultTarget):
             except Exception:  # storage hiccup: the next tick tries again
                 log.warning("maintenance of %s failed", self.stream, exc_info=True)
 
+    @guarded(Access.SUPERUSER)
     async def persist_cursor(self) -> str:
         """Persist the cursor now (it also happens on a timer); returns its mark-delete position."""
         await self._started()
@@ -422,6 +435,7 @@ class Subscription(FaultTarget):
             persisted = await self._persist()
         return str(Cursor.from_snapshot(persisted.cursor).mark_delete_position)
 
+    @guarded(Access.SUPERUSER)
     async def trim_log(self) -> str | None:
         """Persist the cursor and trim the pending-ack log now (it also happens on a timer)."""
         await self._started()
@@ -430,6 +444,7 @@ class Subscription(FaultTarget):
 
     # --- introspection and faults ----------------------------------------------------------
 
+    @guarded(Access.AUTHENTICATED)
     async def stats(self) -> dict[str, Any]:
         """Backlog, unacked, consumers, pending-ack txns and positions, log size, cursor."""
         await self._started()
@@ -457,6 +472,7 @@ class Subscription(FaultTarget):
         return [(info.ledger_id, info.last_entry_id if info.closed else _OPEN_LEDGER_END)
                 for info in self._partition_ledger.ledgers]
 
+    @guarded(Access.AUTHENTICATED)
     def process_info(self) -> dict[str, int]:
         """This incarnation's process id and resident memory (benchmarks)."""
         import psutil

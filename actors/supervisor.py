@@ -14,10 +14,12 @@ from typing import Any
 
 import ray
 
+from runtime.auth import Access, Authorizer, AuthTarget, guarded
 from runtime.catalog import CATALOG_KEY, CATALOG_STREAM, Catalog, decode_catalog, encode_catalog
 from runtime.config import EngineConfig
 from runtime.ids import NAMESPACE, coordinator_actor_name, partition_actor_name, subscription_actor_name
 from runtime.ledger import ManagedLedger
+from runtime.rpc import ActorRef
 from runtime.storage import Storage
 
 SUPERVISOR_NAME = "supervisor"
@@ -27,9 +29,10 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class Supervisor:
+class Supervisor(AuthTarget):
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
+        self.authorizer = Authorizer(config.auth)
         self.storage = Storage.from_url(config.storage_url, **config.storage_options)
         self.catalog = Catalog()
         self._ledger: ManagedLedger | None = None
@@ -51,13 +54,21 @@ class Supervisor:
             await self._ensure_topic_actors(topic.name)
         self._watch_task = asyncio.get_running_loop().create_task(self._watch())
 
+    @guarded(Access.PUBLIC)
     async def ready(self) -> dict[str, Any]:
         await self._started()
-        return {"config": self.config, "topics": len(self.catalog.topics)}
+        return {"config": self.config.public(), "topics": len(self.catalog.topics)}
 
+    @guarded(Access.PUBLIC)
     async def engine_config(self) -> EngineConfig:
         await self._started()
-        return self.config
+        return self.config.public()
+
+    @guarded(Access.AUTHENTICATED)
+    async def whoami(self, caller: str | None = None) -> dict[str, Any]:
+        """The caller's principal and whether it is a superuser (auth off: nobody, everything allowed)."""
+        return {"auth": self.authorizer.enabled, "principal": caller,
+                "superuser": caller is None or self.authorizer.is_superuser(caller)}
 
     # --- actors ------------------------------------------------------------------------------
 
@@ -69,7 +80,8 @@ class Supervisor:
             handle = CoordinatorActor.options(
                 name=coordinator_actor_name(tc_id), namespace=NAMESPACE, lifetime="detached",
                 get_if_exists=True, resources=self.config.actor_resources,
-            ).remote(tc_id, self.config.storage_url, self.config.storage_options, self.config.coordinator)
+            ).remote(tc_id, self.config.storage_url, self.config.storage_options, self.config.coordinator,
+                      auth=self.config.auth)
             refs.append(handle.ready.remote())
         return refs
 
@@ -82,7 +94,8 @@ class Supervisor:
             handle = PartitionActor.options(
                 name=partition_actor_name(topic, p), namespace=NAMESPACE, lifetime="detached",
                 get_if_exists=True, resources=self.config.actor_resources,
-            ).remote(topic, p, self.config.storage_url, self.config.storage_options, self.config.partition)
+            ).remote(topic, p, self.config.storage_url, self.config.storage_options, self.config.partition,
+                      self.config.auth)
             refs.append(handle.ready.remote())
         for sub in self.catalog.subscriptions.get(topic, {}).values():
             refs += self._subscription_refs(sub.topic, sub.name, info.partitions)
@@ -100,7 +113,7 @@ class Supervisor:
                 name=subscription_actor_name(topic, p, name), namespace=NAMESPACE, lifetime="detached",
                 get_if_exists=True, resources=self.config.actor_resources,
             ).remote(topic, p, name, sub.initial_position, self.config.storage_url, self.config.storage_options,
-                     self.config.subscription)
+                     self.config.subscription, self.config.auth)
             refs.append(handle.ready.remote())
         return refs
 
@@ -111,6 +124,7 @@ class Supervisor:
 
     # --- admin -------------------------------------------------------------------------------
 
+    @guarded(Access.SUPERUSER)
     async def create_topic(self, name: str, partitions: int = 1) -> dict[str, Any]:
         await self._started()
         async with self._lock:
@@ -118,6 +132,7 @@ class Supervisor:
         await self._ensure_topic_actors(name)
         return {"name": name, "partitions": partitions}
 
+    @guarded(Access.SUPERUSER)
     async def delete_topic(self, name: str) -> None:
         """Remove the topic, stop its actors and delete its data."""
         await self._started()
@@ -134,20 +149,28 @@ class Supervisor:
         paths += await self.storage.list(f"streams/subscriptions/{name}")
         await self.storage.delete(paths)
 
+    @guarded(Access.AUTHENTICATED)
     async def list_topics(self) -> list[dict[str, Any]]:
         await self._started()
         return [{"name": t.name, "partitions": t.partitions, "created_ms": t.created_ms,
                  "subscriptions": sorted(self.catalog.subscriptions.get(t.name, {}))}
                 for t in sorted(self.catalog.topics.values(), key=lambda t: t.name)]
 
+    @guarded(Access.AUTHENTICATED)
     async def get_topic(self, name: str) -> dict[str, Any]:
         await self._started()
         info = self.catalog.topic(name)
         return {"name": info.name, "partitions": info.partitions, "created_ms": info.created_ms,
                 "subscriptions": sorted(self.catalog.subscriptions.get(name, {}))}
 
-    async def create_subscription(self, topic: str, name: str, initial_position: str = "latest") -> dict[str, Any]:
+    @guarded(Access.AUTHENTICATED)
+    async def create_subscription(self, topic: str, name: str, initial_position: str = "latest",
+                                  caller: str | None = None) -> dict[str, Any]:
+        """Create the subscription unless it exists (needs the topic's consume permission)."""
         await self._started()
+        if caller is not None:
+            self.authorizer.authorize(caller, Access.CONSUME, self.catalog.topic_permissions(topic),
+                                      f"topic {topic!r}")
         async with self._lock:
             catalog = self.catalog.with_subscription(topic, name, initial_position, now_ms())
             if catalog is not self.catalog:
@@ -156,6 +179,7 @@ class Supervisor:
         await asyncio.gather(*self._subscription_refs(topic, name, info.partitions))
         return {"topic": topic, "name": name, "partitions": info.partitions}
 
+    @guarded(Access.SUPERUSER)
     async def delete_subscription(self, topic: str, name: str) -> None:
         await self._started()
         async with self._lock:
@@ -165,6 +189,36 @@ class Supervisor:
             _kill(subscription_actor_name(topic, p, name))
         paths = await self.storage.list(f"streams/subscriptions/{topic}")
         await self.storage.delete([x for x in paths if f"/{name}/" in x])
+
+    # --- permissions -------------------------------------------------------------------------
+
+    @guarded(Access.SUPERUSER)
+    async def grant_permission(self, topic: str, principal: str, actions: list[str]) -> dict[str, list[str]]:
+        """``principal`` may do exactly ``actions`` (produce, consume) on ``topic``. Returns once
+        every actor of the topic enforces it."""
+        return await self._change_permissions(lambda c: c.with_grant(topic, principal, actions), topic)
+
+    @guarded(Access.SUPERUSER)
+    async def revoke_permission(self, topic: str, principal: str) -> dict[str, list[str]]:
+        """Take every permission on ``topic`` from ``principal``; no actor of the topic accepts its
+        requests once this returns."""
+        return await self._change_permissions(lambda c: c.without_grant(topic, principal), topic)
+
+    @guarded(Access.SUPERUSER)
+    async def topic_permissions(self, topic: str) -> dict[str, Any]:
+        await self._started()
+        return {"version": self.catalog.permissions_version, "permissions": self.catalog.topic_permissions(topic)}
+
+    async def _change_permissions(self, change: Any, topic: str) -> dict[str, list[str]]:
+        await self._started()
+        async with self._lock:
+            await self._save(change(self.catalog))
+            version, permissions = self.catalog.permissions_version, self.catalog.topic_permissions(topic)
+        names = [name for name, kind in self.actor_names(topic=topic) if kind != "coordinator"]
+        token = self.authorizer.engine_token()
+        await asyncio.gather(*(ActorRef(name, token).call_async("set_topic_permissions", version, permissions)
+                               for name in names))
+        return permissions
 
     # --- watching ----------------------------------------------------------------------------
 
@@ -180,6 +234,7 @@ class Supervisor:
                     names.append((subscription_actor_name(info.name, p, sub), "subscription"))
         return [(n, k) for n, k in names if kind is None or k == kind]
 
+    @guarded(Access.AUTHENTICATED)
     async def list_actors(self, kind: str | None = None, topic: str | None = None) -> list[tuple[str, str]]:
         await self._started()
         return self.actor_names(kind, topic)
@@ -234,6 +289,7 @@ class Supervisor:
                 await self._ensure_topic_actors(topic.name)
                 return
 
+    @guarded(Access.AUTHENTICATED)
     async def health(self) -> dict[str, Any]:
         """Every actor: state, incarnation (its epoch: each incarnation fences the last),
         restarts seen, when and how long its last recovery took."""
@@ -243,6 +299,7 @@ class Supervisor:
         return {"actors": rows, "healthy": all(r["state"] == "ALIVE" for r in rows),
                 "storage": self.config.storage_url}
 
+    @guarded(Access.SUPERUSER)
     async def shutdown_actors(self) -> list[str]:
         """Stop every actor this supervisor created (the cluster is being shut down); returns the
         names killed, which Ray releases asynchronously (callers wait, see ``cluster.stop_engine``)."""

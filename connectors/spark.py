@@ -91,6 +91,7 @@ class WriteSpec:
     batch_rows: int
     send_timeout_s: float
     ray_address: str            # the driver's cluster: workers join exactly that one
+    token: str | None = None    # the driver's client token (auth on): tasks produce as its principal
 
 
 def write_spec(client: Any, topic: str, txn: Any, key_col: str | None, value_col: str, properties_col: str | None,
@@ -103,7 +104,7 @@ def write_spec(client: Any, topic: str, txn: Any, key_col: str | None, value_col
                      txn.epoch if txn is not None else None,
                      client.config.coordinator.num_coordinators, writer_id or f"w-{uuid.uuid4().hex[:12]}",
                      key_col, value_col, properties_col, event_time_col, batch_rows, client.deadline_s,
-                     ray.get_runtime_context().gcs_address)
+                     ray.get_runtime_context().gcs_address, client.token)
 
 
 def write(df: Any, client: Any, topic: str, txn: Any, key_col: str | None = None, value_col: str = "value",
@@ -168,7 +169,7 @@ def produce_slice(spec: WriteSpec, index: int, attempt: int, rows: Iterable[Any]
     from runtime.rpc import ActorRef
 
     producer = f"{spec.writer_id}-s{index}"
-    coordinators = CoordinatorClient(spec.num_coordinators, spec.owner, spec.send_timeout_s)
+    coordinators = CoordinatorClient(spec.num_coordinators, spec.owner, spec.send_timeout_s, spec.token)
     registered: set[int] = set()
     next_sequence = [0] * spec.partitions
     pending: dict[int, list[MessageRecord]] = {}
@@ -184,7 +185,7 @@ def produce_slice(spec: WriteSpec, index: int, attempt: int, rows: Iterable[Any]
             registered.add(p)
         first = next_sequence[p]
         next_sequence[p] += len(batch)
-        ActorRef(partition_actor_name(spec.topic, p)).call(
+        ActorRef(partition_actor_name(spec.topic, p), spec.token).call(
             "append", producer, first, batch, spec.txn, deadline_s=spec.send_timeout_s)
         sent += len(batch)
         if fault is not None:

@@ -28,6 +28,8 @@ app = typer.Typer(help="raytxn: exactly-once transactional messaging on Ray.", n
 topics_app = typer.Typer(help="Create, list, inspect and delete topics.", no_args_is_help=True)
 subs_app = typer.Typer(help="List, inspect and reset subscriptions.", no_args_is_help=True)
 txns_app = typer.Typer(help="Open transactions: list, show, abort.", no_args_is_help=True)
+token_app = typer.Typer(help="Auth: make a secret, make tokens.", no_args_is_help=True)
+app.add_typer(token_app, name="token")
 app.add_typer(topics_app, name="topics")
 app.add_typer(subs_app, name="subs")
 app.add_typer(txns_app, name="txns")
@@ -37,14 +39,28 @@ Address = Annotated[str, typer.Option("--address", help="Ray cluster to attach t
 Json = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
 
 
+_token: str | None = None
+
+
+@app.callback()
+def main(token: Annotated[str | None, typer.Option("--token", envvar="RAYTXN_TOKEN",
+                                                   help="the token to present when auth is on")] = None) -> None:
+    """raytxn: exactly-once transactional messaging on Ray."""
+    global _token
+    _token = token or None
+
+
 @contextmanager
-def _client(address: str = "auto", storage: str | None = None) -> Iterator[Any]:
+def _client(address: str = "auto", storage: str | None = None, **config: Any) -> Iterator[Any]:
     import runtime as rt
 
     try:
-        client = rt.connect(storage=storage, address=address)
+        client = rt.connect(storage=storage, address=address, token=_token, **config)
     except ConnectionError as e:
         console.print(f"[red]no raytxn cluster at {address!r}: {e}. Start one with `raytxn start`.[/red]")
+        raise typer.Exit(1) from e
+    except RaytxnError as e:
+        console.print(f"[red]{type(e).__name__}: {e}[/red]")
         raise typer.Exit(1) from e
     try:
         yield client
@@ -81,20 +97,38 @@ def _cell(value: Any) -> str:
 
 @app.command()
 def start(storage: Annotated[str, typer.Option("--storage", help="storage URL")] = "file://./.raytxn-data",
-          num_cpus: Annotated[int | None, typer.Option("--num-cpus")] = None) -> None:
+          num_cpus: Annotated[int | None, typer.Option("--num-cpus")] = None,
+          auth_secret_file: Annotated[Path | None, typer.Option(
+              "--auth-secret-file", help="turn auth on: the secret tokens are signed with")] = None,
+          superuser: Annotated[list[str] | None, typer.Option(
+              "--superuser", help="a superuser principal (repeat; default admin)")] = None) -> None:
     """Start a local Ray cluster (if none runs) and the raytxn engine on it."""
     import ray
 
+    config: dict[str, Any] = {}
+    if auth_secret_file is not None:
+        config["auth_secret"] = _read_secret(auth_secret_file)
+    if superuser:
+        config["superusers"] = tuple(superuser)
     if subprocess.run(["ray", "status"], capture_output=True).returncode != 0:
         argv = [str(Path(sys.executable).with_name("ray")), "start", "--head", "--disable-usage-stats"]
         if num_cpus is not None:
             argv.append(f"--num-cpus={num_cpus}")
         with console.status("starting Ray"):
             subprocess.run(argv, check=True, capture_output=True)
-    with _client("auto", storage) as client:
+    with _client("auto", storage, **config) as client:
         console.print(f"raytxn running: storage {client.config.storage_url}, "
-                      f"{client.config.coordinator.num_coordinators} coordinators")
+                      f"{client.config.coordinator.num_coordinators} coordinators, "
+                      f"auth {'on' if client.config.auth.enabled else 'off'}")
     ray.shutdown()
+
+
+def _read_secret(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError as e:
+        console.print(f"[red]cannot read the secret file {path}: {e}[/red]")
+        raise typer.Exit(2) from e
 
 
 @app.command()
@@ -104,7 +138,11 @@ def stop(address: Address = "auto") -> None:
 
     with _client(address):
         pass
-    rt.shutdown()
+    try:
+        rt.shutdown(token=_token)
+    except RaytxnError as e:
+        console.print(f"[red]{type(e).__name__}: {e}[/red]")
+        raise typer.Exit(1) from e
     subprocess.run([str(Path(sys.executable).with_name("ray")), "stop"], capture_output=True)
     console.print("stopped")
 
@@ -160,6 +198,74 @@ def topics_delete(name: str, address: Address = "auto") -> None:
     console.print(f"deleted {name}")
 
 
+@topics_app.command("grant")
+def topics_grant(topic: str, principal: str,
+                 actions: Annotated[str, typer.Option("--actions", help="produce,consume or one")] = "produce,consume",
+                 address: Address = "auto") -> None:
+    """Superusers: let PRINCIPAL produce to and/or consume from TOPIC (replaces its earlier grant)."""
+    with _client(address) as client:
+        granted = client.grant_permission(topic, principal, [a.strip() for a in actions.split(",") if a.strip()])
+    console.print(f"{topic}: {principal} may {', '.join(granted[principal])}")
+
+
+@topics_app.command("revoke")
+def topics_revoke(topic: str, principal: str, address: Address = "auto") -> None:
+    """Superusers: take every permission on TOPIC from PRINCIPAL."""
+    with _client(address) as client:
+        client.revoke_permission(topic, principal)
+    console.print(f"{topic}: {principal} has no permissions")
+
+
+@topics_app.command("permissions")
+def topics_permissions(topic: str, address: Address = "auto", as_json: Json = False) -> None:
+    """Superusers: who may do what on TOPIC."""
+    with _client(address) as client:
+        granted = client.permissions(topic)
+    _emit([{"principal": p, "actions": a} for p, a in sorted(granted.items())], as_json, f"permissions on {topic}",
+          ["principal", "actions"])
+
+
+# --- auth --------------------------------------------------------------------------------------
+
+
+@token_app.command("secret")
+def token_secret(output: Annotated[Path | None, typer.Option("--output", "-o", help="write it here")] = None) -> None:
+    """Make a new random secret (give it to `raytxn start --auth-secret-file`)."""
+    from runtime.auth import new_secret
+
+    secret = new_secret()
+    if output is None:
+        print(secret)
+        return
+    output.touch(mode=0o600)
+    output.write_text(secret + "\n")
+    console.print(f"secret written to {output}")
+
+
+@token_app.command("create")
+def token_create(principal: Annotated[str, typer.Option("--principal", help="who the token names")],
+                 secret_file: Annotated[Path, typer.Option("--secret-file", help="the cluster's secret")],
+                 expires_in: Annotated[float | None, typer.Option("--expires-in", help="seconds of validity")] = None,
+                 ) -> None:
+    """Make a token for PRINCIPAL signed with the cluster's secret (prints it)."""
+    from runtime.auth import create_token
+
+    try:
+        expires = None if expires_in is None else time.time() + expires_in
+        print(create_token(_read_secret(secret_file), principal, expires))
+    except RaytxnError as e:
+        console.print(f"[red]{type(e).__name__}: {e}[/red]")
+        raise typer.Exit(2) from e
+
+
+@app.command()
+def whoami(address: Address = "auto", as_json: Json = False) -> None:
+    """The principal this token names, and whether it is a superuser."""
+    with _client(address) as client:
+        info = client.whoami()
+    _emit(info, as_json, "whoami", ["auth", "principal", "superuser"])
+
+
 # --- subscriptions -----------------------------------------------------------------------------
 
 
@@ -168,7 +274,7 @@ def _sub_stats(client: Any, topic: str, subscription: str) -> list[dict[str, Any
     from runtime.rpc import ActorRef
 
     partitions = client.get_topic(topic)["partitions"]
-    return [{"partition": p, **ActorRef(subscription_actor_name(topic, p, subscription)).call("stats")}
+    return [{"partition": p, **ActorRef(subscription_actor_name(topic, p, subscription), client.token).call("stats")}
             for p in range(partitions)]
 
 
@@ -197,7 +303,7 @@ def subs_reset(topic: str, subscription: str,
     with _client(address) as client:
         partitions = client.get_topic(topic)["partitions"]
         for p in range(partitions):
-            ref = ActorRef(subscription_actor_name(topic, p, subscription))
+            ref = ActorRef(subscription_actor_name(topic, p, subscription), client.token)
             if to == "earliest":
                 ref.call("seek", Position(-1, -1))
             elif to == "latest":

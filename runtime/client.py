@@ -18,6 +18,7 @@ from typing import Any
 
 import ray
 
+from runtime.auth import AuthConfig
 from runtime.config import EngineConfig
 from runtime.consumer import Consumer, ConsumerType, InitialPosition
 from runtime.coordinator_client import CoordinatorClient
@@ -34,32 +35,49 @@ SUPERVISOR_NAME = "supervisor"
 
 
 def connect(storage: str | None = None, address: str | None = None, *, owner: str | None = None,
-            storage_options: dict[str, Any] | None = None, deadline_s: float = 60.0, **config: Any) -> Client:
+            storage_options: dict[str, Any] | None = None, deadline_s: float = 60.0, token: str | None = None,
+            auth_secret: str | None = None, **config: Any) -> Client:
     """Join (or start) a Ray cluster and the raytxn engine on it, and return a client.
 
     With nothing given, starts a local Ray (or joins the one running in this process) and stores
     everything under ``file://./.raytxn-data``. ``address`` joins an existing cluster (``"auto"``
     or ``ray://host:port``). Starts the supervisor and coordinators unless they already run, in
     which case it attaches to them (and their storage wins). ``config`` overrides EngineConfig
-    fields for a new engine, e.g. ``num_coordinators=3``."""
+    fields for a new engine, e.g. ``num_coordinators=3``.
+
+    Auth (runtime/auth.py): a new engine enforces tokens and permissions when ``auth_secret`` (or
+    the ``RAYTXN_AUTH_SECRET`` environment variable) is set; ``superusers=(...)`` names its
+    superusers. ``token`` (or ``RAYTXN_TOKEN``) is what this client presents; a bad token fails
+    here with ``AuthenticationFailed``."""
+    import os
+
+    token = token if token is not None else os.environ.get("RAYTXN_TOKEN") or None
+    auth_secret = auth_secret if auth_secret is not None else os.environ.get("RAYTXN_AUTH_SECRET") or None
     started_ray = False
     if not ray.is_initialized():
         ray.init(address=address, namespace=NAMESPACE, include_dashboard=False, logging_level="WARNING",
                  configure_logging=True)
         started_ray = address is None
-    engine = _engine_config(storage, storage_options or {}, config)
+    engine = _engine_config(storage, storage_options or {}, config, auth_secret)
     from actors.supervisor import SupervisorActor
 
     supervisor = SupervisorActor.options(name=SUPERVISOR_NAME, namespace=NAMESPACE, lifetime="detached",
                                          get_if_exists=True, resources=engine.actor_resources).remote(engine)
     ready = ray.get(supervisor.ready.remote())
-    client = Client(ready["config"], owner=owner, deadline_s=deadline_s)
+    client = Client(ready["config"], owner=owner, deadline_s=deadline_s, token=token)
     client._started_ray = started_ray
+    if client.config.auth.enabled:
+        client.whoami()  # a missing, forged or expired token fails now rather than at first use
     return client
 
 
-def _engine_config(storage: str | None, storage_options: dict[str, Any], overrides: dict[str, Any]) -> EngineConfig:
+def _engine_config(storage: str | None, storage_options: dict[str, Any], overrides: dict[str, Any],
+                   auth_secret: str | None = None) -> EngineConfig:
     engine = EngineConfig(storage_url=storage or DEFAULT_URL, storage_options=storage_options)
+    superusers = overrides.pop("superusers", None)
+    if auth_secret is not None or superusers is not None:
+        chosen = {} if superusers is None else {"superusers": tuple(superusers)}
+        engine.auth = AuthConfig(secret=auth_secret, **chosen)
     if storage and storage.startswith("file://") and not storage.startswith("file:///"):
         # a relative path must mean the same directory to every actor: make it absolute
         import os
@@ -81,25 +99,30 @@ def _engine_config(storage: str | None, storage_options: dict[str, Any], overrid
     return engine
 
 
-def shutdown() -> None:
+def shutdown(token: str | None = None) -> None:
     """Stop the engine's actors (supervisor, coordinators, partitions, subscriptions) and the
-    local Ray this process started. Data stays in the storage."""
+    local Ray this process started. Data stays in the storage. With auth on, ``token`` (or
+    ``RAYTXN_TOKEN``) must be a superuser's."""
     if not ray.is_initialized():
         return
+    import os
+
     from runtime.cluster import stop_engine
 
-    stop_engine()
+    stop_engine(token if token is not None else os.environ.get("RAYTXN_TOKEN") or None)
     ray.shutdown()
 
 
 class Client:
-    def __init__(self, config: EngineConfig, owner: str | None = None, deadline_s: float = 60.0) -> None:
+    def __init__(self, config: EngineConfig, owner: str | None = None, deadline_s: float = 60.0,
+                 token: str | None = None) -> None:
         self.config = config
         self.owner = owner or f"client-{uuid.uuid4().hex[:12]}"
         self.deadline_s = deadline_s
+        self.token = token
         self.loop = BackgroundLoop()
-        self.supervisor = ActorRef(SUPERVISOR_NAME)
-        self.coordinators = CoordinatorClient(config.coordinator.num_coordinators, self.owner, deadline_s)
+        self.supervisor = ActorRef(SUPERVISOR_NAME, token)
+        self.coordinators = CoordinatorClient(config.coordinator.num_coordinators, self.owner, deadline_s, token)
         self.faults = Faults(self.supervisor, deadline_s)
         self._producers: list[Producer] = []
         self._consumers: list[Any] = []
@@ -121,9 +144,27 @@ class Client:
 
     def topic_stats(self, name: str) -> dict[str, Any]:
         info = self.get_topic(name)
-        partitions = [ActorRef(partition_actor_name(name, p)).call("stats", deadline_s=self.deadline_s)
+        partitions = [ActorRef(partition_actor_name(name, p), self.token).call("stats", deadline_s=self.deadline_s)
                       for p in range(info["partitions"])]
         return {**info, "partition_stats": partitions}
+
+    def whoami(self) -> dict[str, Any]:
+        """This client's principal (None with auth off) and whether it is a superuser."""
+        return self.supervisor.call("whoami", deadline_s=self.deadline_s)
+
+    def grant_permission(self, topic: str, principal: str,
+                         actions: list[str] | tuple[str, ...]) -> dict[str, list[str]]:
+        """Superusers: ``principal`` may do exactly ``actions`` ("produce", "consume") on ``topic``;
+        enforced by every actor of the topic when this returns."""
+        return self.supervisor.call("grant_permission", topic, principal, list(actions), deadline_s=self.deadline_s)
+
+    def revoke_permission(self, topic: str, principal: str) -> dict[str, list[str]]:
+        """Superusers: take every permission on ``topic`` from ``principal``."""
+        return self.supervisor.call("revoke_permission", topic, principal, deadline_s=self.deadline_s)
+
+    def permissions(self, topic: str) -> dict[str, list[str]]:
+        """Superusers: principal -> actions granted on ``topic``."""
+        return self.supervisor.call("topic_permissions", topic, deadline_s=self.deadline_s)["permissions"]
 
     def health(self) -> dict[str, Any]:
         """The supervisor's view of every actor (state, incarnation, restarts, recovery)."""

@@ -18,7 +18,7 @@ def start_coordinators(config: EngineConfig, wait: bool = True) -> list[Any]:
     handles = [
         CoordinatorActor.options(name=coordinator_actor_name(tc_id), namespace=NAMESPACE, lifetime="detached",
                                  get_if_exists=True).remote(
-            tc_id, config.storage_url, config.storage_options, config.coordinator)
+            tc_id, config.storage_url, config.storage_options, config.coordinator, auth=config.auth)
         for tc_id in range(config.coordinator.num_coordinators)
     ]
     if wait:
@@ -36,16 +36,17 @@ def stop_actor(name: str) -> None:
     wait_names_released([name])
 
 
-def stop_engine() -> None:
+def stop_engine(token: str | None = None) -> None:
     """Stop the engine's actors (supervisor and everything it created), leaving Ray running.
-    Returns once every name is free, so a new engine started right after gets fresh actors."""
+    Returns once every name is free, so a new engine started right after gets fresh actors.
+    With auth on, ``token`` must be a superuser's."""
     from runtime.client import SUPERVISOR_NAME
 
     try:
         supervisor = ray.get_actor(SUPERVISOR_NAME, namespace=NAMESPACE)
     except ValueError:
         return
-    names = ray.get(supervisor.shutdown_actors.remote())
+    names = ray.get(supervisor.shutdown_actors.remote(auth=token))
     ray.kill(supervisor, no_restart=True)
     wait_names_released([*names, SUPERVISOR_NAME])
 

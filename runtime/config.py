@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from runtime.auth import AuthConfig
 from runtime.ledger import LedgerConfig
 
 
@@ -68,3 +69,11 @@ class EngineConfig:
     coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
     partition: PartitionConfig = field(default_factory=PartitionConfig)
     subscription: SubscriptionConfig = field(default_factory=SubscriptionConfig)
+    # Tokens and permissions: on when ``auth.secret`` is set (see runtime/auth.py).
+    auth: AuthConfig = field(default_factory=AuthConfig)
+
+    def public(self) -> EngineConfig:
+        """This config as clients see it: without the auth secret."""
+        from dataclasses import replace
+
+        return replace(self, auth=self.auth.public())

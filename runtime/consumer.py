@@ -123,7 +123,7 @@ class Consumer:
         self.ack_timeout_s = ack_timeout_s
         self.negative_ack_redelivery_delay_s = negative_ack_redelivery_delay_s
         self._low_water = receiver_queue_size // 2
-        self._feeds = [_Feed(p, ActorRef(subscription_actor_name(topic, p, subscription)))
+        self._feeds = [_Feed(p, ActorRef(subscription_actor_name(topic, p, subscription), client.token))
                        for p in range(partitions)]
         self._queue: deque[tuple[_Feed, Message]] = deque()
         self._cond = threading.Condition()      # guards the queue and the feeds' counters

@@ -16,11 +16,11 @@ from runtime.rpc import ActorRef
 
 
 class CoordinatorClient:
-    def __init__(self, num_coordinators: int, owner: str, deadline_s: float = 60.0) -> None:
+    def __init__(self, num_coordinators: int, owner: str, deadline_s: float = 60.0, token: str | None = None) -> None:
         self.num_coordinators = num_coordinators
         self.owner = owner
         self.deadline_s = deadline_s
-        self._refs = [ActorRef(coordinator_actor_name(i)) for i in range(num_coordinators)]
+        self._refs = [ActorRef(coordinator_actor_name(i), token) for i in range(num_coordinators)]
         self._round_robin = itertools.cycle(range(num_coordinators))
 
     def ref(self, tc_id: int) -> ActorRef:

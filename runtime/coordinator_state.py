@@ -100,6 +100,7 @@ class CoordinatorState:
         self._deadlines: list[tuple[int, int]] = []
         self._open_by_tid: dict[str, int] = {}  # transactional id -> sequence of its OPEN txn
         self._epochs: dict[str, int] = {}  # transactional id -> current epoch
+        self._tid_principals: dict[str, str] = {}  # transactional id -> the principal owning it (auth on)
         self._outcomes: OrderedDict[int, Outcome] = OrderedDict()  # finished, oldest first
         self._counts = dict.fromkeys(LIVE_STATES, 0)
         self._totals = dict.fromkeys(Outcome, 0)  # outcomes applied since this object was built
@@ -264,7 +265,12 @@ class CoordinatorState:
             return None
         return UpdateState(txn, TxnState.ABORTING, now_ms, AbortReason.TIMEOUT)
 
-    def prepare_register_transactional_id(self, transactional_id: str, now_ms: int) -> list[Record]:
+    def transactional_id_principal(self, transactional_id: str) -> str | None:
+        """The principal that owns the id (registered it first with auth on), or None."""
+        return self._tid_principals.get(transactional_id)
+
+    def prepare_register_transactional_id(self, transactional_id: str, now_ms: int,
+                                          principal: str | None = None) -> list[Record]:
         """Records that fence the id's older incarnations: the abort (FENCED) of its OPEN
         transaction, if any, then RegisterTransactionalId with the next epoch (0 the first time).
         Log them as one batch, in this order. The new epoch is ``records[-1].epoch``."""
@@ -276,7 +282,7 @@ class CoordinatorState:
             txn = TxnID(self.tc_id, open_sequence)
             records.append(UpdateState(txn, TxnState.ABORTING, now_ms, AbortReason.FENCED))
         epoch = self._epochs.get(transactional_id, -1) + 1
-        records.append(RegisterTransactionalId(transactional_id, epoch, now_ms))
+        records.append(RegisterTransactionalId(transactional_id, epoch, now_ms, principal))
         return records
 
     def prepare_checkpoint(self) -> Checkpoint:
@@ -289,6 +295,7 @@ class CoordinatorState:
             next_sequence=max(self._next_sequence, self._reserved_sequence),
             transactional_ids=dict(self._epochs),
             recent_outcomes=list(self._outcomes.items()),
+            transactional_id_principals=dict(self._tid_principals),
         )
 
     def compacted_records(self) -> list[Record]:
@@ -415,6 +422,8 @@ class CoordinatorState:
             open_txn = TxnID(self.tc_id, self._open_by_tid[tid])
             raise InvalidTxnState(f"transactional id {tid!r}: {open_txn} is still OPEN under the old epoch")
         self._epochs[tid] = record.epoch
+        if record.principal is not None:
+            self._tid_principals.setdefault(tid, record.principal)
 
     def _apply_checkpoint(self, record: Checkpoint) -> None:
         for sequence, outcome in record.recent_outcomes:
@@ -433,6 +442,8 @@ class CoordinatorState:
         for tid, epoch in record.transactional_ids.items():
             # Records logged before the checkpoint but applied after it was taken may be newer.
             self._epochs[tid] = max(epoch, self._epochs.get(tid, epoch))
+        for tid, principal in record.transactional_id_principals.items():
+            self._tid_principals.setdefault(tid, principal)
         self._next_sequence = max(self._next_sequence, record.next_sequence)
         self._reserved_sequence = max(self._reserved_sequence, self._next_sequence)
 

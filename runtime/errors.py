@@ -36,6 +36,10 @@ class NotAuthorized(RaytxnError):
     """The caller's principal lacks the permission the request needs."""
 
 
+class AuthenticationFailed(NotAuthorized):
+    """No token, or a token that is malformed, forged (wrong secret) or expired."""
+
+
 class InvalidArgument(RaytxnError):
     """A malformed argument: a bad name, a negative timeout, an empty batch, ..."""
 

@@ -22,6 +22,7 @@ import os
 import random
 from dataclasses import dataclass, field
 
+from runtime.auth import Access, AuthTarget, guarded
 from runtime.errors import ActorUnavailable, InvalidArgument
 
 ACTIONS = ("crash", "raise", "delay", "drop_reply")
@@ -101,18 +102,22 @@ class FaultPoints:
         raise ReplyDropped(f"reply dropped at {fault.point} {context}")
 
 
-class FaultTarget:
-    """The fault-control methods every actor exposes (the actor sets ``self.faults``)."""
+class FaultTarget(AuthTarget):
+    """The fault-control methods every actor exposes (the actor sets ``self.faults``); with auth
+    on, superusers only."""
 
     faults: FaultPoints
 
+    @guarded(Access.SUPERUSER)
     def arm_fault(self, point: str, action: str = "crash", times: int = 1, probability: float = 1.0,
                   match: dict[str, object] | None = None, delay_s: float = 1.0) -> None:
         self.faults.arm(point, action, times, probability, match, delay_s)
 
+    @guarded(Access.SUPERUSER)
     def disarm_fault(self, point: str | None = None) -> None:
         self.faults.disarm(point)
 
+    @guarded(Access.SUPERUSER)
     def list_faults(self) -> list[dict[str, object]]:
         return self.faults.armed()
 
@@ -148,8 +153,8 @@ class Faults:
 
         targets = self._targets(point, topic, actor)
         for name in targets:
-            ActorRef(name).call("arm_fault", point, action, times, probability, match, delay_s,
-                                deadline_s=self._deadline_s)
+            ref = ActorRef(name, self._supervisor.token)
+            ref.call("arm_fault", point, action, times, probability, match, delay_s, deadline_s=self._deadline_s)
         return targets
 
     def disarm(self, point: str | None = None, topic: str | None = None, actor: str | None = None) -> None:
@@ -157,13 +162,13 @@ class Faults:
         from runtime.rpc import ActorRef
 
         for name in self._targets(point or "ledger.any", topic, actor):
-            ActorRef(name).call("disarm_fault", point, deadline_s=self._deadline_s)
+            ActorRef(name, self._supervisor.token).call("disarm_fault", point, deadline_s=self._deadline_s)
 
     def list(self, topic: str | None = None) -> dict[str, list[dict[str, object]]]:
         """Armed faults per actor (actors with none are left out)."""
         from runtime.rpc import ActorRef
 
-        armed = {name: ActorRef(name).call("list_faults", deadline_s=self._deadline_s)
+        armed = {name: ActorRef(name, self._supervisor.token).call("list_faults", deadline_s=self._deadline_s)
                  for name in self._targets("ledger.any", topic, None)}
         return {name: faults for name, faults in armed.items() if faults}
 

@@ -24,8 +24,9 @@ class RayActorParticipant:
     """A participant reached through its named actor; the handle is looked up again after a
     failure (the actor may have been replaced)."""
 
-    def __init__(self, actor_name: str) -> None:
+    def __init__(self, actor_name: str, token: str | None = None) -> None:
         self.actor_name = actor_name
+        self.token = token  # the engine's own token when auth is on
         self._handle: ray.actor.ActorHandle | None = None
 
     async def end_txn(self, txn: TxnID, action: str, low_watermark: int) -> None:
@@ -33,7 +34,10 @@ class RayActorParticipant:
             if self._handle is None:
                 # ValueError while the actor does not exist (yet): the caller retries.
                 self._handle = ray.get_actor(self.actor_name, namespace=NAMESPACE)
-            await self._handle.end_txn.remote(txn, action, low_watermark)
+            if self.token is None:
+                await self._handle.end_txn.remote(txn, action, low_watermark)
+            else:
+                await self._handle.end_txn.remote(txn, action, low_watermark, auth=self.token)
         except BaseException:
             self._handle = None
             raise
@@ -42,9 +46,9 @@ class RayActorParticipant:
         return self.actor_name
 
 
-def partition_participant(topic: str, partition: int) -> Participant:
-    return RayActorParticipant(partition_actor_name(topic, partition))
+def partition_participant(topic: str, partition: int, token: str | None = None) -> Participant:
+    return RayActorParticipant(partition_actor_name(topic, partition), token)
 
 
-def subscription_participant(topic: str, partition: int, subscription: str) -> Participant:
-    return RayActorParticipant(subscription_actor_name(topic, partition, subscription))
+def subscription_participant(topic: str, partition: int, subscription: str, token: str | None = None) -> Participant:
+    return RayActorParticipant(subscription_actor_name(topic, partition, subscription), token)

@@ -63,7 +63,7 @@ class Producer:
         self.max_delay_s = batching_max_delay_ms / 1000
         self.send_timeout_s = send_timeout_s
         self.max_message_bytes = max_message_bytes
-        self._refs = [ActorRef(partition_actor_name(topic, p)) for p in range(partitions)]
+        self._refs = [ActorRef(partition_actor_name(topic, p), client.token) for p in range(partitions)]
         self._open: dict[tuple[int, Any], _Batch] = {}
         self._sealed: list[deque[_Batch]] = [deque() for _ in range(partitions)]
         self._sending: list[asyncio.Task | None] = [None] * partitions

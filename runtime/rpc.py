@@ -35,10 +35,12 @@ def retriable(error: BaseException) -> bool:
 
 
 class ActorRef:
-    """A named actor, looked up lazily and again after it failed."""
+    """A named actor, looked up lazily and again after it failed. With a ``token``, every call
+    presents it (as the keyword ``auth`` of the actor's guarded methods, see runtime/auth.py)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, token: str | None = None) -> None:
         self.name = name
+        self.token = token
         self._handle: Any = None
 
     def handle(self) -> Any:
@@ -54,10 +56,15 @@ class ActorRef:
 
     def call(self, method: str, *args: Any, deadline_s: float = 60.0, **kwargs: Any) -> Any:
         """Call ``method`` and wait, retrying while the actor is unavailable."""
+        if self.token is not None:
+            kwargs["auth"] = self.token
         return retry(lambda: ray.get(getattr(self.handle(), method).remote(*args, **kwargs)),
                      deadline_s, on_retry=self.forget, what=f"{self.name}.{method}")
 
     async def call_async(self, method: str, *args: Any, deadline_s: float = 60.0, **kwargs: Any) -> Any:
+        if self.token is not None:
+            kwargs["auth"] = self.token
+
         async def attempt() -> Any:
             return await getattr(self.handle(), method).remote(*args, **kwargs)
 

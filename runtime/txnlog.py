@@ -103,6 +103,7 @@ class RegisterTransactionalId(msgspec.Struct, tag="register_tid", frozen=True):
     transactional_id: str
     epoch: int
     now_ms: int
+    principal: str | None = None  # with auth on: who registered it (the first one owns the id)
 
 
 class Checkpoint(msgspec.Struct, tag="checkpoint", frozen=True):
@@ -115,6 +116,7 @@ class Checkpoint(msgspec.Struct, tag="checkpoint", frozen=True):
     next_sequence: int
     transactional_ids: dict[str, int]
     recent_outcomes: list[tuple[int, Outcome]]  # (sequence, outcome), oldest first
+    transactional_id_principals: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 Record = NewTxn | AddPartitions | AddSubscriptions | UpdateState | RegisterTransactionalId | Checkpoint

@@ -17,17 +17,20 @@ import runtime as rt
 from runtime.cluster import stop_engine
 
 
-def engine_client(tmp_path_factory: pytest.TempPathFactory, **config: Any) -> Iterator[rt.Client]:
+def engine_client(tmp_path_factory: pytest.TempPathFactory, token: str | None = None,
+                  **config: Any) -> Iterator[rt.Client]:
+    """``token``: the client's (a superuser's when the engine has auth on: it also stops it)."""
     stop_engine()  # a previous module's engine, if its teardown did not run
-    client = rt.connect(storage=f"file://{tmp_path_factory.mktemp('engine')}", **config)
+    client = rt.connect(storage=f"file://{tmp_path_factory.mktemp('engine')}", token=token, **config)
     try:
         yield client
     finally:
         client.close()
-        stop_engine()
+        stop_engine(token)
 
 
-def visible_values(topic: str, partitions: Iterable[int] = (0,), deadline_s: float = 60.0) -> list[bytes]:
+def visible_values(topic: str, partitions: Iterable[int] = (0,), deadline_s: float = 60.0,
+                   token: str | None = None) -> list[bytes]:
     """Every readable message value of the given partitions (in order per partition), read through
     the partition actors' dispatch read path: committed, non-aborted, up to max_read_position."""
     from runtime.entry_format import decode_entry
@@ -38,7 +41,7 @@ def visible_values(topic: str, partitions: Iterable[int] = (0,), deadline_s: flo
     for p in partitions:
         position = Position(0, 0)
         while True:
-            result = ActorRef(partition_actor_name(topic, p)).call("read", position, 1000, deadline_s=deadline_s)
+            result = ActorRef(partition_actor_name(topic, p), token).call("read", position, 1000, deadline_s=deadline_s)
             for _pos, records in result["entries"]:
                 values.extend(m.value for m in decode_entry(records)[1])
             if result["next"] == position:
