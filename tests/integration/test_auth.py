@@ -200,7 +200,7 @@ def test_cli_secret_tokens_grants_and_refusals(admin: rt.Client, tmp_path: objec
 
     from typer.testing import CliRunner
 
-    from runtime.auth import Authorizer, AuthConfig
+    from runtime.auth import AuthConfig, Authorizer
     from runtime.cli import app
 
     runner = CliRunner()
