@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -40,6 +41,8 @@ Json = Annotated[bool, typer.Option("--json", help="print JSON instead of a tabl
 
 
 _token: str | None = None
+_RAY = str(Path(sys.executable).with_name("ray"))
+_STARTED_RAY = Path(tempfile.gettempdir()) / "raytxn-started-ray"  # `raytxn stop` stops only this Ray
 
 
 @app.callback()
@@ -110,12 +113,13 @@ def start(storage: Annotated[str, typer.Option("--storage", help="storage URL")]
         config["auth_secret"] = _read_secret(auth_secret_file)
     if superuser:
         config["superusers"] = tuple(superuser)
-    if subprocess.run(["ray", "status"], capture_output=True).returncode != 0:
-        argv = [str(Path(sys.executable).with_name("ray")), "start", "--head", "--disable-usage-stats"]
+    if subprocess.run([_RAY, "status"], capture_output=True).returncode != 0:
+        argv = [_RAY, "start", "--head", "--disable-usage-stats"]
         if num_cpus is not None:
             argv.append(f"--num-cpus={num_cpus}")
         with console.status("starting Ray"):
             subprocess.run(argv, check=True, capture_output=True)
+        _STARTED_RAY.write_text("started by raytxn start\n")
     with _client("auto", storage, **config) as client:
         console.print(f"raytxn running: storage {client.config.storage_url}, "
                       f"{client.config.coordinator.num_coordinators} coordinators, "
@@ -133,7 +137,8 @@ def _read_secret(path: Path) -> str:
 
 @app.command()
 def stop(address: Address = "auto") -> None:
-    """Stop the engine's actors, then the local Ray cluster (`ray stop`)."""
+    """Stop the engine's actors, then the local Ray cluster if `raytxn start` started it (a Ray
+    cluster someone else started keeps running: `ray stop` would end every Ray on the machine)."""
     import runtime as rt
 
     with _client(address):
@@ -143,8 +148,12 @@ def stop(address: Address = "auto") -> None:
     except RaytxnError as e:
         console.print(f"[red]{type(e).__name__}: {e}[/red]")
         raise typer.Exit(1) from e
-    subprocess.run([str(Path(sys.executable).with_name("ray")), "stop"], capture_output=True)
-    console.print("stopped")
+    if _STARTED_RAY.exists():
+        subprocess.run([_RAY, "stop"], capture_output=True)
+        _STARTED_RAY.unlink(missing_ok=True)
+        console.print("stopped the engine and Ray")
+    else:
+        console.print("stopped the engine (Ray was not started by `raytxn start`: left running)")
 
 
 @app.command()

@@ -23,7 +23,7 @@ from urllib.parse import urlparse
 
 import obstore
 from obstore.exceptions import AlreadyExistsError, BaseError, NotFoundError, PreconditionError
-from obstore.store import LocalStore, MemoryStore, S3Store
+from obstore.store import AzureStore, GCSStore, LocalStore, MemoryStore, S3Store
 
 from runtime.errors import InvalidArgument, StorageUnavailable
 
@@ -90,7 +90,20 @@ class Storage:
                             client_options={"timeout": timeout, "connect_timeout": "2s"},
                             **config, **options)  # type: ignore[arg-type]
             return cls(store, url)
-        raise InvalidArgument(f"unsupported storage URL {url!r}: use file://, s3:// or memory://")
+        if parsed.scheme in ("gs", "az", "azure"):
+            # Google Cloud Storage and Azure Blob both support the conditional create every
+            # ledger put relies on (ifGenerationMatch=0 / If-None-Match: *). Credentials come
+            # from ``options`` or the stores' usual environment variables (GOOGLE_* / AZURE_*).
+            bucket = parsed.netloc
+            if not bucket:
+                raise InvalidArgument(f"storage URL {url!r} names no bucket or container")
+            store_class = GCSStore if parsed.scheme == "gs" else AzureStore
+            timeout = options.pop("timeout", "5s")
+            store = store_class(bucket, prefix=parsed.path.strip("/") or None, retry_config=_RETRY,
+                                client_options={"timeout": timeout, "connect_timeout": "2s"},
+                                **options)  # type: ignore[arg-type]
+            return cls(store, url)
+        raise InvalidArgument(f"unsupported storage URL {url!r}: use file://, s3://, gs://, az:// or memory://")
 
     async def create(self, path: str, data: bytes) -> None:
         """Write ``data`` at ``path`` only if nothing is there (``ObjectExists`` otherwise).

@@ -68,3 +68,29 @@ def test_txns_list_show_abort(client: rt.Client) -> None:
     assert bad.exit_code == 2
     missing = runner.invoke(app, ["txns", "show", "0,999999"])
     assert missing.exit_code == 1 and "TransactionNotFound" in missing.output
+
+
+def test_stop_in_another_process_stops_the_engine_not_a_ray_it_did_not_start(client: rt.Client) -> None:
+    """Last in the module: it stops the module's engine. `raytxn stop` runs as its own process
+    attached to this session's Ray, which it did not start, so Ray must keep running."""
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    import ray
+
+    from runtime.ids import NAMESPACE
+
+    if (Path(tempfile.gettempdir()) / "raytxn-started-ray").exists():
+        pytest.skip("a Ray started by `raytxn start` runs on this machine: `raytxn stop` would stop it")
+    address = ray.get_runtime_context().gcs_address
+    cli = str(Path(sys.executable).with_name("raytxn"))
+    done = subprocess.run([cli, "stop", "--address", address], capture_output=True, text=True, timeout=180,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "left running" in done.stdout
+    for name in ("supervisor", "tc-0", "tc-1"):
+        with pytest.raises(ValueError):
+            ray.get_actor(name, namespace=NAMESPACE)
+    assert ray.get(ray.put(41)) + 1 == 42  # this session's Ray is untouched
