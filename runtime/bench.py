@@ -180,6 +180,7 @@ BENCHMARKS: dict[str, Callable[..., list[dict]]] = {
     "crash-recovery": _lazy("runtime.bench_produce", "bench_crash_recovery"),
     "subscription": _lazy("runtime.bench_subscription", "bench_subscription"),
     "spark": _lazy("runtime.bench_spark", "bench_spark_pipeline"),
+    "auth": _lazy("runtime.bench_auth", "bench_auth"),
 }
 
 
