@@ -298,11 +298,12 @@ class TransactionCoordinator(FaultTarget, AuthTarget):
         await self.faults.hit("coordinator.after_log_committing" if committing else
                               "coordinator.after_log_aborting", txn=txn)
         action = "COMMIT" if committing else "ABORT"
-        participants: list[Participant] = [
-            *(self._participant("partition", p) for p in meta.partitions),
-            *(self._participant("subscription", s) for s in meta.subscriptions),
+        participants: list[tuple[str, tuple]] = [
+            *(("partition", p) for p in meta.partitions),
+            *(("subscription", s) for s in meta.subscriptions),
         ]
-        await asyncio.gather(*(self._send_end(p, txn, action) for p in participants))
+        await asyncio.gather(*(self._send_end(self._participant(kind, ident), txn, action, kind, ident)
+                               for kind, ident in participants))
         await self.faults.hit("coordinator.after_send_end", txn=txn)
         async with self._lock(txn):
             await self.faults.hit("coordinator.before_log_complete", txn=txn)
@@ -321,17 +322,42 @@ class TransactionCoordinator(FaultTarget, AuthTarget):
             return partition_participant(*ident, token=self.authorizer.engine_token())
         return subscription_participant(*ident, token=self.authorizer.engine_token())
 
-    async def _send_end(self, participant: Participant, txn: TxnID, action: str) -> None:
+    async def _send_end(self, participant: Participant, txn: TxnID, action: str, kind: str = "",
+                        ident: tuple = ()) -> None:
         delay, max_delay = self.config.end_retry_backoff_s
         while True:
             try:
                 # The watermark is read per attempt: a retry may tell the participant more.
                 await participant.end_txn(txn, action, self.state.low_watermark)
                 return
-            except Exception:  # noqa: BLE001 - dead, restarting or missing: retry until it takes
-                self.info["end_retries"] += 1
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, max_delay)
+            except ValueError:  # no actor of that name: restarting, being re-created, or deleted
+                if await self._participant_deleted(kind, ident):
+                    # Its topic or subscription was deleted with its data: nothing is left to
+                    # end, and waiting forever would pin this coordinator's low watermark.
+                    self.info["ends_to_deleted"] = self.info.get("ends_to_deleted", 0) + 1
+                    return
+            except Exception:  # noqa: BLE001 - dead or restarting: retry until it takes
+                pass
+            self.info["end_retries"] += 1
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, max_delay)
+
+    async def _participant_deleted(self, kind: str, ident: tuple) -> bool:
+        """Whether the catalog no longer has the participant's topic (or subscription). False
+        whenever that cannot be told (no supervisor, a test's resolver): the caller retries."""
+        if self._resolver is not None or kind not in ("partition", "subscription"):
+            return False
+        from runtime.errors import TopicNotFound
+        from runtime.rpc import ActorRef
+
+        try:
+            info = await ActorRef("supervisor", self.authorizer.engine_token()).call_async(
+                "get_topic", ident[0], deadline_s=5.0)
+        except TopicNotFound:
+            return True
+        except Exception:  # noqa: BLE001 - the supervisor is away: decide on a later attempt
+            return False
+        return kind == "subscription" and ident[2] not in info["subscriptions"]
 
     # --- timeouts --------------------------------------------------------------------------
 

@@ -337,3 +337,24 @@ def test_last_message_id_is_the_last_visible_data_message(client: rt.Client) -> 
     assert partition_ref(topic).call("last_message_id") == first.position
     open_txn.commit()
     assert partition_ref(topic).call("last_message_id") > first.position
+
+
+def test_txn_over_a_deleted_topic_still_ends_and_frees_the_watermark(client: rt.Client) -> None:
+    """Deleting a topic kills its actors and drops its data; a txn that wrote there and acked
+    there must still reach its end (nothing is left to mark) rather than retry forever and pin the
+    coordinator's low watermark, which every partition's aborted-txn pruning waits on."""
+    doomed, kept = new_topic(client), new_topic(client)
+    client.create_producer(doomed).send(b"input")
+    consumer = client.subscribe(doomed, "s", initial_position="earliest")
+    message = consumer.receive(timeout=20)
+    txn = client.new_transaction(timeout=60)
+    consumer.acknowledge(message, txn=txn)                         # a subscription participant
+    client.create_producer(doomed).send(b"to be deleted", txn=txn)  # a partition participant
+    client.create_producer(kept).send(b"kept", txn=txn)
+    consumer.close()
+    client.delete_topic(doomed)
+    txn.commit()
+    assert visible(kept) == [b"kept"]
+    tc = client.coordinator_stats()[txn.id.tc_id]
+    assert tc["ends_to_deleted"] == 2
+    assert tc["low_watermark"] >= txn.id.sequence  # nothing at or below it is pending any more
