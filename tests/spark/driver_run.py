@@ -29,7 +29,8 @@ def main() -> int:
     args = parser.parse_args()
     # RayDP names its app master RAY_APP_MASTER per namespace: one Spark driver per namespace.
     # Engine actors are always looked up in the "raytxn" namespace, so any namespace works here.
-    ray.init(address=args.address, namespace=f"driver-{os.getpid()}", logging_level="ERROR")
+    # log_to_driver=False: workers' log lines must not interleave with the protocol lines below
+    ray.init(address=args.address, namespace=f"driver-{os.getpid()}", logging_level="ERROR", log_to_driver=False)
     client = rt.connect(address=args.address, deadline_s=120)
     spark = sc.init_spark(f"driver-{args.pipeline}-{os.getpid()}", **{"spark.sql.shuffle.partitions": "2"})
 

@@ -6,6 +6,7 @@ driver stopped mid-batch, replaced (the old one fenced) and killed."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -134,9 +135,12 @@ def _wait_line(proc: subprocess.Popen, prefix: str, timeout_s: float = 240) -> s
     deadline = time.monotonic() + timeout_s
     assert proc.stdout is not None
     seen = []
+    # Matched anywhere in the line (a stray log fragment may precede it), not as a prefix of a
+    # longer number ("COMMITTING 1" is not "COMMITTING 12").
+    pattern = re.compile(re.escape(prefix) + r"(?!\d)")
     for line in proc.stdout:
-        if line.startswith(prefix):
-            return line
+        if pattern.search(line):
+            return line[pattern.search(line).start():]
         seen.append(line)
         assert time.monotonic() < deadline, f"no {prefix!r} line"
     raise AssertionError(f"driver exited ({proc.wait()}) before printing {prefix!r}:\n{''.join(seen[-40:])}")
