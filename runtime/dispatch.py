@@ -298,6 +298,15 @@ class Dispatcher:
                 removed.append(key)
         return removed
 
+    def unqueue_from(self, position: Position) -> int:
+        """Drop the queued (not yet handed out) messages at or after ``position``; returns how
+        many. After a rewind to ``position`` they are read again, in order behind the messages
+        being given back, so no consumer gets a later message before an earlier one."""
+        keys = list(self._queue.irange(minimum=(position, 0)))
+        for key in keys:
+            del self._queue[key]
+        return len(keys)
+
     def settle_entry(self, position: Position) -> list[MessageKey]:
         """``settle`` every message of the entry at ``position`` (a whole batch acked at once)."""
         for key in list(self._queue.irange((position, 0), (position, _MAX_INDEX))):

@@ -148,6 +148,8 @@ class SubscriptionState:
         to ``next_read`` (unless a rewind went below ``start`` meanwhile). Returns how many
         messages were queued."""
         self.max_read = max(self.max_read, max_read)
+        if self.read_position < start:
+            return 0  # rewound below this read meanwhile: its entries are read again, in order
         positions = [position for position, _ in entries]
         gaps = gaps_between(start, positions)
         after_last = next_position(positions[-1]) if positions else start
@@ -171,8 +173,15 @@ class SubscriptionState:
         return queued
 
     def rewind(self, position: Position) -> None:
-        """Messages from ``position`` on may be deliverable again: read from there next."""
-        self.read_position = min(self.read_position, max(position, self.cursor.acked_below))
+        """Messages from ``position`` on may be deliverable again: read from there next.
+
+        Queued messages from there on are dropped and read again too: were they handed out
+        first, an Exclusive or Failover consumer would see a later message before the ones
+        given back, and its cumulative ack would cover messages it never received."""
+        target = max(position, self.cursor.acked_below)
+        if target < self.read_position:  # (everything queued was read, so lies below read_position)
+            self.read_position = target
+            self.dispatcher.unqueue_from(target)
 
     def dispatch(self) -> list[str]:
         """Hand queued messages to consumers with demand; returns the consumers served."""

@@ -183,6 +183,28 @@ def test_release_rewinds_and_counts_redeliveries() -> None:
     assert deliver(state) == [(0, 0, 1)]  # entry 1 is still outstanding: not queued twice
 
 
+def test_a_new_exclusive_consumer_gets_given_back_messages_before_later_queued_ones() -> None:
+    """Regression: a closed consumer's outstanding messages were re-read behind messages still
+    queued, so its successor received later ones first and a cumulative ack of those covered
+    messages it never got (lost). A rewind now drops the queue from there and reads in order."""
+    state = state_with_consumer()
+    state.on_read(state.read_position, [data_entry(i, [b"x"]) for i in range(4)], P(0, 4), P(0, 3))
+    assert deliver(state, demand=2) == [(0, 0, 0), (1, 0, 0)]  # entries 2, 3 stay queued
+    state.remove_consumer("a")
+    assert state.read_position == P(0, 0) and state.dispatcher.queued == 0
+    state.add_consumer("b", "b", ConsumerType.Exclusive, 1.0)
+    state.dispatcher.want("b", 100)
+    state.dispatch()
+    assert state.take("b") == []  # nothing handed out before the re-read
+    # a read that started before the rewind and lands after it queues nothing
+    assert state.on_read(P(0, 2), [data_entry(2, [b"x"]), data_entry(3, [b"x"])], P(0, 4), P(0, 3)) == 0
+    state.on_read(P(0, 0), [data_entry(i, [b"x"]) for i in range(4)], P(0, 4), P(0, 3))
+    state.dispatcher.want("b", 100)
+    state.dispatch()
+    assert [(entry, redeliveries) for _, entry, _, _, _, redeliveries, _ in state.take("b")] == [
+        (0, 1), (1, 1), (2, 0), (3, 0)]
+
+
 def test_plain_acks_respect_pending_txn_acks() -> None:
     state = state_with_consumer()
     state.on_read(state.read_position, [data_entry(0, [b"a"]), data_entry(1, [b"b"])], P(0, 2), P(0, 1))
