@@ -19,6 +19,8 @@ from typing import Any
 from runtime.errors import NotAllowed, RaytxnError, Timeout
 from runtime.message import Message
 
+FIRST_DELIVERY_PATIENCE_S = 10.0
+
 
 def batch_arrow_schema() -> Any:
     """The batch's columns. ``properties`` is a JSON object in a string column: map columns do not
@@ -73,11 +75,18 @@ def read_messages(client: Any, topic: str, subscription: str, max_messages: int 
         raise ValueError("give max_messages, or until_caught_up=True")
     consumer = attach(client, topic, subscription, consumer_name or f"batch-{subscription}", attach_deadline_s)
     messages: list[Message] = []
+    # A fresh consumer may wait a while for its first delivery (the subscription rewinds what a
+    # previous consumer had prefetched); nothing within idle_timeout_s is then no proof of an
+    # empty input. While the subscription reports a backlog, keep waiting, within a bound (a
+    # backlog of entries that are never delivered, e.g. aborted ones, must not block forever).
+    patience = time.monotonic() + max(idle_timeout_s, FIRST_DELIVERY_PATIENCE_S)
     try:
         while until_caught_up or len(messages) < (max_messages or 0):
             want = 1000 if max_messages is None else min(1000, max_messages - len(messages))
             got = consumer.batch_receive(want, timeout=idle_timeout_s)
             if not got:
+                if not messages and time.monotonic() < patience and _has_backlog(consumer):
+                    continue
                 break  # caught up
             messages.extend(got)
     except (RaytxnError, Timeout):
@@ -92,6 +101,10 @@ def read_messages(client: Any, topic: str, subscription: str, max_messages: int 
              "publish_time": m.publish_time(), "topic": m.message_id().topic,
              "partition": m.message_id().partition, "message_id": str(m.message_id())} for m in messages]
     return rows, BatchHandle(consumer, last, len(messages))
+
+
+def _has_backlog(consumer: Any) -> bool:
+    return any(stats.get("backlog_entries", 0) > 0 for stats in consumer.stats())
 
 
 def to_arrow(rows: list[dict[str, Any]]) -> Any:
