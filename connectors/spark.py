@@ -50,6 +50,9 @@ def init_spark(app_name: str = "raytxn", num_executors: int = 1, executor_cores:
         merged[key] = f"{merged[key]} {JDK17_OPENS}" if key in merged else JDK17_OPENS
     merged.setdefault("spark.task.maxFailures", "4")
     merged.setdefault("spark.speculation", "false")  # one attempt at a time per task
+    # The console progress bar redraws with carriage returns, which Ray forwards to the driver as
+    # endless "(pid=...)" fragments.
+    merged.setdefault("spark.ui.showConsoleProgress", "false")
     if not ray.is_initialized():
         from runtime.ids import NAMESPACE
 
