@@ -66,6 +66,8 @@ class AuthConfig:
             if not isinstance(self.secret, str) or len(self.secret) < 16:
                 raise InvalidArgument("the auth secret must be a string of at least 16 characters")
             object.__setattr__(self, "enabled", True)
+            if not self.superusers:
+                raise InvalidArgument("auth needs at least one superuser (nobody could administer)")
         for name in self.superusers:
             check_principal(name)
 

@@ -47,8 +47,8 @@ def connect(storage: str | None = None, address: str | None = None, *, owner: st
 
     Auth (runtime/auth.py): a new engine enforces tokens and permissions when ``auth_secret`` (or
     the ``RAYTXN_AUTH_SECRET`` environment variable) is set; ``superusers=(...)`` names its
-    superusers. ``token`` (or ``RAYTXN_TOKEN``) is what this client presents; a bad token fails
-    here with ``AuthenticationFailed``."""
+    superusers. ``token`` (or ``RAYTXN_TOKEN``) is what this client presents (given the secret and
+    no token, it acts as the first superuser); a bad token fails here with ``AuthenticationFailed``."""
     import os
 
     token = token if token is not None else os.environ.get("RAYTXN_TOKEN") or None
@@ -59,6 +59,11 @@ def connect(storage: str | None = None, address: str | None = None, *, owner: st
                  configure_logging=True)
         started_ray = address is None
     engine = _engine_config(storage, storage_options or {}, config, auth_secret)
+    if token is None and auth_secret is not None:
+        # Whoever holds the secret can mint any token: act as the first superuser.
+        from runtime.auth import create_token
+
+        token = create_token(auth_secret, engine.auth.superusers[0])
     from actors.supervisor import SupervisorActor
 
     supervisor = SupervisorActor.options(name=SUPERVISOR_NAME, namespace=NAMESPACE, lifetime="detached",

@@ -94,3 +94,36 @@ def test_stop_in_another_process_stops_the_engine_not_a_ray_it_did_not_start(cli
         with pytest.raises(ValueError):
             ray.get_actor(name, namespace=NAMESPACE)
     assert ray.get(ray.put(41)) + 1 == 42  # this session's Ray is untouched
+
+
+def test_start_in_another_process_starts_an_engine_with_auth(ray_session: object, tmp_path: object) -> None:
+    """After the stop test: `raytxn start` as its own process. Ray runs already (this session's,
+    named by RAY_ADDRESS), so it only starts the engine on it; with --auth-secret-file, auth on."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import ray
+
+    from runtime.auth import create_token, new_secret
+    from runtime.cluster import stop_engine
+    from runtime.ids import NAMESPACE
+
+    secret = new_secret()
+    key = Path(str(tmp_path)) / "engine.key"
+    key.write_text(secret)
+    cli = str(Path(sys.executable).with_name("raytxn"))
+    env = {**__import__("os").environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+    done = subprocess.run([cli, "start", "--storage", f"file://{Path(str(tmp_path)) / 'data'}",
+                           "--auth-secret-file", str(key), "--superuser", "ops"],
+                          capture_output=True, text=True, timeout=180, env=env,
+                          cwd=Path(__file__).resolve().parents[2])
+    try:
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "raytxn running" in done.stdout and "auth on" in done.stdout
+        assert ray.get_actor("supervisor", namespace=NAMESPACE) is not None
+        ops = rt.connect(token=create_token(secret, "ops"))
+        assert ops.whoami() == {"auth": True, "principal": "ops", "superuser": True}
+        ops.close()
+    finally:
+        stop_engine(create_token(secret, "ops"))

@@ -97,6 +97,8 @@ def test_config_validation_and_the_public_view() -> None:
         AuthConfig(secret="short")
     with pytest.raises(InvalidArgument):
         AuthConfig(superusers=("bad name",))
+    with pytest.raises(InvalidArgument, match="at least one superuser"):
+        AuthConfig(secret=new_secret(), superusers=())
     config = AuthConfig(secret=new_secret())
     assert config.enabled and config.public().enabled and config.public().secret is None
     assert not AuthConfig().enabled
