@@ -28,13 +28,14 @@ import ray
 from runtime.auth import Access, AuthConfig, Authorizer, AuthTarget, guarded
 from runtime.config import CoordinatorConfig
 from runtime.coordinator_state import CoordinatorState, TxnState
-from runtime.errors import ActorUnavailable, NotAllowed, NotAuthorized, RaytxnError
+from runtime.errors import ActorUnavailable, NotAllowed, RaytxnError, TopicNotFound
 from runtime.faults import FaultPoints, FaultTarget
 from runtime.hashing import coordinator_for
-from runtime.ids import EARLIEST, Position, TxnID
+from runtime.ids import EARLIEST, SUPERVISOR_NAME, Position, TxnID
 from runtime.ledger import Entry, ManagedLedger
 from runtime.metrics import CoordinatorMetrics, recovered
 from runtime.participants import Participant, partition_participant, subscription_participant
+from runtime.rpc import ActorRef
 from runtime.storage import Storage
 from runtime.txnlog import Checkpoint, Record, decode_record, encode_record
 
@@ -254,25 +255,11 @@ class TransactionCoordinator(FaultTarget, AuthTarget):
         return str(TxnState.COMMITTED if outcome == "COMMITTED" else TxnState.ABORTED)
 
     def _acting_owner(self, txn: TxnID, owner: str, principal: str | None) -> str:
-        """Who the request acts as. Auth off: the owner the client names. Auth on: its principal,
-        which must own the txn, or a superuser, who acts as the txn's owner (as Pulsar's
-        ownership check lets superusers through)."""
-        if principal is None:
-            return owner
-        meta = self.state.get(txn)
-        if meta is None:
-            return principal  # unknown or ended: the state machine says which
-        if self.authorizer.is_superuser(principal):
-            return meta.owner
-        if meta.owner != principal:
-            raise NotAuthorized(f"{txn} is owned by {meta.owner!r}, not {principal!r}")
-        return principal
+        return self.state.acting_owner(txn, owner, principal, self.authorizer.is_superuser(principal))
 
     def _check_tid_principal(self, transactional_id: str, principal: str | None) -> None:
-        owner = self.state.transactional_id_principal(transactional_id)
-        if principal is None or owner is None or owner == principal or self.authorizer.is_superuser(principal):
-            return
-        raise NotAuthorized(f"transactional id {transactional_id!r} belongs to {owner!r}, not {principal!r}")
+        self.state.check_transactional_id_principal(transactional_id, principal,
+                                                    self.authorizer.is_superuser(principal))
 
     def _check_tid_owner(self, transactional_id: str) -> None:
         home = coordinator_for(transactional_id, self.config.num_coordinators)
@@ -302,8 +289,7 @@ class TransactionCoordinator(FaultTarget, AuthTarget):
             *(("partition", p) for p in meta.partitions),
             *(("subscription", s) for s in meta.subscriptions),
         ]
-        await asyncio.gather(*(self._send_end(self._participant(kind, ident), txn, action, kind, ident)
-                               for kind, ident in participants))
+        await asyncio.gather(*(self._send_end(kind, ident, txn, action) for kind, ident in participants))
         await self.faults.hit("coordinator.after_send_end", txn=txn)
         async with self._lock(txn):
             await self.faults.hit("coordinator.before_log_complete", txn=txn)
@@ -322,8 +308,8 @@ class TransactionCoordinator(FaultTarget, AuthTarget):
             return partition_participant(*ident, token=self.authorizer.engine_token())
         return subscription_participant(*ident, token=self.authorizer.engine_token())
 
-    async def _send_end(self, participant: Participant, txn: TxnID, action: str, kind: str = "",
-                        ident: tuple = ()) -> None:
+    async def _send_end(self, kind: str, ident: tuple, txn: TxnID, action: str) -> None:
+        participant = self._participant(kind, ident)
         delay, max_delay = self.config.end_retry_backoff_s
         while True:
             try:
@@ -347,11 +333,8 @@ class TransactionCoordinator(FaultTarget, AuthTarget):
         whenever that cannot be told (no supervisor, a test's resolver): the caller retries."""
         if self._resolver is not None or kind not in ("partition", "subscription"):
             return False
-        from runtime.errors import TopicNotFound
-        from runtime.rpc import ActorRef
-
         try:
-            info = await ActorRef("supervisor", self.authorizer.engine_token()).call_async(
+            info = await ActorRef(SUPERVISOR_NAME, self.authorizer.engine_token()).call_async(
                 "get_topic", ident[0], deadline_s=5.0)
         except TopicNotFound:
             return True

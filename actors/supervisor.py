@@ -17,12 +17,15 @@ import ray
 from runtime.auth import Access, Authorizer, AuthTarget, guarded
 from runtime.catalog import CATALOG_KEY, CATALOG_STREAM, Catalog, decode_catalog, encode_catalog
 from runtime.config import EngineConfig
-from runtime.ids import NAMESPACE, coordinator_actor_name, partition_actor_name, subscription_actor_name
+from runtime.ids import (
+    NAMESPACE,
+    coordinator_actor_name,
+    partition_actor_name,
+    subscription_actor_name,
+)
 from runtime.ledger import ManagedLedger
 from runtime.rpc import ActorRef
 from runtime.storage import Storage
-
-SUPERVISOR_NAME = "supervisor"
 
 
 def now_ms() -> int:

@@ -12,9 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from runtime.auth import Access, AuthTarget, guarded
+from runtime.ids import SUPERVISOR_NAME
 from runtime.rpc import ActorRef
-
-SUPERVISOR_NAME = "supervisor"  # actors/supervisor.py imports the actor modules: no import back
 
 
 class TopicPermissions(AuthTarget):

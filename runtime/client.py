@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
@@ -24,14 +25,12 @@ from runtime.consumer import Consumer, ConsumerType, InitialPosition
 from runtime.coordinator_client import CoordinatorClient
 from runtime.errors import InvalidArgument
 from runtime.faults import Faults
-from runtime.ids import NAMESPACE, partition_actor_name
+from runtime.ids import NAMESPACE, SUPERVISOR_NAME, partition_actor_name
 from runtime.loop import BackgroundLoop
 from runtime.producer import Producer
 from runtime.rpc import ActorRef
 from runtime.storage import DEFAULT_URL
 from runtime.transaction import Transaction
-
-SUPERVISOR_NAME = "supervisor"
 
 
 def connect(storage: str | None = None, address: str | None = None, *, owner: str | None = None,
@@ -49,8 +48,6 @@ def connect(storage: str | None = None, address: str | None = None, *, owner: st
     the ``RAYTXN_AUTH_SECRET`` environment variable) is set; ``superusers=(...)`` names its
     superusers. ``token`` (or ``RAYTXN_TOKEN``) is what this client presents (given the secret and
     no token, it acts as the first superuser); a bad token fails here with ``AuthenticationFailed``."""
-    import os
-
     token = token if token is not None else os.environ.get("RAYTXN_TOKEN") or None
     auth_secret = auth_secret if auth_secret is not None else os.environ.get("RAYTXN_AUTH_SECRET") or None
     started_ray = False
@@ -85,12 +82,8 @@ def _engine_config(storage: str | None, storage_options: dict[str, Any], overrid
         engine.auth = AuthConfig(secret=auth_secret, **chosen)
     if storage and storage.startswith("file://") and not storage.startswith("file:///"):
         # a relative path must mean the same directory to every actor: make it absolute
-        import os
-
         engine.storage_url = "file://" + os.path.abspath(storage[len("file://"):])
     elif not storage:
-        import os
-
         engine.storage_url = "file://" + os.path.abspath(DEFAULT_URL[len("file://"):])
     coordinator = engine.coordinator
     for key, value in overrides.items():
@@ -110,8 +103,6 @@ def shutdown(token: str | None = None) -> None:
     ``RAYTXN_TOKEN``) must be a superuser's."""
     if not ray.is_initialized():
         return
-    import os
-
     from runtime.cluster import stop_engine
 
     stop_engine(token if token is not None else os.environ.get("RAYTXN_TOKEN") or None)

@@ -8,7 +8,7 @@ from typing import Any
 import ray
 
 from runtime.config import EngineConfig
-from runtime.ids import NAMESPACE, coordinator_actor_name
+from runtime.ids import NAMESPACE, SUPERVISOR_NAME, coordinator_actor_name
 
 
 def start_coordinators(config: EngineConfig, wait: bool = True) -> list[Any]:
@@ -40,8 +40,6 @@ def stop_engine(token: str | None = None) -> None:
     """Stop the engine's actors (supervisor and everything it created), leaving Ray running.
     Returns once every name is free, so a new engine started right after gets fresh actors.
     With auth on, ``token`` must be a superuser's."""
-    from runtime.client import SUPERVISOR_NAME
-
     try:
         supervisor = ray.get_actor(SUPERVISOR_NAME, namespace=NAMESPACE)
     except ValueError:

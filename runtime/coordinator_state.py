@@ -48,6 +48,7 @@ from runtime.errors import (
     InvalidArgument,
     InvalidTxnState,
     NotAllowed,
+    NotAuthorized,
     TransactionNotFound,
     TransactionTimedOut,
 )
@@ -268,6 +269,30 @@ class CoordinatorState:
     def transactional_id_principal(self, transactional_id: str) -> str | None:
         """The principal that owns the id (registered it first with auth on), or None."""
         return self._tid_principals.get(transactional_id)
+
+    def acting_owner(self, txn: TxnID, owner: str, principal: str | None, superuser: bool) -> str:
+        """Who a request on ``txn`` acts as. Auth off (``principal`` None): the owner the client
+        names. Auth on: its principal, which must own the txn (``NotAuthorized``), or a superuser,
+        who acts as the txn's owner (as Pulsar's ownership check lets superusers through)."""
+        if principal is None:
+            return owner
+        meta = self.get(txn)
+        if meta is None:
+            return principal  # unknown or ended: the prepare that follows says which
+        if superuser:
+            return meta.owner
+        if meta.owner != principal:
+            raise NotAuthorized(f"{txn} is owned by {meta.owner!r}, not {principal!r}")
+        return principal
+
+    def check_transactional_id_principal(self, transactional_id: str, principal: str | None,
+                                         superuser: bool) -> None:
+        """``NotAuthorized`` unless ``principal`` may use the id: its owner, a superuser, or any
+        caller while nobody owns it (auth off, or never registered)."""
+        owner = self._tid_principals.get(transactional_id)
+        if principal is None or owner is None or owner == principal or superuser:
+            return
+        raise NotAuthorized(f"transactional id {transactional_id!r} belongs to {owner!r}, not {principal!r}")
 
     def prepare_register_transactional_id(self, transactional_id: str, now_ms: int,
                                           principal: str | None = None) -> list[Record]:

@@ -65,6 +65,7 @@ def check_stream_name(name: object) -> str:
 # --- Ray actor names (namespace NAMESPACE): a driver finds every actor by name -----------------
 
 NAMESPACE = "raytxn"
+SUPERVISOR_NAME = "supervisor"
 
 
 def coordinator_actor_name(tc_id: int) -> str:

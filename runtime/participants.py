@@ -34,10 +34,8 @@ class RayActorParticipant:
             if self._handle is None:
                 # ValueError while the actor does not exist (yet): the caller retries.
                 self._handle = ray.get_actor(self.actor_name, namespace=NAMESPACE)
-            if self.token is None:
-                await self._handle.end_txn.remote(txn, action, low_watermark)
-            else:
-                await self._handle.end_txn.remote(txn, action, low_watermark, auth=self.token)
+            auth = {} if self.token is None else {"auth": self.token}
+            await self._handle.end_txn.remote(txn, action, low_watermark, **auth)
         except BaseException:
             self._handle = None
             raise
