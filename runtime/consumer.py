@@ -78,6 +78,7 @@ class _Feed:
     waiting: bool = False       # the fetch loop waits for room
     signalled: bool = False     # ... and was told there is some
     room: asyncio.Event = field(default_factory=asyncio.Event)
+    attaching: asyncio.Future | None = None  # a re-attach in flight (close waits for it)
 
 
 @dataclass
@@ -451,7 +452,13 @@ class Consumer:
                 reply = await feed.ref.call_async("fetch", self.consumer_id, room, FETCH_WAIT_S if room else 0.0,
                                                   deadline_s=self._client.deadline_s)
                 if not reply["registered"]:
-                    await self._attach(feed)
+                    if self._closed:  # the actor forgot us because close detached us: stay detached
+                        return
+                    # Shielded: if close cancels this loop now, the subscribe still completes and
+                    # close detaches after it, rather than the subscribe landing after the detach
+                    # and leaving a consumer attached that nobody fetches for.
+                    feed.attaching = asyncio.ensure_future(self._attach(feed))
+                    await asyncio.shield(feed.attaching)
                     continue
                 if reply["messages"]:
                     self._deliver(feed, tuple(reply["generation"]), reply["messages"])
@@ -557,6 +564,8 @@ class Consumer:
     async def _shutdown(self) -> None:
         for task in self._tasks:
             task.cancel()
+        attaching = [feed.attaching for feed in self._feeds if feed.attaching is not None]
+        await asyncio.gather(*attaching, return_exceptions=True)
         for txn in {held.txn for held in list(self._held.values())}:
             self.flush_txn(txn)
         self._flush()
