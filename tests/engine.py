@@ -8,6 +8,8 @@ on the session's Ray, with its own storage directory. Use from a module-scoped f
 
 from __future__ import annotations
 
+import time
+import uuid
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -48,3 +50,27 @@ def visible_values(topic: str, partitions: Iterable[int] = (0,), deadline_s: flo
                 break
             position = result["next"]
     return values
+
+
+def new_topic(client: rt.Client, partitions: int = 1, prefix: str = "t") -> str:
+    """A fresh topic with a unique name (each test its own, on the module's engine)."""
+    topic = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    client.create_topic(topic, partitions)
+    return topic
+
+
+def receive_all(consumer: Any, count: int, timeout: float = 20.0) -> list[Any]:
+    """``count`` messages, all within ``timeout`` seconds (else the consumer's ``Timeout``)."""
+    deadline = time.monotonic() + timeout
+    return [consumer.receive(timeout=max(0.01, deadline - time.monotonic())) for _ in range(count)]
+
+
+def nothing_more(consumer: Any, wait_s: float = 0.5) -> bool:
+    """Whether no further message arrives within ``wait_s``."""
+    from runtime.errors import Timeout
+
+    try:
+        consumer.receive(timeout=wait_s)
+    except Timeout:
+        return True
+    return False

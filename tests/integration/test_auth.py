@@ -17,7 +17,7 @@ from runtime.auth import create_token, new_secret
 from runtime.errors import AuthenticationFailed, NotAuthorized, TransactionAlreadyAborted
 from runtime.ids import NAMESPACE, partition_actor_name
 from runtime.rpc import ActorRef
-from tests.engine import engine_client, visible_values
+from tests.engine import engine_client, new_topic, visible_values
 
 pytestmark = pytest.mark.ray
 
@@ -50,12 +50,6 @@ def bob(admin: rt.Client) -> Iterator[rt.Client]:
     client.close()
 
 
-def new_topic(admin: rt.Client, partitions: int = 1) -> str:
-    topic = f"auth-{uuid.uuid4().hex[:8]}"
-    admin.create_topic(topic, partitions)
-    return topic
-
-
 def test_connect_needs_a_genuine_live_token(admin: rt.Client) -> None:
     with pytest.raises(AuthenticationFailed, match="present a token"):
         rt.connect()
@@ -73,7 +67,7 @@ def test_connect_needs_a_genuine_live_token(admin: rt.Client) -> None:
 def test_only_superusers_administer(admin: rt.Client, alice: rt.Client) -> None:
     with pytest.raises(NotAuthorized, match="not a superuser"):
         alice.create_topic(f"auth-{uuid.uuid4().hex[:8]}")
-    topic = new_topic(admin)
+    topic = new_topic(admin, prefix="auth")
     for attempt in (lambda: alice.delete_topic(topic), lambda: alice.grant_permission(topic, "alice", ["produce"]),
                     lambda: alice.permissions(topic), lambda: alice.faults.arm("partition.after_append", topic=topic),
                     lambda: alice.coordinators.ref(0).call("list_txns")):
@@ -84,7 +78,7 @@ def test_only_superusers_administer(admin: rt.Client, alice: rt.Client) -> None:
 
 
 def test_produce_and_consume_need_their_permission(admin: rt.Client, alice: rt.Client, bob: rt.Client) -> None:
-    topic = new_topic(admin)
+    topic = new_topic(admin, prefix="auth")
     producer = alice.create_producer(topic)
     with pytest.raises(NotAuthorized, match="no produce permission"):
         producer.send(b"refused")
@@ -109,7 +103,7 @@ def test_produce_and_consume_need_their_permission(admin: rt.Client, alice: rt.C
 
 
 def test_revoke_takes_effect_at_once_and_survives_restarts(admin: rt.Client, alice: rt.Client) -> None:
-    topic = new_topic(admin)
+    topic = new_topic(admin, prefix="auth")
     admin.grant_permission(topic, "alice", ["produce"])
     producer = alice.create_producer(topic)
     producer.send(b"before")
@@ -126,7 +120,7 @@ def test_revoke_takes_effect_at_once_and_survives_restarts(admin: rt.Client, ali
 
 
 def test_transactions_belong_to_their_principal(admin: rt.Client, alice: rt.Client, bob: rt.Client) -> None:
-    topic = new_topic(admin)
+    topic = new_topic(admin, prefix="auth")
     admin.grant_permission(topic, "alice", ["produce"])
     admin.grant_permission(topic, "bob", ["produce"])
     txn = alice.new_transaction(timeout=60)
@@ -163,7 +157,7 @@ def test_a_transactional_id_belongs_to_its_first_registrant(admin: rt.Client, al
 def test_engine_internals_refuse_client_tokens(admin: rt.Client, alice: rt.Client) -> None:
     from runtime.ids import TxnID
 
-    topic = new_topic(admin)
+    topic = new_topic(admin, prefix="auth")
     admin.grant_permission(topic, "alice", ["produce", "consume"])
     partition = ActorRef(partition_actor_name(topic, 0), ALICE)
     for method, args in (("end_txn", (TxnID(0, 10**9), "COMMIT", 0)), ("trim", (None,)), ("snapshot", ())):
@@ -177,7 +171,7 @@ def test_ray_data_tasks_produce_and_read_as_the_clients_principal(admin: rt.Clie
                                                                    bob: rt.Client) -> None:
     from connectors.ray_data import read_topic, write_topic
 
-    topic = new_topic(admin, partitions=2)
+    topic = new_topic(admin, partitions=2, prefix="auth")
     admin.grant_permission(topic, "alice", ["produce"])
     rows = ray.data.from_items([{"value": f"v{i}"} for i in range(20)])
     with bob.transaction() as txn, pytest.raises(NotAuthorized):
@@ -223,7 +217,7 @@ def test_cli_secret_tokens_grants_and_refusals(admin: rt.Client, tmp_path: objec
     assert json.loads(cli("--token", alice, "whoami", "--json"))["principal"] == "alice"
     assert "NotAuthorized" in cli("--token", alice, "topics", "create", "cli-refused", code=1)
     assert "AuthenticationFailed" in cli("whoami", code=1)  # no token at all
-    topic = new_topic(admin)
+    topic = new_topic(admin, prefix="auth")
     cli("--token", ADMIN, "topics", "grant", topic, "alice", "--actions", "produce")
     assert json.loads(cli("--token", ADMIN, "topics", "permissions", topic, "--json")) == [
         {"principal": "alice", "actions": ["produce"]}]

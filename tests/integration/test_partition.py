@@ -28,7 +28,7 @@ from runtime.ids import NAMESPACE, Position, partition_actor_name
 from runtime.message import MessageId
 from runtime.rpc import ActorRef
 from runtime.storage import Storage
-from tests.engine import engine_client, visible_values
+from tests.engine import engine_client, new_topic, visible_values
 
 pytestmark = pytest.mark.ray
 
@@ -37,12 +37,6 @@ pytestmark = pytest.mark.ray
 def client(ray_session: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[rt.Client]:
     yield from engine_client(tmp_path_factory, partition=PartitionConfig(snapshot_segment_bytes=160,
                                                                          dangling_check_s=0.5))
-
-
-def new_topic(client: rt.Client, partitions: int = 1) -> str:
-    name = f"t-{uuid.uuid4().hex[:8]}"
-    client.create_topic(name, partitions)
-    return name
 
 
 def partition_ref(topic: str, p: int = 0) -> ActorRef:

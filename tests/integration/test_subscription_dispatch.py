@@ -6,7 +6,6 @@ test uses its own topic."""
 from __future__ import annotations
 
 import time
-import uuid
 from collections import defaultdict
 from collections.abc import Iterator
 
@@ -15,12 +14,11 @@ import ray
 
 import runtime as rt
 from runtime.config import SubscriptionConfig
-from runtime.consumer import Consumer
 from runtime.errors import InvalidArgument, NotAllowed, Timeout
 from runtime.ids import subscription_actor_name
 from runtime.message import Message
 from runtime.rpc import ActorRef
-from tests.engine import engine_client
+from tests.engine import engine_client, new_topic, nothing_more, receive_all
 
 pytestmark = pytest.mark.ray
 
@@ -34,12 +32,6 @@ def client(ray_session: object, tmp_path_factory: pytest.TempPathFactory) -> Ite
     yield from engine_client(tmp_path_factory, subscription=config)
 
 
-def new_topic(client: rt.Client, partitions: int = 1) -> str:
-    topic = f"t-{uuid.uuid4().hex[:8]}"
-    client.create_topic(topic, partitions)
-    return topic
-
-
 def send(client: rt.Client, topic: str, values: list[bytes], keys: list[str] | None = None,
          batch: bool = False) -> list[rt.MessageId]:
     """Send ``values``: one entry each, or (``batch``) all in one batch entry."""
@@ -49,24 +41,8 @@ def send(client: rt.Client, topic: str, values: list[bytes], keys: list[str] | N
     return [future.result() for future in futures]
 
 
-def receive_all(consumer: Consumer, count: int, timeout: float = 20.0) -> list[Message]:
-    messages = []
-    deadline = time.monotonic() + timeout
-    while len(messages) < count:
-        messages.append(consumer.receive(timeout=max(0.01, deadline - time.monotonic())))
-    return messages
-
-
 def values(messages: list[Message]) -> list[bytes]:
     return [m.value() for m in messages]
-
-
-def nothing_more(consumer: Consumer, wait_s: float = 0.5) -> bool:
-    try:
-        consumer.receive(timeout=wait_s)
-    except Timeout:
-        return True
-    return False
 
 
 def test_exclusive_receives_in_order_and_refuses_a_second_consumer(client: rt.Client) -> None:

@@ -6,7 +6,6 @@ and an exactly-once move from one topic to another. One engine for the module.""
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -18,7 +17,6 @@ from runtime.config import SubscriptionConfig
 from runtime.consumer import Consumer
 from runtime.errors import (
     NotAllowed,
-    Timeout,
     TransactionAlreadyAborted,
     TransactionConflict,
     TransactionTimedOut,
@@ -27,7 +25,7 @@ from runtime.ids import NAMESPACE, subscription_actor_name
 from runtime.message import Message
 from runtime.rpc import ActorRef
 from runtime.transaction import TxnClientState
-from tests.engine import engine_client
+from tests.engine import engine_client, new_topic, nothing_more, receive_all
 
 pytestmark = pytest.mark.ray
 
@@ -39,30 +37,11 @@ def client(ray_session: object, tmp_path_factory: pytest.TempPathFactory) -> Ite
     yield from engine_client(tmp_path_factory, subscription=config)
 
 
-def new_topic(client: rt.Client, partitions: int = 1) -> str:
-    topic = f"t-{uuid.uuid4().hex[:8]}"
-    client.create_topic(topic, partitions)
-    return topic
-
-
 def send(client: rt.Client, topic: str, count: int, batch: bool = False, prefix: str = "m") -> list[rt.MessageId]:
     producer = client.create_producer(topic, batching_max_messages=count if batch else 1)
     futures = [producer.send_async(f"{prefix}{i}".encode()) for i in range(count)]
     producer.flush()
     return [future.result() for future in futures]
-
-
-def receive_all(consumer: Consumer, count: int, timeout: float = 20.0) -> list[Message]:
-    deadline = time.monotonic() + timeout
-    return [consumer.receive(timeout=max(0.01, deadline - time.monotonic())) for _ in range(count)]
-
-
-def nothing_more(consumer: Consumer, wait_s: float = 0.5) -> bool:
-    try:
-        consumer.receive(timeout=wait_s)
-    except Timeout:
-        return True
-    return False
 
 
 def actor(topic: str, sub: str = "sub") -> ActorRef:
