@@ -29,7 +29,7 @@ import ray
 from actors.topic_permissions import TopicPermissions
 from runtime.auth import Access, AuthConfig, Authorizer, guarded
 from runtime.config import PartitionConfig
-from runtime.entry_format import EntryHeader, MessageRecord, decode_header, encode_entry
+from runtime.entry_format import EntryHeader, decode_header, decode_submitted_message, encode_entry, entry_records
 from runtime.errors import ActorUnavailable, Fenced, InvalidArgument, MessageTooLarge, RaytxnError
 from runtime.faults import FaultPoints, FaultTarget
 from runtime.ids import EARLIEST, Position, TxnID
@@ -156,17 +156,21 @@ class PartitionBuffer(FaultTarget, TopicPermissions):
         return on_durable
 
     @guarded(Access.PRODUCE)
-    async def append(self, producer: str, first_sequence: int, messages: list[MessageRecord],
+    async def append(self, producer: str, first_sequence: int, messages: list[bytes],
                      txn: TxnID | None = None) -> AppendResult:
-        """Append one producer batch (one ledger entry). Idempotent by (producer, sequence): a
-        retried batch is not stored again and gets the original position when known."""
+        """Append one producer batch (one ledger entry) of encoded ``MessageRecord``s. Idempotent
+        by (producer, sequence): a retried batch is not stored again and gets the original
+        position when known."""
         await self._started()
         if not messages:
             raise InvalidArgument("empty batch")
-        for message in messages:
-            if len(message.value) > self.config.max_message_bytes:
-                raise MessageTooLarge(f"message of {len(message.value)} bytes exceeds "
+        value_bytes = 0
+        for record in messages:  # every record decodes, so no reader meets a bad one
+            value = decode_submitted_message(record).value
+            if len(value) > self.config.max_message_bytes:
+                raise MessageTooLarge(f"message of {len(value)} bytes exceeds "
                                       f"{self.config.max_message_bytes} on {self.topic}-{self.partition}")
+            value_bytes += len(value)
         header = EntryHeader("data", txn, producer, first_sequence, first_sequence + len(messages) - 1,
                              len(messages), now_ms())
         await self.faults.hit("partition.before_append", txn=txn, producer=producer)
@@ -178,14 +182,14 @@ class PartitionBuffer(FaultTarget, TopicPermissions):
         if decision.duplicate:
             self.info["duplicates"] += 1
             return AppendResult(decision.position, len(messages), True)
-        records = encode_entry(header, messages)
+        records = entry_records(header, messages)
         try:
             position = await self._ledger_append(records, header)
         except MessageTooLarge:
             self.buffer.cancel_append(header)
             raise
         self.info["appends"] += 1
-        self.info["bytes_in"] += sum(len(m.value) for m in messages)
+        self.info["bytes_in"] += value_bytes
         self.metrics.appended(len(messages), sum(len(r) for r in records) - len(records[0]))  # records[0]: header
         await self._notify()
         await self.faults.hit("partition.after_append_before_reply", txn=txn, producer=producer)

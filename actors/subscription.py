@@ -39,7 +39,7 @@ from runtime.entry_format import decode_header
 from runtime.errors import Fenced, InvalidArgument, MessageTooLarge, NotAllowed, RaytxnError, is_retriable
 from runtime.faults import FaultPoints, FaultTarget
 from runtime.ids import EARLIEST, Position, TxnID, partition_actor_name
-from runtime.ledger import LedgerConfig, ManagedLedger
+from runtime.ledger import ManagedLedger
 from runtime.metrics import SubscriptionMetrics, recovered
 from runtime.pending_ack import Record, decode_record, encode_record
 from runtime.rpc import ActorRef
@@ -116,7 +116,7 @@ class Subscription(FaultTarget, TopicPermissions):
 
     async def _recover(self) -> None:
         t0 = time.perf_counter()
-        ledger = self._ledger = await ManagedLedger.open(self.storage, self.stream, LedgerConfig(max_delay_ms=0.0))
+        ledger = self._ledger = await ManagedLedger.open(self.storage, self.stream)
         readable_end = (await self._partition.call_async("read", EARLIEST, 0, 0.0))["max_read"]
         raw = ledger.properties.get(CURSOR_PROPERTY)
         persisted = None if raw is None else decode_persisted(raw, self.stream)

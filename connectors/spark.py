@@ -166,7 +166,7 @@ def produce_slice(spec: WriteSpec, index: int, attempt: int, rows: Iterable[Any]
     per topic partition, so a retried attempt re-sends the same (producer, sequence ids) and the
     partition drops what it already has. ``fault(index, attempt, rows_sent)`` runs after each append."""
     from runtime.coordinator_client import CoordinatorClient
-    from runtime.entry_format import MessageRecord
+    from runtime.entry_format import MessageRecord, encode_message
     from runtime.hashing import partition_for
     from runtime.ids import partition_actor_name
     from runtime.rpc import ActorRef
@@ -175,7 +175,7 @@ def produce_slice(spec: WriteSpec, index: int, attempt: int, rows: Iterable[Any]
     coordinators = CoordinatorClient(spec.num_coordinators, spec.owner, spec.send_timeout_s, spec.token)
     registered: set[int] = set()
     next_sequence = [0] * spec.partitions
-    pending: dict[int, list[MessageRecord]] = {}
+    pending: dict[int, list[bytes]] = {}  # encoded MessageRecords
     sent = 0
 
     def flush(p: int) -> None:
@@ -202,8 +202,9 @@ def produce_slice(spec: WriteSpec, index: int, attempt: int, rows: Iterable[Any]
         properties = _properties(row[spec.properties_col]) if spec.properties_col else {}
         event_time = row[spec.event_time_col] if spec.event_time_col else None
         p = partition_for(key, spec.partitions) if key is not None else (index + row_index) % spec.partitions
-        pending.setdefault(p, []).append(MessageRecord(value, key, {str(k): str(v) for k, v in properties.items()},
-                                                       None if event_time is None else int(event_time)))
+        record = MessageRecord(value, key, {str(k): str(v) for k, v in properties.items()},
+                               None if event_time is None else int(event_time))
+        pending.setdefault(p, []).append(encode_message(record))
         if len(pending[p]) >= spec.batch_rows:
             flush(p)
     for p in sorted(pending):

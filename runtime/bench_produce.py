@@ -13,7 +13,7 @@ import ray
 
 import runtime as rt
 from runtime.cluster import stop_engine
-from runtime.entry_format import MessageRecord
+from runtime.entry_format import MessageRecord, encode_message
 from runtime.ids import NAMESPACE, TxnID, partition_actor_name
 from runtime.rpc import ActorRef, retry
 
@@ -99,10 +99,11 @@ def bench_recovery(short: bool = False, progress: Callable[[str], None] = print)
         handle = ray.get_actor(name, namespace=NAMESPACE)
         # Straight at the partition, as a coordinator would: append in txn i, then abort it.
         tc = 77  # a coordinator id no real coordinator uses: this partition only
+        record = encode_message(MessageRecord(PAYLOAD))
         for chunk in range(0, aborted, 500):
             ids = range(chunk, min(chunk + 500, aborted))
             # Appends (a producer per txn) and ends are idempotent: a chunk may be sent again.
-            retry(lambda ids=ids: ray.get([handle.append.remote(f"bench-{i}", 0, [MessageRecord(PAYLOAD)],
+            retry(lambda ids=ids: ray.get([handle.append.remote(f"bench-{i}", 0, [record],
                                                                  TxnID(tc, i)) for i in ids]), 120)
             retry(lambda ids=ids: ray.get([handle.end_txn.remote(TxnID(tc, i), "ABORT", -1) for i in ids]), 120)
         full = _restart(ref, name)

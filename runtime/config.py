@@ -17,7 +17,7 @@ class CoordinatorConfig:
     # The transaction log's batched writer: records of concurrent requests share one put, by
     # count, bytes and delay. `batched_log=False` puts every record on its own (for comparison).
     batched_log: bool = True
-    log_max_delay_ms: float = 1.0
+    log_max_delay_ms: float = 0.0
     log_max_batch_bytes: int = 1 << 20
     log_max_batch_records: int = 1000
     # After this many log entries the live state is written anew and the log below it trimmed.

@@ -18,7 +18,7 @@ from typing import Literal
 
 import msgspec
 
-from runtime.errors import CorruptLedger
+from runtime.errors import CorruptLedger, InvalidArgument
 from runtime.ids import TxnID
 
 EntryKind = Literal["data", "commit", "abort"]
@@ -79,6 +79,24 @@ def encode_entry(header: EntryHeader, messages: Sequence[MessageRecord] = ()) ->
     if len(messages) != header.count:
         raise ValueError(f"header says {header.count} messages, got {len(messages)}")
     return [encode_header(header), *(encode_message(m) for m in messages)]
+
+
+def entry_records(header: EntryHeader, messages: Sequence[bytes]) -> list[bytes]:
+    """The records to append for one entry whose messages are already encoded."""
+    if len(messages) != header.count:
+        raise ValueError(f"header says {header.count} messages, got {len(messages)}")
+    return [encode_header(header), *messages]
+
+
+def decode_submitted_message(record: object) -> MessageRecord:
+    """A message record as a producer sent it (encoded by ``encode_message``). An undecodable one
+    is the sender's error, ``InvalidArgument``; nothing of it reaches a ledger."""
+    if not isinstance(record, bytes):
+        raise InvalidArgument(f"a message record must be bytes, not {type(record).__name__}")
+    try:
+        return _message_decoder.decode(record)
+    except msgspec.DecodeError as e:
+        raise InvalidArgument(f"undecodable message record: {e}") from e
 
 
 def _check_header(header: EntryHeader, where: str) -> EntryHeader:

@@ -63,6 +63,13 @@ class MessageTooLarge(RaytxnError):
     """A message (or record) above the configured size limit; nothing was written."""
 
 
+class ProducerQueueFull(RaytxnError):
+    """A producer's unsent messages stayed above its ``max_pending_bytes`` for the whole send
+    timeout (the partitions are not keeping up); this message was not queued."""
+
+    retriable = True
+
+
 # --- transactions ----------------------------------------------------------------------------
 
 

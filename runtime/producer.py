@@ -1,34 +1,50 @@
-"""Producers: batching, key routing, idempotent retries, transactional sends.
+"""Producers: batching, key routing, idempotent retries, transactional sends, flow control.
 
 Routing: a message with a key goes to ``murmur2(key) % partitions`` (Kafka's default
-partitioner, so the same key lands where a Kafka producer would put it); without a key, batches
-go round-robin over the partitions.
+partitioner, so the same key lands where a Kafka producer would put it); without a key, messages
+stick to one partition until its batch is sealed, then move to the next (round-robin by batch).
 
-Batching: messages for one (partition, transaction) accumulate until ``batching_max_messages``,
-``batching_max_bytes`` or ``batching_max_delay_ms``; a batch is one ledger entry and its messages
-get batch indexes 0..n-1.
+Accumulating (Kafka's RecordAccumulator): ``send_async`` runs on the caller's thread. It encodes
+the message and appends it to the open batch of its (partition, transaction) under the
+producer's lock. The client loop hears of a batch only when it opens (to arm its linger timer
+and to register the partition with the txn's coordinator while the batch fills) and when it is
+sealed, so a message costs a lock and two list appends, not a wake-up of another thread.
+
+Batching: a batch is sealed when it reaches ``batching_max_messages`` or ``batching_max_bytes``,
+or once ``batching_max_delay_ms`` has passed and its partition has no append in flight; while one
+is in flight it keeps filling up to the limits, so a busy partition gets fewer, larger appends.
+A batch is one ledger entry and its messages get batch indexes 0..n-1.
 
 Idempotence: every batch gets its sequence ids (per producer and partition, contiguous) when it is
-sealed, and one batch per partition is in flight at a time, strictly in order. A batch retried
+sent, and one batch per partition is in flight at a time, strictly in order. A batch retried
 after the partition actor died carries the same producer name and sequence ids, so the partition
 stores it once. A producer re-created with the same name continues above the highest sequence id
 each partition holds for it.
+
+Flow control: at most ``max_pending_messages`` (10,000) messages holding at most
+``max_pending_bytes`` (64 MiB, Pulsar's client memory limit) wait to be durable. Past either,
+``send_async`` blocks until appends complete (Kafka's ``max.block.ms`` behaviour), and raises
+``ProducerQueueFull`` if there is still no room after ``send_timeout_s``. Besides bounding memory
+this keeps a tight send loop from starving the client loop of the GIL: the sender sleeps while
+the loop drains.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import itertools
+import threading
+import time
 import uuid
 from collections import deque
+from concurrent.futures import _base as futures_base
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from runtime.entry_format import MessageRecord
-from runtime.errors import InvalidArgument, MessageTooLarge
+from runtime.entry_format import MessageRecord, encode_message
+from runtime.errors import InvalidArgument, MessageTooLarge, ProducerQueueFull
 from runtime.hashing import partition_for
-from runtime.ids import partition_actor_name
+from runtime.ids import TxnID, partition_actor_name
 from runtime.message import MessageId
 from runtime.rpc import ActorRef
 from runtime.transaction import Transaction
@@ -37,23 +53,78 @@ if TYPE_CHECKING:
     from runtime.client import Client
 
 
-@dataclass
+class SendFuture(concurrent.futures.Future):
+    """What ``send_async`` returns: a ``concurrent.futures.Future`` of the message's ``MessageId``
+    (``result``, ``exception``, ``add_done_callback``, ``concurrent.futures.wait`` and
+    ``asyncio.wrap_future`` all work). Its lock is its batch's: a Future of its own costs a
+    Condition and an RLock per message, which was the largest cost of a send. The batch settles
+    all its futures at once under that lock (``_settle``), so a waiter never wakes for a sibling.
+    A message handed to the producer cannot be taken back: ``cancel()`` returns False, as with
+    Kafka's producer futures."""
+
+    def __init__(self, condition: threading.Condition) -> None:  # the base's fields, shared lock
+        self._condition = condition
+        self._state = futures_base.PENDING
+        self._result: MessageId | None = None
+        self._exception: BaseException | None = None
+        self._waiters: list = []
+        self._done_callbacks: list = []
+
+    def cancel(self) -> bool:
+        return False
+
+
+def _settle(futures: list[SendFuture], condition: threading.Condition, results: list[MessageId] | None,
+            error: BaseException | None) -> None:
+    """Finish every future of a batch (with ``results[i]``, or ``error``), then wake waiters and run
+    callbacks, as ``Future.set_result`` does for one."""
+    with condition:
+        for index, future in enumerate(futures):
+            if future._state != futures_base.PENDING:
+                continue
+            if error is None:
+                assert results is not None
+                future._result = results[index]
+            else:
+                future._exception = error
+            future._state = futures_base.FINISHED
+            for waiter in future._waiters:
+                if error is None:
+                    waiter.add_result(future)
+                else:
+                    waiter.add_exception(future)
+        condition.notify_all()
+    for future in futures:
+        future._invoke_callbacks()
+
+
+@dataclass(eq=False)
 class _Batch:
     partition: int
     txn: Transaction | None
-    messages: list[MessageRecord] = field(default_factory=list)
-    futures: list[concurrent.futures.Future] = field(default_factory=list)
+    records: list[bytes] = field(default_factory=list)  # encoded MessageRecords
+    futures: list[SendFuture] = field(default_factory=list)
+    condition: threading.Condition = field(default_factory=threading.Condition)  # its futures' lock
     size: int = 0
-    timer: asyncio.TimerHandle | None = None
+    lingered: bool = False  # its delay has passed: seal as soon as the partition is free
+    sealed: bool = False
+    durable: asyncio.Event = field(default_factory=asyncio.Event)  # set when every future is
+
+    @property
+    def key(self) -> tuple[int, TxnID | None]:
+        return self.partition, self.txn.id if self.txn is not None else None
 
 
 class Producer:
     def __init__(self, client: Client, topic: str, partitions: int, producer_name: str | None = None,
                  batching_max_messages: int = 1000, batching_max_bytes: int = 128 << 10,
                  batching_max_delay_ms: float = 1.0, send_timeout_s: float = 60.0,
-                 max_message_bytes: int = 5 << 20) -> None:
+                 max_message_bytes: int = 5 << 20, max_pending_messages: int = 10_000,
+                 max_pending_bytes: int = 64 << 20) -> None:
         if batching_max_messages < 1 or batching_max_bytes < 1 or batching_max_delay_ms < 0:
             raise InvalidArgument("batching limits must be positive")
+        if max_pending_messages < 1 or max_pending_bytes < 1 or send_timeout_s <= 0:
+            raise InvalidArgument("max_pending_messages, max_pending_bytes and send_timeout_s must be positive")
         self._client = client
         self.topic = topic
         self.partitions = partitions
@@ -63,13 +134,23 @@ class Producer:
         self.max_delay_s = batching_max_delay_ms / 1000
         self.send_timeout_s = send_timeout_s
         self.max_message_bytes = max_message_bytes
+        self.max_pending_messages = max_pending_messages
+        self.max_pending_bytes = max_pending_bytes
         self._refs = [ActorRef(partition_actor_name(topic, p), client.token) for p in range(partitions)]
-        self._open: dict[tuple[int, Any], _Batch] = {}
+        # Shared by callers' threads and the client loop: open and sealed batches, the keyless
+        # partition, and the pending byte count.
+        self._lock = threading.Lock()
+        self._room = threading.Condition(self._lock)  # notified when pending messages complete
+        self._pending_messages = 0
+        self._pending_bytes = 0
+        self._open: dict[tuple[int, TxnID | None], _Batch] = {}
         self._sealed: list[deque[_Batch]] = [deque() for _ in range(partitions)]
+        self._keyless_partition = 0
+        # Client loop only.
         self._sending: list[asyncio.Task | None] = [None] * partitions
+        self._in_flight: list[_Batch | None] = [None] * partitions
         self._next_sequence = [0] * partitions
-        self._round_robin = itertools.cycle(range(partitions))
-        self._keyless_partition = next(self._round_robin)
+        self._registering: set[asyncio.Task] = set()
         self._closed = False
         if producer_name is not None:  # continue above what the partitions hold for this name
             self._next_sequence = client.loop.run(self._last_sequences())
@@ -83,13 +164,39 @@ class Producer:
     def send(self, value: bytes, key: str | None = None, properties: dict[str, str] | None = None,
              event_time: int | None = None, txn: Transaction | None = None) -> MessageId:
         """Send and wait until the message is durable; returns its id."""
-        future = self.send_async(value, key, properties, event_time, txn)
-        self.flush_partition_of(future)
+        future, batch = self._accumulate(value, key, properties, event_time, txn)
+        self._client.loop.call_soon(self._seal_now, batch)  # no point lingering: we wait anyway
         return future.result()
 
     def send_async(self, value: bytes, key: str | None = None, properties: dict[str, str] | None = None,
-                   event_time: int | None = None, txn: Transaction | None = None) -> concurrent.futures.Future:
-        """Queue a message; the future resolves to its MessageId once durable."""
+                   event_time: int | None = None, txn: Transaction | None = None) -> SendFuture:
+        """Queue a message; the future resolves to its MessageId once durable. Blocks while the
+        producer's pending messages exceed ``max_pending_bytes``."""
+        return self._accumulate(value, key, properties, event_time, txn)[0]
+
+    def flush(self) -> None:
+        """Send everything queued so far and wait until it is durable."""
+        self._client.loop.run(self._flush(None))
+
+    def flush_txn(self, txn: Transaction) -> None:
+        """Send everything queued so far in ``txn`` and wait until it is durable."""
+        self._client.loop.run(self._flush(txn))
+        txn._flushers.discard(self)
+
+    def close(self) -> None:
+        if not self._closed:
+            self.flush()
+            self._closed = True
+
+    @property
+    def pending(self) -> tuple[int, int]:
+        """Messages queued or in flight, not yet durable, and their encoded bytes."""
+        return self._pending_messages, self._pending_bytes
+
+    # --- on the caller's thread ------------------------------------------------------------
+
+    def _accumulate(self, value: bytes, key: str | None, properties: dict[str, str] | None,
+                    event_time: int | None, txn: Transaction | None) -> tuple[SendFuture, _Batch]:
         if self._closed:
             raise InvalidArgument(f"producer {self.producer_name} is closed")
         if not isinstance(value, (bytes, bytearray, memoryview)):
@@ -97,88 +204,143 @@ class Producer:
         value = bytes(value)
         if len(value) > self.max_message_bytes:
             raise MessageTooLarge(f"message of {len(value)} bytes exceeds {self.max_message_bytes}")
+        if key is not None and not isinstance(key, str):
+            raise InvalidArgument(f"key must be a str, not {type(key).__name__}")
         if txn is not None:
             txn.check_open()
-        record = MessageRecord(value, key, dict(properties or {}), event_time)
-        future: concurrent.futures.Future = concurrent.futures.Future()
-        future._raytxn_partition = None  # type: ignore[attr-defined]
+        record = encode_message(MessageRecord(value, key, dict(properties) if properties else {}, event_time))
         if txn is not None and self not in txn._flushers:
             txn._flushers.add(self)  # commit flushes this producer's batches of the txn and waits
-        self._client.loop.call_soon(self._enqueue, record, future, txn)
-        return future
+        with self._lock:
+            self._wait_for_room(len(record))
+            partition = partition_for(key, self.partitions) if key is not None else self._keyless_partition
+            batch_key = (partition, txn.id if txn is not None else None)
+            batch = self._open.get(batch_key)
+            opened = batch is None
+            if batch is None:
+                batch = self._open[batch_key] = _Batch(partition, txn)
+            future = SendFuture(batch.condition)
+            batch.records.append(record)
+            batch.futures.append(future)
+            batch.size += len(record)
+            self._pending_messages += 1
+            self._pending_bytes += len(record)
+            full = len(batch.records) >= self.max_messages or batch.size >= self.max_bytes
+            if full:
+                self._seal_locked(batch)
+        if opened or full:
+            self._client.loop.call_soon(self._batch_event, batch, opened)
+        return future, batch
 
-    def flush(self) -> None:
-        """Send everything queued and wait until it is durable."""
-        self._client.loop.run(self._flush(None))
+    def _full_for(self, size: int) -> bool:
+        # One message alone always fits, or a large message could never be sent.
+        return self._pending_messages > 0 and (self._pending_messages >= self.max_pending_messages
+                                               or self._pending_bytes + size > self.max_pending_bytes)
 
-    def flush_txn(self, txn: Transaction) -> None:
-        self._client.loop.run(self._flush(txn))
-        txn._flushers.discard(self)
+    def _wait_for_room(self, size: int) -> None:
+        """Under the lock: block while one more message of ``size`` bytes would pass the limits."""
+        if not self._full_for(size):
+            return
+        if self._client.loop.in_loop():  # the loop frees the room: it must never wait for it
+            raise ProducerQueueFull(f"producer {self.producer_name}: {self._pending_messages} messages pending")
+        deadline = time.monotonic() + self.send_timeout_s
+        while self._full_for(size):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ProducerQueueFull(
+                    f"producer {self.producer_name}: {self._pending_messages} messages ({self._pending_bytes} "
+                    f"bytes) still pending after {self.send_timeout_s}s (max_pending_messages "
+                    f"{self.max_pending_messages}, max_pending_bytes {self.max_pending_bytes})")
+            self._room.wait(left)
 
-    def flush_partition_of(self, future: concurrent.futures.Future) -> None:
-        self._client.loop.call_soon(self._seal_all)
-
-    def close(self) -> None:
-        if not self._closed:
-            self.flush()
-            self._closed = True
+    def _seal_locked(self, batch: _Batch) -> None:
+        """Under the lock: close ``batch`` to new messages and queue it for its partition."""
+        del self._open[batch.key]
+        batch.sealed = True
+        self._sealed[batch.partition].append(batch)
+        if batch.partition == self._keyless_partition:  # keyless traffic moves on, batch by batch
+            self._keyless_partition = (self._keyless_partition + 1) % self.partitions
 
     # --- on the client loop ----------------------------------------------------------------
 
-    def _route(self, record: MessageRecord) -> int:
-        if record.key is not None:
-            return partition_for(record.key, self.partitions)
-        return self._keyless_partition
+    def _batch_event(self, batch: _Batch, opened: bool) -> None:
+        if opened:
+            if batch.txn is not None:  # register while the batch fills, not when it is sent
+                task = asyncio.get_running_loop().create_task(self._register(batch.txn, batch.partition))
+                self._registering.add(task)
+                task.add_done_callback(self._registering.discard)
+            if not batch.sealed:
+                asyncio.get_running_loop().call_later(self.max_delay_s, self._linger_passed, batch)
+        self._kick(batch.partition)
 
-    def _enqueue(self, record: MessageRecord, future: concurrent.futures.Future, txn: Transaction | None) -> None:
-        partition = self._route(record)
-        future._raytxn_partition = partition  # type: ignore[attr-defined]
-        key = (partition, txn.id if txn else None)
-        batch = self._open.get(key)
-        if batch is None:
-            batch = self._open[key] = _Batch(partition, txn)
-            batch.timer = self._client.loop.loop.call_later(self.max_delay_s, self._seal, key)
-        batch.messages.append(record)
-        batch.futures.append(future)
-        batch.size += len(record.value)
-        if len(batch.messages) >= self.max_messages or batch.size >= self.max_bytes:
-            self._seal(key)
+    async def _register(self, txn: Transaction, partition: int) -> None:
+        try:
+            await txn.register("partition", (self.topic, partition))
+        except BaseException:  # noqa: BLE001 - the batch's own send registers again and reports it
+            pass
 
-    def _seal(self, key: tuple[int, Any]) -> None:
-        batch = self._open.pop(key, None)
-        if batch is None:
-            return
-        if batch.timer is not None:
-            batch.timer.cancel()
-        if batch.partition == self._keyless_partition:  # keyless traffic moves on, batch by batch
-            self._keyless_partition = next(self._round_robin)
-        self._sealed[batch.partition].append(batch)
-        if self._sending[batch.partition] is None:
-            self._sending[batch.partition] = asyncio.get_running_loop().create_task(self._send_loop(batch.partition))
+    def _linger_passed(self, batch: _Batch) -> None:
+        with self._lock:
+            if batch.sealed:
+                return
+            batch.lingered = True
+            if self._sending[batch.partition] is None:
+                self._seal_locked(batch)
+        self._kick(batch.partition)
 
-    def _seal_all(self, txn: Transaction | None = None) -> None:
-        for key in list(self._open):
-            if txn is None or key[1] == txn.id:
-                self._seal(key)
+    def _seal_now(self, batch: _Batch) -> None:
+        with self._lock:
+            if not batch.sealed:
+                self._seal_locked(batch)
+        self._kick(batch.partition)
+
+    def _kick(self, partition: int) -> None:
+        if self._sending[partition] is None and self._sealed[partition]:
+            self._sending[partition] = asyncio.get_running_loop().create_task(self._send_loop(partition))
+
+    def _next_batch(self, partition: int) -> _Batch | None:
+        """Under the lock: the partition's next batch to send, sealing any that have lingered."""
+        queue = self._sealed[partition]
+        if not queue:
+            for batch in [b for b in self._open.values() if b.partition == partition and b.lingered]:
+                self._seal_locked(batch)
+        return queue.popleft() if queue else None
 
     async def _flush(self, txn: Transaction | None) -> None:
-        self._seal_all(txn)
-        tasks = [t for t in self._sending if t is not None]
-        if tasks:
-            await asyncio.gather(*(asyncio.shield(t) for t in tasks), return_exceptions=True)
+        """Seal the open batches (of ``txn``, or all) and wait for those and every earlier one of
+        them; later sends (other threads keep producing) are not waited for."""
+        with self._lock:
+            for batch in list(self._open.values()):
+                if txn is None or batch.txn is txn:
+                    self._seal_locked(batch)
+            waiting = [b for queue in self._sealed for b in queue if txn is None or b.txn is txn]
+        waiting += [b for b in self._in_flight if b is not None and (txn is None or b.txn is txn)]
+        for partition in range(self.partitions):
+            self._kick(partition)
+        for batch in waiting:
+            await batch.durable.wait()
 
     async def _send_loop(self, partition: int) -> None:
-        queue = self._sealed[partition]
         try:
-            while queue:
-                batch = queue.popleft()
+            while True:
+                with self._lock:
+                    batch = self._next_batch(partition)
+                if batch is None:
+                    return
                 first = self._next_sequence[partition]
-                self._next_sequence[partition] += len(batch.messages)
-                await self._send_batch(batch, first)
+                self._next_sequence[partition] += len(batch.records)
+                self._in_flight[partition] = batch
+                try:
+                    await self._send_batch(batch, first)
+                finally:
+                    self._in_flight[partition] = None
+                    with self._lock:
+                        self._pending_messages -= len(batch.records)
+                        self._pending_bytes -= batch.size
+                        self._room.notify_all()
+                    batch.durable.set()
         finally:
             self._sending[partition] = None
-            if queue:  # sealed while we were finishing
-                self._sending[partition] = asyncio.get_running_loop().create_task(self._send_loop(partition))
 
     async def _send_batch(self, batch: _Batch, first_sequence: int) -> None:
         txn = batch.txn
@@ -186,18 +348,21 @@ class Producer:
             if txn is not None:
                 await txn.register("partition", (self.topic, batch.partition))
             result = await self._refs[batch.partition].call_async(
-                "append", self.producer_name, first_sequence, batch.messages, txn.id if txn else None,
+                "append", self.producer_name, first_sequence, batch.records, txn.id if txn else None,
                 deadline_s=self.send_timeout_s)
-        except BaseException as e:  # noqa: BLE001 - every message of the batch learns why
+        except BaseException as e:  # every message of the batch learns why
             if txn is not None:
                 txn.fail(e)  # the txn can no longer commit: its writes would be partial
-            for future in batch.futures:
-                if not future.done():
-                    future.set_exception(e)
+            _settle(batch.futures, batch.condition, None, e)
+            if not isinstance(e, Exception):
+                raise
             return
         position = result.position
-        for index, future in enumerate(batch.futures):
-            message_id = MessageId(self.topic, batch.partition, position.ledger_id if position else -1,
-                                   position.entry_id if position else -1, index)
-            if not future.done():
-                future.set_result(message_id)
+        ledger_id, entry_id = (position.ledger_id, position.entry_id) if position else (-1, -1)
+        topic, partition = self.topic, batch.partition
+        _settle(batch.futures, batch.condition,
+                [MessageId(topic, partition, ledger_id, entry_id, i) for i in range(len(batch.futures))], None)
+
+    def __repr__(self) -> str:
+        return f"Producer({self.producer_name!r}, topic={self.topic!r})"
+

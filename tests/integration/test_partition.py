@@ -13,7 +13,7 @@ import ray
 
 import runtime as rt
 from runtime.config import PartitionConfig
-from runtime.entry_format import MessageRecord
+from runtime.entry_format import MessageRecord, encode_message
 from runtime.errors import (
     InvalidArgument,
     InvalidTopicName,
@@ -217,7 +217,7 @@ def test_late_append_below_low_watermark_rejected(client: rt.Client) -> None:
     for _ in range(3):  # later txns end, carrying a low watermark above txn
         with client.transaction() as later:
             producer.send(b"y", txn=later)
-    late = MessageRecord(b"late")
+    late = encode_message(MessageRecord(b"late"))
     with pytest.raises(NotAllowed):
         partition_ref(topic).call("append", "late-producer", 0, [late], txn.id)
     assert b"late" not in visible(topic)

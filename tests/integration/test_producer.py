@@ -1,0 +1,199 @@
+"""The producer's accumulator on a real engine (local Ray, file:// storage): futures that share
+their batch's lock, batches that keep filling while their partition is busy, flow control, commits
+that wait for their own transaction's sends only, and sends from several threads at once."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import ray
+
+import runtime as rt
+from runtime.entry_format import MessageRecord, encode_message
+from runtime.errors import InvalidArgument, ProducerQueueFull
+from runtime.ids import NAMESPACE, partition_actor_name
+from runtime.message import MessageId
+from runtime.rpc import ActorRef
+from tests.engine import engine_client, new_topic, visible_values
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def client(ray_session: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[rt.Client]:
+    yield from engine_client(tmp_path_factory)
+
+
+def partition_ref(topic: str, p: int = 0) -> ActorRef:
+    return ActorRef(partition_actor_name(topic, p))
+
+
+def delay_appends(topic: str, seconds: float, times: int = 1, **match: object) -> None:
+    """Arm the partition's ``before_append`` point to sleep ``seconds`` (for appends matching)."""
+    handle = ray.get_actor(partition_actor_name(topic, 0), namespace=NAMESPACE)
+    ray.get(handle.arm_fault.remote("partition.before_append", "delay", times, 1.0, match or None, seconds))
+
+
+def test_send_futures_work_with_the_futures_toolkit(client: rt.Client) -> None:
+    topic = new_topic(client)
+    producer = client.create_producer(topic, batching_max_messages=50, batching_max_delay_ms=5)
+    futures = [producer.send_async(f"m{i}".encode()) for i in range(300)]
+    called: list[concurrent.futures.Future] = []
+    futures[7].add_done_callback(called.append)
+    assert futures[0].cancel() is False  # handed over: it is sent regardless
+    done, not_done = concurrent.futures.wait(futures, timeout=30)
+    assert not not_done and len(done) == 300
+    assert set(concurrent.futures.as_completed(futures, timeout=5)) == set(futures)
+    assert called == [futures[7]]
+    late: list[concurrent.futures.Future] = []
+    futures[8].add_done_callback(late.append)  # added after completion: runs at once
+    assert late == [futures[8]]
+    wrapped = asyncio.run(asyncio.wait_for(_awaited(futures[299]), 5))
+    assert wrapped == futures[299].result() and isinstance(wrapped, MessageId)
+    ids = [f.result() for f in futures]
+    assert all(not f.cancelled() and f.exception() is None for f in futures)
+    assert len({(m.ledger_id, m.entry_id) for m in ids}) == 6  # 6 batches of 50
+    assert visible_values(topic) == [f"m{i}".encode() for i in range(300)]
+
+
+async def _awaited(future: concurrent.futures.Future) -> MessageId:
+    return await asyncio.wrap_future(future)
+
+
+def test_waiters_on_one_batch_never_wake_for_a_sibling(client: rt.Client) -> None:
+    """Futures of a batch share one lock; results land together, before any callback runs, so a
+    waiter woken by the batch finds its own future finished (a per-future set_result would wake
+    the others empty-handed while the first future's callback runs, and their
+    ``result(timeout)`` would raise TimeoutError)."""
+    topic = new_topic(client)
+    producer = client.create_producer(topic, batching_max_delay_ms=60_000)  # only flush seals it
+    futures = [producer.send_async(f"w{i}".encode()) for i in range(40)]
+    futures[0].add_done_callback(lambda f: time.sleep(0.2))  # a slow callback: lets waiters run
+    outcomes: list[object] = [None] * 40
+
+    def wait(i: int) -> None:
+        try:
+            outcomes[i] = futures[i].result(timeout=30)
+        except BaseException as e:  # noqa: BLE001 - recorded for the assertion
+            outcomes[i] = e
+
+    threads = [threading.Thread(target=wait, args=(i,)) for i in range(40)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)  # every waiter is asleep on the shared lock
+    assert not any(f.done() for f in futures)
+    producer.flush()
+    for t in threads:
+        t.join(30)
+    assert all(isinstance(o, MessageId) for o in outcomes), outcomes
+    assert [o.batch_index for o in outcomes] == list(range(40))  # type: ignore[union-attr]
+
+
+def test_a_busy_partition_gets_fewer_larger_batches(client: rt.Client) -> None:
+    """While an append is in flight the next batch keeps filling past its delay, instead of
+    queueing one small batch per millisecond behind it."""
+    topic = new_topic(client)
+    producer = client.create_producer(topic, batching_max_delay_ms=1)
+    delay_appends(topic, 0.6)
+    first = producer.send_async(b"first")  # its append sleeps 0.6 s on the partition
+    time.sleep(0.05)
+    later = []
+    for chunk in range(10):  # 100 ms of sends, each chunk well past the 1 ms delay
+        later += [producer.send_async(f"c{chunk}-{i}".encode()) for i in range(20)]
+        time.sleep(0.01)
+    producer.flush()
+    entries = {(f.result().ledger_id, f.result().entry_id) for f in later}
+    assert first.result().entry_id not in {e for _, e in entries}
+    assert len(entries) == 1, entries  # all 200 in the one batch that waited for the partition
+    assert visible_values(topic) == [b"first"] + [f"c{c}-{i}".encode() for c in range(10) for i in range(20)]
+
+
+def test_pending_limit_blocks_the_sender_until_appends_complete(client: rt.Client) -> None:
+    topic = new_topic(client)
+    producer = client.create_producer(topic, max_pending_messages=5, batching_max_messages=5, send_timeout_s=20)
+    delay_appends(topic, 1.0)
+    futures = [producer.send_async(f"p{i}".encode()) for i in range(5)]  # a full batch: 1 s on the partition
+    assert producer.pending[0] == 5
+    t0 = time.monotonic()
+    futures.append(producer.send_async(b"p5"))  # no room until that append completes
+    assert time.monotonic() - t0 > 0.7
+    assert futures[0].done()
+    producer.flush()
+    assert producer.pending == (0, 0)
+    assert visible_values(topic) == [f"p{i}".encode() for i in range(6)]
+
+
+def test_pending_limit_raises_producer_queue_full_after_the_send_timeout(client: rt.Client) -> None:
+    topic = new_topic(client)
+    producer = client.create_producer(topic, max_pending_bytes=200, batching_max_messages=2, send_timeout_s=0.5)
+    delay_appends(topic, 2.0)
+    queued = [producer.send_async(b"x" * 90) for _ in range(2)]  # ~200 encoded bytes, stuck 2 s
+    t0 = time.monotonic()
+    with pytest.raises(ProducerQueueFull):
+        producer.send_async(b"refused")
+    assert 0.4 < time.monotonic() - t0 < 1.9
+    producer.flush()
+    assert all(f.result() for f in queued)
+    assert visible_values(topic) == [b"x" * 90, b"x" * 90]  # the refused message was never queued
+    with pytest.raises(InvalidArgument):
+        client.create_producer(topic, max_pending_messages=0)
+
+
+def test_commit_waits_for_its_own_sends_not_for_other_transactions(client: rt.Client) -> None:
+    topic = new_topic(client)
+    producer = client.create_producer(topic, batching_max_delay_ms=1)
+    mine, other = client.new_transaction(), client.new_transaction()
+    delay_appends(topic, 0.3, txn=mine.id)
+    delay_appends(topic, 3.0, txn=other.id)
+    for i in range(10):
+        producer.send_async(f"mine-{i}".encode(), txn=mine)
+    time.sleep(0.05)  # mine's batch is on the partition; other's queues behind it
+    for i in range(10):
+        producer.send_async(f"other-{i}".encode(), txn=other)
+    t0 = time.monotonic()
+    mine.commit()
+    assert time.monotonic() - t0 < 2.0  # not held up by other's 3 s append
+    other.commit()
+    assert sorted(visible_values(topic)) == sorted([f"mine-{i}".encode() for i in range(10)]
+                                                   + [f"other-{i}".encode() for i in range(10)])
+
+
+def test_sends_from_several_threads_keep_each_threads_order(client: rt.Client) -> None:
+    topic = new_topic(client, 2)
+    producer = client.create_producer(topic, batching_max_messages=100)
+    results: dict[int, list[concurrent.futures.Future]] = {}
+
+    def send(thread: int) -> None:
+        results[thread] = [producer.send_async(f"{thread}:{i}".encode(), key=f"k{thread}") for i in range(2000)]
+
+    threads = [threading.Thread(target=send, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    producer.flush()
+    values = visible_values(topic, [0, 1])
+    assert len(values) == 8000 and len(set(values)) == 8000
+    for thread, futures in results.items():
+        ids = [f.result() for f in futures]
+        assert ids == sorted(ids)  # one key, one partition: the thread's send order
+        mine = [v for v in values if v.startswith(f"{thread}:".encode())]
+        assert mine == [f"{thread}:{i}".encode() for i in range(2000)]
+
+
+def test_partition_refuses_records_it_cannot_decode(client: rt.Client) -> None:
+    topic = new_topic(client)
+    before = partition_ref(topic).call("stats")["applied_entries"]
+    for bad in (["not bytes"], [b"\xc1garbage"], [encode_message(MessageRecord(b"ok")), b"\x00"]):
+        with pytest.raises(InvalidArgument):
+            partition_ref(topic).call("append", "p", 0, bad)
+    assert partition_ref(topic).call("stats")["applied_entries"] == before
+    producer = client.create_producer(topic)
+    with pytest.raises(InvalidArgument):
+        producer.send(b"v", key=b"bytes-key")  # type: ignore[arg-type]
+    assert visible_values(topic) == []
