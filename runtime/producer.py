@@ -151,6 +151,8 @@ class Producer:
         self._in_flight: list[_Batch | None] = [None] * partitions
         self._next_sequence = [0] * partitions
         self._registering: set[asyncio.Task] = set()
+        # The partitions the latest transaction sent to (see _register_early).
+        self._working_set: tuple[TxnID | None, set[int]] = (None, set())
         self._closed = False
         if producer_name is not None:  # continue above what the partitions hold for this name
             self._next_sequence = client.loop.run(self._last_sequences())
@@ -265,17 +267,35 @@ class Producer:
 
     def _batch_event(self, batch: _Batch, opened: bool) -> None:
         if opened:
-            if batch.txn is not None:  # register while the batch fills, not when it is sent
-                task = asyncio.get_running_loop().create_task(self._register(batch.txn, batch.partition))
-                self._registering.add(task)
-                task.add_done_callback(self._registering.discard)
+            if batch.txn is not None:
+                self._register_early(batch.txn, batch.partition)
             if not batch.sealed:
                 asyncio.get_running_loop().call_later(self.max_delay_s, self._linger_passed, batch)
         self._kick(batch.partition)
 
-    async def _register(self, txn: Transaction, partition: int) -> None:
+    def _register_early(self, txn: Transaction, partition: int) -> None:
+        """Register ``partition`` with the txn's coordinator while its batch fills, not when it is
+        sent. A txn's first batch also registers, in the same call, every partition the previous
+        txn sent to if that was more than one: a steady stream of transactions (a pipeline
+        committing every N ms) touches the same partitions each time, and each partition's first
+        append would otherwise wait for a registration of its own. A guess that is wrong costs
+        little: a commit reaching a partition the txn never wrote to writes nothing there, an abort
+        one marker."""
+        working_txn, working_set = self._working_set
+        partitions = [partition]
+        if working_txn != txn.id:
+            if len(working_set) > 1:
+                partitions += sorted(working_set - {partition})
+            self._working_set = (txn.id, {partition})
+        else:
+            working_set.add(partition)
+        task = asyncio.get_running_loop().create_task(self._register(txn, partitions))
+        self._registering.add(task)
+        task.add_done_callback(self._registering.discard)
+
+    async def _register(self, txn: Transaction, partitions: list[int]) -> None:
         try:
-            await txn.register("partition", (self.topic, partition))
+            await txn.register_many("partition", [(self.topic, p) for p in partitions])
         except BaseException:  # noqa: BLE001 - the batch's own send registers again and reports it
             pass
 

@@ -58,24 +58,36 @@ class Transaction:
     async def register(self, kind: str, participant: tuple) -> None:
         """Register a partition (``kind="partition"``) or subscription with the coordinator,
         once per txn; concurrent callers share the one registration."""
-        key = (kind, participant)
-        future = self._registrations.get(key)
+        future = self._registrations.get((kind, participant))
         if future is None:
-            future = asyncio.get_running_loop().create_future()
-            self._registrations[key] = future
-            try:
-                coordinators = self._client.coordinators
-                if kind == "partition":
-                    await coordinators.add_partitions_async(self.id, [participant], self.epoch)
-                else:
-                    await coordinators.add_subscriptions_async(self.id, [participant], self.epoch)
-                future.set_result(None)
-            except BaseException as e:
-                del self._registrations[key]
+            await self.register_many(kind, [participant])
+        else:
+            await asyncio.shield(future)
+
+    async def register_many(self, kind: str, participants: list[tuple]) -> None:
+        """Register those of ``participants`` not registered yet, in one coordinator call (one
+        log record); callers registering one of them meanwhile wait for that call."""
+        loop = asyncio.get_running_loop()
+        new = [p for p in dict.fromkeys(participants) if (kind, p) not in self._registrations]
+        if not new:
+            return
+        futures = {p: loop.create_future() for p in new}
+        for p, future in futures.items():
+            self._registrations[(kind, p)] = future
+        try:
+            coordinators = self._client.coordinators
+            if kind == "partition":
+                await coordinators.add_partitions_async(self.id, new, self.epoch)
+            else:
+                await coordinators.add_subscriptions_async(self.id, new, self.epoch)
+        except BaseException as e:
+            for p, future in futures.items():
+                del self._registrations[(kind, p)]
                 future.set_exception(e)
-                future.exception()  # retrieved: later waiters re-raise through `await future`
-                raise
-        await asyncio.shield(future)
+                future.exception()  # retrieved: waiters re-raise it through `await future`
+            raise
+        for future in futures.values():
+            future.set_result(None)
 
     def fail(self, error: BaseException) -> None:
         """A send or ack of this txn failed for good: commit will abort and raise ``error``."""

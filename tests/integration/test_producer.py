@@ -16,6 +16,7 @@ import ray
 import runtime as rt
 from runtime.entry_format import MessageRecord, encode_message
 from runtime.errors import InvalidArgument, ProducerQueueFull
+from runtime.hashing import partition_for
 from runtime.ids import NAMESPACE, partition_actor_name
 from runtime.message import MessageId
 from runtime.rpc import ActorRef
@@ -197,3 +198,31 @@ def test_partition_refuses_records_it_cannot_decode(client: rt.Client) -> None:
     with pytest.raises(InvalidArgument):
         producer.send(b"v", key=b"bytes-key")  # type: ignore[arg-type]
     assert visible_values(topic) == []
+
+
+def test_a_transactions_first_send_registers_the_previous_ones_partitions(client: rt.Client) -> None:
+    """A steady stream of transactions touches the same partitions each time: the first send of
+    the next one registers them all in one coordinator call, so later partitions' first appends
+    find their registration done. A partition registered but not written commits nothing there."""
+    topic = new_topic(client, 4)
+    producer = client.create_producer(topic)
+    keys = {p: next(f"k{i}" for i in range(1000) if partition_for(f"k{i}", 4) == p) for p in range(4)}
+    first = client.new_transaction()
+    for p in (0, 1, 2):
+        producer.send(b"first", key=keys[p], txn=first)
+    assert sorted(p for _, p in client.coordinators.get_txn(first.id)["partitions"]) == [0, 1, 2]
+    first.commit()
+    markers_before = [partition_ref(topic, p).call("stats")["markers"] for p in range(4)]
+    second = client.new_transaction()
+    producer.send(b"second", key=keys[3], txn=second)  # one partition only
+    registered = sorted(p for _, p in client.coordinators.get_txn(second.id)["partitions"])
+    assert registered == [0, 1, 2, 3]  # its own, and the three the first one used
+    second.commit()
+    markers_after = [partition_ref(topic, p).call("stats")["markers"] for p in range(4)]
+    assert [a - b for a, b in zip(markers_after, markers_before, strict=True)] == [0, 0, 0, 1]
+    assert visible_values(topic, [3]) == [b"second"] and visible_values(topic, [0]) == [b"first"]
+    third = client.new_transaction()  # the second used one partition: no guess this time
+    producer.send(b"third", key=keys[1], txn=third)
+    assert [p for _, p in client.coordinators.get_txn(third.id)["partitions"]] == [1]
+    third.abort()
+    assert visible_values(topic, [1]) == [b"first"]
