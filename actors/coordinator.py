@@ -71,6 +71,7 @@ class TransactionCoordinator(FaultTarget, AuthTarget):
                                       max_recent_outcomes=self.config.max_recent_outcomes)
         self.faults = FaultPoints()
         self._resolver = participant_resolver
+        self._participants: dict[tuple[str, tuple], Participant] = {}
         self._ledger: ManagedLedger | None = None
         self._start_task: asyncio.Task | None = None
         self._timer_task: asyncio.Task | None = None
@@ -304,9 +305,13 @@ class TransactionCoordinator(FaultTarget, AuthTarget):
     def _participant(self, kind: str, ident: tuple) -> Participant:
         if self._resolver is not None:
             return self._resolver(kind, ident)
-        if kind == "partition":
-            return partition_participant(*ident, token=self.authorizer.engine_token())
-        return subscription_participant(*ident, token=self.authorizer.engine_token())
+        # Kept: a fresh one would look its actor up again (ray.get_actor, a blocking call to the
+        # GCS, on this loop) for every end of every txn. It looks up again after a failure.
+        participant = self._participants.get((kind, ident))
+        if participant is None:
+            make = partition_participant if kind == "partition" else subscription_participant
+            participant = self._participants[(kind, ident)] = make(*ident, token=self.authorizer.engine_token())
+        return participant
 
     async def _send_end(self, kind: str, ident: tuple, txn: TxnID, action: str) -> None:
         participant = self._participant(kind, ident)
@@ -321,6 +326,7 @@ class TransactionCoordinator(FaultTarget, AuthTarget):
                     # Its topic or subscription was deleted with its data: nothing is left to
                     # end, and waiting forever would pin this coordinator's low watermark.
                     self.info["ends_to_deleted"] = self.info.get("ends_to_deleted", 0) + 1
+                    self._participants.pop((kind, ident), None)
                     return
             except Exception:  # noqa: BLE001 - dead or restarting: retry until it takes
                 pass
