@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import os
 import uuid
@@ -211,6 +212,20 @@ class Client:
             raise InvalidArgument(f"timeout must be > 0, got {timeout!r}")
         txn_id = self.coordinators.new_txn(int(timeout * 1000), transactional_id, epoch)
         return Transaction(self, txn_id, timeout, transactional_id, epoch)
+
+    def new_transaction_async(self, timeout: float = 60.0, transactional_id: str | None = None,
+                              epoch: int | None = None) -> concurrent.futures.Future[Transaction]:
+        """``new_transaction`` without waiting (Pulsar's ``newTransaction()`` future): begin the
+        next transaction while the current one still sends, so the coordinator round trip is off
+        the sender's path. Errors (``Fenced``, an unreachable coordinator) come through the future."""
+        if timeout <= 0:
+            raise InvalidArgument(f"timeout must be > 0, got {timeout!r}")
+
+        async def begin() -> Transaction:
+            txn_id = await self.coordinators.new_txn_async(int(timeout * 1000), transactional_id, epoch)
+            return Transaction(self, txn_id, timeout, transactional_id, epoch)
+
+        return self.loop.submit(begin())
 
     @contextlib.contextmanager
     def transaction(self, timeout: float = 60.0, transactional_id: str | None = None,

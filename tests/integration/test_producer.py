@@ -15,7 +15,7 @@ import ray
 
 import runtime as rt
 from runtime.entry_format import MessageRecord, encode_message
-from runtime.errors import InvalidArgument, ProducerQueueFull
+from runtime.errors import Fenced, InvalidArgument, ProducerQueueFull
 from runtime.hashing import partition_for
 from runtime.ids import NAMESPACE, partition_actor_name
 from runtime.message import MessageId
@@ -226,3 +226,26 @@ def test_a_transactions_first_send_registers_the_previous_ones_partitions(client
     assert [p for _, p in client.coordinators.get_txn(third.id)["partitions"]] == [1]
     third.abort()
     assert visible_values(topic, [1]) == [b"first"]
+
+
+def test_new_transaction_async_begins_in_the_background(client: rt.Client) -> None:
+    topic = new_topic(client)
+    producer = client.create_producer(topic)
+    txns = [f.result(timeout=30) for f in [client.new_transaction_async(timeout=30) for _ in range(4)]]
+    assert len({t.id for t in txns}) == 4
+    for i, txn in enumerate(txns):
+        producer.send(f"a{i}".encode(), txn=txn)
+    txns[0].commit()
+    txns[1].abort()
+    txns[2].commit()
+    txns[3].abort()
+    assert visible_values(topic) == [b"a0", b"a2"]
+    tid = f"tid-{topic}"
+    stale = client.register_transactional_id(tid)
+    current = client.register_transactional_id(tid)
+    with pytest.raises(Fenced):  # errors come through the future
+        client.new_transaction_async(transactional_id=tid, epoch=stale).result(timeout=30)
+    accepted = client.new_transaction_async(transactional_id=tid, epoch=current).result(timeout=30)
+    accepted.abort()
+    with pytest.raises(InvalidArgument):
+        client.new_transaction_async(timeout=0)
