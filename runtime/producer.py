@@ -13,7 +13,10 @@ sealed, so a message costs a lock and two list appends, not a wake-up of another
 Batching: a batch is sealed when it reaches ``batching_max_messages`` or ``batching_max_bytes``,
 or once ``batching_max_delay_ms`` has passed and its partition has no append in flight; while one
 is in flight it keeps filling up to the limits, so a busy partition gets fewer, larger appends.
-A batch is one ledger entry and its messages get batch indexes 0..n-1.
+A batch is one ledger entry and its messages get batch indexes 0..n-1. The byte limit defaults to
+90 KiB, not Pulsar's 128 KiB: Ray passes a call's arguments up to 100 KiB inside the call and
+larger ones through the object store, and an append of 1,000 100 B messages (107 KB) took 5.3 ms
+where one of 920 took 3.4 ms.
 
 Idempotence: every batch gets its sequence ids (per producer and partition, contiguous) when it is
 sent, and one batch per partition is in flight at a time, strictly in order. A batch retried
@@ -117,7 +120,7 @@ class _Batch:
 
 class Producer:
     def __init__(self, client: Client, topic: str, partitions: int, producer_name: str | None = None,
-                 batching_max_messages: int = 1000, batching_max_bytes: int = 128 << 10,
+                 batching_max_messages: int = 1000, batching_max_bytes: int = 90 << 10,
                  batching_max_delay_ms: float = 1.0, send_timeout_s: float = 60.0,
                  max_message_bytes: int = 5 << 20, max_pending_messages: int = 10_000,
                  max_pending_bytes: int = 64 << 20) -> None:
@@ -173,7 +176,7 @@ class Producer:
     def send_async(self, value: bytes, key: str | None = None, properties: dict[str, str] | None = None,
                    event_time: int | None = None, txn: Transaction | None = None) -> SendFuture:
         """Queue a message; the future resolves to its MessageId once durable. Blocks while the
-        producer's pending messages exceed ``max_pending_bytes``."""
+        producer's pending messages are at ``max_pending_messages`` or ``max_pending_bytes``."""
         return self._accumulate(value, key, properties, event_time, txn)[0]
 
     def flush(self) -> None:
