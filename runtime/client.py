@@ -98,6 +98,12 @@ def _engine_config(storage: str | None, storage_options: dict[str, Any], overrid
     return engine
 
 
+def _timeout_ms(timeout: float) -> int:
+    if timeout <= 0:
+        raise InvalidArgument(f"timeout must be > 0, got {timeout!r}")
+    return int(timeout * 1000)
+
+
 def shutdown(token: str | None = None) -> None:
     """Stop the engine's actors (supervisor, coordinators, partitions, subscriptions) and the
     local Ray this process started. Data stays in the storage. With auth on, ``token`` (or
@@ -208,9 +214,7 @@ class Client:
                         epoch: int | None = None) -> Transaction:
         """Begin a transaction (``timeout`` in seconds). With a ``transactional_id``, pass the
         ``epoch`` that ``register_transactional_id`` returned (older epochs are fenced)."""
-        if timeout <= 0:
-            raise InvalidArgument(f"timeout must be > 0, got {timeout!r}")
-        txn_id = self.coordinators.new_txn(int(timeout * 1000), transactional_id, epoch)
+        txn_id = self.coordinators.new_txn(_timeout_ms(timeout), transactional_id, epoch)
         return Transaction(self, txn_id, timeout, transactional_id, epoch)
 
     def new_transaction_async(self, timeout: float = 60.0, transactional_id: str | None = None,
@@ -218,11 +222,10 @@ class Client:
         """``new_transaction`` without waiting (Pulsar's ``newTransaction()`` future): begin the
         next transaction while the current one still sends, so the coordinator round trip is off
         the sender's path. Errors (``Fenced``, an unreachable coordinator) come through the future."""
-        if timeout <= 0:
-            raise InvalidArgument(f"timeout must be > 0, got {timeout!r}")
+        timeout_ms = _timeout_ms(timeout)
 
         async def begin() -> Transaction:
-            txn_id = await self.coordinators.new_txn_async(int(timeout * 1000), transactional_id, epoch)
+            txn_id = await self.coordinators.new_txn_async(timeout_ms, transactional_id, epoch)
             return Transaction(self, txn_id, timeout, transactional_id, epoch)
 
         return self.loop.submit(begin())

@@ -29,17 +29,20 @@ class CoordinatorClient:
     def home_of(self, transactional_id: str) -> int:
         return coordinator_for(transactional_id, self.num_coordinators)
 
+    def _begins(self, transactional_id: str | None) -> ActorRef:
+        """The coordinator a new txn goes to: its id's home, else the next one round-robin."""
+        return self._refs[self.home_of(transactional_id) if transactional_id is not None
+                          else next(self._round_robin)]
+
     def new_txn(self, timeout_ms: int | None = None, transactional_id: str | None = None,
                 epoch: int | None = None) -> TxnID:
-        tc_id = self.home_of(transactional_id) if transactional_id is not None else next(self._round_robin)
-        return self._refs[tc_id].call("new_txn", timeout_ms, self.owner, transactional_id, epoch,
-                                      deadline_s=self.deadline_s)
+        return self._begins(transactional_id).call("new_txn", timeout_ms, self.owner, transactional_id, epoch,
+                                                   deadline_s=self.deadline_s)
 
     async def new_txn_async(self, timeout_ms: int | None = None, transactional_id: str | None = None,
                             epoch: int | None = None) -> TxnID:
-        tc_id = self.home_of(transactional_id) if transactional_id is not None else next(self._round_robin)
-        return await self._refs[tc_id].call_async("new_txn", timeout_ms, self.owner, transactional_id, epoch,
-                                                  deadline_s=self.deadline_s)
+        return await self._begins(transactional_id).call_async("new_txn", timeout_ms, self.owner, transactional_id,
+                                                               epoch, deadline_s=self.deadline_s)
 
     def register_transactional_id(self, transactional_id: str) -> int:
         return self._refs[self.home_of(transactional_id)].call(

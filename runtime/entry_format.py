@@ -76,9 +76,7 @@ def encode_message(message: MessageRecord) -> bytes:
 
 def encode_entry(header: EntryHeader, messages: Sequence[MessageRecord] = ()) -> list[bytes]:
     """The records to append for one entry: header first, then the messages."""
-    if len(messages) != header.count:
-        raise ValueError(f"header says {header.count} messages, got {len(messages)}")
-    return [encode_header(header), *(encode_message(m) for m in messages)]
+    return entry_records(header, [encode_message(m) for m in messages])
 
 
 def entry_records(header: EntryHeader, messages: Sequence[bytes]) -> list[bytes]:

@@ -115,7 +115,12 @@ class _Batch:
 
     @property
     def key(self) -> tuple[int, TxnID | None]:
-        return self.partition, self.txn.id if self.txn is not None else None
+        return _batch_key(self.partition, self.txn)
+
+
+def _batch_key(partition: int, txn: Transaction | None) -> tuple[int, TxnID | None]:
+    """Messages of one (partition, transaction) share a batch."""
+    return partition, txn.id if txn is not None else None
 
 
 class Producer:
@@ -219,7 +224,7 @@ class Producer:
         with self._lock:
             self._wait_for_room(len(record))
             partition = partition_for(key, self.partitions) if key is not None else self._keyless_partition
-            batch_key = (partition, txn.id if txn is not None else None)
+            batch_key = _batch_key(partition, txn)
             batch = self._open.get(batch_key)
             opened = batch is None
             if batch is None:

@@ -17,6 +17,8 @@ import pytest
 
 import runtime as rt
 from runtime.cluster import stop_engine
+from runtime.ids import partition_actor_name
+from runtime.rpc import ActorRef
 
 
 def engine_client(tmp_path_factory: pytest.TempPathFactory, token: str | None = None,
@@ -29,6 +31,11 @@ def engine_client(tmp_path_factory: pytest.TempPathFactory, token: str | None = 
     finally:
         client.close()
         stop_engine(token)
+
+
+def partition_ref(topic: str, p: int = 0) -> ActorRef:
+    """Calls straight to a partition actor (stats, faults, or an append as a coordinator would)."""
+    return ActorRef(partition_actor_name(topic, p))
 
 
 def visible_values(topic: str, partitions: Iterable[int] = (0,), deadline_s: float = 60.0,

@@ -26,9 +26,8 @@ from runtime.errors import (
 from runtime.hashing import partition_for
 from runtime.ids import NAMESPACE, Position, partition_actor_name
 from runtime.message import MessageId
-from runtime.rpc import ActorRef
 from runtime.storage import Storage
-from tests.engine import engine_client, new_topic, visible_values
+from tests.engine import engine_client, new_topic, partition_ref, visible_values
 
 pytestmark = pytest.mark.ray
 
@@ -37,10 +36,6 @@ pytestmark = pytest.mark.ray
 def client(ray_session: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[rt.Client]:
     yield from engine_client(tmp_path_factory, partition=PartitionConfig(snapshot_segment_bytes=160,
                                                                          dangling_check_s=0.5))
-
-
-def partition_ref(topic: str, p: int = 0) -> ActorRef:
-    return ActorRef(partition_actor_name(topic, p))
 
 
 def visible(topic: str, p: int = 0) -> list[bytes]:

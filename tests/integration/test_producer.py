@@ -11,16 +11,13 @@ import time
 from collections.abc import Iterator
 
 import pytest
-import ray
 
 import runtime as rt
 from runtime.entry_format import MessageRecord, encode_message
 from runtime.errors import Fenced, InvalidArgument, ProducerQueueFull
 from runtime.hashing import partition_for
-from runtime.ids import NAMESPACE, partition_actor_name
 from runtime.message import MessageId
-from runtime.rpc import ActorRef
-from tests.engine import engine_client, new_topic, visible_values
+from tests.engine import engine_client, new_topic, partition_ref, visible_values
 
 pytestmark = pytest.mark.ray
 
@@ -30,14 +27,9 @@ def client(ray_session: object, tmp_path_factory: pytest.TempPathFactory) -> Ite
     yield from engine_client(tmp_path_factory)
 
 
-def partition_ref(topic: str, p: int = 0) -> ActorRef:
-    return ActorRef(partition_actor_name(topic, p))
-
-
-def delay_appends(topic: str, seconds: float, times: int = 1, **match: object) -> None:
-    """Arm the partition's ``before_append`` point to sleep ``seconds`` (for appends matching)."""
-    handle = ray.get_actor(partition_actor_name(topic, 0), namespace=NAMESPACE)
-    ray.get(handle.arm_fault.remote("partition.before_append", "delay", times, 1.0, match or None, seconds))
+def delay_appends(client: rt.Client, topic: str, seconds: float, **match: object) -> None:
+    """Arm the topic's ``before_append`` point to sleep ``seconds`` once (for appends matching)."""
+    client.faults.arm("partition.before_append", "delay", match=match or None, delay_s=seconds, topic=topic)
 
 
 def test_send_futures_work_with_the_futures_toolkit(client: rt.Client) -> None:
@@ -100,7 +92,7 @@ def test_a_busy_partition_gets_fewer_larger_batches(client: rt.Client) -> None:
     queueing one small batch per millisecond behind it."""
     topic = new_topic(client)
     producer = client.create_producer(topic, batching_max_delay_ms=1)
-    delay_appends(topic, 0.6)
+    delay_appends(client, topic, 0.6)
     first = producer.send_async(b"first")  # its append sleeps 0.6 s on the partition
     time.sleep(0.05)
     later = []
@@ -117,7 +109,7 @@ def test_a_busy_partition_gets_fewer_larger_batches(client: rt.Client) -> None:
 def test_pending_limit_blocks_the_sender_until_appends_complete(client: rt.Client) -> None:
     topic = new_topic(client)
     producer = client.create_producer(topic, max_pending_messages=5, batching_max_messages=5, send_timeout_s=20)
-    delay_appends(topic, 1.0)
+    delay_appends(client, topic, 1.0)
     futures = [producer.send_async(f"p{i}".encode()) for i in range(5)]  # a full batch: 1 s on the partition
     assert producer.pending[0] == 5
     t0 = time.monotonic()
@@ -132,7 +124,7 @@ def test_pending_limit_blocks_the_sender_until_appends_complete(client: rt.Clien
 def test_pending_limit_raises_producer_queue_full_after_the_send_timeout(client: rt.Client) -> None:
     topic = new_topic(client)
     producer = client.create_producer(topic, max_pending_bytes=200, batching_max_messages=2, send_timeout_s=0.5)
-    delay_appends(topic, 2.0)
+    delay_appends(client, topic, 2.0)
     queued = [producer.send_async(b"x" * 90) for _ in range(2)]  # ~200 encoded bytes, stuck 2 s
     t0 = time.monotonic()
     with pytest.raises(ProducerQueueFull):
@@ -149,8 +141,8 @@ def test_commit_waits_for_its_own_sends_not_for_other_transactions(client: rt.Cl
     topic = new_topic(client)
     producer = client.create_producer(topic, batching_max_delay_ms=1)
     mine, other = client.new_transaction(), client.new_transaction()
-    delay_appends(topic, 0.3, txn=mine.id)
-    delay_appends(topic, 3.0, txn=other.id)
+    delay_appends(client, topic, 0.3, txn=mine.id)
+    delay_appends(client, topic, 3.0, txn=other.id)
     for i in range(10):
         producer.send_async(f"mine-{i}".encode(), txn=mine)
     time.sleep(0.05)  # mine's batch is on the partition; other's queues behind it
