@@ -24,7 +24,7 @@ from runtime.auth import AuthConfig
 from runtime.config import EngineConfig
 from runtime.consumer import Consumer, ConsumerType, InitialPosition
 from runtime.coordinator_client import CoordinatorClient
-from runtime.errors import InvalidArgument
+from runtime.errors import InvalidArgument, TopicNotFound
 from runtime.faults import Faults
 from runtime.ids import NAMESPACE, SUPERVISOR_NAME, partition_actor_name
 from runtime.loop import BackgroundLoop
@@ -137,7 +137,15 @@ class Client:
         return self.supervisor.call("create_topic", name, partitions, deadline_s=self.deadline_s)
 
     def delete_topic(self, name: str) -> None:
-        self.supervisor.call("delete_topic", name, deadline_s=self.deadline_s)
+        """Delete the topic. A retry after the supervisor died mid-call that finds no topic means
+        the first attempt deleted it (its reply was lost): success, not ``TopicNotFound``."""
+        retries: list[None] = []
+        try:
+            self.supervisor.call("delete_topic", name, deadline_s=self.deadline_s,
+                                 on_retry=lambda: retries.append(None))
+        except TopicNotFound:
+            if not retries:
+                raise
 
     def list_topics(self) -> list[dict[str, Any]]:
         return self.supervisor.call("list_topics", deadline_s=self.deadline_s)

@@ -54,12 +54,20 @@ class ActorRef:
     def forget(self) -> None:
         self._handle = None
 
-    def call(self, method: str, *args: Any, deadline_s: float = 60.0, **kwargs: Any) -> Any:
-        """Call ``method`` and wait, retrying while the actor is unavailable."""
+    def call(self, method: str, *args: Any, deadline_s: float = 60.0,
+             on_retry: Callable[[], None] | None = None, **kwargs: Any) -> Any:
+        """Call ``method`` and wait, retrying while the actor is unavailable (``on_retry`` runs
+        before each retry)."""
         if self.token is not None:
             kwargs["auth"] = self.token
+
+        def forget() -> None:
+            self.forget()
+            if on_retry is not None:
+                on_retry()
+
         return retry(lambda: ray.get(getattr(self.handle(), method).remote(*args, **kwargs)),
-                     deadline_s, on_retry=self.forget, what=f"{self.name}.{method}")
+                     deadline_s, on_retry=forget, what=f"{self.name}.{method}")
 
     async def call_async(self, method: str, *args: Any, deadline_s: float = 60.0, **kwargs: Any) -> Any:
         if self.token is not None:
