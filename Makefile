@@ -7,8 +7,8 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null || { echo "need $(PY) on PATH"; exit 1; }
 	@test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -e '.[test,bench]'
+	$(VENV)/bin/pip install -qq --upgrade pip
+	$(VENV)/bin/pip install -qq -e '.[test,bench]'
 	@touch $(STAMP)
 
 .PHONY: env demo test lint bench

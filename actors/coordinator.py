@@ -25,19 +25,19 @@ from typing import Any
 
 import ray
 
-from runtime.auth import Access, AuthConfig, Authorizer, AuthTarget, guarded
-from runtime.config import CoordinatorConfig
-from runtime.coordinator_state import CoordinatorState, TxnState
-from runtime.errors import ActorUnavailable, NotAllowed, RaytxnError, TopicNotFound
-from runtime.faults import FaultPoints, FaultTarget
-from runtime.hashing import coordinator_for
-from runtime.ids import EARLIEST, SUPERVISOR_NAME, Position, TxnID
-from runtime.ledger import Entry, ManagedLedger
-from runtime.metrics import CoordinatorMetrics, recovered
-from runtime.participants import Participant, partition_participant, subscription_participant
-from runtime.rpc import ActorRef
-from runtime.storage import Storage
-from runtime.txnlog import Checkpoint, Record, decode_record, encode_record
+from raytxn.actors.participants import Participant, partition_participant, subscription_participant
+from raytxn.auth import Access, AuthConfig, Authorizer, AuthTarget, guarded
+from raytxn.client.rpc import ActorRef
+from raytxn.config import CoordinatorConfig
+from raytxn.errors import ActorUnavailable, NotAllowed, RaytxnError, TopicNotFound
+from raytxn.faults import FaultPoints, FaultTarget
+from raytxn.hashing import coordinator_for
+from raytxn.ids import EARLIEST, SUPERVISOR_NAME, Position, TxnID
+from raytxn.ledger import Entry, ManagedLedger
+from raytxn.ledger.storage import Storage
+from raytxn.metrics import CoordinatorMetrics, recovered
+from raytxn.protocol.coordinator_state import CoordinatorState, TxnState
+from raytxn.protocol.txnlog import Checkpoint, Record, decode_record, encode_record
 
 FAULT_POINTS = (
     "coordinator.after_log_new",
@@ -426,7 +426,7 @@ class TransactionCoordinator(FaultTarget, AuthTarget):
                     "epoch": meta.epoch, "abort_reason": meta.abort_reason}
         outcome = self.state.outcome(txn)
         if outcome is None:
-            from runtime.errors import TransactionNotFound
+            from raytxn.errors import TransactionNotFound
 
             raise TransactionNotFound(f"{txn} is not known to coordinator {self.tc_id}")
         return {"txn": txn, "state": "COMMITTED" if outcome == "COMMITTED" else "ABORTED",

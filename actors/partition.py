@@ -26,18 +26,24 @@ import msgspec
 import psutil
 import ray
 
-from actors.topic_permissions import TopicPermissions
-from runtime.auth import Access, AuthConfig, Authorizer, guarded
-from runtime.config import PartitionConfig
-from runtime.entry_format import EntryHeader, decode_header, decode_submitted_message, encode_entry, entry_records
-from runtime.errors import ActorUnavailable, Fenced, InvalidArgument, MessageTooLarge, RaytxnError
-from runtime.faults import FaultPoints, FaultTarget
-from runtime.ids import EARLIEST, Position, TxnID
-from runtime.ledger import ManagedLedger
-from runtime.metrics import PartitionMetrics, recovered
-from runtime.snapshots import join_segments, newest_complete, obsolete_segments, split_snapshot
-from runtime.storage import ObjectExists, Storage
-from runtime.txn_buffer import TransactionBuffer, TxnBufferSnapshot
+from raytxn.actors.topic_permissions import TopicPermissions
+from raytxn.auth import Access, AuthConfig, Authorizer, guarded
+from raytxn.config import PartitionConfig
+from raytxn.errors import ActorUnavailable, Fenced, InvalidArgument, MessageTooLarge, RaytxnError
+from raytxn.faults import FaultPoints, FaultTarget
+from raytxn.ids import EARLIEST, Position, TxnID
+from raytxn.ledger import ManagedLedger
+from raytxn.ledger.snapshots import join_segments, newest_complete, obsolete_segments, split_snapshot
+from raytxn.ledger.storage import ObjectExists, Storage
+from raytxn.metrics import PartitionMetrics, recovered
+from raytxn.protocol.entry_format import (
+    EntryHeader,
+    decode_header,
+    decode_submitted_message,
+    encode_entry,
+    entry_records,
+)
+from raytxn.protocol.txn_buffer import TransactionBuffer, TxnBufferSnapshot
 
 FAULT_POINTS = (
     "partition.before_append",
@@ -112,7 +118,7 @@ class PartitionBuffer(FaultTarget, TopicPermissions):
             for name in names:
                 data = await self.storage.get(name)
                 if data is None:
-                    from runtime.errors import CorruptLedger
+                    from raytxn.errors import CorruptLedger
 
                     raise CorruptLedger(f"snapshot segment {name} vanished", name)
                 blobs.append(data)

@@ -31,20 +31,20 @@ from typing import Any
 
 import ray
 
-from actors.topic_permissions import TopicPermissions
-from runtime.auth import Access, AuthConfig, Authorizer, guarded
-from runtime.config import SubscriptionConfig
-from runtime.cursor import Cursor, next_position
-from runtime.entry_format import decode_header
-from runtime.errors import Fenced, InvalidArgument, MessageTooLarge, NotAllowed, RaytxnError, is_retriable
-from runtime.faults import FaultPoints, FaultTarget
-from runtime.ids import EARLIEST, Position, TxnID, partition_actor_name
-from runtime.ledger import ManagedLedger
-from runtime.metrics import SubscriptionMetrics, recovered
-from runtime.pending_ack import Record, decode_record, encode_record
-from runtime.rpc import ActorRef
-from runtime.storage import Storage
-from runtime.subscription_state import (
+from raytxn.actors.topic_permissions import TopicPermissions
+from raytxn.auth import Access, AuthConfig, Authorizer, guarded
+from raytxn.client.rpc import ActorRef
+from raytxn.config import SubscriptionConfig
+from raytxn.errors import Fenced, InvalidArgument, MessageTooLarge, NotAllowed, RaytxnError, is_retriable
+from raytxn.faults import FaultPoints, FaultTarget
+from raytxn.ids import EARLIEST, Position, TxnID, partition_actor_name
+from raytxn.ledger import ManagedLedger
+from raytxn.ledger.storage import Storage
+from raytxn.metrics import SubscriptionMetrics, recovered
+from raytxn.protocol.cursor import Cursor, next_position
+from raytxn.protocol.entry_format import decode_header
+from raytxn.protocol.pending_ack import Record, decode_record, encode_record
+from raytxn.protocol.subscription_state import (
     AckTuple,
     PersistedCursor,
     SubscriptionState,
@@ -462,7 +462,7 @@ class Subscription(FaultTarget, TopicPermissions):
         return stats
 
     async def _partition_ledger_ends(self) -> list[tuple[int, int]]:
-        from actors.partition import partition_stream
+        from raytxn.actors.partition import partition_stream
 
         if self._partition_ledger is None:
             self._partition_ledger = await ManagedLedger.open(

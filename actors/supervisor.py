@@ -14,18 +14,18 @@ from typing import Any
 
 import ray
 
-from runtime.auth import Access, Authorizer, AuthTarget, guarded
-from runtime.catalog import CATALOG_KEY, CATALOG_STREAM, Catalog, decode_catalog, encode_catalog
-from runtime.config import EngineConfig
-from runtime.ids import (
+from raytxn.auth import Access, Authorizer, AuthTarget, guarded
+from raytxn.client.rpc import ActorRef
+from raytxn.config import EngineConfig
+from raytxn.ids import (
     NAMESPACE,
     coordinator_actor_name,
     partition_actor_name,
     subscription_actor_name,
 )
-from runtime.ledger import ManagedLedger
-from runtime.rpc import ActorRef
-from runtime.storage import Storage
+from raytxn.ledger import ManagedLedger
+from raytxn.ledger.storage import Storage
+from raytxn.protocol.catalog import CATALOG_KEY, CATALOG_STREAM, Catalog, decode_catalog, encode_catalog
 
 
 def now_ms() -> int:
@@ -76,7 +76,7 @@ class Supervisor(AuthTarget):
     # --- actors ------------------------------------------------------------------------------
 
     def _coordinator_refs(self) -> list[Any]:
-        from actors.coordinator import CoordinatorActor
+        from raytxn.actors.coordinator import CoordinatorActor
 
         refs = []
         for tc_id in range(self.config.coordinator.num_coordinators):
@@ -89,7 +89,7 @@ class Supervisor(AuthTarget):
         return refs
 
     async def _ensure_topic_actors(self, topic: str) -> None:
-        from actors.partition import PartitionActor
+        from raytxn.actors.partition import PartitionActor
 
         info = self.catalog.topic(topic)
         refs = []
@@ -106,7 +106,7 @@ class Supervisor(AuthTarget):
 
     def _subscription_refs(self, topic: str, name: str, partitions: int) -> list[Any]:
         try:
-            from actors.subscription import SubscriptionActor
+            from raytxn.actors.subscription import SubscriptionActor
         except ImportError:  # subscriptions arrive with their own actor module
             return []
         sub = self.catalog.subscriptions[topic][name]

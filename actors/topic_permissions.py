@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from runtime.auth import Access, AuthTarget, guarded
-from runtime.ids import SUPERVISOR_NAME
-from runtime.rpc import ActorRef
+from raytxn.auth import Access, AuthTarget, guarded
+from raytxn.client.rpc import ActorRef
+from raytxn.ids import SUPERVISOR_NAME
 
 
 class TopicPermissions(AuthTarget):

@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.errors import NotAllowed, RaytxnError, Timeout
-from runtime.message import Message
+from raytxn.client.message import Message
+from raytxn.errors import NotAllowed, RaytxnError, Timeout
 
 FIRST_DELIVERY_PATIENCE_S = 10.0
 
@@ -53,7 +53,7 @@ class BatchHandle:
 def attach(client: Any, topic: str, subscription: str, name: str, deadline_s: float) -> Any:
     """An Exclusive consumer. While a dead driver's consumer is still attached the subscription
     refuses a second one; keep trying until the dead one is dropped (``consumer_timeout_s``)."""
-    import runtime as rt
+    import raytxn as rt
 
     deadline = time.monotonic() + deadline_s
     while True:

@@ -1,7 +1,7 @@
 """Ray Data reading from and writing to raytxn topics exactly once.
 
 - ``read_topic``: the next messages of a subscription (per partition a contiguous range from the
-  subscription's cursor, see ``connectors.batches``) as a ``ray.data.Dataset``, plus the
+  subscription's cursor, see ``raytxn.connectors.batches``) as a ``ray.data.Dataset``, plus the
   ``BatchHandle`` that acknowledges exactly that range, cumulatively per partition, in a
   transaction. Until the handle is closed its Exclusive consumer holds the subscription; an
   aborted transaction leaves the range to be read again from the same cursor.
@@ -20,8 +20,8 @@ from typing import Any
 
 import ray
 
-from connectors.batches import BatchHandle, read_messages, to_arrow
-from connectors.spark import WriteSpec, produce_slice, write_spec
+from raytxn.connectors.batches import BatchHandle, read_messages, to_arrow
+from raytxn.connectors.spark import WriteSpec, produce_slice, write_spec
 
 __all__ = ["BatchHandle", "read_topic", "write_topic"]
 

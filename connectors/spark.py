@@ -54,7 +54,7 @@ def init_spark(app_name: str = "raytxn", num_executors: int = 1, executor_cores:
     # endless "(pid=...)" fragments.
     merged.setdefault("spark.ui.showConsoleProgress", "false")
     if not ray.is_initialized():
-        from runtime.ids import NAMESPACE
+        from raytxn.ids import NAMESPACE
 
         ray.init(namespace=NAMESPACE, logging_level="WARNING")
     _session = raydp.init_spark(app_name, num_executors, executor_cores, executor_memory, configs=merged)
@@ -144,7 +144,7 @@ def _properties(value: Any) -> dict[str, Any]:
 def _worker_connect(address: str) -> None:
     """Spark's Python workers join the driver's Ray cluster, once per worker process."""
     if not ray.is_initialized():
-        from runtime.ids import NAMESPACE
+        from raytxn.ids import NAMESPACE
 
         ray.init(address=address, namespace=NAMESPACE, logging_level="ERROR", log_to_driver=False)
 
@@ -165,11 +165,11 @@ def produce_slice(spec: WriteSpec, index: int, attempt: int, rows: Iterable[Any]
     attempt at slice ``index`` meets the same rows in the same order: the sequence ids count rows
     per topic partition, so a retried attempt re-sends the same (producer, sequence ids) and the
     partition drops what it already has. ``fault(index, attempt, rows_sent)`` runs after each append."""
-    from runtime.coordinator_client import CoordinatorClient
-    from runtime.entry_format import MessageRecord, encode_message
-    from runtime.hashing import partition_for
-    from runtime.ids import partition_actor_name
-    from runtime.rpc import ActorRef
+    from raytxn.client.coordinator_client import CoordinatorClient
+    from raytxn.client.rpc import ActorRef
+    from raytxn.hashing import partition_for
+    from raytxn.ids import partition_actor_name
+    from raytxn.protocol.entry_format import MessageRecord, encode_message
 
     producer = f"{spec.writer_id}-s{index}"
     coordinators = CoordinatorClient(spec.num_coordinators, spec.owner, spec.send_timeout_s, spec.token)

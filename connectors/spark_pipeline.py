@@ -1,6 +1,6 @@
 """Exactly-once micro-batches from raytxn topics through Spark (on Ray, via RayDP) to raytxn topics.
 
-``read_batch`` takes the next batch of the subscription (``connectors.batches.read_messages``: per
+``read_batch`` takes the next batch of the subscription (``raytxn.connectors.batches.read_messages``: per
 partition a contiguous range from the subscription's cursor) and returns it as a Spark DataFrame
 (moved Ray -> Spark with ``Dataset.to_spark``) and a handle that acknowledges exactly that range,
 cumulatively per partition, inside a transaction. The consumer is closed after the batch ends, so
@@ -21,13 +21,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from connectors.batches import BatchHandle, read_messages, to_arrow
-from connectors.spark import write
-from runtime.errors import Fenced, RaytxnError
+from raytxn.connectors.batches import BatchHandle, read_messages, to_arrow
+from raytxn.connectors.spark import write
+from raytxn.errors import Fenced, RaytxnError
 
 __all__ = ["BATCH_SCHEMA", "BatchHandle", "BatchStats", "ExactlyOncePipeline", "read_batch"]
 
-# The Spark DDL of connectors.batches.batch_arrow_schema(); `properties` is a JSON string (see there).
+# The Spark DDL of raytxn.connectors.batches.batch_arrow_schema(); `properties` is a JSON string (see there).
 BATCH_SCHEMA = ("key string, value binary, properties string, event_time long, "
                 "publish_time long, topic string, partition int, message_id string")
 

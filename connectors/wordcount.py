@@ -23,7 +23,7 @@ def expected_counts(lines: Iterable[str]) -> Counter:
 
 def total_counts(client: Any, topic: str, subscription: str, idle_s: float = 3.0) -> Counter:
     """Sum every (word, count) output of all committed batches, read from the start."""
-    import runtime as rt
+    import raytxn as rt
 
     consumer = client.subscribe(topic, subscription, initial_position=rt.InitialPosition.Earliest)
     totals: Counter = Counter()

@@ -1,6 +1,6 @@
 """Benchmarks: `python examples/benchmark.py ledger [--short] [--out FILE]` (same as `raytxn bench`)."""
 
-from runtime.cli import app
+from raytxn.tools.cli import app
 
 if __name__ == "__main__":
     app(["bench", *__import__("sys").argv[1:]])

@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 import uuid
 
-import runtime as rt
-from runtime.ids import coordinator_actor_name
+import raytxn as rt
+from raytxn.ids import coordinator_actor_name
 
 
 def main() -> None:

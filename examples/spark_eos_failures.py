@@ -15,10 +15,10 @@ import uuid
 
 import ray
 
-import runtime as rt
-from connectors import spark as sc
-from connectors.spark_pipeline import ExactlyOncePipeline
-from connectors.wordcount import expected_counts, sample_lines, total_counts, wordcount
+import raytxn as rt
+from raytxn.connectors import spark as sc
+from raytxn.connectors.spark_pipeline import ExactlyOncePipeline
+from raytxn.connectors.wordcount import expected_counts, sample_lines, total_counts, wordcount
 
 
 def driver(address: str, pipeline_id: str, source: str, sink: str, pause: float) -> int:

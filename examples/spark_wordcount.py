@@ -13,10 +13,10 @@ import uuid
 from rich.console import Console
 from rich.table import Table
 
-import runtime as rt
-from connectors import spark as sc
-from connectors.spark_pipeline import ExactlyOncePipeline
-from connectors.wordcount import expected_counts, sample_lines, total_counts, wordcount
+import raytxn as rt
+from raytxn.connectors import spark as sc
+from raytxn.connectors.spark_pipeline import ExactlyOncePipeline
+from raytxn.connectors.wordcount import expected_counts, sample_lines, total_counts, wordcount
 
 
 def main() -> None:

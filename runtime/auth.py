@@ -27,7 +27,6 @@ from __future__ import annotations
 import enum
 import functools
 import inspect
-import re
 import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -36,13 +35,12 @@ from typing import Any
 
 import jwt
 
-from runtime.errors import AuthenticationFailed, InvalidArgument, NotAuthorized
+from raytxn.errors import AuthenticationFailed, InvalidArgument, NotAuthorized
 
-PRODUCE = "produce"
-CONSUME = "consume"
-ACTIONS = (PRODUCE, CONSUME)
+# the name rules live with the other names (the protocol checks them without auth's clock)
+from raytxn.ids import CONSUME, PRODUCE, check_principal
+
 ENGINE_PRINCIPAL = "raytxn-engine"
-_PRINCIPAL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$")
 
 
 class Access(enum.Enum):
@@ -76,12 +74,6 @@ class AuthConfig:
         return replace(self, secret=None)
 
 
-def check_principal(name: object) -> str:
-    if not isinstance(name, str) or not _PRINCIPAL.match(name):
-        raise InvalidArgument(f"a principal is 1-128 of [A-Za-z0-9._@-] starting alphanumeric, got {name!r}")
-    return name
-
-
 def new_secret() -> str:
     """A fresh random secret (256 bits, URL-safe text)."""
     return secrets.token_urlsafe(32)
@@ -94,13 +86,6 @@ def create_token(secret: str, principal: str, expires_at_s: float | None = None)
     if expires_at_s is not None:
         claims["exp"] = int(expires_at_s)
     return jwt.encode(claims, secret, algorithm="HS256")
-
-
-def check_actions(actions: Iterable[str]) -> tuple[str, ...]:
-    chosen = tuple(sorted(set(actions)))
-    if not chosen or any(a not in ACTIONS for a in chosen):
-        raise InvalidArgument(f"actions must be a non-empty subset of {ACTIONS}, got {list(actions)!r}")
-    return chosen
 
 
 class Authorizer:
@@ -141,8 +126,10 @@ class Authorizer:
             if exp is not None and not isinstance(exp, int):
                 raise AuthenticationFailed("invalid token: exp is not an integer")
             principal = claims["sub"]
-            if not isinstance(principal, str) or not _PRINCIPAL.match(principal):
-                raise AuthenticationFailed(f"invalid token: bad principal {principal!r}")
+            try:
+                check_principal(principal)
+            except InvalidArgument:
+                raise AuthenticationFailed(f"invalid token: bad principal {principal!r}") from None
             if len(self._verified) >= self.config.token_cache_size:
                 self._verified.clear()
             found = self._verified[token] = (principal, exp)

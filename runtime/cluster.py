@@ -7,13 +7,13 @@ from typing import Any
 
 import ray
 
-from runtime.config import EngineConfig
-from runtime.ids import NAMESPACE, SUPERVISOR_NAME, coordinator_actor_name
+from raytxn.config import EngineConfig
+from raytxn.ids import NAMESPACE, SUPERVISOR_NAME, coordinator_actor_name
 
 
 def start_coordinators(config: EngineConfig, wait: bool = True) -> list[Any]:
     """Create the coordinators ``tc-0..N-1`` unless they run already; wait for their recovery."""
-    from actors.coordinator import CoordinatorActor
+    from raytxn.actors.coordinator import CoordinatorActor
 
     handles = [
         CoordinatorActor.options(name=coordinator_actor_name(tc_id), namespace=NAMESPACE, lifetime="detached",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from runtime.auth import AuthConfig
-from runtime.ledger import LedgerConfig
+from raytxn.auth import AuthConfig
+from raytxn.ledger import LedgerConfig
 
 
 @dataclass

@@ -7,10 +7,11 @@ encode, and they pickle across Ray.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 import msgspec
 
-from runtime.errors import InvalidTopicName
+from raytxn.errors import InvalidArgument, InvalidTopicName
 
 
 class Position(msgspec.Struct, frozen=True, order=True, array_like=True):
@@ -63,6 +64,26 @@ def check_stream_name(name: object) -> str:
 
 
 # --- Ray actor names (namespace NAMESPACE): a driver finds every actor by name -----------------
+
+# principals (auth) and the per-topic actions they may be granted
+PRODUCE = "produce"
+CONSUME = "consume"
+ACTIONS = (PRODUCE, CONSUME)
+_PRINCIPAL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$")
+
+
+def check_principal(name: object) -> str:
+    if not isinstance(name, str) or not _PRINCIPAL.match(name):
+        raise InvalidArgument(f"a principal is 1-128 of [A-Za-z0-9._@-] starting alphanumeric, got {name!r}")
+    return name
+
+
+def check_actions(actions: Iterable[str]) -> tuple[str, ...]:
+    chosen = tuple(sorted(set(actions)))
+    if not chosen or any(a not in ACTIONS for a in chosen):
+        raise InvalidArgument(f"actions must be a non-empty subset of {ACTIONS}, got {list(actions)!r}")
+    return chosen
+
 
 NAMESPACE = "raytxn"
 SUPERVISOR_NAME = "supervisor"

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from runtime.seaweedfs import SeaweedFS, start_seaweedfs
+from raytxn.tools.seaweedfs import SeaweedFS, start_seaweedfs
 
 BACKENDS = ["memory", "file", "s3"]
 TEST_BUCKET = "raytxn-tests"

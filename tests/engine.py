@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-import runtime as rt
-from runtime.cluster import stop_engine
-from runtime.ids import partition_actor_name
-from runtime.rpc import ActorRef
+import raytxn as rt
+from raytxn.client.rpc import ActorRef
+from raytxn.cluster import stop_engine
+from raytxn.ids import partition_actor_name
 
 
 def engine_client(tmp_path_factory: pytest.TempPathFactory, token: str | None = None,
@@ -42,9 +42,9 @@ def visible_values(topic: str, partitions: Iterable[int] = (0,), deadline_s: flo
                    token: str | None = None) -> list[bytes]:
     """Every readable message value of the given partitions (in order per partition), read through
     the partition actors' dispatch read path: committed, non-aborted, up to max_read_position."""
-    from runtime.entry_format import decode_entry
-    from runtime.ids import Position, partition_actor_name
-    from runtime.rpc import ActorRef
+    from raytxn.client.rpc import ActorRef
+    from raytxn.ids import Position, partition_actor_name
+    from raytxn.protocol.entry_format import decode_entry
 
     values: list[bytes] = []
     for p in partitions:
@@ -74,7 +74,7 @@ def receive_all(consumer: Any, count: int, timeout: float = 20.0) -> list[Any]:
 
 def nothing_more(consumer: Any, wait_s: float = 0.5) -> bool:
     """Whether no further message arrives within ``wait_s``."""
-    from runtime.errors import Timeout
+    from raytxn.errors import Timeout
 
     try:
         consumer.receive(timeout=wait_s)

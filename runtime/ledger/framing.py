@@ -19,7 +19,7 @@ from enum import IntEnum
 import crc32c
 import msgspec
 
-from runtime.errors import CorruptLedger
+from raytxn.errors import CorruptLedger
 
 MAGIC = b"RX"
 _HEADER = struct.Struct(">2sBBIQI")

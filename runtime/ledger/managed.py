@@ -36,12 +36,12 @@ from typing import Any
 import msgspec
 from sortedcontainers import SortedDict
 
-from runtime.errors import CorruptLedger, Fenced, InvalidArgument, MessageTooLarge, PositionTrimmed, StorageUnavailable
-from runtime.ids import EARLIEST, Position, check_stream_name
-from runtime.ledger.framing import FrameKind, decode_frames, decode_records, encode_frame, encode_records
-from runtime.ledger.metadata import LedgerInfo, StreamMetadata, compare_and_set, read_metadata
-from runtime.metrics import LedgerMetrics
-from runtime.storage import ObjectExists, Storage
+from raytxn.errors import CorruptLedger, Fenced, InvalidArgument, MessageTooLarge, PositionTrimmed, StorageUnavailable
+from raytxn.ids import EARLIEST, Position, check_stream_name
+from raytxn.ledger.framing import FrameKind, decode_frames, decode_records, encode_frame, encode_records
+from raytxn.ledger.metadata import LedgerInfo, StreamMetadata, compare_and_set, read_metadata
+from raytxn.ledger.storage import ObjectExists, Storage
+from raytxn.metrics import LedgerMetrics
 
 
 @dataclass
@@ -289,7 +289,7 @@ class ManagedLedger:
 
         A retry may find the object there because an earlier attempt landed but its reply was
         lost; the same bytes mean success, other bytes mean another incarnation wrote: Fenced."""
-        from runtime.faults import InjectedFault
+        from raytxn.faults import InjectedFault
 
         delay, max_delay = self.config.retry_backoff_s
         started = time.perf_counter()  # the latency appenders wait for: retries included

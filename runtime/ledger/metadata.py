@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import msgspec
 
-from runtime.errors import CorruptLedger, Fenced
-from runtime.ids import Position
-from runtime.ledger.framing import FrameKind, decode_frames, encode_frame
-from runtime.storage import ObjectExists, Storage
+from raytxn.errors import CorruptLedger, Fenced
+from raytxn.ids import Position
+from raytxn.ledger.framing import FrameKind, decode_frames, encode_frame
+from raytxn.ledger.storage import ObjectExists, Storage
 
 KEEP_VERSIONS = 4
 

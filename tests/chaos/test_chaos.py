@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-import runtime as rt
-from runtime.chaos import make_schedule, run_chaos
+import raytxn as rt
+from raytxn.tools.chaos import make_schedule, run_chaos
 from tests.engine import engine_client
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]

@@ -5,8 +5,8 @@ import asyncio
 import json
 import sys
 
-from runtime.ledger import LedgerConfig, ManagedLedger
-from runtime.storage import Storage
+from raytxn.ledger import LedgerConfig, ManagedLedger
+from raytxn.ledger.storage import Storage
 
 
 async def main(url: str, options: dict, stream: str, record_size: int, concurrency: int) -> None:

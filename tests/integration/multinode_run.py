@@ -16,13 +16,13 @@ import ray
 from ray.cluster_utils import Cluster
 from ray.util.state import list_actors
 
-import runtime as rt
-from runtime.checker import check
-from runtime.entry_format import decode_entry
-from runtime.history import History
-from runtime.ids import Position, coordinator_actor_name, partition_actor_name
-from runtime.message import MessageId
-from runtime.rpc import ActorRef
+import raytxn as rt
+from raytxn.client.message import MessageId
+from raytxn.client.rpc import ActorRef
+from raytxn.ids import Position, coordinator_actor_name, partition_actor_name
+from raytxn.protocol.entry_format import decode_entry
+from raytxn.tools.checker import check
+from raytxn.tools.history import History
 
 TOPIC = "multinode"
 PARTITIONS = 4

@@ -12,11 +12,11 @@ from collections.abc import Iterator
 import pytest
 import ray
 
-import runtime as rt
-from runtime.auth import create_token, new_secret
-from runtime.errors import AuthenticationFailed, NotAuthorized, TransactionAlreadyAborted
-from runtime.ids import NAMESPACE, partition_actor_name
-from runtime.rpc import ActorRef
+import raytxn as rt
+from raytxn.auth import create_token, new_secret
+from raytxn.client.rpc import ActorRef
+from raytxn.errors import AuthenticationFailed, NotAuthorized, TransactionAlreadyAborted
+from raytxn.ids import NAMESPACE, partition_actor_name
 from tests.engine import engine_client, new_topic, visible_values
 
 pytestmark = pytest.mark.ray
@@ -155,7 +155,7 @@ def test_a_transactional_id_belongs_to_its_first_registrant(admin: rt.Client, al
 
 
 def test_engine_internals_refuse_client_tokens(admin: rt.Client, alice: rt.Client) -> None:
-    from runtime.ids import TxnID
+    from raytxn.ids import TxnID
 
     topic = new_topic(admin, prefix="auth")
     admin.grant_permission(topic, "alice", ["produce", "consume"])
@@ -169,7 +169,7 @@ def test_engine_internals_refuse_client_tokens(admin: rt.Client, alice: rt.Clien
 
 def test_ray_data_tasks_produce_and_read_as_the_clients_principal(admin: rt.Client, alice: rt.Client,
                                                                    bob: rt.Client) -> None:
-    from connectors.ray_data import read_topic, write_topic
+    from raytxn.connectors.ray_data import read_topic, write_topic
 
     topic = new_topic(admin, partitions=2, prefix="auth")
     admin.grant_permission(topic, "alice", ["produce"])
@@ -194,8 +194,8 @@ def test_cli_secret_tokens_grants_and_refusals(admin: rt.Client, tmp_path: objec
 
     from typer.testing import CliRunner
 
-    from runtime.auth import AuthConfig, Authorizer
-    from runtime.cli import app
+    from raytxn.auth import AuthConfig, Authorizer
+    from raytxn.tools.cli import app
 
     runner = CliRunner()
 

@@ -11,7 +11,7 @@ import pytest
 @pytest.mark.s3
 def test_bench_ledger_short_writes_json(tmp_path: Path) -> None:
     out = tmp_path / "ledger.json"
-    proc = subprocess.run([sys.executable, "-m", "runtime.cli", "bench", "ledger", "--short", "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "raytxn.tools.cli", "bench", "ledger", "--short", "--out", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = json.loads(out.read_text())["results"]

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 from typer.testing import CliRunner
 
-import runtime as rt
-from runtime.cli import app
+import raytxn as rt
+from raytxn.tools.cli import app
 from tests.engine import engine_client
 
 pytestmark = pytest.mark.ray
@@ -80,7 +80,7 @@ def test_stop_in_another_process_stops_the_engine_not_a_ray_it_did_not_start(cli
 
     import ray
 
-    from runtime.ids import NAMESPACE
+    from raytxn.ids import NAMESPACE
 
     if (Path(tempfile.gettempdir()) / "raytxn-started-ray").exists():
         pytest.skip("a Ray started by `raytxn start` runs on this machine: `raytxn stop` would stop it")
@@ -105,9 +105,9 @@ def test_start_in_another_process_starts_an_engine_with_auth(ray_session: object
 
     import ray
 
-    from runtime.auth import create_token, new_secret
-    from runtime.cluster import stop_engine
-    from runtime.ids import NAMESPACE
+    from raytxn.auth import create_token, new_secret
+    from raytxn.cluster import stop_engine
+    from raytxn.ids import NAMESPACE
 
     secret = new_secret()
     key = Path(str(tmp_path)) / "engine.key"

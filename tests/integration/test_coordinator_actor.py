@@ -11,10 +11,10 @@ from dataclasses import dataclass
 import pytest
 import ray
 
-from runtime.cluster import start_coordinators, stop_actor
-from runtime.config import CoordinatorConfig, EngineConfig
-from runtime.coordinator_client import CoordinatorClient
-from runtime.errors import (
+from raytxn.client.coordinator_client import CoordinatorClient
+from raytxn.cluster import start_coordinators, stop_actor
+from raytxn.config import CoordinatorConfig, EngineConfig
+from raytxn.errors import (
     Fenced,
     NotAllowed,
     TransactionAlreadyAborted,
@@ -22,10 +22,10 @@ from runtime.errors import (
     TransactionNotFound,
     TransactionTimedOut,
 )
-from runtime.hashing import coordinator_for
-from runtime.ids import NAMESPACE, TxnID, coordinator_actor_name, partition_actor_name, subscription_actor_name
-from runtime.storage import Storage
-from runtime.testing import start_participant
+from raytxn.hashing import coordinator_for
+from raytxn.ids import NAMESPACE, TxnID, coordinator_actor_name, partition_actor_name, subscription_actor_name
+from raytxn.ledger.storage import Storage
+from raytxn.tools.testing import start_participant
 
 pytestmark = pytest.mark.ray
 

@@ -7,11 +7,11 @@ import itertools
 
 import pytest
 
-from runtime.errors import CorruptLedger, Fenced, MessageTooLarge, PositionTrimmed
-from runtime.ids import Position
-from runtime.ledger import LedgerConfig, ManagedLedger, chunk_path, ledger_prefix
-from runtime.ledger.metadata import meta_prefix
-from runtime.storage import Storage
+from raytxn.errors import CorruptLedger, Fenced, MessageTooLarge, PositionTrimmed
+from raytxn.ids import Position
+from raytxn.ledger import LedgerConfig, ManagedLedger, chunk_path, ledger_prefix
+from raytxn.ledger.metadata import meta_prefix
+from raytxn.ledger.storage import Storage
 
 
 def run(coro):
@@ -265,7 +265,7 @@ def test_reader_reads_tail_of_crashed_writer(storage_url: tuple[str, dict]) -> N
 
 
 def test_invalid_stream_names(storage_url: tuple[str, dict]) -> None:
-    from runtime.errors import InvalidTopicName
+    from raytxn.errors import InvalidTopicName
 
     async def go() -> None:
         for bad in ["", "/abs", "a//b", "a/../b", "a b", "x" * 300]:

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from runtime.ids import Position
-from runtime.ledger import ManagedLedger
-from runtime.storage import Storage
+from raytxn.ids import Position
+from raytxn.ledger import ManagedLedger
+from raytxn.ledger.storage import Storage
 
 WRITER = Path(__file__).with_name("crash_writer.py")
 ROOT = Path(__file__).resolve().parents[2]

@@ -20,9 +20,9 @@ import pytest
 import ray
 from prometheus_client.parser import text_string_to_metric_families
 
-import runtime as rt
-from runtime.ids import NAMESPACE, partition_actor_name
-from runtime.rpc import ActorRef
+import raytxn as rt
+from raytxn.client.rpc import ActorRef
+from raytxn.ids import NAMESPACE, partition_actor_name
 from tests.engine import engine_client
 
 pytestmark = pytest.mark.ray

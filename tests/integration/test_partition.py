@@ -11,10 +11,10 @@ from collections.abc import Iterator
 import pytest
 import ray
 
-import runtime as rt
-from runtime.config import PartitionConfig
-from runtime.entry_format import MessageRecord, encode_message
-from runtime.errors import (
+import raytxn as rt
+from raytxn.client.message import MessageId
+from raytxn.config import PartitionConfig
+from raytxn.errors import (
     InvalidArgument,
     InvalidTopicName,
     MessageTooLarge,
@@ -23,10 +23,10 @@ from runtime.errors import (
     TopicNotFound,
     TransactionTimedOut,
 )
-from runtime.hashing import partition_for
-from runtime.ids import NAMESPACE, Position, partition_actor_name
-from runtime.message import MessageId
-from runtime.storage import Storage
+from raytxn.hashing import partition_for
+from raytxn.ids import NAMESPACE, Position, partition_actor_name
+from raytxn.ledger.storage import Storage
+from raytxn.protocol.entry_format import MessageRecord, encode_message
 from tests.engine import engine_client, new_topic, partition_ref, visible_values
 
 pytestmark = pytest.mark.ray

@@ -12,11 +12,11 @@ from collections.abc import Iterator
 
 import pytest
 
-import runtime as rt
-from runtime.entry_format import MessageRecord, encode_message
-from runtime.errors import Fenced, InvalidArgument, ProducerQueueFull
-from runtime.hashing import partition_for
-from runtime.message import MessageId
+import raytxn as rt
+from raytxn.client.message import MessageId
+from raytxn.errors import Fenced, InvalidArgument, ProducerQueueFull
+from raytxn.hashing import partition_for
+from raytxn.protocol.entry_format import MessageRecord, encode_message
 from tests.engine import engine_client, new_topic, partition_ref, visible_values
 
 pytestmark = pytest.mark.ray

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import ray
 
-import runtime as rt
-from connectors.ray_data import read_topic, write_topic
-from runtime.ids import partition_actor_name
-from runtime.rpc import ActorRef
+import raytxn as rt
+from raytxn.client.rpc import ActorRef
+from raytxn.connectors.ray_data import read_topic, write_topic
+from raytxn.ids import partition_actor_name
 from tests.engine import engine_client, visible_values
 
 pytestmark = pytest.mark.ray
@@ -25,7 +25,7 @@ COLUMNS = ["key", "value", "properties", "event_time", "publish_time", "topic", 
 
 @pytest.fixture(scope="module")
 def client(ray_session: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[rt.Client]:
-    from runtime.config import SubscriptionConfig
+    from raytxn.config import SubscriptionConfig
 
     yield from engine_client(tmp_path_factory, subscription=SubscriptionConfig(consumer_timeout_s=3.0))
 

@@ -13,13 +13,13 @@ from collections.abc import Iterator
 import pytest
 import ray
 
-import runtime as rt
-from runtime.cluster import stop_engine
-from runtime.errors import CorruptLedger
-from runtime.ids import NAMESPACE, partition_actor_name
-from runtime.rpc import ActorRef
-from runtime.seaweedfs import SeaweedFS
-from runtime.storage import Storage
+import raytxn as rt
+from raytxn.client.rpc import ActorRef
+from raytxn.cluster import stop_engine
+from raytxn.errors import CorruptLedger
+from raytxn.ids import NAMESPACE, partition_actor_name
+from raytxn.ledger.storage import Storage
+from raytxn.tools.seaweedfs import SeaweedFS
 from tests.conftest import TEST_BUCKET
 from tests.engine import visible_values
 

@@ -12,12 +12,12 @@ from collections.abc import Iterator
 import pytest
 import ray
 
-import runtime as rt
-from runtime.config import SubscriptionConfig
-from runtime.errors import InvalidArgument, NotAllowed, Timeout
-from runtime.ids import subscription_actor_name
-from runtime.message import Message
-from runtime.rpc import ActorRef
+import raytxn as rt
+from raytxn.client.message import Message
+from raytxn.client.rpc import ActorRef
+from raytxn.config import SubscriptionConfig
+from raytxn.errors import InvalidArgument, NotAllowed, Timeout
+from raytxn.ids import subscription_actor_name
 from tests.engine import engine_client, new_topic, nothing_more, receive_all
 
 pytestmark = pytest.mark.ray

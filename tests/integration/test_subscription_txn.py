@@ -11,20 +11,20 @@ from collections.abc import Callable, Iterator
 import pytest
 import ray
 
-import runtime as rt
-from actors.subscription import FAULT_POINTS
-from runtime.config import SubscriptionConfig
-from runtime.consumer import Consumer
-from runtime.errors import (
+import raytxn as rt
+from raytxn.actors.subscription import FAULT_POINTS
+from raytxn.client.consumer import Consumer
+from raytxn.client.message import Message
+from raytxn.client.rpc import ActorRef
+from raytxn.client.transaction import TxnClientState
+from raytxn.config import SubscriptionConfig
+from raytxn.errors import (
     NotAllowed,
     TransactionAlreadyAborted,
     TransactionConflict,
     TransactionTimedOut,
 )
-from runtime.ids import NAMESPACE, subscription_actor_name
-from runtime.message import Message
-from runtime.rpc import ActorRef
-from runtime.transaction import TxnClientState
+from raytxn.ids import NAMESPACE, subscription_actor_name
 from tests.engine import engine_client, new_topic, nothing_more, receive_all
 
 pytestmark = pytest.mark.ray

@@ -10,10 +10,10 @@ from collections.abc import Callable, Iterator
 import pytest
 import ray
 
-import runtime as rt
-from runtime.errors import InvalidArgument
-from runtime.ids import NAMESPACE, coordinator_actor_name, partition_actor_name
-from runtime.rpc import ActorRef
+import raytxn as rt
+from raytxn.client.rpc import ActorRef
+from raytxn.errors import InvalidArgument
+from raytxn.ids import NAMESPACE, coordinator_actor_name, partition_actor_name
 from tests.engine import engine_client
 
 pytestmark = pytest.mark.ray

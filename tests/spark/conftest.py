@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from connectors import spark as sc
+from raytxn.connectors import spark as sc
 
 
 @pytest.fixture(scope="package")

@@ -12,11 +12,11 @@ import time
 
 import ray
 
-import runtime as rt
-from connectors import spark as sc
-from connectors.spark_pipeline import ExactlyOncePipeline
-from connectors.wordcount import wordcount
-from runtime.errors import Fenced
+import raytxn as rt
+from raytxn.connectors import spark as sc
+from raytxn.connectors.spark_pipeline import ExactlyOncePipeline
+from raytxn.connectors.wordcount import wordcount
+from raytxn.errors import Fenced
 
 
 def main() -> int:

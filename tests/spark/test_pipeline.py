@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import ray
 
-import runtime as rt
-from connectors.spark_pipeline import ExactlyOncePipeline, read_batch
-from connectors.wordcount import expected_counts, sample_lines, total_counts, wordcount
-from runtime.ids import coordinator_actor_name
+import raytxn as rt
+from raytxn.connectors.spark_pipeline import ExactlyOncePipeline, read_batch
+from raytxn.connectors.wordcount import expected_counts, sample_lines, total_counts, wordcount
+from raytxn.ids import coordinator_actor_name
 from tests.engine import engine_client
 
 pytestmark = [pytest.mark.ray, pytest.mark.spark]
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def client(ray_session: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[rt.Client]:
-    from runtime.config import SubscriptionConfig
+    from raytxn.config import SubscriptionConfig
 
     yield from engine_client(tmp_path_factory, subscription=SubscriptionConfig(consumer_timeout_s=3.0))
 

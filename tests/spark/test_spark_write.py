@@ -8,10 +8,10 @@ from collections.abc import Iterator
 
 import pytest
 
-import runtime as rt
-from connectors import spark as sc
-from runtime.ids import partition_actor_name
-from runtime.rpc import ActorRef
+import raytxn as rt
+from raytxn.client.rpc import ActorRef
+from raytxn.connectors import spark as sc
+from raytxn.ids import partition_actor_name
 from tests.engine import engine_client, visible_values
 
 pytestmark = [pytest.mark.ray, pytest.mark.spark]

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runtime.auth import (
+from raytxn.auth import (
     ENGINE_PRINCIPAL,
     Access,
     AuthConfig,
@@ -23,9 +23,9 @@ from runtime.auth import (
     guarded,
     new_secret,
 )
-from runtime.catalog import Catalog, decode_catalog, encode_catalog
-from runtime.coordinator_state import CoordinatorState
-from runtime.errors import AuthenticationFailed, InvalidArgument, NotAuthorized, TopicNotFound
+from raytxn.errors import AuthenticationFailed, InvalidArgument, NotAuthorized, TopicNotFound
+from raytxn.protocol.catalog import Catalog, decode_catalog, encode_catalog
+from raytxn.protocol.coordinator_state import CoordinatorState
 
 SECRET = "s" * 32
 

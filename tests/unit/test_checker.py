@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runtime.checker import KINDS, Report, check
-from runtime.history import History
-from runtime.ids import TxnID
-from runtime.message import MessageId
+from raytxn.client.message import MessageId
+from raytxn.ids import TxnID
+from raytxn.tools.checker import KINDS, Report, check
+from raytxn.tools.history import History
 
 TIMEOUT_S = 10.0
 T1, T2, T3 = TxnID(1, 1), TxnID(1, 2), TxnID(2, 1)

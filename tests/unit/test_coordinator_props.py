@@ -11,8 +11,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from runtime.coordinator_state import CoordinatorState, EndResult
-from runtime.errors import (
+from raytxn.errors import (
     Fenced,
     InvalidArgument,
     InvalidTxnState,
@@ -23,8 +22,9 @@ from runtime.errors import (
     TransactionNotFound,
     TransactionTimedOut,
 )
-from runtime.ids import TxnID
-from runtime.txnlog import (
+from raytxn.ids import TxnID
+from raytxn.protocol.coordinator_state import CoordinatorState, EndResult
+from raytxn.protocol.txnlog import (
     AbortReason,
     Checkpoint,
     Record,

@@ -6,13 +6,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from runtime.coordinator_state import (
-    VALID_PREVIOUS_STATES,
-    CoordinatorState,
-    EndResult,
-    TxnMeta,
-)
-from runtime.errors import (
+from raytxn.errors import (
     CorruptLedger,
     Fenced,
     InvalidArgument,
@@ -24,8 +18,14 @@ from runtime.errors import (
     TransactionNotFound,
     TransactionTimedOut,
 )
-from runtime.ids import TxnID
-from runtime.txnlog import (
+from raytxn.ids import TxnID
+from raytxn.protocol.coordinator_state import (
+    VALID_PREVIOUS_STATES,
+    CoordinatorState,
+    EndResult,
+    TxnMeta,
+)
+from raytxn.protocol.txnlog import (
     AbortReason,
     AddPartitions,
     AddSubscriptions,

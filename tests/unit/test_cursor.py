@@ -9,7 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.cursor import (
+from raytxn.errors import CorruptLedger, InvalidArgument
+from raytxn.ids import EARLIEST, Position
+from raytxn.protocol.cursor import (
     BatchAckState,
     Cursor,
     CursorSnapshot,
@@ -20,8 +22,6 @@ from runtime.cursor import (
     next_position,
     position_before,
 )
-from runtime.errors import CorruptLedger, InvalidArgument
-from runtime.ids import EARLIEST, Position
 
 
 def P(ledger: int, entry: int) -> Position:

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.consumer import _whole_entries
-from runtime.cursor import Cursor
-from runtime.dispatch import ConsumerType, Dispatcher, QueuedMessage
-from runtime.entry_format import EntryHeader, MessageRecord, encode_entry
-from runtime.errors import InvalidArgument, NotAllowed, TransactionConflict
-from runtime.ids import Position, TxnID
-from runtime.pending_ack import AbortRecord, CommitRecord
-from runtime.subscription_state import (
+from raytxn.client.consumer import _whole_entries
+from raytxn.errors import InvalidArgument, NotAllowed, TransactionConflict
+from raytxn.ids import Position, TxnID
+from raytxn.protocol.cursor import Cursor
+from raytxn.protocol.dispatch import ConsumerType, Dispatcher, QueuedMessage
+from raytxn.protocol.entry_format import EntryHeader, MessageRecord, encode_entry
+from raytxn.protocol.pending_ack import AbortRecord, CommitRecord
+from raytxn.protocol.subscription_state import (
     SubscriptionState,
     count_entries,
     decode_persisted,

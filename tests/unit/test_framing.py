@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runtime.errors import CorruptLedger
-from runtime.ledger.framing import FrameKind, decode_frames, decode_records, encode_frame, encode_records
+from raytxn.errors import CorruptLedger
+from raytxn.ledger.framing import FrameKind, decode_frames, decode_records, encode_frame, encode_records
 
 
 @given(st.lists(st.lists(st.binary(max_size=64), max_size=5), min_size=1, max_size=5), st.integers(0, 2**40))

@@ -2,7 +2,7 @@
 
 import pytest
 
-from runtime.hashing import murmur2, partition_for, stable_hash
+from raytxn.hashing import murmur2, partition_for, stable_hash
 
 KAFKA_CASES = {
     b"21": -973932308,

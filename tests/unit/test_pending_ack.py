@@ -8,8 +8,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from runtime.cursor import Cursor
-from runtime.errors import (
+from raytxn.errors import (
     CorruptLedger,
     InvalidArgument,
     InvalidTxnState,
@@ -18,8 +17,9 @@ from runtime.errors import (
     TransactionAlreadyCommitted,
     TransactionConflict,
 )
-from runtime.ids import Position, TxnID
-from runtime.pending_ack import (
+from raytxn.ids import Position, TxnID
+from raytxn.protocol.cursor import Cursor
+from raytxn.protocol.pending_ack import (
     AbortRecord,
     Ack,
     AckKind,

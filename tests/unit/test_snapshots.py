@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runtime.errors import CorruptLedger, InvalidArgument
-from runtime.snapshots import (
+from raytxn.errors import CorruptLedger, InvalidArgument
+from raytxn.ledger.snapshots import (
     SEGMENT_OVERHEAD,
     join_segments,
     newest_complete,

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from obstore.store import AzureStore, GCSStore, LocalStore, MemoryStore, S3Store
 
-from runtime.errors import InvalidArgument
-from runtime.storage import Storage
+from raytxn.errors import InvalidArgument
+from raytxn.ledger.storage import Storage
 
 
 def test_each_scheme_opens_its_store(tmp_path: object) -> None:

@@ -9,7 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runtime.entry_format import (
+from raytxn.errors import CorruptLedger, InvalidArgument, InvalidTxnState, NotAllowed, TransactionAlreadyAborted
+from raytxn.ids import EARLIEST, Position, TxnID
+from raytxn.ledger.snapshots import join_segments, split_snapshot
+from raytxn.protocol.entry_format import (
     EntryHeader,
     MessageRecord,
     decode_entry,
@@ -18,11 +21,8 @@ from runtime.entry_format import (
     encode_header,
     marker_header,
 )
-from runtime.errors import CorruptLedger, InvalidArgument, InvalidTxnState, NotAllowed, TransactionAlreadyAborted
-from runtime.ids import EARLIEST, Position, TxnID
-from runtime.snapshots import join_segments, split_snapshot
-from runtime.txn_buffer import AppendStatus, EndDecision, TransactionBuffer, TxnBufferSnapshot
-from runtime.txnlog import EndAction
+from raytxn.protocol.txn_buffer import AppendStatus, EndDecision, TransactionBuffer, TxnBufferSnapshot
+from raytxn.protocol.txnlog import EndAction
 
 COMMIT, ABORT = EndAction.COMMIT, EndAction.ABORT
 T1, T2, T3 = TxnID(1, 1), TxnID(1, 2), TxnID(1, 3)

@@ -1,0 +1,269 @@
+"""The client: ``raytxn.connect()`` and what hangs off it.
+
+    import raytxn as rt
+    client = rt.connect()                                  # local Ray, file://./.raytxn-data
+    client.create_topic("orders", partitions=4)
+    producer = client.create_producer("orders")
+    with client.transaction(timeout=60) as txn:            # commit on exit, abort on exception
+        producer.send(b"payload", key="k1", txn=txn)
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import ray
+
+from raytxn.auth import AuthConfig
+from raytxn.client.consumer import Consumer, ConsumerType, InitialPosition
+from raytxn.client.coordinator_client import CoordinatorClient
+from raytxn.client.faults import Faults
+from raytxn.client.loop import BackgroundLoop
+from raytxn.client.producer import Producer
+from raytxn.client.rpc import ActorRef
+from raytxn.client.transaction import Transaction
+from raytxn.config import EngineConfig
+from raytxn.errors import InvalidArgument, TopicNotFound
+from raytxn.ids import NAMESPACE, SUPERVISOR_NAME, partition_actor_name
+from raytxn.ledger.storage import DEFAULT_URL
+
+
+def connect(storage: str | None = None, address: str | None = None, *, owner: str | None = None,
+            storage_options: dict[str, Any] | None = None, deadline_s: float = 60.0, token: str | None = None,
+            auth_secret: str | None = None, **config: Any) -> Client:
+    """Join (or start) a Ray cluster and the raytxn engine on it, and return a client.
+
+    With nothing given, starts a local Ray (or joins the one running in this process) and stores
+    everything under ``file://./.raytxn-data``. ``address`` joins an existing cluster (``"auto"``
+    or ``ray://host:port``). Starts the supervisor and coordinators unless they already run, in
+    which case it attaches to them (and their storage wins). ``config`` overrides EngineConfig
+    fields for a new engine, e.g. ``num_coordinators=3``.
+
+    Auth (runtime/auth.py): a new engine enforces tokens and permissions when ``auth_secret`` (or
+    the ``RAYTXN_AUTH_SECRET`` environment variable) is set; ``superusers=(...)`` names its
+    superusers. ``token`` (or ``RAYTXN_TOKEN``) is what this client presents (given the secret and
+    no token, it acts as the first superuser); a bad token fails here with ``AuthenticationFailed``."""
+    token = token if token is not None else os.environ.get("RAYTXN_TOKEN") or None
+    auth_secret = auth_secret if auth_secret is not None else os.environ.get("RAYTXN_AUTH_SECRET") or None
+    started_ray = False
+    if not ray.is_initialized():
+        ray.init(address=address, namespace=NAMESPACE, include_dashboard=False, logging_level="WARNING",
+                 configure_logging=True)
+        started_ray = address is None
+    engine = _engine_config(storage, storage_options or {}, config, auth_secret)
+    if token is None and auth_secret is not None:
+        # Whoever holds the secret can mint any token: act as the first superuser.
+        from raytxn.auth import create_token
+
+        token = create_token(auth_secret, engine.auth.superusers[0])
+    from raytxn.actors.supervisor import SupervisorActor
+
+    supervisor = SupervisorActor.options(name=SUPERVISOR_NAME, namespace=NAMESPACE, lifetime="detached",
+                                         get_if_exists=True, resources=engine.actor_resources).remote(engine)
+    ready = ray.get(supervisor.ready.remote())
+    client = Client(ready["config"], owner=owner, deadline_s=deadline_s, token=token)
+    client._started_ray = started_ray
+    if client.config.auth.enabled:
+        client.whoami()  # a missing, forged or expired token fails now rather than at first use
+    return client
+
+
+def _engine_config(storage: str | None, storage_options: dict[str, Any], overrides: dict[str, Any],
+                   auth_secret: str | None = None) -> EngineConfig:
+    engine = EngineConfig(storage_url=storage or DEFAULT_URL, storage_options=storage_options)
+    superusers = overrides.pop("superusers", None)
+    if auth_secret is not None or superusers is not None:
+        chosen = {} if superusers is None else {"superusers": tuple(superusers)}
+        engine.auth = AuthConfig(secret=auth_secret, **chosen)
+    if storage and storage.startswith("file://") and not storage.startswith("file:///"):
+        # a relative path must mean the same directory to every actor: make it absolute
+        engine.storage_url = "file://" + os.path.abspath(storage[len("file://"):])
+    elif not storage:
+        engine.storage_url = "file://" + os.path.abspath(DEFAULT_URL[len("file://"):])
+    coordinator = engine.coordinator
+    for key, value in overrides.items():
+        if key == "num_coordinators":
+            coordinator = replace(coordinator, num_coordinators=value)
+        elif hasattr(engine, key):
+            setattr(engine, key, value)
+        else:
+            raise InvalidArgument(f"unknown config option {key!r}")
+    engine.coordinator = coordinator
+    return engine
+
+
+def _timeout_ms(timeout: float) -> int:
+    if timeout <= 0:
+        raise InvalidArgument(f"timeout must be > 0, got {timeout!r}")
+    return int(timeout * 1000)
+
+
+def shutdown(token: str | None = None) -> None:
+    """Stop the engine's actors (supervisor, coordinators, partitions, subscriptions) and the
+    local Ray this process started. Data stays in the storage. With auth on, ``token`` (or
+    ``RAYTXN_TOKEN``) must be a superuser's."""
+    if not ray.is_initialized():
+        return
+    from raytxn.cluster import stop_engine
+
+    stop_engine(token if token is not None else os.environ.get("RAYTXN_TOKEN") or None)
+    ray.shutdown()
+
+
+class Client:
+    def __init__(self, config: EngineConfig, owner: str | None = None, deadline_s: float = 60.0,
+                 token: str | None = None) -> None:
+        self.config = config
+        self.owner = owner or f"client-{uuid.uuid4().hex[:12]}"
+        self.deadline_s = deadline_s
+        self.token = token
+        self.loop = BackgroundLoop()
+        self.supervisor = ActorRef(SUPERVISOR_NAME, token)
+        self.coordinators = CoordinatorClient(config.coordinator.num_coordinators, self.owner, deadline_s, token)
+        self.faults = Faults(self.supervisor, deadline_s)
+        self._producers: list[Producer] = []
+        self._consumers: list[Any] = []
+        self._started_ray = False
+
+    # --- admin -------------------------------------------------------------------------------
+
+    def create_topic(self, name: str, partitions: int = 1) -> dict[str, Any]:
+        return self.supervisor.call("create_topic", name, partitions, deadline_s=self.deadline_s)
+
+    def delete_topic(self, name: str) -> None:
+        """Delete the topic. A retry after the supervisor died mid-call that finds no topic means
+        the first attempt deleted it (its reply was lost): success, not ``TopicNotFound``."""
+        retries: list[None] = []
+        try:
+            self.supervisor.call("delete_topic", name, deadline_s=self.deadline_s,
+                                 on_retry=lambda: retries.append(None))
+        except TopicNotFound:
+            if not retries:
+                raise
+
+    def list_topics(self) -> list[dict[str, Any]]:
+        return self.supervisor.call("list_topics", deadline_s=self.deadline_s)
+
+    def get_topic(self, name: str) -> dict[str, Any]:
+        return self.supervisor.call("get_topic", name, deadline_s=self.deadline_s)
+
+    def topic_stats(self, name: str) -> dict[str, Any]:
+        info = self.get_topic(name)
+        partitions = [ActorRef(partition_actor_name(name, p), self.token).call("stats", deadline_s=self.deadline_s)
+                      for p in range(info["partitions"])]
+        return {**info, "partition_stats": partitions}
+
+    def whoami(self) -> dict[str, Any]:
+        """This client's principal (None with auth off) and whether it is a superuser."""
+        return self.supervisor.call("whoami", deadline_s=self.deadline_s)
+
+    def grant_permission(self, topic: str, principal: str,
+                         actions: list[str] | tuple[str, ...]) -> dict[str, list[str]]:
+        """Superusers: ``principal`` may do exactly ``actions`` ("produce", "consume") on ``topic``;
+        enforced by every actor of the topic when this returns."""
+        return self.supervisor.call("grant_permission", topic, principal, list(actions), deadline_s=self.deadline_s)
+
+    def revoke_permission(self, topic: str, principal: str) -> dict[str, list[str]]:
+        """Superusers: take every permission on ``topic`` from ``principal``."""
+        return self.supervisor.call("revoke_permission", topic, principal, deadline_s=self.deadline_s)
+
+    def permissions(self, topic: str) -> dict[str, list[str]]:
+        """Superusers: principal -> actions granted on ``topic``."""
+        return self.supervisor.call("topic_permissions", topic, deadline_s=self.deadline_s)["permissions"]
+
+    def health(self) -> dict[str, Any]:
+        """The supervisor's view of every actor (state, incarnation, restarts, recovery)."""
+        return self.supervisor.call("health", deadline_s=self.deadline_s)
+
+    def coordinator_stats(self) -> list[dict[str, Any]]:
+        return self.coordinators.stats()
+
+    # --- producers ---------------------------------------------------------------------------
+
+    def create_producer(self, topic: str, producer_name: str | None = None, **options: Any) -> Producer:
+        """A producer for ``topic``. Options: batching_max_messages, batching_max_bytes,
+        batching_max_delay_ms, send_timeout_s, max_pending_messages, max_pending_bytes (see
+        runtime/client/producer.py)."""
+        info = self.get_topic(topic)
+        options.setdefault("max_message_bytes", self.config.partition.max_message_bytes)
+        producer = Producer(self, topic, info["partitions"], producer_name, **options)
+        self._producers.append(producer)
+        return producer
+
+    # --- consumers ---------------------------------------------------------------------------
+
+    def subscribe(self, topic: str, subscription: str, consumer_type: ConsumerType | str = ConsumerType.Exclusive,
+                  initial_position: InitialPosition | str = InitialPosition.Latest, consumer_name: str | None = None,
+                  receiver_queue_size: int = 1000, ack_timeout_s: float | None = None,
+                  negative_ack_redelivery_delay_s: float = 1.0) -> Consumer:
+        """A consumer of ``subscription`` on every partition of ``topic``; the subscription is
+        created (at ``initial_position``) unless it exists. ``NotAllowed`` when its type refuses
+        another consumer (Exclusive, or a consumer of another type attached)."""
+        try:
+            position = InitialPosition(initial_position)
+        except ValueError:
+            raise InvalidArgument(f"initial_position must be latest or earliest, got {initial_position!r}") from None
+        info = self.supervisor.call("create_subscription", topic, subscription, str(position),
+                                    deadline_s=self.deadline_s)
+        consumer = Consumer(self, topic, subscription, info["partitions"], consumer_type, consumer_name,
+                            receiver_queue_size, ack_timeout_s, negative_ack_redelivery_delay_s)
+        self._consumers.append(consumer)
+        return consumer
+
+    # --- transactions ------------------------------------------------------------------------
+
+    def new_transaction(self, timeout: float = 60.0, transactional_id: str | None = None,
+                        epoch: int | None = None) -> Transaction:
+        """Begin a transaction (``timeout`` in seconds). With a ``transactional_id``, pass the
+        ``epoch`` that ``register_transactional_id`` returned (older epochs are fenced)."""
+        txn_id = self.coordinators.new_txn(_timeout_ms(timeout), transactional_id, epoch)
+        return Transaction(self, txn_id, timeout, transactional_id, epoch)
+
+    def new_transaction_async(self, timeout: float = 60.0, transactional_id: str | None = None,
+                              epoch: int | None = None) -> concurrent.futures.Future[Transaction]:
+        """``new_transaction`` without waiting (Pulsar's ``newTransaction()`` future): begin the
+        next transaction while the current one still sends, so the coordinator round trip is off
+        the sender's path. Errors (``Fenced``, an unreachable coordinator) come through the future."""
+        timeout_ms = _timeout_ms(timeout)
+
+        async def begin() -> Transaction:
+            txn_id = await self.coordinators.new_txn_async(timeout_ms, transactional_id, epoch)
+            return Transaction(self, txn_id, timeout, transactional_id, epoch)
+
+        return self.loop.submit(begin())
+
+    @contextlib.contextmanager
+    def transaction(self, timeout: float = 60.0, transactional_id: str | None = None,
+                    epoch: int | None = None) -> Iterator[Transaction]:
+        """``with client.transaction() as txn:`` commits on normal exit, aborts on an exception
+        (which is re-raised)."""
+        txn = self.new_transaction(timeout, transactional_id, epoch)
+        with txn:
+            yield txn
+
+    def register_transactional_id(self, transactional_id: str) -> int:
+        """Start a new incarnation of ``transactional_id``: bumps its epoch, aborts its open
+        transaction, and fences every older epoch (Kafka's initTransactions)."""
+        return self.coordinators.register_transactional_id(transactional_id)
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Flush producers, close consumers; the cluster keeps running."""
+        for producer in self._producers:
+            producer.close()
+        for consumer in self._consumers:
+            consumer.close()
+        self.loop.stop()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,591 @@
+"""Consumers: ``client.subscribe(topic, subscription, ...)``, over every partition of the topic.
+
+Each partition has a subscription actor ``sub-<topic>-<p>-<subscription>``. The consumer attaches
+to all of them and runs one fetch loop per partition on the client's background loop: it
+long-polls the actor for as many messages as that partition's receiver queue
+(``receiver_queue_size``) has room for - its permits - and asks again once half of them were
+received. Messages of one partition arrive in order; ``receive`` takes them from one queue.
+
+Acks are grouped per partition and transaction and sent every few milliseconds, like Pulsar's ack
+grouping. Plain acks return at once. An ack in a transaction registers the subscription with the
+coordinator (once per txn and partition) and is tracked by the transaction (commit waits for it,
+and aborts if it failed); ``acknowledge`` with a txn waits until the ack is logged, so a conflict
+raises right there, while ``acknowledge_async`` returns a future.
+
+Ack timeouts and negative acks are tracked here, as Pulsar's client does: when one is due, the
+consumer asks the actor to redeliver those messages (to whichever consumer should get them).
+
+Every fetch reply carries the actor's generation (incarnation, seeks). When it moves on, the
+messages prefetched under the older one are dropped (the actor delivers them again); when the
+actor does not know this consumer (it restarted, or dropped it as idle), the consumer attaches
+again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import enum
+import logging
+import math
+import threading
+import time
+import uuid
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from raytxn.client.message import Message, MessageId
+from raytxn.client.rpc import ActorRef
+from raytxn.client.transaction import Transaction
+from raytxn.errors import InvalidArgument, NotAllowed, Timeout
+from raytxn.ids import Position, TxnID, subscription_actor_name
+from raytxn.protocol.dispatch import ConsumerType
+from raytxn.protocol.entry_format import decode_message
+
+if TYPE_CHECKING:
+    from raytxn.client.client import Client
+
+__all__ = ["Consumer", "ConsumerType", "InitialPosition"]
+
+log = logging.getLogger(__name__)
+
+FETCH_WAIT_S = 0.5        # a fetch long-polls the actor this long
+PING_INTERVAL_S = 0.5     # a consumer whose queue is full still shows it is alive this often
+# Acks wait this long for company. Acks in a txn go sooner, so that little is left to send when
+# the txn commits (a commit sends its txn's acks at once).
+ACK_GROUP_DELAY_S = 0.02
+TXN_ACK_GROUP_DELAY_S = 0.005
+ACK_GROUP_MAX = 1000
+REMEMBERED_BATCH_SIZES = 100_000  # entries whose batch size acks by MessageId can look up
+
+
+class InitialPosition(enum.StrEnum):
+    """Where a new subscription starts: after everything published so far, or at the beginning."""
+
+    Latest = "latest"
+    Earliest = "earliest"
+
+
+@dataclass
+class _Feed:
+    """One partition's subscription actor and what this consumer holds of it."""
+
+    partition: int
+    ref: ActorRef
+    generation: tuple[int, int] = (0, 0)
+    queued: int = 0             # messages of this partition in the receive queue
+    waiting: bool = False       # the fetch loop waits for room
+    signalled: bool = False     # ... and was told there is some
+    room: asyncio.Event = field(default_factory=asyncio.Event)
+    attaching: asyncio.Future | None = None  # a re-attach in flight (close waits for it)
+
+
+@dataclass
+class _HeldBatch:
+    """Async acks in a txn of some messages of one batch entry (see ``Consumer._ack``)."""
+
+    txn: Transaction
+    batch_size: int
+    indexes: set[int] = field(default_factory=set)
+    futures: list[concurrent.futures.Future] = field(default_factory=list)
+
+
+@dataclass
+class _AckGroup:
+    txn: Transaction | None
+    acks: list[tuple[Position, int | None, int]] = field(default_factory=list)
+    futures: list[concurrent.futures.Future] = field(default_factory=list)
+    # Resolved with the group: what the txn tracks (one future per group, not per ack).
+    sent: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+
+
+class Consumer:
+    def __init__(self, client: Client, topic: str, subscription: str, partitions: int,
+                 consumer_type: ConsumerType | str = ConsumerType.Exclusive, consumer_name: str | None = None,
+                 receiver_queue_size: int = 1000, ack_timeout_s: float | None = None,
+                 negative_ack_redelivery_delay_s: float = 1.0) -> None:
+        if receiver_queue_size < 1:
+            raise InvalidArgument(f"receiver_queue_size must be >= 1, got {receiver_queue_size!r}")
+        if ack_timeout_s is not None and ack_timeout_s <= 0:
+            raise InvalidArgument(f"ack_timeout_s must be > 0 or None, got {ack_timeout_s!r}")
+        if negative_ack_redelivery_delay_s < 0:
+            raise InvalidArgument("negative_ack_redelivery_delay_s must be >= 0")
+        try:
+            self.consumer_type = ConsumerType(consumer_type)
+        except ValueError:
+            raise InvalidArgument(f"unknown consumer type {consumer_type!r}") from None
+        self._client = client
+        self.topic = topic
+        self.subscription = subscription
+        self.consumer_id = uuid.uuid4().hex
+        self.consumer_name = consumer_name or f"consumer-{self.consumer_id[:12]}"
+        self.receiver_queue_size = receiver_queue_size
+        self.ack_timeout_s = ack_timeout_s
+        self.negative_ack_redelivery_delay_s = negative_ack_redelivery_delay_s
+        self._low_water = receiver_queue_size // 2
+        self._feeds = [_Feed(p, ActorRef(subscription_actor_name(topic, p, subscription), client.token))
+                       for p in range(partitions)]
+        self._queue: deque[tuple[_Feed, Message]] = deque()
+        self._cond = threading.Condition()      # guards the queue and the feeds' counters
+        self._acks_lock = threading.Lock()      # guards everything below
+        self._ack_groups: dict[tuple[int, TxnID | None, bool], _AckGroup] = {}
+        self._held: dict[tuple[TxnID, int, Position], _HeldBatch] = {}  # (txn, partition, entry)
+        self._flush_due_in = math.inf  # the grouped acks are sent within this (a flush is scheduled)
+        self._unacked: OrderedDict[MessageId, float] = OrderedDict()  # received -> ack deadline
+        self._nacked: list[tuple[float, MessageId]] = []  # redeliver at
+        self._batch_sizes: OrderedDict[tuple[int, Position], int] = OrderedDict()
+        self._tasks: list[asyncio.Task] = []
+        self._sending: set[asyncio.Task] = set()
+        self._closed = False
+        client.loop.run(self._attach_all())
+        client.loop.run(self._start())
+
+    def __repr__(self) -> str:
+        return f"Consumer({self.topic}, {self.subscription}, {self.consumer_type}, {self.consumer_name})"
+
+    # --- receiving -------------------------------------------------------------------------
+
+    def receive(self, timeout: float | None = None) -> Message:
+        """The next message; waits up to ``timeout`` seconds (None: forever), then ``Timeout``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            self._check_open()
+            while not self._queue:
+                self._check_open()
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise Timeout(f"no message on {self.topic}/{self.subscription} within {timeout}s")
+                self._cond.wait(remaining)
+            message = self._pop_locked()
+        self._track_received([message])
+        return message
+
+    def batch_receive(self, max_messages: int = 100, timeout: float = 0.1) -> list[Message]:
+        """Up to ``max_messages`` messages: returns when that many are there or ``timeout``
+        seconds passed (then possibly none)."""
+        if max_messages < 1:
+            raise InvalidArgument(f"max_messages must be >= 1, got {max_messages!r}")
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            self._check_open()
+            while len(self._queue) < max_messages:
+                self._check_open()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+            messages = [self._pop_locked() for _ in range(min(max_messages, len(self._queue)))]
+        self._track_received(messages)
+        return messages
+
+    def _pop_locked(self) -> Message:
+        feed, message = self._queue.popleft()
+        feed.queued -= 1
+        if feed.waiting and not feed.signalled and feed.queued <= self._low_water:
+            feed.signalled = True
+            self._client.loop.call_soon(feed.room.set)
+        return message
+
+    def _track_received(self, messages: list[Message]) -> None:
+        deadline = time.monotonic() + self.ack_timeout_s if self.ack_timeout_s is not None else None
+        with self._acks_lock:
+            for message in messages:
+                message_id = message.message_id()
+                self._batch_sizes[(message_id.partition, message_id.position)] = message.batch_size
+                if deadline is not None:
+                    self._unacked[message_id] = deadline
+            while len(self._batch_sizes) > REMEMBERED_BATCH_SIZES:
+                self._batch_sizes.popitem(last=False)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise NotAllowed(f"consumer {self.consumer_name} is closed")
+
+    # --- acks ------------------------------------------------------------------------------
+
+    def acknowledge(self, message: Message | MessageId, txn: Transaction | None = None) -> None:
+        """Ack one message. Plain acks return at once (grouped, sent within milliseconds); with a
+        ``txn`` this waits until the ack is in the subscription's pending-ack log and raises
+        ``TransactionConflict`` / ``NotAllowed`` as the rules say."""
+        future = self._ack(message, False, txn, send_now=txn is not None)
+        if txn is not None:
+            future.result()
+
+    def acknowledge_async(self, message: Message | MessageId,
+                          txn: Transaction | None = None) -> concurrent.futures.Future:
+        """Ack one message; the future resolves once the subscription applied (or logged) it."""
+        return self._ack(message, False, txn)
+
+    def acknowledge_cumulative(self, message: Message | MessageId, txn: Transaction | None = None) -> None:
+        """Ack every message of the message's partition up to it (Exclusive and Failover only)."""
+        future = self._ack(message, True, txn, send_now=txn is not None)
+        if txn is not None:
+            future.result()
+
+    def acknowledge_cumulative_async(self, message: Message | MessageId,
+                                     txn: Transaction | None = None) -> concurrent.futures.Future:
+        return self._ack(message, True, txn)
+
+    def negative_acknowledge(self, message: Message | MessageId) -> None:
+        """Have the message delivered again after ``negative_ack_redelivery_delay_s``."""
+        message_id, _ = self._id_and_size(message)
+        with self._acks_lock:
+            self._unacked.pop(message_id, None)
+            self._nacked.append((time.monotonic() + self.negative_ack_redelivery_delay_s, message_id))
+
+    def redeliver_unacknowledged_messages(self) -> None:
+        """Every message delivered to this consumer and not acked yet is delivered again (the
+        prefetched ones too: they are dropped here and come again, in order)."""
+        with self._acks_lock:
+            self._unacked.clear()
+        with self._cond:
+            self._queue.clear()
+            for feed in self._feeds:
+                feed.queued = 0
+        self._client.loop.run(self._call_all("redeliver", self.consumer_id, None))
+
+    def _ack(self, message: Message | MessageId, cumulative: bool, txn: Transaction | None,
+             send_now: bool = False) -> concurrent.futures.Future:
+        """Queue an ack in its group; ``send_now`` for a caller that waits for it.
+
+        Async acks in a txn of batch messages are held until the txn acked every message of the
+        entry, which then goes as one whole-entry ack (as Pulsar's client acks batches), or until
+        the txn commits (then the indexes go one by one)."""
+        self._check_open()
+        message_id, batch_size = self._id_and_size(message)
+        if cumulative and self.consumer_type in (ConsumerType.Shared, ConsumerType.KeyShared):
+            raise NotAllowed(f"cumulative acks are not allowed on a {self.consumer_type} subscription")
+        if txn is not None:
+            txn.check_open()
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        ack: tuple[Position, int | None, int] = (message_id.position, message_id.batch_index, batch_size)
+        futures = [future]
+        with self._acks_lock:
+            self._untrack(message_id, cumulative)
+            if txn is not None and batch_size > 1 and not cumulative and not send_now:
+                held_key = (txn.id, message_id.partition, message_id.position)
+                held = self._held.get(held_key)
+                if held is None:
+                    held = self._held[held_key] = _HeldBatch(txn, batch_size)
+                held.indexes.add(message_id.batch_index)
+                held.futures.append(future)
+                if len(held.indexes) < batch_size:
+                    txn._flushers.add(self)  # the commit sends what is held
+                    return future
+                del self._held[held_key]
+                ack, futures = (message_id.position, None, batch_size), held.futures
+            group, new_group = self._group_locked(message_id.partition, txn, cumulative)
+            if cumulative and txn is None:  # only the highest plain cumulative ack matters
+                group.acks = [max([*group.acks, ack], key=lambda a: (a[0], a[1] or 0))]
+            else:
+                group.acks.append(ack)
+            group.futures += futures
+            flush_now = send_now or len(group.acks) >= ACK_GROUP_MAX
+            delay = ACK_GROUP_DELAY_S if txn is None else TXN_ACK_GROUP_DELAY_S
+            flush_later = not flush_now and delay < self._flush_due_in
+            if flush_later:
+                self._flush_due_in = delay
+        if txn is not None and new_group:
+            txn.track(group.sent)
+            txn._flushers.add(self)  # commit flushes this txn's grouped acks first
+        if flush_now:
+            self._client.loop.call_soon(self._flush)
+        elif flush_later:
+            self._client.loop.call_soon(self._flush_later, delay)
+        return future
+
+    def _group_locked(self, partition: int, txn: Transaction | None, cumulative: bool) -> tuple[_AckGroup, bool]:
+        """The ack group of (partition, txn, kind), and whether it is new."""
+        key = (partition, txn.id if txn is not None else None, cumulative)
+        group = self._ack_groups.get(key)
+        if group is not None:
+            return group, False
+        group = self._ack_groups[key] = _AckGroup(txn)
+        return group, True
+
+    def _id_and_size(self, message: Message | MessageId) -> tuple[MessageId, int]:
+        if isinstance(message, Message):
+            message_id, batch_size = message.message_id(), message.batch_size
+        elif isinstance(message, MessageId):
+            message_id = message
+            with self._acks_lock:
+                known = self._batch_sizes.get((message_id.partition, message_id.position))
+            if known is None and message_id.batch_index != 0:
+                raise InvalidArgument(f"batch size of {message_id} unknown here; acknowledge the Message")
+            batch_size = known or 1
+        else:
+            raise InvalidArgument(f"expected a Message or MessageId, got {type(message).__name__}")
+        if message_id.topic != self.topic or not 0 <= message_id.partition < len(self._feeds):
+            raise InvalidArgument(f"{message_id} is not a message of {self.topic}")
+        return message_id, batch_size
+
+    def _untrack(self, message_id: MessageId, cumulative: bool) -> None:
+        """Acked: no ack timeout or negative ack for it (or anything before it, cumulatively)."""
+        if not cumulative:
+            self._unacked.pop(message_id, None)
+            return
+        for tracked in [m for m in self._unacked if m.partition == message_id.partition and m <= message_id]:
+            del self._unacked[tracked]
+
+    def flush_txn(self, txn: Transaction) -> None:
+        """Send this txn's held and grouped acks now (``Transaction.commit`` calls it, then waits
+        for them)."""
+        txn._flushers.discard(self)
+        new_groups = []
+        with self._acks_lock:
+            for held_key in [key for key in self._held if key[0] == txn.id]:
+                held = self._held.pop(held_key)
+                _, partition, position = held_key
+                group, new_group = self._group_locked(partition, txn, False)
+                group.acks += [(position, index, held.batch_size) for index in sorted(held.indexes)]
+                group.futures += held.futures
+                if new_group:
+                    new_groups.append(group)
+        for group in new_groups:
+            txn.track(group.sent)
+        self._client.loop.call_soon(self._flush)
+
+    # --- seek, unsubscribe, close ----------------------------------------------------------
+
+    def seek(self, target: MessageId | int) -> None:
+        """Deliver again from a message id (inclusive; on its partition) or from a publish time in
+        ms since the epoch (on every partition). Prefetched messages are dropped."""
+        if isinstance(target, MessageId):
+            if target.topic != self.topic or not 0 <= target.partition < len(self._feeds):
+                raise InvalidArgument(f"{target} is not a message of {self.topic}")
+            feeds, where = [self._feeds[target.partition]], {"position": target.position}
+        elif isinstance(target, int) and not isinstance(target, bool):
+            feeds, where = self._feeds, {"publish_time_ms": target}
+        else:
+            raise InvalidArgument(f"seek takes a MessageId or a publish time in ms, got {target!r}")
+        self._check_open()
+        self._client.loop.run(self._seek(feeds, where))
+
+    async def _seek(self, feeds: list[_Feed], where: dict[str, Any]) -> None:
+        generations = await asyncio.gather(*(
+            feed.ref.call_async("seek", deadline_s=self._client.deadline_s, **where) for feed in feeds))
+        with self._cond:
+            for feed, generation in zip(feeds, generations, strict=True):
+                self._move_to_generation_locked(feed, tuple(generation))
+        partitions = {feed.partition for feed in feeds}
+        with self._acks_lock:
+            for message_id in [m for m in self._unacked if m.partition in partitions]:
+                del self._unacked[message_id]
+            self._nacked = [(at, m) for at, m in self._nacked if m.partition not in partitions]
+
+    def unsubscribe(self) -> None:
+        """Delete the subscription (``NotAllowed`` while other consumers are attached) and close."""
+        self._check_open()
+        self._client.loop.run(self._call_all("unsubscribe", self.consumer_id))
+        self.close()
+        self._client.supervisor.call("delete_subscription", self.topic, self.subscription,
+                                     deadline_s=self._client.deadline_s)
+
+    def close(self) -> None:
+        """Send the grouped acks, detach from the subscription (its unacked messages go to other
+        consumers) and stop. Idempotent."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._cond.notify_all()
+        if self._client.loop.loop.is_running():
+            try:
+                self._client.loop.run(self._shutdown(), timeout=30)
+            except Exception:  # closing must not fail; the actors drop idle consumers
+                log.warning("closing %r failed", self, exc_info=True)
+
+    def stats(self) -> list[dict[str, Any]]:
+        """The subscription actors' stats, one per partition."""
+        return self._client.loop.run(self._call_all("stats"))
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- on the client loop ----------------------------------------------------------------
+
+    async def _call_all(self, method: str, *args: Any) -> list[Any]:
+        """Call ``method`` on every partition's subscription actor."""
+        return list(await asyncio.gather(*(feed.ref.call_async(method, *args, deadline_s=self._client.deadline_s)
+                                           for feed in self._feeds)))
+
+    async def _attach_all(self) -> None:
+        results = await asyncio.gather(*(self._attach(feed) for feed in self._feeds), return_exceptions=True)
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:  # e.g. an exclusive consumer holds one partition: attach to none
+            await asyncio.gather(*(feed.ref.call_async("close_consumer", self.consumer_id, deadline_s=10)
+                                   for feed, r in zip(self._feeds, results, strict=True)
+                                   if not isinstance(r, BaseException)), return_exceptions=True)
+            raise failures[0]
+
+    async def _attach(self, feed: _Feed) -> None:
+        reply = await feed.ref.call_async("subscribe", self.consumer_id, self.consumer_name,
+                                          str(self.consumer_type), deadline_s=self._client.deadline_s)
+        with self._cond:
+            self._move_to_generation_locked(feed, tuple(reply["generation"]))
+
+    def _move_to_generation_locked(self, feed: _Feed, generation: tuple[int, int]) -> None:
+        """A newer generation: what was prefetched under an older one is dropped (redelivered)."""
+        if generation > feed.generation:
+            if feed.queued:
+                self._queue = deque(item for item in self._queue if item[0] is not feed)
+                feed.queued = 0
+            feed.generation = generation
+
+    async def _start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._fetch_loop(feed)) for feed in self._feeds]
+        self._tasks.append(loop.create_task(self._redelivery_loop()))
+
+    async def _fetch_loop(self, feed: _Feed) -> None:
+        backoff = 0.05
+        while not self._closed:
+            try:
+                room = 0
+                if feed.queued <= self._low_water or await self._wait_for_room(feed):
+                    room = self.receiver_queue_size - feed.queued
+                # No room after a while: a zero fetch, so the actor knows this consumer lives.
+                reply = await feed.ref.call_async("fetch", self.consumer_id, room, FETCH_WAIT_S if room else 0.0,
+                                                  deadline_s=self._client.deadline_s)
+                if not reply["registered"]:
+                    if self._closed:  # the actor forgot us because close detached us: stay detached
+                        return
+                    # Shielded: if close cancels this loop now, the subscribe still completes and
+                    # close detaches after it, rather than the subscribe landing after the detach
+                    # and leaving a consumer attached that nobody fetches for.
+                    feed.attaching = asyncio.ensure_future(self._attach(feed))
+                    await asyncio.shield(feed.attaching)
+                    continue
+                if reply["messages"]:
+                    self._deliver(feed, tuple(reply["generation"]), reply["messages"])
+                backoff = 0.05
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # restarting actor, or refused: try again
+                if self._closed:
+                    return
+                log.warning("fetch from %s failed", feed.ref.name, exc_info=True)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
+
+    async def _wait_for_room(self, feed: _Feed) -> bool:
+        """Wait until half the partition's queue was received; False after PING_INTERVAL_S."""
+        feed.room.clear()
+        feed.signalled = False
+        feed.waiting = True
+        try:
+            if feed.queued > self._low_water:
+                await asyncio.wait_for(feed.room.wait(), PING_INTERVAL_S)
+        except TimeoutError:
+            return False
+        finally:
+            feed.waiting = False
+        return True
+
+    def _deliver(self, feed: _Feed, generation: tuple[int, int], wire: list[tuple]) -> None:
+        messages = [Message(MessageId(self.topic, feed.partition, ledger_id, entry_id, batch_index),
+                            decode_message(record), publish_time_ms, redeliveries, batch_size)
+                    for ledger_id, entry_id, batch_index, batch_size, publish_time_ms, redeliveries, record in wire]
+        with self._cond:
+            if generation < feed.generation:
+                return  # handed out before a seek we know of; the actor forgot them
+            self._move_to_generation_locked(feed, generation)
+            self._queue.extend((feed, message) for message in messages)
+            feed.queued += len(messages)
+            self._cond.notify_all()
+
+    def _flush_later(self, delay: float) -> None:
+        asyncio.get_running_loop().call_later(delay, self._flush)
+
+    def _flush(self) -> None:
+        with self._acks_lock:
+            groups, self._ack_groups = self._ack_groups, {}
+            self._flush_due_in = math.inf
+        for (partition, _, cumulative), group in groups.items():
+            if not cumulative:
+                group.acks = _whole_entries(group.acks)
+            task = asyncio.get_running_loop().create_task(self._send_acks(partition, cumulative, group))
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
+
+    async def _send_acks(self, partition: int, cumulative: bool, group: _AckGroup) -> None:
+        feed = self._feeds[partition]
+        txn = group.txn
+        try:
+            if txn is not None:
+                await txn.register("subscription", (self.topic, partition, self.subscription))
+            await feed.ref.call_async("ack", self.consumer_id, group.acks, cumulative,
+                                      txn.id if txn is not None else None, deadline_s=self._client.deadline_s)
+        except BaseException as error:  # every ack of the group learns why
+            if txn is None:
+                log.warning("acks on %s failed: %r", feed.ref.name, error)
+            for future in [*group.futures, group.sent]:
+                if not future.done():
+                    future.set_exception(error)
+            if not isinstance(error, Exception):
+                raise
+            return
+        for future in [*group.futures, group.sent]:
+            if not future.done():
+                future.set_result(None)
+
+    async def _redelivery_loop(self) -> None:
+        """Ack timeouts and negative acks that are due become redelivery requests."""
+        while not self._closed:
+            await asyncio.sleep(0.05)
+            due = self._due_redeliveries(time.monotonic())
+            for partition, keys in due.items():
+                try:
+                    await self._feeds[partition].ref.call_async("redeliver", self.consumer_id, keys,
+                                                                deadline_s=self._client.deadline_s)
+                except Exception:  # the actor restarted: it redelivers everything anyway
+                    log.warning("redelivery request to %s failed", self._feeds[partition].ref.name, exc_info=True)
+
+    def _due_redeliveries(self, now: float) -> dict[int, list[tuple[Position, int]]]:
+        due: dict[int, list[tuple[Position, int]]] = {}
+        with self._acks_lock:
+            while self._unacked:
+                message_id, deadline = next(iter(self._unacked.items()))
+                if deadline > now:
+                    break
+                del self._unacked[message_id]
+                due.setdefault(message_id.partition, []).append((message_id.position, message_id.batch_index))
+            if self._nacked:
+                ready = [m for at, m in self._nacked if at <= now]
+                self._nacked = [(at, m) for at, m in self._nacked if at > now]
+                for message_id in ready:
+                    due.setdefault(message_id.partition, []).append((message_id.position, message_id.batch_index))
+        return due
+
+    async def _shutdown(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        attaching = [feed.attaching for feed in self._feeds if feed.attaching is not None]
+        await asyncio.gather(*attaching, return_exceptions=True)
+        for txn in {held.txn for held in list(self._held.values())}:
+            self.flush_txn(txn)
+        self._flush()
+        if self._sending:
+            await asyncio.gather(*list(self._sending), return_exceptions=True)
+        await asyncio.gather(*(feed.ref.call_async("close_consumer", self.consumer_id, deadline_s=10)
+                               for feed in self._feeds), return_exceptions=True)
+
+
+def _whole_entries(acks: list[tuple[Position, int | None, int]]) -> list[tuple[Position, int | None, int]]:
+    """The acks, with every batch entry whose indexes are all there as one whole-entry ack (much
+    less work for the subscription than one ack per index)."""
+    indexes: dict[Position, set[int]] = {}
+    sizes: dict[Position, int] = {}
+    for position, batch_index, batch_size in acks:
+        if batch_index is not None and batch_size > 1:
+            indexes.setdefault(position, set()).add(batch_index)
+            sizes[position] = batch_size
+    complete = {position for position, seen in indexes.items() if len(seen) == sizes[position]}
+    if not complete:
+        return acks
+    partial = [ack for ack in acks if ack[0] not in complete]
+    return partial + [(position, None, sizes[position]) for position in complete]

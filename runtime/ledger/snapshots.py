@@ -1,0 +1,125 @@
+"""Segmented snapshots (Pulsar's "multi-snapshot"): one large snapshot as several objects.
+
+A snapshot of ``snapshot_id`` is written as ``total`` objects named, relative to the snapshot
+folder, ``<snapshot_id:020d>/<index:06d>-of-<total:06d>``. Each object is one framed segment:
+
+    magic "RXSG" | snapshot_id u64 | index u32 | total u32 | payload length u32 | crc32c u32 | payload
+
+big-endian; the CRC32C covers the 24 header bytes before it and the payload, so a flipped bit, a
+truncation or a segment of another snapshot or slot is detected. The payloads, joined in index
+order, are the snapshot bytes (msgspec-msgpack, encoded by the caller).
+
+A crash while writing leaves a snapshot with missing segments; ``newest_complete`` ignores it, so
+readers fall back to the newest snapshot whose segments are all there. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from collections.abc import Iterable, Sequence
+
+import crc32c
+
+from raytxn.errors import CorruptLedger, InvalidArgument
+
+MAGIC = b"RXSG"
+_HEAD = struct.Struct(">4sQIII")  # magic, snapshot id, index, total, payload length
+_CRC = struct.Struct(">I")
+SEGMENT_OVERHEAD = _HEAD.size + _CRC.size  # 28 bytes
+_NAME = re.compile(r"^(\d{20})/(\d{6})-of-(\d{6})$")
+
+
+def segment_name(snapshot_id: int, index: int, total: int) -> str:
+    return f"{snapshot_id:020d}/{index:06d}-of-{total:06d}"
+
+
+def split_snapshot(snapshot_bytes: bytes, snapshot_id: int, max_segment_bytes: int) -> list[tuple[str, bytes]]:
+    """``(name, object bytes)`` of every segment of a snapshot. ``max_segment_bytes`` bounds each
+    object (header included). An empty snapshot still has one segment, so it can be found."""
+    if snapshot_id < 0 or snapshot_id >= 10**20:
+        raise InvalidArgument(f"snapshot id must be in [0, 10**20), got {snapshot_id}")
+    chunk = max_segment_bytes - SEGMENT_OVERHEAD
+    if chunk < 1:
+        raise InvalidArgument(f"max_segment_bytes must exceed the {SEGMENT_OVERHEAD}-byte segment header")
+    chunks = [snapshot_bytes[i:i + chunk] for i in range(0, len(snapshot_bytes), chunk)] or [b""]
+    total = len(chunks)
+    if total >= 10**6:
+        raise InvalidArgument(f"{total} segments: raise max_segment_bytes")
+    segments = []
+    for index, payload in enumerate(chunks):
+        head = _HEAD.pack(MAGIC, snapshot_id, index, total, len(payload))
+        crc = crc32c.crc32c(payload, crc32c.crc32c(head))
+        segments.append((segment_name(snapshot_id, index, total), head + _CRC.pack(crc) + payload))
+    return segments
+
+
+def _parse_name(name: str) -> tuple[int, int, int] | None:
+    # Tolerate listings that carry the folder: only the last two path parts matter.
+    match = _NAME.match("/".join(name.rsplit("/", 2)[-2:]))
+    if match is None:
+        return None
+    snapshot_id, index, total = (int(g) for g in match.groups())
+    return (snapshot_id, index, total) if index < total else None
+
+
+def _complete_ids(listing: Iterable[str]) -> tuple[dict[int, list[str]], set[int]]:
+    """Names per snapshot id (in index order) and the ids whose segments are all listed."""
+    found: dict[int, dict[int, str]] = {}
+    totals: dict[int, set[int]] = {}
+    for name in listing:
+        parsed = _parse_name(name)
+        if parsed is None:
+            continue  # not a segment (some other object in the folder)
+        snapshot_id, index, total = parsed
+        found.setdefault(snapshot_id, {})[index] = name
+        totals.setdefault(snapshot_id, set()).add(total)
+    by_id = {sid: [names[i] for i in sorted(names)] for sid, names in found.items()}
+    complete = {sid for sid, names in found.items()
+                if len(totals[sid]) == 1 and len(names) == next(iter(totals[sid]))}
+    return by_id, complete
+
+
+def newest_complete(listing: Iterable[str]) -> tuple[int, list[str]] | None:
+    """The newest snapshot with every segment listed: ``(snapshot_id, names in index order)``,
+    or None. Snapshots with a missing segment (a crash mid-write) are ignored."""
+    by_id, complete = _complete_ids(listing)
+    if not complete:
+        return None
+    newest = max(complete)
+    return newest, by_id[newest]
+
+
+def obsolete_segments(listing: Iterable[str]) -> list[str]:
+    """Names that may be deleted: every segment of snapshots older than the newest complete one
+    (newer incomplete ones may still be being written, so they stay)."""
+    by_id, complete = _complete_ids(listing)
+    if not complete:
+        return []
+    newest = max(complete)
+    return [name for sid in sorted(by_id) if sid < newest for name in by_id[sid]]
+
+
+def join_segments(segments: Sequence[bytes], snapshot_id: int | None = None, where: str = "") -> bytes:
+    """The snapshot bytes from its segments in index order, verifying framing, CRC, ids, indexes
+    and count. Raises ``CorruptLedger`` (naming ``where``) on any damage."""
+    if not segments:
+        raise CorruptLedger(f"snapshot {where} has no segments", where)
+    payloads = []
+    for position, data in enumerate(segments):
+        if len(data) < SEGMENT_OVERHEAD:
+            raise CorruptLedger(f"snapshot segment {position} of {where} truncated", where)
+        magic, sid, index, total, length = _HEAD.unpack_from(data)
+        (crc,) = _CRC.unpack_from(data, _HEAD.size)
+        payload = data[SEGMENT_OVERHEAD:]
+        if magic != MAGIC or length != len(payload):
+            raise CorruptLedger(f"snapshot segment {position} of {where}: bad magic or length", where)
+        if crc32c.crc32c(payload, crc32c.crc32c(data[:_HEAD.size])) != crc:
+            raise CorruptLedger(f"snapshot segment {position} of {where}: checksum mismatch", where)
+        if snapshot_id is None:
+            snapshot_id = sid
+        if sid != snapshot_id or index != position or total != len(segments):
+            raise CorruptLedger(f"snapshot segment {position} of {where} is segment {index}/{total} of snapshot "
+                                f"{sid}, expected {position}/{len(segments)} of {snapshot_id}", where)
+        payloads.append(payload)
+    return b"".join(payloads)

@@ -1,0 +1,171 @@
+"""Object storage behind one URL, through obstore.
+
+- ``file:///abs/path`` or ``file://./rel/path``: a local directory (the embedded default). obstore's
+  LocalStore writes to a staging file and renames it into place, so an object is never visible
+  partially; this module adds an fsync of the file and its directory after every put, so an
+  acknowledged write also survives a machine crash.
+- ``s3://bucket/prefix``: any S3-compatible store. Endpoint, keys, region and ``allow_http`` come
+  from keyword options (``endpoint=``, ``access_key_id=``, ...) or the usual ``AWS_*`` variables.
+- ``memory://name``: an in-process store for unit tests; the same name gives the same store.
+
+Only four operations are needed by the ledgers: conditional create, get, list, delete. Errors are
+mapped onto ``raytxn.errors``: transport and server failures become ``StorageUnavailable``
+(retriable); "already exists" is ``ObjectExists``, which the ledger turns into ``Fenced``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from datetime import timedelta
+from pathlib import Path
+from urllib.parse import urlparse
+
+import obstore
+from obstore.exceptions import AlreadyExistsError, BaseError, NotFoundError, PreconditionError
+from obstore.store import AzureStore, GCSStore, LocalStore, MemoryStore, S3Store
+
+from raytxn.errors import InvalidArgument, StorageUnavailable
+
+DEFAULT_URL = "file://./.raytxn-data"
+
+_memory_stores: dict[str, MemoryStore] = {}
+
+# obstore retries internally for up to 3 minutes by default; the ledger writer has its own retry
+# loop with a deadline, so keep the client's short and bounded.
+_RETRY = {"max_retries": 3, "retry_timeout": timedelta(seconds=10),
+          "backoff": {"init_backoff": timedelta(milliseconds=50), "max_backoff": timedelta(seconds=1),
+                      "base": 2}}
+_S3_ENV = {
+    "endpoint": "AWS_ENDPOINT_URL",
+    "access_key_id": "AWS_ACCESS_KEY_ID",
+    "secret_access_key": "AWS_SECRET_ACCESS_KEY",
+    "region": "AWS_REGION",
+    "allow_http": "AWS_ALLOW_HTTP",
+}
+
+
+class ObjectExists(Exception):
+    """A conditional create found the object already there."""
+
+
+class Storage:
+    """One object store plus the key prefix everything lives under."""
+
+    def __init__(self, store: object, url: str, local_root: Path | None = None, fsync: bool = True) -> None:
+        self.store = store
+        self.url = url
+        self._local_root = local_root
+        self._fsync = fsync and local_root is not None
+
+    @classmethod
+    def from_url(cls, url: str | None = None, **options: object) -> Storage:
+        """Open the store a URL names. ``options`` go to the S3 client (endpoint, keys, ...)."""
+        url = url or DEFAULT_URL
+        parsed = urlparse(url)
+        fsync = bool(options.pop("fsync", True))
+        if parsed.scheme == "memory":
+            name = parsed.netloc + parsed.path
+            store = _memory_stores.setdefault(name, MemoryStore())
+            return cls(store, url)
+        if parsed.scheme == "file" or parsed.scheme == "":
+            raw = url[len("file://"):] if parsed.scheme == "file" else url
+            root = Path(raw).expanduser().resolve()
+            root.mkdir(parents=True, exist_ok=True)
+            return cls(LocalStore(str(root), mkdir=True), url, local_root=root, fsync=fsync)
+        if parsed.scheme == "s3":
+            bucket = parsed.netloc
+            if not bucket:
+                raise InvalidArgument(f"storage URL {url!r} names no bucket")
+            config: dict[str, object] = {}
+            for key, env in _S3_ENV.items():
+                value = options.pop(key, None) or os.environ.get(env)
+                if value is not None:
+                    config[key] = value
+            if isinstance(config.get("allow_http"), str):
+                config["allow_http"] = config["allow_http"].lower() in ("1", "true", "yes")
+            config.setdefault("region", "us-east-1")
+            timeout = options.pop("timeout", "5s")
+            store = S3Store(bucket, prefix=parsed.path.strip("/") or None, retry_config=_RETRY,
+                            client_options={"timeout": timeout, "connect_timeout": "2s"},
+                            **config, **options)  # type: ignore[arg-type]
+            return cls(store, url)
+        if parsed.scheme in ("gs", "az", "azure"):
+            # Google Cloud Storage and Azure Blob both support the conditional create every
+            # ledger put relies on (ifGenerationMatch=0 / If-None-Match: *). Credentials come
+            # from ``options`` or the stores' usual environment variables (GOOGLE_* / AZURE_*).
+            bucket = parsed.netloc
+            if not bucket:
+                raise InvalidArgument(f"storage URL {url!r} names no bucket or container")
+            store_class = GCSStore if parsed.scheme == "gs" else AzureStore
+            timeout = options.pop("timeout", "5s")
+            store = store_class(bucket, prefix=parsed.path.strip("/") or None, retry_config=_RETRY,
+                                client_options={"timeout": timeout, "connect_timeout": "2s"},
+                                **options)  # type: ignore[arg-type]
+            return cls(store, url)
+        raise InvalidArgument(f"unsupported storage URL {url!r}: use file://, s3://, gs://, az:// or memory://")
+
+    async def create(self, path: str, data: bytes) -> None:
+        """Write ``data`` at ``path`` only if nothing is there (``ObjectExists`` otherwise).
+        Returns once the object is durable."""
+        try:
+            await obstore.put_async(self.store, path, data, mode="create")
+        except (AlreadyExistsError, PreconditionError) as e:
+            raise ObjectExists(path) from e
+        except (BaseError, OSError) as e:
+            raise StorageUnavailable(f"put {path}: {_short(e)}") from e
+        if self._fsync:
+            await asyncio.to_thread(self._fsync_path, path)
+
+    def _fsync_path(self, path: str) -> None:
+        assert self._local_root is not None
+        full = self._local_root / path
+        fd = os.open(full, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        dfd = os.open(full.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    async def get(self, path: str) -> bytes | None:
+        """The object's bytes, or None when it does not exist."""
+        try:
+            result = await obstore.get_async(self.store, path)
+            return bytes(await result.bytes_async())
+        except (FileNotFoundError, NotFoundError):
+            return None
+        except (BaseError, OSError) as e:
+            raise StorageUnavailable(f"get {path}: {_short(e)}") from e
+
+    async def list(self, prefix: str) -> list[str]:
+        """Every object path under ``prefix`` (a folder), sorted."""
+        try:
+            chunks = await obstore.list(self.store, prefix.rstrip("/") + "/").collect_async()
+        except (FileNotFoundError, NotFoundError):
+            return []
+        except (BaseError, OSError) as e:
+            raise StorageUnavailable(f"list {prefix}: {_short(e)}") from e
+        return sorted(meta["path"] for meta in chunks)
+
+    async def delete(self, paths: list[str]) -> None:
+        """Delete objects; missing ones are fine (deletes are retried after crashes)."""
+        if not paths:
+            return
+        try:
+            await obstore.delete_async(self.store, paths)
+        except (FileNotFoundError, NotFoundError):
+            for path in paths:  # one was missing: delete the rest one by one
+                try:
+                    await obstore.delete_async(self.store, path)
+                except (FileNotFoundError, NotFoundError):
+                    pass
+        except (BaseError, OSError) as e:
+            raise StorageUnavailable(f"delete {paths[0]}...: {_short(e)}") from e
+
+
+def _short(error: BaseException) -> str:
+    return str(error).split("\n", 1)[0][:300]

@@ -1,0 +1,406 @@
+"""One subscription on one partition, pure: the cursor, the pending acks, the pending-ack log index
+and the dispatcher, and the rules that tie them together. The actor (``actors/subscription.py``)
+does the I/O, the locking and the timers around this.
+
+Delivery. A message may be delivered when it is not acked in the cursor, not held by a
+transaction, and not queued or outstanding already. ``read_position`` bounds what was read from
+the partition: every deliverable message below it is queued or outstanding. When a message
+becomes deliverable again (given back by a consumer, its transaction aborted, a seek) the read
+position moves back to it (``rewind``) and the next reads queue it again, so payloads are never
+kept for redelivery. Reading acks what it passes over without delivering (markers, aborted
+entries, ledger ends: ``gaps_between``), so the mark-delete position never sticks there.
+
+Acks. Plain acks go straight to the cursor, except on messages held by a transaction: those are
+ignored, as Pulsar does, and a plain cumulative ack over one is a ``TransactionConflict``.
+Transactional acks are prepared here (the ``PendingAck`` rules), logged by the actor, and applied
+by ``apply`` in log order, live and on replay. ``prepare_end`` also aborts the coordinator's
+dangling transactions at or below the low watermark it sends.
+
+Durability. ``persisted_form`` is the cursor snapshot with the last pending-ack log entry it
+includes; recovery restores it and replays the log, passing ``in_cursor_snapshot`` for entries up
+to that one. ``trim_point`` says how much of the log may go once such a form is persisted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from raytxn.errors import CorruptLedger, InvalidArgument, NotAllowed, TransactionConflict
+from raytxn.ids import EARLIEST, Position, TxnID
+from raytxn.protocol.cursor import Cursor, CursorSnapshot, gaps_between, next_position, position_before
+from raytxn.protocol.dispatch import ConsumerType, Dispatcher, MessageKey, QueuedMessage
+from raytxn.protocol.entry_format import decode_entry_header, decode_message
+from raytxn.protocol.pending_ack import (
+    AbortRecord,
+    Ack,
+    AckKind,
+    AckRecord,
+    CommitRecord,
+    PendingAck,
+    PendingAckLogIndex,
+    Record,
+)
+
+# An ack as consumers send it: (entry position, batch index, batch size). A batch index None acks
+# the whole entry (a single message, or every message of a batch); a single message may also
+# say (0, 1).
+AckTuple = tuple[Position, int | None, int | None]
+
+# What a fetch returns per message (cheap to pickle; the consumer decodes the record):
+# (ledger_id, entry_id, batch_index, batch_size, publish_time_ms, redelivery_count, record bytes)
+WireMessage = tuple[int, int, int, int, int, int, bytes]
+
+
+class PersistedCursor(msgspec.Struct, frozen=True):
+    """The cursor as stored in the pending-ack ledger's properties: its snapshot, and the last
+    log entry whose record it includes (replay passes ``in_cursor_snapshot`` up to there)."""
+
+    cursor: CursorSnapshot
+    log_position: Position = EARLIEST
+
+
+_encoder = msgspec.msgpack.Encoder()
+_persisted_decoder = msgspec.msgpack.Decoder(PersistedCursor)
+
+
+def encode_persisted(persisted: PersistedCursor) -> bytes:
+    return _encoder.encode(persisted)
+
+
+def decode_persisted(data: bytes, where: str = "") -> PersistedCursor:
+    try:
+        return _persisted_decoder.decode(data)
+    except msgspec.DecodeError as error:
+        raise CorruptLedger(f"undecodable persisted cursor at {where or '?'}: {error}", where) from error
+
+
+def normalize_ack(ack: AckTuple | Sequence[Any]) -> Ack:
+    """An ``Ack``: a whole entry, or one batch index of a batch entry."""
+    if not isinstance(ack, tuple | list) or len(ack) != 3 or not isinstance(ack[0], Position):
+        raise InvalidArgument(f"an ack is (position, batch_index, batch_size), got {ack!r}")
+    position, batch_index, batch_size = ack
+    if batch_index is None or (batch_size == 1 and batch_index == 0):
+        return Ack(position)
+    if batch_size is None:
+        raise InvalidArgument(f"ack of batch index {batch_index} of {position} needs the batch size")
+    return Ack(position, batch_index, batch_size)
+
+
+def routing_key_of(record: bytes) -> str | None:
+    return decode_message(record).key
+
+
+def count_entries(ledger_ends: Sequence[tuple[int, int]], start: Position, end: Position) -> int:
+    """How many entries lie in ``[start, end]``, given ``(ledger_id, last_entry_id)`` per ledger."""
+    total = 0
+    for ledger_id, last_entry_id in ledger_ends:
+        if ledger_id < start.ledger_id or ledger_id > end.ledger_id:
+            continue
+        first = start.entry_id if ledger_id == start.ledger_id else 0
+        last = min(last_entry_id, end.entry_id) if ledger_id == end.ledger_id else last_entry_id
+        total += max(0, last - max(first, 0) + 1)
+    return total
+
+
+class SubscriptionState:
+    """Everything one subscription partition knows (see the module docstring)."""
+
+    def __init__(self, partition: int, cursor: Cursor, max_index_lag: int = 100) -> None:
+        self.cursor = cursor
+        self.pending = PendingAck(cursor)
+        self.log_index = PendingAckLogIndex(max_index_lag)
+        self.dispatcher = Dispatcher(partition, routing_key_of)
+        self.read_position = cursor.acked_below
+        self.applied_log_position = EARLIEST  # last pending-ack log entry applied
+        # Acks in a txn must name delivered messages; the actor raises this at recovery to what
+        # an earlier incarnation may have delivered (the partition's readable end).
+        self.delivered_through = EARLIEST
+        self.max_read = EARLIEST  # the partition's readable end, as last seen
+        self.generation = 0  # seeks so far: consumers drop what they prefetched before a seek
+        self._txn_keys: dict[TxnID, list[MessageKey]] = {}  # outstanding messages a txn's acks took
+        self._messages_per_entry = 1.0  # a moving average of the partition's batch sizes
+
+    # --- delivery ----------------------------------------------------------------------------
+
+    def deliverable(self, position: Position, batch_index: int, batch_size: int) -> bool:
+        index = None if batch_size == 1 else batch_index
+        return not self.cursor.is_acked(position, index) and self.pending.held_by(position, index) is None
+
+    def _settled(self, position: Position, batch_index: int, batch_size: int) -> bool:
+        return not self.deliverable(position, batch_index, batch_size)
+
+    def wants_read(self, read_ahead: int) -> bool:
+        """Read more when somebody may consume it and the queue has room."""
+        return bool(self.dispatcher.consumer_ids()) and self.dispatcher.queued < read_ahead
+
+    def read_size(self, read_ahead: int, max_entries: int) -> int:
+        """How many entries the next read asks for: about enough to fill the queue's room, so that
+        batch entries (a thousand messages each, say) do not flood it."""
+        room = read_ahead - self.dispatcher.queued
+        return max(1, min(max_entries, int(room / self._messages_per_entry)))
+
+    def on_read(self, start: Position, entries: Sequence[tuple[Position, Sequence[bytes]]],
+                next_read: Position, max_read: Position) -> int:
+        """A partition read from ``start``: ack the gaps, queue the deliverable messages, move on
+        to ``next_read`` (unless a rewind went below ``start`` meanwhile). Returns how many
+        messages were queued."""
+        self.max_read = max(self.max_read, max_read)
+        if self.read_position < start:
+            return 0  # rewound below this read meanwhile: its entries are read again, in order
+        positions = [position for position, _ in entries]
+        gaps = gaps_between(start, positions)
+        after_last = next_position(positions[-1]) if positions else start
+        if after_last < next_read:
+            gaps.append((after_last, next_read))
+        for gap_start, gap_end in gaps:
+            self.cursor.ack_range(gap_start, gap_end)
+        queued = 0
+        for position, records in entries:
+            header = decode_entry_header(records, str(position))
+            self._messages_per_entry = 0.9 * self._messages_per_entry + 0.1 * header.count
+            for index in range(header.count):
+                if self.dispatcher.is_tracked((position, index)) or not self.deliverable(position, index,
+                                                                                          header.count):
+                    continue
+                self.dispatcher.offer(QueuedMessage(position, index, header.count, header.publish_time_ms,
+                                                    records[index + 1]))
+                queued += 1
+        if self.read_position == start:
+            self.read_position = max(start, next_read)
+        return queued
+
+    def rewind(self, position: Position) -> None:
+        """Messages from ``position`` on may be deliverable again: read from there next.
+
+        Queued messages from there on are dropped and read again too: were they handed out
+        first, an Exclusive or Failover consumer would see a later message before the ones
+        given back, and its cumulative ack would cover messages it never received."""
+        target = max(position, self.cursor.acked_below)
+        if target < self.read_position:  # (everything queued was read, so lies below read_position)
+            self.read_position = target
+            self.dispatcher.unqueue_from(target)
+
+    def dispatch(self) -> list[str]:
+        """Hand queued messages to consumers with demand; returns the consumers served."""
+        served = self.dispatcher.dispatch(self._settled)
+        if self.dispatcher.max_dispatched is not None and self.dispatcher.max_dispatched > self.delivered_through:
+            self.delivered_through = self.dispatcher.max_dispatched
+        return served
+
+    def take(self, consumer_id: str) -> list[WireMessage]:
+        return [(m.position.ledger_id, m.position.entry_id, m.batch_index, m.batch_size, m.publish_time_ms,
+                 redeliveries, m.record) for m, redeliveries in self.dispatcher.take(consumer_id)]
+
+    # --- consumers ---------------------------------------------------------------------------
+
+    def add_consumer(self, consumer_id: str, name: str, consumer_type: ConsumerType | str, now: float) -> None:
+        self._rewind_to(self.dispatcher.add_consumer(consumer_id, name, consumer_type, now))
+
+    def remove_consumer(self, consumer_id: str) -> None:
+        self._rewind_to(self.dispatcher.remove_consumer(consumer_id))
+
+    def release(self, consumer_id: str, keys: Sequence[MessageKey] | None = None) -> int:
+        """Give back outstanding messages of a consumer (negative ack, ack timeout); returns how
+        many were its."""
+        released = self.dispatcher.release(consumer_id, keys)
+        self._rewind_to(released)
+        return len(released)
+
+    def _rewind_to(self, keys: Sequence[MessageKey]) -> None:
+        if keys:
+            self.rewind(min(position for position, _ in keys))
+
+    # --- plain acks --------------------------------------------------------------------------
+
+    def ack(self, acks: Sequence[AckTuple], cumulative: bool = False) -> None:
+        """Plain acks: straight to the cursor (messages held by a txn are skipped)."""
+        normalized = [normalize_ack(ack) for ack in acks]
+        if cumulative:
+            self._check_cumulative_allowed()
+            for ack in normalized:
+                self._ack_cumulative(ack)
+            return
+        settled = []
+        for ack in normalized:
+            if self.pending.held_by(ack.position, ack.batch_index) is not None:
+                continue  # Pulsar ignores a plain ack of a message pending in a txn
+            self.cursor.ack(ack.position, ack.batch_index, ack.batch_size)
+            settled.append(ack)
+        self.dispatcher.forget_redeliveries(self._settle(settled))
+
+    def _settle(self, acks: Sequence[Ack]) -> list[MessageKey]:
+        """The acked messages are no longer outstanding or queued; returns those that were
+        outstanding."""
+        settled = self.dispatcher.settle([(a.position, a.batch_index) for a in acks if a.batch_index is not None])
+        for ack in acks:
+            if ack.batch_index is None:
+                settled += self.dispatcher.settle_entry(ack.position)
+        return settled
+
+    def _ack_cumulative(self, ack: Ack) -> None:
+        position = ack.position
+        if ack.batch_index is None or ack.batch_index == ack.batch_size - 1:  # type: ignore[operator]
+            self.pending.check_plain_cumulative(position)
+            self.cursor.ack_cumulative(position)
+            self.dispatcher.forget_redeliveries(self.dispatcher.settle_through(position))
+            return
+        # Inside a batch: everything before the entry, and the entry's indexes up to this one.
+        before, indexes = self._split_cumulative(ack)
+        self.pending.check_plain_cumulative(before)
+        for index in indexes:
+            holder = self.pending.held_by(position, index)
+            if holder is not None:
+                raise TransactionConflict(f"cumulative ack up to {position} batch index {ack.batch_index} "
+                                          f"covers batch index {index}, pending in {holder}")
+        self.cursor.ack_cumulative(before)
+        for index in indexes:
+            self.cursor.ack(position, index, ack.batch_size)
+        settled = self.dispatcher.settle_through(before) + self.dispatcher.settle((position, i) for i in indexes)
+        self.dispatcher.forget_redeliveries(settled)
+
+    @staticmethod
+    def _split_cumulative(ack: Ack) -> tuple[Position, range]:
+        """A cumulative ack of batch index i: (the position just before the entry, indexes 0..i)."""
+        assert ack.batch_index is not None
+        return Position(ack.position.ledger_id, ack.position.entry_id - 1), range(ack.batch_index + 1)
+
+    def _check_cumulative_allowed(self) -> None:
+        if self.dispatcher.type in (ConsumerType.Shared, ConsumerType.KeyShared):
+            raise NotAllowed(f"cumulative acks are not allowed on a {self.dispatcher.type} subscription")
+
+    # --- transactional acks and ends ---------------------------------------------------------
+
+    def prepare_ack(self, txn: TxnID, acks: Sequence[AckTuple], cumulative: bool = False) -> list[AckRecord]:
+        """The records to log for acks made in ``txn`` (empty: it holds them all already)."""
+        normalized = [normalize_ack(ack) for ack in acks]
+        delivered = self.delivered_through
+        if not cumulative:
+            for ack in normalized:
+                if ack.batch_index is None and self.cursor.partial_batch(ack.position) is not None:
+                    raise TransactionConflict(f"{txn} acks every message of {ack.position}, some of which are "
+                                              "already acked")
+            record = self.pending.prepare_ack(txn, AckKind.INDIVIDUAL, normalized, delivered)
+            return [record] if record is not None else []
+        self._check_cumulative_allowed()
+        if len(normalized) != 1:
+            raise InvalidArgument("a cumulative ack names exactly one message")
+        ack = normalized[0]
+        if ack.batch_index is None or ack.batch_index == ack.batch_size - 1:  # type: ignore[operator]
+            record = self.pending.prepare_ack(txn, AckKind.CUMULATIVE, [Ack(ack.position)], delivered)
+            return [record] if record is not None else []
+        before, indexes = self._split_cumulative(ack)
+        records = []
+        if before >= self.cursor.acked_below:
+            record = self.pending.prepare_ack(txn, AckKind.CUMULATIVE, [Ack(before)], delivered)
+            if record is not None:
+                records.append(record)
+        in_batch = [Ack(ack.position, index, ack.batch_size) for index in indexes
+                    if not self.cursor.is_acked(ack.position, index)]
+        if in_batch:
+            record = self.pending.prepare_ack(txn, AckKind.INDIVIDUAL, in_batch, delivered)
+            if record is not None:
+                records.append(record)
+        return records
+
+    def prepare_end(self, txn: TxnID, action: str, low_watermark: int | None) -> list[Record]:
+        """The records that end ``txn`` here (none: nothing pending, success), preceded by aborts
+        of its coordinator's pending txns at or below ``low_watermark`` (they ended there)."""
+        if action not in ("COMMIT", "ABORT"):
+            raise InvalidArgument(f"action must be COMMIT or ABORT, got {action!r}")
+        records: list[Record | None] = []
+        if low_watermark is not None:
+            records += [self.pending.prepare_abort(dangling)
+                        for dangling in self.pending.pending_at_or_below(txn.tc_id, low_watermark) if dangling != txn]
+        records.append(self.pending.prepare_commit(txn) if action == "COMMIT" else self.pending.prepare_abort(txn))
+        return [record for record in records if record is not None]
+
+    def apply(self, record: Record, log_position: Position, *, in_cursor_snapshot: bool = False) -> None:
+        """Apply a logged record (live, right after it is durable, and on replay)."""
+        redelivery = self.pending.apply(record, in_cursor_snapshot=in_cursor_snapshot)
+        self.log_index.on_logged(record, log_position)
+        self.applied_log_position = log_position
+        if isinstance(record, AckRecord):
+            if record.kind is AckKind.CUMULATIVE:
+                taken = self.dispatcher.settle_through(record.acks[0].position)
+            else:
+                taken = self._settle(record.acks)
+            if taken:
+                self._txn_keys.setdefault(record.txn, []).extend(taken)
+        elif isinstance(record, CommitRecord):
+            self.dispatcher.forget_redeliveries(self._txn_keys.pop(record.txn, ()))
+        elif isinstance(record, AbortRecord):
+            self.dispatcher.count_redelivery(self._txn_keys.pop(record.txn, ()))
+            assert redelivery is not None
+            if redelivery.messages:
+                self.rewind(redelivery.messages[0][0])
+            if redelivery.cumulative_through is not None:
+                self.rewind(self.cursor.acked_below)
+
+    # --- seek --------------------------------------------------------------------------------
+
+    def seek(self, position: Position) -> None:
+        """Deliver again from ``position`` (inclusive), forgetting acks above it; a forward seek
+        over a message pending in a txn is a ``TransactionConflict``."""
+        self.pending.check_seek(position)
+        self.cursor.seek(position)
+        self.dispatcher.reset()
+        self.read_position = self.cursor.acked_below
+        self.generation += 1
+
+    # --- durability --------------------------------------------------------------------------
+
+    def persisted_form(self) -> PersistedCursor:
+        return PersistedCursor(self.cursor.snapshot(), self.applied_log_position)
+
+    def trim_point(self, persisted: PersistedCursor) -> Position | None:
+        """The pending-ack log entry up to which (inclusive) the log may be deleted, given the
+        cursor form last persisted; None when nothing may go."""
+        point = self.log_index.trim_point(position_before(persisted.cursor.acked_below))
+        if point is None or point > persisted.log_position:
+            return None  # only entries the persisted form includes (always so under the actor's lock)
+        return point
+
+    # --- introspection -----------------------------------------------------------------------
+
+    def backlog_entries(self, ledger_ends: Sequence[tuple[int, int]]) -> int:
+        """Partition entries up to its readable end that are not acked (partially acked batches
+        count), given ``(ledger_id, last_entry_id)`` of the partition's ledgers."""
+        start = self.cursor.acked_below
+        if self.max_read < start:
+            return 0
+        total = count_entries(ledger_ends, start, self.max_read)
+        for range_start, range_end in self.cursor.acked_ranges():
+            if range_start <= self.max_read:
+                total -= count_entries(ledger_ends, range_start, min(position_before(range_end), self.max_read))
+        return max(total, 0)
+
+    def stats(self) -> dict[str, Any]:
+        cursor = self.cursor.stats()
+        pending = self.pending.stats()
+        return {
+            "type": str(self.dispatcher.type) if self.dispatcher.type else None,
+            "consumers": self.dispatcher.consumer_stats(),
+            "mark_delete_position": str(cursor.mark_delete_position),
+            "acked_ranges": cursor.acked_ranges,
+            "partially_acked_batches": cursor.partially_acked_batches,
+            "unacked": self.dispatcher.outstanding,
+            "queued": self.dispatcher.queued,
+            "read_position": str(self.read_position),
+            "delivered_through": str(self.delivered_through),
+            "generation": self.generation,
+            "pending_ack": {
+                "txns": [str(t) for t in self.pending.pending_txns()],
+                "positions": pending.pending_positions,
+                "batch_indexes": pending.pending_batch_indexes,
+                "cumulative": None if pending.cumulative is None else
+                [str(pending.cumulative[0]), str(pending.cumulative[1])],
+                "per_txn": [{"txn": str(t.txn), "entries": t.entries, "batch_indexes": t.batch_indexes,
+                             "cumulative": None if t.cumulative is None else str(t.cumulative)}
+                            for t in pending.per_txn],
+            },
+            "log_index_entries": len(self.log_index),
+            "applied_log_position": str(self.applied_log_position),
+        }

@@ -1,0 +1,510 @@
+"""The pure transaction buffer of one partition (Pulsar's TopicTransactionBuffer).
+
+Every entry of the partition ledger is a DATA entry (a producer batch, plain or in a transaction)
+or a COMMIT/ABORT marker of one transaction (``entry_format``). This state machine decides what
+the partition actor writes and, from the positions the writes landed at, what readers may see.
+
+Style of Kafka's ``TransactionMetadata``: ``prepare_*`` validates a request and returns a decision
+without touching durable state; the actor writes the entry (or entries) to the ledger; once durable
+it calls ``apply`` with each entry's header and position, in ledger order. ``apply`` is the only
+mutator of durable state and is also what replays the ledger after a restart, so a buffer rebuilt
+from ``snapshot + the entries after it`` equals the live one.
+
+Durable state (in every snapshot, and rebuilt by replay):
+
+* ``ongoing``: txn -> its first position here, the entry just before that one, when it started;
+  in insertion order (= order of first positions, since entries apply in ledger order).
+* ``aborted``: txn -> (first position, ABORT marker position); data of the txn in that range is
+  hidden forever. Pruned once retention deleted the ledger holding the marker.
+* ``max_read_position``: the entry just before the first ongoing txn's first entry, or the last
+  entry when nothing is ongoing. Markers and aborted data count as entries: readers skip them, so
+  they never hold readers back. Never moves backwards.
+* the dedup table (producer -> highest sequence id and the entry that carried it; LRU-bounded),
+  and per coordinator the highest low watermark that came with a marker.
+
+No per-message data: committed transactions leave no trace, so memory does not grow with traffic.
+
+Volatile state (lost on restart, which is safe because after a restart everything in it is either
+durable or retried by its sender): entries prepared but not yet applied (so a retried send racing
+its original is still a duplicate, and an end racing a txn's first append still writes a marker),
+ends prepared but not yet applied (no appends to a txn whose marker is on its way), and low
+watermarks heard without a marker (they only make late appends fail earlier).
+
+Contract for the caller (the partition actor):
+
+* Apply every entry of the ledger, in ledger order, each exactly once. Positions are checked: an
+  entry id must follow the previous one in its ledger, or be 0 in a later ledger.
+* Issue the ledger append right after a successful prepare, with no await in between, so ledger
+  order is prepare order. If an append fails or times out, the buffer no longer matches the ledger:
+  stop serving and recover from the ledger (a new incarnation). ``cancel_append`` is only for an
+  entry that certainly was not handed to the ledger (rejected before queuing).
+* ``publish_time_ms`` of headers is stamped by the actor's clock; a txn's age is measured from the
+  publish time of its first entry here, so replay restores it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import OrderedDict
+
+import msgspec
+
+from raytxn.errors import (
+    CorruptLedger,
+    InvalidArgument,
+    InvalidTxnState,
+    NotAllowed,
+    TransactionAlreadyAborted,
+)
+from raytxn.ids import EARLIEST, Position, TxnID
+from raytxn.protocol.entry_format import EntryHeader, marker_header
+from raytxn.protocol.txnlog import EndAction
+
+DEFAULT_MAX_PRODUCERS = 10_000
+
+
+class AppendStatus(enum.StrEnum):
+    OK = "ok"  # write the entry, then apply it
+    DUPLICATE = "duplicate"  # a retried send: do not write; acknowledge with ``position``
+
+
+class AppendDecision(msgspec.Struct, frozen=True):
+    """Answer of ``prepare_append``. For a DUPLICATE, ``position`` is the entry that carried the
+    original when it is the producer's latest entry, else None; ``in_flight`` says the original
+    is prepared but not applied yet (its position comes when its own append completes)."""
+
+    status: AppendStatus
+    position: Position | None = None
+    in_flight: bool = False
+
+    @property
+    def duplicate(self) -> bool:
+        return self.status is AppendStatus.DUPLICATE
+
+
+class EndDecision(msgspec.Struct, frozen=True):
+    """Answer of ``prepare_end`` / ``prepare_dangling``: the markers to write, one entry each.
+
+    ``write_marker``: ``txn`` needs an ``action`` marker here (False: this partition never saw a
+    txn being committed, or already ended it - the end is acknowledged at once, idempotently).
+    ``dangling``: ongoing txns of the same coordinator at or below ``low_watermark``; their end
+    message was lost, the coordinator has forgotten them, so they get an ABORT marker."""
+
+    tc_id: int
+    low_watermark: int
+    txn: TxnID | None
+    action: EndAction | None
+    write_marker: bool
+    dangling: tuple[TxnID, ...]
+
+    def markers(self, publish_time_ms: int) -> list[EntryHeader]:
+        """Marker headers to append, in this order (dangling aborts first, oldest first)."""
+        headers = [marker_header("abort", txn, publish_time_ms, self.low_watermark) for txn in self.dangling]
+        if self.write_marker:
+            assert self.txn is not None and self.action is not None
+            kind = "commit" if self.action is EndAction.COMMIT else "abort"
+            headers.append(marker_header(kind, self.txn, publish_time_ms, self.low_watermark))
+        return headers
+
+
+class OngoingTxn(msgspec.Struct, frozen=True, array_like=True):
+    """An open transaction on this partition. ``before_position`` is the entry applied just before
+    ``first_position`` (EARLIEST if none); ``entries_before`` counts the entries applied before it
+    (for the exact lag)."""
+
+    txn: TxnID
+    first_position: Position
+    before_position: Position
+    entries_before: int
+    start_ms: int
+
+
+class AbortedTxn(msgspec.Struct, frozen=True, array_like=True):
+    """An aborted transaction: its data in ``first_position..marker_position`` is hidden. For an
+    abort of a txn never seen here (a fence against late appends), both are the marker."""
+
+    txn: TxnID
+    first_position: Position
+    marker_position: Position
+
+
+class DedupEntry(msgspec.Struct, frozen=True, array_like=True):
+    producer: str
+    last_sequence: int
+    position: Position  # the entry that carried ``last_sequence``
+
+
+class TxnBufferSnapshot(msgspec.Struct, frozen=True):
+    """The durable state. ``last_position`` is the last entry it covers: recovery replays from the
+    entry after it. Lists are in the buffer's own order (ongoing by first position, dedup least
+    recently used first), so a restored buffer behaves exactly like the one snapshotted."""
+
+    last_position: Position
+    max_read_position: Position
+    applied_entries: int
+    ongoing: list[OngoingTxn]
+    aborted: list[AbortedTxn]
+    dedup: list[DedupEntry]
+    low_watermarks: dict[int, int]
+
+
+class TxnBufferStats(msgspec.Struct, frozen=True):
+    """``lag_entries`` is exact: the entries after ``max_read_position`` up to ``last_position``
+    (held back by the oldest ongoing txn, or 0)."""
+
+    ongoing_txns: int
+    aborted_txns: int
+    ending_txns: int
+    dedup_producers: int
+    max_read_position: Position
+    last_position: Position
+    applied_entries: int
+    lag_entries: int
+    oldest_ongoing: TxnID | None
+    oldest_ongoing_age_ms: int | None
+
+
+def _check_data_header(header: EntryHeader) -> None:
+    if header.kind != "data":
+        raise InvalidArgument(f"expected a data entry header, got {header.kind!r}")
+    if header.count < 1 or not 0 <= header.first_sequence <= header.last_sequence or not header.producer:
+        raise InvalidArgument(f"malformed data header {header!r}: need a producer, count >= 1 and "
+                              "0 <= first_sequence <= last_sequence")
+
+
+class TransactionBuffer:
+    """Ongoing and aborted txns, max read position and dedup table of one partition."""
+
+    def __init__(self, *, max_producers: int = DEFAULT_MAX_PRODUCERS) -> None:
+        if max_producers < 1:
+            raise InvalidArgument("max_producers must be >= 1")
+        self.max_producers = max_producers
+        # --- durable ---
+        self._last_position = EARLIEST
+        self._max_read_position = EARLIEST
+        self._applied_entries = 0
+        self._ongoing: OrderedDict[TxnID, OngoingTxn] = OrderedDict()
+        self._aborted: dict[TxnID, AbortedTxn] = {}
+        self._dedup: OrderedDict[str, DedupEntry] = OrderedDict()  # least recently used first
+        self._low_watermarks: dict[int, int] = {}  # from markers only, so replay relearns them
+        # --- volatile ---
+        self._pending_sequences: dict[str, list[int]] = {}  # producer -> prepared last sequences, ascending
+        self._pending_appends: dict[TxnID, int] = {}  # txn -> prepared, unapplied data entries
+        self._ending: dict[TxnID, EndAction] = {}  # marker prepared, not applied yet
+        self._heard_low_watermarks: dict[int, int] = {}
+
+    # --- queries ---------------------------------------------------------------------------
+
+    @property
+    def last_position(self) -> Position:
+        """The last entry applied (EARLIEST when none)."""
+        return self._last_position
+
+    @property
+    def max_read_position(self) -> Position:
+        """Readers may read up to and including this position, never past it."""
+        return self._max_read_position
+
+    @property
+    def lag_entries(self) -> int:
+        """Entries applied after ``max_read_position``: held back from readers by the oldest
+        ongoing txn (0 when none is ongoing)."""
+        head = next(iter(self._ongoing.values()), None)
+        return self._applied_entries - head.entries_before if head else 0
+
+    def ongoing_txns(self) -> list[TxnID]:
+        return list(self._ongoing)
+
+    def ongoing_coordinators(self) -> list[int]:
+        """Coordinators with txns open here: ask each for its low watermark now and then (and
+        right after recovery) and pass it to ``prepare_dangling``."""
+        return sorted({txn.tc_id for txn in self._ongoing})
+
+    def ongoing_first_position(self, txn: TxnID) -> Position | None:
+        entry = self._ongoing.get(txn)
+        return entry.first_position if entry else None
+
+    def aborted_marker(self, txn: TxnID) -> Position | None:
+        entry = self._aborted.get(txn)
+        return entry.marker_position if entry else None
+
+    def low_watermark(self, tc_id: int) -> int:
+        """Highest low watermark known for coordinator ``tc_id`` (durable or heard); -1 if none."""
+        return max(self._low_watermarks.get(tc_id, -1), self._heard_low_watermarks.get(tc_id, -1))
+
+    def dedup_position(self, producer: str) -> tuple[int, Position] | None:
+        entry = self._dedup.get(producer)
+        return (entry.last_sequence, entry.position) if entry else None
+
+    def is_visible(self, header: EntryHeader, position: Position) -> bool:
+        """May a reader see the messages of the entry ``header`` at ``position``?"""
+        if header.kind != "data" or position > self._max_read_position:
+            return False
+        if header.txn is None:
+            return True
+        aborted = self._aborted.get(header.txn)
+        return aborted is None or not aborted.first_position <= position <= aborted.marker_position
+
+    # --- appends ---------------------------------------------------------------------------
+
+    def prepare_append(self, header: EntryHeader) -> AppendDecision:
+        """Decide on a DATA entry: OK (then write it and ``apply`` it), DUPLICATE, or raise
+        ``NotAllowed`` (txn ended, ending, or at/below its coordinator's low watermark) or
+        ``InvalidArgument`` (malformed, or sequences overlapping what was written)."""
+        _check_data_header(header)
+        known = self._dedup.get(header.producer)
+        persisted = known.last_sequence if known else -1
+        pending = self._pending_sequences.get(header.producer)
+        highest_pending = pending[-1] if pending else -1
+        # Dedup first: a retried send whose original landed succeeds even if its txn ended since.
+        if header.last_sequence <= persisted:
+            assert known is not None
+            position = known.position if header.last_sequence == persisted else None
+            return AppendDecision(AppendStatus.DUPLICATE, position)
+        if header.last_sequence <= highest_pending:
+            return AppendDecision(AppendStatus.DUPLICATE, None, in_flight=True)
+        if header.first_sequence <= max(persisted, highest_pending):
+            raise InvalidArgument(f"producer {header.producer!r}: sequences {header.first_sequence}.."
+                                  f"{header.last_sequence} overlap sequence {max(persisted, highest_pending)} "
+                                  "already written")
+        txn = header.txn
+        if txn is not None:
+            if txn in self._ending:
+                raise NotAllowed(f"{txn} is ending on this partition; no more appends")
+            if txn in self._aborted:
+                raise NotAllowed(f"{txn} was aborted on this partition")
+            if txn.sequence <= self.low_watermark(txn.tc_id):
+                raise NotAllowed(f"{txn} is at or below the low watermark {self.low_watermark(txn.tc_id)} "
+                                 f"of coordinator {txn.tc_id}: it has ended")
+            self._pending_appends[txn] = self._pending_appends.get(txn, 0) + 1
+        self._pending_sequences.setdefault(header.producer, []).append(header.last_sequence)
+        return AppendDecision(AppendStatus.OK)
+
+    def cancel_append(self, header: EntryHeader) -> None:
+        """Forget an OK'd append that was certainly not handed to the ledger."""
+        pending = self._pending_sequences.get(header.producer)
+        if pending and header.last_sequence in pending:
+            pending.remove(header.last_sequence)
+            if not pending:
+                del self._pending_sequences[header.producer]
+        if header.txn is not None:
+            self._release_txn_append(header.txn)
+
+    def _release_txn_append(self, txn: TxnID) -> None:
+        count = self._pending_appends.get(txn, 0)
+        if count > 1:
+            self._pending_appends[txn] = count - 1
+        else:
+            self._pending_appends.pop(txn, None)
+
+    def apply(self, header: EntryHeader, position: Position) -> None:
+        """Apply one durable entry (live, or replaying the ledger)."""
+        if header.kind == "data":
+            self.apply_append(header, position)
+        else:
+            assert header.txn is not None
+            action = EndAction.COMMIT if header.kind == "commit" else EndAction.ABORT
+            self.apply_end(header.txn, action, position, header.low_watermark)
+
+    def apply_append(self, header: EntryHeader, position: Position) -> None:
+        """A DATA entry became durable at ``position``."""
+        _check_data_header(header)
+        pending = self._pending_sequences.get(header.producer)
+        if pending:
+            while pending and pending[0] <= header.last_sequence:
+                pending.pop(0)
+            if not pending:
+                del self._pending_sequences[header.producer]
+        before, entries_before = self._advance(position)
+        known = self._dedup.pop(header.producer, None)
+        if known is None or header.last_sequence > known.last_sequence:
+            known = DedupEntry(header.producer, header.last_sequence, position)
+        self._dedup[header.producer] = known  # most recently used now
+        while len(self._dedup) > self.max_producers:
+            self._dedup.popitem(last=False)
+        txn = header.txn
+        if txn is not None:
+            self._release_txn_append(txn)
+            if txn not in self._ongoing:
+                # Also for a txn ended before (a late append that slipped past the checks): it is
+                # open again from here on, so the dangling sweep can abort just this part of it.
+                self._ongoing[txn] = OngoingTxn(txn, position, before, entries_before, header.publish_time_ms)
+        self._update_max_read_position()
+
+    # --- ends ------------------------------------------------------------------------------
+
+    def prepare_end(self, txn: TxnID, action: EndAction | str, low_watermark: int) -> EndDecision:
+        """Decide on an end message of ``txn`` that came with its coordinator's ``low_watermark``.
+
+        Raises ``TransactionAlreadyAborted`` (commit of a txn aborted here) or
+        ``InvalidTxnState`` (the other end of a txn whose marker is on its way)."""
+        action = EndAction(action)
+        if type(low_watermark) is not int or low_watermark < -1:
+            raise InvalidArgument(f"low watermark must be an integer >= -1, got {low_watermark!r}")
+        pending = self._ending.get(txn)
+        if pending is not None and pending is not action:
+            raise InvalidTxnState(f"{txn} is being {'committed' if pending is EndAction.COMMIT else 'aborted'} "
+                                  f"here; {action} refused")
+        if action is EndAction.COMMIT and txn in self._aborted:
+            raise TransactionAlreadyAborted(f"{txn} was aborted on this partition")
+        self._hear_low_watermark(txn.tc_id, low_watermark)
+        watermark = self.low_watermark(txn.tc_id)
+        seen = txn in self._ongoing or txn in self._pending_appends
+        if action is EndAction.COMMIT:
+            # Never seen: nothing to make visible. (Committed txns are not remembered.)
+            write = seen or pending is not None
+        else:
+            # An abort of a txn never seen still gets a marker (as Kafka writes markers to every
+            # registered partition): it fences a send still on its way. The low watermark cannot
+            # do that yet - the coordinator's watermark is below every txn it is still ending.
+            write = seen or pending is not None or (txn not in self._aborted and txn.sequence > watermark)
+        # A repeated end while its marker is in flight writes the marker again (harmless): the
+        # caller must not acknowledge before a marker is durable.
+        if write:
+            self._ending[txn] = action
+        dangling = self._take_dangling(txn.tc_id, watermark, exclude=txn)
+        return EndDecision(txn.tc_id, watermark, txn, action, write, dangling)
+
+    def prepare_dangling(self, tc_id: int, low_watermark: int) -> EndDecision:
+        """Abort markers for txns of ``tc_id`` at or below ``low_watermark`` that are still open
+        here (for a periodic check when no end message comes: an end lost for good)."""
+        if type(low_watermark) is not int or low_watermark < -1:
+            raise InvalidArgument(f"low watermark must be an integer >= -1, got {low_watermark!r}")
+        self._hear_low_watermark(tc_id, low_watermark)
+        watermark = self.low_watermark(tc_id)
+        return EndDecision(tc_id, watermark, None, None, False, self._take_dangling(tc_id, watermark, None))
+
+    def _hear_low_watermark(self, tc_id: int, low_watermark: int) -> None:
+        if low_watermark > self._heard_low_watermarks.get(tc_id, -1):
+            self._heard_low_watermarks[tc_id] = low_watermark
+
+    def _take_dangling(self, tc_id: int, watermark: int, exclude: TxnID | None) -> tuple[TxnID, ...]:
+        candidates = dict.fromkeys([*self._ongoing, *self._pending_appends])
+        dangling = tuple(t for t in candidates if t.tc_id == tc_id and t.sequence <= watermark
+                         and t != exclude and t not in self._ending)
+        for t in dangling:
+            self._ending[t] = EndAction.ABORT
+        return dangling
+
+    def apply_end(self, txn: TxnID, action: EndAction | str, marker_position: Position,
+                  low_watermark: int | None = None) -> None:
+        """A COMMIT or ABORT marker of ``txn`` became durable at ``marker_position``."""
+        action = EndAction(action)
+        if action is EndAction.COMMIT and txn in self._aborted:
+            raise InvalidTxnState(f"COMMIT marker at {marker_position} for {txn}, aborted at "
+                                  f"{self._aborted[txn].marker_position}")
+        self._advance(marker_position)
+        if self._ending.get(txn) is action:
+            del self._ending[txn]
+        if low_watermark is not None and low_watermark > self._low_watermarks.get(txn.tc_id, -1):
+            self._low_watermarks[txn.tc_id] = low_watermark
+        ongoing = self._ongoing.pop(txn, None)
+        if action is EndAction.ABORT:
+            previous = self._aborted.get(txn)
+            if ongoing is not None:
+                first = ongoing.first_position
+                if previous is not None:
+                    first = min(first, previous.first_position)
+                self._aborted[txn] = AbortedTxn(txn, first, marker_position)
+            elif previous is None:  # a fence: nothing of it here, later appends refused
+                self._aborted[txn] = AbortedTxn(txn, marker_position, marker_position)
+            # else: a repeated abort; the first marker stays
+        self._update_max_read_position()
+
+    # --- shared bookkeeping ----------------------------------------------------------------
+
+    def _advance(self, position: Position) -> tuple[Position, int]:
+        """Record ``position`` as the last entry; return the previous last entry and the count of
+        entries applied before this one."""
+        last = self._last_position
+        if last != EARLIEST:
+            follows = (position.entry_id == last.entry_id + 1 if position.ledger_id == last.ledger_id
+                       else position.ledger_id > last.ledger_id and position.entry_id == 0)
+            if not follows:
+                raise InvalidArgument(f"entry {position} applied after {last}: entries must be applied "
+                                      "in ledger order, each once, none skipped")
+        elif position.ledger_id < 0 or position.entry_id < 0:
+            raise InvalidArgument(f"invalid entry position {position}")
+        entries_before = self._applied_entries
+        self._last_position = position
+        self._applied_entries += 1
+        return last, entries_before
+
+    def _update_max_read_position(self) -> None:
+        if self._ongoing:
+            new = next(iter(self._ongoing.values())).before_position
+        else:
+            new = self._last_position
+        assert new >= self._max_read_position, f"max read position moving back: {self._max_read_position} -> {new}"
+        self._max_read_position = new
+
+    # --- retention -------------------------------------------------------------------------
+
+    def prune_aborted(self, trimmed_below: Position) -> int:
+        """Forget aborted txns whose marker lies below ``trimmed_below`` (their ledger was deleted,
+        so none of their data can be read). Returns how many were dropped."""
+        gone = [txn for txn, entry in self._aborted.items() if entry.marker_position < trimmed_below]
+        for txn in gone:
+            del self._aborted[txn]
+        return len(gone)
+
+    # --- stats -----------------------------------------------------------------------------
+
+    def stats(self, now_ms: int) -> TxnBufferStats:
+        oldest = min(self._ongoing.values(), key=lambda entry: entry.start_ms, default=None)
+        return TxnBufferStats(
+            ongoing_txns=len(self._ongoing),
+            aborted_txns=len(self._aborted),
+            ending_txns=len(self._ending),
+            dedup_producers=len(self._dedup),
+            max_read_position=self._max_read_position,
+            last_position=self._last_position,
+            applied_entries=self._applied_entries,
+            lag_entries=self.lag_entries,
+            oldest_ongoing=oldest.txn if oldest else None,
+            oldest_ongoing_age_ms=max(0, now_ms - oldest.start_ms) if oldest else None,
+        )
+
+    # --- snapshots -------------------------------------------------------------------------
+
+    def snapshot(self) -> TxnBufferSnapshot:
+        """The durable state, covering every entry up to ``last_position``."""
+        return TxnBufferSnapshot(
+            last_position=self._last_position,
+            max_read_position=self._max_read_position,
+            applied_entries=self._applied_entries,
+            ongoing=list(self._ongoing.values()),
+            aborted=list(self._aborted.values()),
+            dedup=list(self._dedup.values()),
+            low_watermarks=dict(sorted(self._low_watermarks.items())),
+        )
+
+    @classmethod
+    def from_snapshot(cls, snapshot: TxnBufferSnapshot, *,
+                      max_producers: int = DEFAULT_MAX_PRODUCERS) -> TransactionBuffer:
+        """A buffer in the state ``snapshot`` recorded; then replay the entries after
+        ``snapshot.last_position`` with ``apply``. Raises ``CorruptLedger`` on an inconsistent
+        snapshot."""
+        buffer = cls(max_producers=max_producers)
+        previous_first = EARLIEST
+        for entry in snapshot.ongoing:
+            if not (previous_first < entry.first_position <= snapshot.last_position
+                    and entry.before_position < entry.first_position
+                    and 0 <= entry.entries_before < snapshot.applied_entries):
+                raise CorruptLedger(f"inconsistent ongoing txn {entry!r} in snapshot at {snapshot.last_position}")
+            previous_first = entry.first_position
+            buffer._ongoing[entry.txn] = entry
+        buffer._aborted = {entry.txn: entry for entry in snapshot.aborted}
+        for entry in snapshot.dedup[-max_producers:]:
+            buffer._dedup[entry.producer] = entry
+        buffer._low_watermarks = dict(snapshot.low_watermarks)
+        buffer._last_position = snapshot.last_position
+        buffer._applied_entries = snapshot.applied_entries
+        head = next(iter(buffer._ongoing.values()), None)
+        expected = head.before_position if head else snapshot.last_position
+        if expected != snapshot.max_read_position:
+            raise CorruptLedger(f"snapshot at {snapshot.last_position} says max read position "
+                                f"{snapshot.max_read_position}, its ongoing txns say {expected}")
+        buffer._max_read_position = expected
+        return buffer
+

@@ -1,0 +1,196 @@
+"""Benchmark of subscriptions: ``bench_subscription(short=False) -> rows``.
+
+* Consume + ack throughput of one consumer, plain acks vs acks in transactions committed every
+  100 ms (waiting for each commit, and committing in the background as Pulsar's perf tool
+  does), and their ratios to plain (target >= 0.8).
+* Recovery time of a subscription whose pending-ack log holds 100k records (short: 10k): half
+  ACK, half COMMIT records of as many transactions, replayed by a new subscription actor.
+* The subscription actor's resident memory after 1M acked messages vs after 10k (short: 100k vs
+  10k), target ratio <= 1.5: acked ranges compact into the mark-delete position, nothing per
+  message is kept once it is acked.
+
+Runs a whole engine on a file:// store in a temporary directory, on the Ray this process is
+connected to, or on a fresh local one that it stops at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import gc
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import ray
+
+import raytxn as rt
+from raytxn.client.consumer import Consumer
+from raytxn.client.rpc import ActorRef
+from raytxn.cluster import stop_engine
+from raytxn.config import SubscriptionConfig
+from raytxn.ids import NAMESPACE, Position, TxnID, subscription_actor_name
+from raytxn.ledger import ManagedLedger
+from raytxn.ledger.storage import Storage
+from raytxn.protocol.pending_ack import Ack, AckKind, AckRecord, CommitRecord, encode_record
+
+PAYLOAD = b"x" * 100
+COMMIT_EVERY_S = 0.1
+
+
+def bench_subscription(short: bool = False, progress: Callable[[str], None] = print) -> list[dict]:
+    started_ray = not ray.is_initialized()
+    if started_ray:  # a fresh local Ray of our own (never someone else's cluster)
+        ray.init(address="local", namespace=NAMESPACE, include_dashboard=False, logging_level="ERROR")
+    storage_url = f"file://{tempfile.mkdtemp(prefix='raytxn-bench-sub-')}"
+    client = rt.connect(storage=storage_url, subscription=SubscriptionConfig())
+    rows: list[dict] = []
+    try:
+        rows += _throughput(client, 20_000 if short else 100_000, 2 if short else 3, progress)
+        rows.append(_recovery(client, storage_url, 10_000 if short else 100_000, progress))
+        rows.append(_memory(client, 100_000 if short else 1_000_000, 10_000, progress))
+    finally:
+        client.close()
+        stop_engine()
+        if started_ray:
+            ray.shutdown()
+    return rows
+
+
+def _produce(client: rt.Client, topic: str, count: int) -> None:
+    producer = client.create_producer(topic, batching_max_messages=1000, batching_max_delay_ms=5)
+    for start in range(0, count, 10_000):
+        futures = [producer.send_async(PAYLOAD) for _ in range(min(10_000, count - start))]
+        producer.flush()
+        futures[-1].result()
+
+
+def _consume(consumer: Consumer, count: int, client: rt.Client | None = None, pipelined: bool = False) -> float:
+    """Receive and ack ``count`` messages; returns the seconds until the last ack was applied.
+
+    With ``client``, the acks go into transactions committed every 100 ms: one after the other
+    (``pipelined`` False: the consumer waits for each commit), or as Pulsar's perf tool does,
+    committing in the background while the next transaction already consumes."""
+    t0 = time.perf_counter()
+    done = 0
+    if client is None:
+        message = None
+        while done < count:
+            message = consumer.receive(timeout=30)
+            consumer.acknowledge(message)
+            done += 1
+        assert message is not None
+        consumer.acknowledge_async(message).result()  # the grouped acks are applied up to here
+        return time.perf_counter() - t0
+    with concurrent.futures.ThreadPoolExecutor(2) as background:
+        next_txn = background.submit(client.new_transaction)
+        commits = []
+        while done < count:
+            txn = next_txn.result()
+            next_txn = background.submit(client.new_transaction)
+            window_end = time.perf_counter() + COMMIT_EVERY_S
+            while done < count and time.perf_counter() < window_end:
+                consumer.acknowledge_async(consumer.receive(timeout=30), txn)
+                done += 1
+            if pipelined:
+                commits.append(background.submit(txn.commit))
+            else:
+                txn.commit()  # waits for the txn's acks, then commits them
+        for commit in commits:
+            commit.result()
+        next_txn.result().abort()
+    return time.perf_counter() - t0
+
+
+def _throughput(client: rt.Client, count: int, rounds: int, progress: Callable[[str], None]) -> list[dict]:
+    """Each mode ``rounds`` times, interleaved; the best round of each counts (the machine may be
+    shared: the best round is the one least disturbed)."""
+    modes = ("plain", "txn", "txn-pipelined")
+    rates: dict[str, list[float]] = {mode: [] for mode in modes}
+    for _ in range(rounds):
+        for mode in modes:
+            topic = f"bench-{mode}-{time.monotonic_ns()}"
+            client.create_topic(topic)
+            consumer = client.subscribe(topic, "bench", initial_position=rt.InitialPosition.Earliest)
+            _produce(client, topic, count)
+            seconds = _consume(consumer, count, client if mode != "plain" else None, mode == "txn-pipelined")
+            consumer.close()
+            client.delete_topic(topic)
+            rates[mode].append(count / seconds)
+            progress(f"  consume+ack {mode:13}: {rates[mode][-1]:9.0f} msgs/s ({count} messages, {seconds:.2f} s)")
+    best = {mode: max(values) for mode, values in rates.items()}
+    cases = {"plain": "consume+ack plain",
+             "txn": f"consume+ack in txns, commit every {int(COMMIT_EVERY_S * 1000)} ms, waiting for each commit",
+             "txn-pipelined": f"consume+ack in txns, commit every {int(COMMIT_EVERY_S * 1000)} ms in the "
+                              "background (Pulsar perf style)"}
+    rows = [{"bench": "subscription", "case": cases[mode], "messages": count, "rounds": rounds,
+             "msgs_per_s": round(best[mode], 1), "all_rounds": [round(r, 1) for r in rates[mode]]}
+            for mode in modes]
+    for mode in ("txn", "txn-pipelined"):
+        ratio = best[mode] / best["plain"]
+        progress(f"  {mode}/plain ratio (best rounds): {ratio:.2f} (target >= 0.8)")
+        rows.append({"bench": "subscription", "case": f"{mode}/plain throughput ratio", "ratio": round(ratio, 3),
+                     "target": ">= 0.8"})
+    return rows
+
+
+async def _write_pending_ack_log(storage_url: str, stream: str, records: int) -> None:
+    """``records`` records, an ACK and a COMMIT per txn, as a subscription would have logged them."""
+    ledger = await ManagedLedger.open(Storage.from_url(storage_url), stream)
+    encoded = []
+    for sequence in range(records // 2):
+        txn = TxnID(0, sequence)
+        encoded.append(encode_record(AckRecord(txn, AckKind.INDIVIDUAL, (Ack(Position(0, sequence)),))))
+        encoded.append(encode_record(CommitRecord(txn)))
+    for start in range(0, len(encoded), 2000):  # concurrent appends share puts (group commit)
+        await asyncio.gather(*(ledger.append([record]) for record in encoded[start:start + 2000]))
+    await ledger.close()
+
+
+def _recovery(client: rt.Client, storage_url: str, records: int, progress: Callable[[str], None]) -> dict:
+    from raytxn.actors.subscription import pending_ack_stream
+
+    topic = f"bench-recovery-{time.monotonic_ns()}"
+    client.create_topic(topic)
+    asyncio.run(_write_pending_ack_log(storage_url, pending_ack_stream(topic, 0, "recovering"), records))
+    t0 = time.perf_counter()
+    client.supervisor.call("create_subscription", topic, "recovering", "earliest")  # the actor recovers
+    wall_s = time.perf_counter() - t0
+    info = ActorRef(subscription_actor_name(topic, 0, "recovering")).call("ready")
+    assert info["replayed_records"] == records, info
+    progress(f"  recovery of a {records}-record pending-ack log: {info['recovery_ms']:.0f} ms "
+             f"(actor start to ready {wall_s * 1000:.0f} ms)")
+    return {"bench": "subscription", "case": "pending-ack log recovery", "records": records,
+            "recovery_ms": info["recovery_ms"], "start_to_ready_ms": round(wall_s * 1000, 1)}
+
+
+def _memory(client: rt.Client, total: int, baseline: int, progress: Callable[[str], None]) -> dict:
+    topic = f"bench-memory-{time.monotonic_ns()}"
+    client.create_topic(topic)
+    consumer = client.subscribe(topic, "memory", initial_position=rt.InitialPosition.Earliest)
+    actor = ActorRef(subscription_actor_name(topic, 0, "memory"))
+
+    def settled_rss() -> dict[str, Any]:
+        gc.collect()
+        time.sleep(1.0)  # the actor persists its cursor and goes idle
+        return actor.call("process_info")
+
+    acked = 0
+    rss: dict[int, int] = {}
+    for target in (baseline, total):
+        while acked < target:
+            chunk = min(50_000, target - acked)
+            _produce(client, topic, chunk)
+            _consume(consumer, chunk)
+            acked += chunk
+        rss[target] = settled_rss()["rss"]
+        progress(f"  subscription actor RSS after {acked} acked messages: {rss[target] / 1e6:.1f} MB")
+    stats = actor.call("stats")
+    consumer.close()
+    ratio = rss[total] / rss[baseline]
+    progress(f"  RSS ratio {total}/{baseline}: {ratio:.2f} (target <= 1.5); acked ranges "
+             f"{stats['acked_ranges']}, mark-delete {stats['mark_delete_position']}")
+    return {"bench": "subscription", "case": f"actor RSS after {total} vs {baseline} acked messages",
+            "rss_small_mb": round(rss[baseline] / 1e6, 1), "rss_large_mb": round(rss[total] / 1e6, 1),
+            "ratio": round(ratio, 3), "target": "<= 1.5", "acked_ranges": stats["acked_ranges"]}

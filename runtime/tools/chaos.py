@@ -1,0 +1,260 @@
+"""The chaos workload: consume-transform-produce under a seeded random schedule of faults.
+
+Input topic `in` (3 partitions) holds N orders. Worker threads, each with its own Shared
+consumer and producers, move every order in one transaction to two output topics (`out-a`,
+`out-b`, 2 partitions each) and acknowledge it in the same transaction; some transactions are
+aborted on purpose. Meanwhile a fault thread follows a schedule drawn from the seed: at random
+moments it arms a fault point (any point of any actor kind, action crash/raise/delay/drop_reply)
+in a random actor, or kills a random actor. Everything observed is recorded in a History; at the
+end the outputs are drained and ``raytxn.tools.checker.check`` judges invariants 1-6. The same seed
+gives the same schedule (``ChaosResult.schedule``), so a failing seed replays it.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from raytxn.errors import RaytxnError, Timeout, TransactionAlreadyAborted, TransactionTimedOut
+from raytxn.ids import coordinator_actor_name, partition_actor_name, subscription_actor_name
+from raytxn.tools.checker import Anomaly, Report, check
+from raytxn.tools.history import History
+
+POINTS = {
+    "coordinator": ["coordinator.after_log_new", "coordinator.after_log_committing", "coordinator.after_log_aborting",
+                    "coordinator.after_send_end", "coordinator.before_log_complete", "coordinator.after_log_complete"],
+    "partition": ["partition.before_append", "partition.after_append_before_reply", "partition.before_marker",
+                  "partition.after_marker", "partition.before_snapshot"],
+    "subscription": ["subscription.before_pending_ack_log", "subscription.after_pending_ack_log",
+                     "subscription.before_commit_log", "subscription.after_commit_log",
+                     "subscription.after_cursor_persist"],
+    "ledger": ["ledger.before_put"],
+}
+ACTIONS = ("crash", "raise", "delay", "drop_reply")
+
+
+@dataclass
+class ChaosResult:
+    seed: int
+    txns: int
+    committed: int
+    aborted: int
+    seconds: float
+    schedule: list[dict[str, Any]]
+    faults_fired: int
+    report: Report
+    errors: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def clean(self) -> bool:
+        return self.report.clean
+
+    def summary(self) -> str:
+        return (f"seed {self.seed}: {self.txns} orders, {self.committed} committed / {self.aborted} aborted txns, "
+                f"{len(self.schedule)} faults scheduled, {self.seconds:.1f}s; checker: "
+                f"{'clean' if self.clean else self.report.summary()}")
+
+
+def make_schedule(seed: int, actors: dict[str, list[str]], count: int, interval_s: float) -> list[dict[str, Any]]:
+    """``count`` fault events drawn from ``seed``: when (offset s), what, where."""
+    rng = random.Random(seed)
+    events = []
+    at = 0.0
+    for _ in range(count):
+        at += rng.uniform(0.5, 1.5) * interval_s
+        if rng.random() < 0.2:
+            kind = rng.choice(["coordinator", "partition", "subscription"])
+            events.append({"at": round(at, 3), "do": "kill", "actor": rng.choice(actors[kind])})
+            continue
+        kind = rng.choice(list(POINTS))
+        target_kind = rng.choice(["coordinator", "partition", "subscription"]) if kind == "ledger" else kind
+        events.append({"at": round(at, 3), "do": "arm", "point": rng.choice(POINTS[kind]),
+                       "action": rng.choice(ACTIONS), "actor": rng.choice(actors[target_kind]),
+                       "delay_s": round(rng.uniform(0.05, 0.5), 3)})
+    return events
+
+
+def run_chaos(client: Any, txns: int = 300, seed: int = 1, workers: int = 3, txn_timeout_s: float = 10.0,
+              fault_interval_s: float = 1.0, abort_ratio: float = 0.1, time_limit_s: float = 600.0,
+              progress: Any = None) -> ChaosResult:
+    """Run the workload on ``client``'s engine and judge it; see the module docstring."""
+    import raytxn as rt
+
+    rng = random.Random(seed)
+    run = f"c{seed}-{rng.randrange(16**6):06x}"
+    topic_in, out_a, out_b = f"{run}-in", f"{run}-out-a", f"{run}-out-b"
+    client.create_topic(topic_in, 3)
+    client.create_topic(out_a, 2)
+    client.create_topic(out_b, 2)
+    history = History()
+    now = time.monotonic
+    seeder = client.create_producer(topic_in)
+    for i in range(txns):
+        uid = f"in-{i}"
+        history.send(uid, topic_in, None, None, seeder.producer_name, now())
+        history.send_ok(uid, seeder.send(uid.encode(), key=uid), now())
+    consumers = [client.subscribe(topic_in, "chaos", consumer_type=rt.ConsumerType.Shared,
+                                  initial_position=rt.InitialPosition.Earliest, consumer_name=f"w{w}",
+                                  ack_timeout_s=txn_timeout_s * 2)
+                 for w in range(workers)]
+    for w in range(workers):
+        history.subscribe(f"w{w}", "chaos", topic_in, now(), from_earliest=True)
+    actors = {
+        "coordinator": [coordinator_actor_name(i) for i in range(client.config.coordinator.num_coordinators)],
+        "partition": [partition_actor_name(t, p) for t, n in ((topic_in, 3), (out_a, 2), (out_b, 2)) for p in range(n)],
+        "subscription": [subscription_actor_name(topic_in, p, "chaos") for p in range(3)],
+    }
+    expected_s = max(5.0, txns * 0.05)
+    schedule = make_schedule(seed, actors, max(3, int(expected_s / fault_interval_s)), fault_interval_s)
+    done: set[str] = set()
+    counts = {"committed": 0, "aborted": 0, "fired": 0}
+    errors: dict[str, int] = {}
+    lock = threading.Lock()
+    stop = threading.Event()
+    start = now()
+
+    def note_error(e: BaseException) -> None:
+        with lock:
+            errors[type(e).__name__] = errors.get(type(e).__name__, 0) + 1
+
+    def worker(w: int) -> None:
+        consumer = consumers[w]
+        wrng = random.Random(seed * 1000 + w)
+        producer_a = client.create_producer(out_a, producer_name=f"{run}-w{w}-a", send_timeout_s=120)
+        producer_b = client.create_producer(out_b, producer_name=f"{run}-w{w}-b", send_timeout_s=120)
+        while not stop.is_set():
+            try:
+                msg = consumer.receive(timeout=1)
+            except Timeout:
+                history.receive_timeout(f"w{w}", "chaos", now(), topic=topic_in)
+                continue
+            except RaytxnError as e:
+                note_error(e)
+                continue
+            uid = msg.value().decode()
+            history.receive(f"w{w}", "chaos", topic_in, msg.message_id().partition, msg.message_id(), uid,
+                            msg.redelivery_count(), now())
+            try:
+                txn = client.new_transaction(timeout=txn_timeout_s)
+            except RaytxnError as e:
+                note_error(e)
+                consumer.negative_acknowledge(msg)
+                continue
+            history.txn_begin(txn.id, now())
+            outputs = [f"a-{uid}", f"b-{uid}"]
+            try:
+                for out_uid, producer, topic in ((outputs[0], producer_a, out_a), (outputs[1], producer_b, out_b)):
+                    history.send(out_uid, topic, None, txn.id, producer.producer_name, now())
+                    try:
+                        history.send_ok(out_uid, producer.send(out_uid.encode(), key=uid, txn=txn), now())
+                    except RaytxnError as e:
+                        history.send_failed(out_uid, e, now())
+                        raise
+                history.ack(f"w{w}", "chaos", msg.message_id(), txn.id, now())
+                consumer.acknowledge(msg, txn=txn)
+                history.consume_transform_produce(uid, outputs, txn.id, subscription="chaos", t=now())
+            except RaytxnError as e:
+                note_error(e)
+                _abort(history, txn, now)
+                with lock:
+                    counts["aborted"] += 1
+                continue
+            if wrng.random() < abort_ratio:
+                _abort(history, txn, now)
+                with lock:
+                    counts["aborted"] += 1
+                continue
+            issued = now()
+            try:
+                txn.commit()
+                history.txn_commit(txn.id, "committed", now(), issued_at=issued)
+                with lock:
+                    counts["committed"] += 1
+                    done.add(uid)
+            except (TransactionAlreadyAborted, TransactionTimedOut) as e:
+                note_error(e)
+                history.txn_commit(txn.id, "aborted", now(), issued_at=issued)
+                with lock:
+                    counts["aborted"] += 1
+            except RaytxnError as e:
+                note_error(e)
+                history.txn_commit(txn.id, "unknown", now(), issued_at=issued)
+
+    def faults() -> None:
+        for event in schedule:
+            while now() - start < event["at"]:
+                if stop.is_set():
+                    return
+                time.sleep(0.02)
+            try:
+                if event["do"] == "kill":
+                    client.faults.kill(event["actor"])
+                else:
+                    client.faults.arm(event["point"], event["action"], actor=event["actor"],
+                                      delay_s=event["delay_s"])
+                counts["fired"] += 1
+            except RaytxnError as e:  # the target is restarting: that fault is skipped
+                note_error(e)
+            if progress:
+                progress(f"  t={now() - start:5.1f}s fault {event}")
+
+    threads = [threading.Thread(target=worker, args=(w,), daemon=True) for w in range(workers)]
+    fault_thread = threading.Thread(target=faults, daemon=True)
+    for thread in [*threads, fault_thread]:
+        thread.start()
+    last_report = 0.0
+    while len(done) < txns and now() - start < time_limit_s:
+        time.sleep(0.2)
+        if progress and now() - last_report >= 5:
+            last_report = now()
+            progress(f"  t={now() - start:5.1f}s {len(done)}/{txns} orders done")
+    stop.set()
+    for thread in [*threads, fault_thread]:
+        thread.join(timeout=180)
+    for name in {e["actor"] for e in schedule}:
+        try:
+            client.faults.disarm(actor=name)
+        except RaytxnError:
+            pass
+    for consumer in consumers:
+        consumer.close()
+    time.sleep(txn_timeout_s + 1)  # txns abandoned by a failed client time out
+    _drain(client, history, topic_in, "chaos", now)
+    _drain(client, history, out_a, "verify", now)
+    _drain(client, history, out_b, "verify", now)
+    report = check(history, txn_timeout_s=txn_timeout_s * 2 + 5, stuck_slack_s=30.0)
+    missing = txns - len(done)
+    if missing:  # every order must have been processed by the end
+        report.lost.append(Anomaly("lost", f"{missing} orders",
+                                   f"{missing} orders never committed within {time_limit_s}s"))
+    return ChaosResult(seed, txns, counts["committed"], counts["aborted"], now() - start, schedule,
+                       counts["fired"], report, errors)
+
+
+def _abort(history: History, txn: Any, now: Any) -> None:
+    issued = now()
+    try:
+        txn.abort()
+        history.txn_abort(txn.id, "aborted", now(), issued_at=issued)
+    except RaytxnError:
+        history.txn_abort(txn.id, "unknown", now(), issued_at=issued)
+
+
+def _drain(client: Any, history: History, topic: str, subscription: str, now: Any) -> None:
+    """Read what is left for ``subscription`` (a new one starts at the earliest message)."""
+    import raytxn as rt
+
+    consumer = client.subscribe(topic, subscription, initial_position=rt.InitialPosition.Earliest,
+                                consumer_name=f"drain-{subscription}")
+    seen = []
+    while True:
+        try:
+            msg = consumer.receive(timeout=3)
+        except Timeout:
+            break
+        seen.append((msg.message_id().partition, msg.message_id(), msg.value().decode()))
+    consumer.close()
+    history.final_state(subscription, topic, seen, t=now())

@@ -1,0 +1,489 @@
+"""The ``raytxn`` command line (typer + rich).
+
+Every read command takes ``--json`` for scripts; errors print one line and exit with 1 (a raytxn
+error) or 2 (bad usage). Commands other than ``start``/``bench``/``chaos`` attach to the running
+cluster (``--address``, default ``auto``).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from raytxn import bench
+from raytxn.errors import RaytxnError
+
+app = typer.Typer(help="raytxn: exactly-once transactional messaging on Ray.", no_args_is_help=True)
+topics_app = typer.Typer(help="Create, list, inspect and delete topics.", no_args_is_help=True)
+subs_app = typer.Typer(help="List, inspect and reset subscriptions.", no_args_is_help=True)
+txns_app = typer.Typer(help="Open transactions: list, show, abort.", no_args_is_help=True)
+token_app = typer.Typer(help="Auth: make a secret, make tokens.", no_args_is_help=True)
+app.add_typer(token_app, name="token")
+app.add_typer(topics_app, name="topics")
+app.add_typer(subs_app, name="subs")
+app.add_typer(txns_app, name="txns")
+console = Console(width=160)
+
+Address = Annotated[str, typer.Option("--address", help="Ray cluster to attach to")]
+Json = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
+
+
+_token: str | None = None
+_RAY = str(Path(sys.executable).with_name("ray"))
+_STARTED_RAY = Path(tempfile.gettempdir()) / "raytxn-started-ray"  # `raytxn stop` stops only this Ray
+
+
+@app.callback()
+def main(token: Annotated[str | None, typer.Option("--token", envvar="RAYTXN_TOKEN",
+                                                   help="the token to present when auth is on")] = None) -> None:
+    """raytxn: exactly-once transactional messaging on Ray."""
+    global _token
+    _token = token or None
+
+
+@contextmanager
+def _client(address: str = "auto", storage: str | None = None, **config: Any) -> Iterator[Any]:
+    import raytxn as rt
+
+    try:
+        client = rt.connect(storage=storage, address=address, token=_token, **config)
+    except ConnectionError as e:
+        console.print(f"[red]no raytxn cluster at {address!r}: {e}. Start one with `raytxn start`.[/red]")
+        raise typer.Exit(1) from e
+    except RaytxnError as e:
+        console.print(f"[red]{type(e).__name__}: {e}[/red]")
+        raise typer.Exit(1) from e
+    try:
+        yield client
+    except RaytxnError as e:
+        console.print(f"[red]{type(e).__name__}: {e}[/red]")
+        raise typer.Exit(1) from e
+    finally:
+        client.close()
+
+
+def _emit(rows: list[dict[str, Any]] | dict[str, Any], as_json: bool, title: str,
+          columns: list[str] | None = None) -> None:
+    if as_json:
+        print(json.dumps(rows, default=str))
+        return
+    items = rows if isinstance(rows, list) else [rows]
+    table = Table(title=title)
+    columns = columns or (list(items[0]) if items else [])
+    for column in columns:
+        table.add_column(column)
+    for row in items:
+        table.add_row(*(_cell(row.get(c)) for c in columns))
+    console.print(table)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, default=str)
+    return "" if value is None else str(value)
+
+
+# --- cluster -------------------------------------------------------------------------------------
+
+
+@app.command()
+def start(storage: Annotated[str, typer.Option("--storage", help="storage URL")] = "file://./.raytxn-data",
+          num_cpus: Annotated[int | None, typer.Option("--num-cpus")] = None,
+          auth_secret_file: Annotated[Path | None, typer.Option(
+              "--auth-secret-file", help="turn auth on: the secret tokens are signed with")] = None,
+          superuser: Annotated[list[str] | None, typer.Option(
+              "--superuser", help="a superuser principal (repeat; default admin)")] = None) -> None:
+    """Start a local Ray cluster (if none runs) and the raytxn engine on it."""
+    import ray
+
+    config: dict[str, Any] = {}
+    if auth_secret_file is not None:
+        config["auth_secret"] = _read_secret(auth_secret_file)
+    if superuser:
+        config["superusers"] = tuple(superuser)
+    if subprocess.run([_RAY, "status"], capture_output=True).returncode != 0:
+        argv = [_RAY, "start", "--head", "--disable-usage-stats"]
+        if num_cpus is not None:
+            argv.append(f"--num-cpus={num_cpus}")
+        with console.status("starting Ray"):
+            subprocess.run(argv, check=True, capture_output=True)
+        _STARTED_RAY.write_text("started by raytxn start\n")
+    with _client("auto", storage, **config) as client:
+        console.print(f"raytxn running: storage {client.config.storage_url}, "
+                      f"{client.config.coordinator.num_coordinators} coordinators, "
+                      f"auth {'on' if client.config.auth.enabled else 'off'}")
+    ray.shutdown()
+
+
+def _read_secret(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError as e:
+        console.print(f"[red]cannot read the secret file {path}: {e}[/red]")
+        raise typer.Exit(2) from e
+
+
+@app.command()
+def stop(address: Address = "auto") -> None:
+    """Stop the engine's actors, then the local Ray cluster if `raytxn start` started it (a Ray
+    cluster someone else started keeps running: `ray stop` would end every Ray on the machine)."""
+    import raytxn as rt
+
+    with _client(address):
+        pass
+    try:
+        rt.shutdown(token=_token)
+    except RaytxnError as e:
+        console.print(f"[red]{type(e).__name__}: {e}[/red]")
+        raise typer.Exit(1) from e
+    if _STARTED_RAY.exists():
+        subprocess.run([_RAY, "stop"], capture_output=True)
+        _STARTED_RAY.unlink(missing_ok=True)
+        console.print("stopped the engine and Ray")
+    else:
+        console.print("stopped the engine (Ray was not started by `raytxn start`: left running)")
+
+
+@app.command()
+def status(address: Address = "auto", as_json: Json = False) -> None:
+    """Health of every actor: state, incarnation, restarts, last recovery."""
+    with _client(address) as client:
+        health = client.health()
+    if as_json:
+        print(json.dumps(health, default=str))
+        return
+    _emit(health["actors"], False, f"raytxn status ({'healthy' if health['healthy'] else 'DEGRADED'}, "
+          f"storage {health['storage']})",
+          ["name", "kind", "state", "incarnation", "restarts", "recovery_ms", "recreated"])
+    if not health["healthy"]:
+        raise typer.Exit(1)
+
+
+# --- topics ----------------------------------------------------------------------------------------
+
+
+@topics_app.command("create")
+def topics_create(name: str, partitions: Annotated[int, typer.Option("--partitions", "-p")] = 1,
+                  address: Address = "auto") -> None:
+    with _client(address) as client:
+        client.create_topic(name, partitions)
+    console.print(f"created {name} with {partitions} partition(s)")
+
+
+@topics_app.command("list")
+def topics_list(address: Address = "auto", as_json: Json = False) -> None:
+    with _client(address) as client:
+        _emit(client.list_topics(), as_json, "topics", ["name", "partitions", "subscriptions", "created_ms"])
+
+
+@topics_app.command("stats")
+def topics_stats(name: str, address: Address = "auto", as_json: Json = False) -> None:
+    with _client(address) as client:
+        stats = client.topic_stats(name)
+    if as_json:
+        print(json.dumps(stats, default=str))
+        return
+    _emit(stats["partition_stats"], False, f"topic {name}",
+          ["partition", "incarnation", "applied_entries", "max_read_position", "last_position", "ongoing_txns",
+           "aborted_txns", "oldest_ongoing", "oldest_ongoing_age_ms", "duplicates"])
+
+
+@topics_app.command("delete")
+def topics_delete(name: str, address: Address = "auto") -> None:
+    with _client(address) as client:
+        client.delete_topic(name)
+    console.print(f"deleted {name}")
+
+
+@topics_app.command("grant")
+def topics_grant(topic: str, principal: str,
+                 actions: Annotated[str, typer.Option("--actions", help="produce,consume or one")] = "produce,consume",
+                 address: Address = "auto") -> None:
+    """Superusers: let PRINCIPAL produce to and/or consume from TOPIC (replaces its earlier grant)."""
+    with _client(address) as client:
+        granted = client.grant_permission(topic, principal, [a.strip() for a in actions.split(",") if a.strip()])
+    console.print(f"{topic}: {principal} may {', '.join(granted[principal])}")
+
+
+@topics_app.command("revoke")
+def topics_revoke(topic: str, principal: str, address: Address = "auto") -> None:
+    """Superusers: take every permission on TOPIC from PRINCIPAL."""
+    with _client(address) as client:
+        client.revoke_permission(topic, principal)
+    console.print(f"{topic}: {principal} has no permissions")
+
+
+@topics_app.command("permissions")
+def topics_permissions(topic: str, address: Address = "auto", as_json: Json = False) -> None:
+    """Superusers: who may do what on TOPIC."""
+    with _client(address) as client:
+        granted = client.permissions(topic)
+    _emit([{"principal": p, "actions": a} for p, a in sorted(granted.items())], as_json, f"permissions on {topic}",
+          ["principal", "actions"])
+
+
+# --- auth --------------------------------------------------------------------------------------
+
+
+@token_app.command("secret")
+def token_secret(output: Annotated[Path | None, typer.Option("--output", "-o", help="write it here")] = None) -> None:
+    """Make a new random secret (give it to `raytxn start --auth-secret-file`)."""
+    from raytxn.auth import new_secret
+
+    secret = new_secret()
+    if output is None:
+        print(secret)
+        return
+    output.touch(mode=0o600)
+    output.write_text(secret + "\n")
+    console.print(f"secret written to {output}")
+
+
+@token_app.command("create")
+def token_create(principal: Annotated[str, typer.Option("--principal", help="who the token names")],
+                 secret_file: Annotated[Path, typer.Option("--secret-file", help="the cluster's secret")],
+                 expires_in: Annotated[float | None, typer.Option("--expires-in", help="seconds of validity")] = None,
+                 ) -> None:
+    """Make a token for PRINCIPAL signed with the cluster's secret (prints it)."""
+    from raytxn.auth import create_token
+
+    try:
+        expires = None if expires_in is None else time.time() + expires_in
+        print(create_token(_read_secret(secret_file), principal, expires))
+    except RaytxnError as e:
+        console.print(f"[red]{type(e).__name__}: {e}[/red]")
+        raise typer.Exit(2) from e
+
+
+@app.command()
+def whoami(address: Address = "auto", as_json: Json = False) -> None:
+    """The principal this token names, and whether it is a superuser."""
+    with _client(address) as client:
+        info = client.whoami()
+    _emit(info, as_json, "whoami", ["auth", "principal", "superuser"])
+
+
+# --- subscriptions -----------------------------------------------------------------------------
+
+
+def _sub_stats(client: Any, topic: str, subscription: str) -> list[dict[str, Any]]:
+    from raytxn.client.rpc import ActorRef
+    from raytxn.ids import subscription_actor_name
+
+    partitions = client.get_topic(topic)["partitions"]
+    return [{"partition": p, **ActorRef(subscription_actor_name(topic, p, subscription), client.token).call("stats")}
+            for p in range(partitions)]
+
+
+@subs_app.command("list")
+def subs_list(topic: str, address: Address = "auto", as_json: Json = False) -> None:
+    with _client(address) as client:
+        info = client.get_topic(topic)
+    _emit([{"topic": topic, "subscription": s} for s in info["subscriptions"]], as_json, f"subscriptions of {topic}")
+
+
+@subs_app.command("stats")
+def subs_stats(topic: str, subscription: str, address: Address = "auto", as_json: Json = False) -> None:
+    with _client(address) as client:
+        rows = _sub_stats(client, topic, subscription)
+    _emit(rows, as_json, f"{topic} / {subscription}")
+
+
+@subs_app.command("reset")
+def subs_reset(topic: str, subscription: str,
+               to: Annotated[str, typer.Option("--to", help="earliest, latest, or a publish time in ms")] = "earliest",
+               address: Address = "auto") -> None:
+    """Move the subscription's cursor (no consumer may be attached)."""
+    from raytxn.client.rpc import ActorRef
+    from raytxn.ids import Position, subscription_actor_name
+
+    with _client(address) as client:
+        partitions = client.get_topic(topic)["partitions"]
+        for p in range(partitions):
+            ref = ActorRef(subscription_actor_name(topic, p, subscription), client.token)
+            if to == "earliest":
+                ref.call("seek", Position(-1, -1))
+            elif to == "latest":
+                ref.call("seek", None, int(time.time() * 1000) + 10**9)
+            else:
+                ref.call("seek", None, int(to))
+    console.print(f"reset {topic}/{subscription} to {to}")
+
+
+# --- transactions ------------------------------------------------------------------------------
+
+
+@txns_app.command("list")
+def txns_list(address: Address = "auto", as_json: Json = False,
+              limit: Annotated[int, typer.Option("--limit")] = 50) -> None:
+    """Open transactions, the slowest (oldest) first."""
+    with _client(address) as client:
+        rows = [row for ref in client.coordinators._refs for row in ref.call("list_txns", limit)]
+    rows.sort(key=lambda r: -r["age_ms"])
+    _emit(rows[:limit], as_json, "open transactions",
+          ["txn", "state", "owner", "age_ms", "deadline_in_ms", "partitions", "subscriptions", "transactional_id"])
+
+
+def _parse_txn(text: str) -> Any:
+    from raytxn.ids import TxnID
+
+    cleaned = text.replace("txn(", "").replace(")", "")
+    try:
+        tc, seq = (int(x) for x in cleaned.split(","))
+    except ValueError as e:
+        console.print(f"[red]not a transaction id: {text!r} (use TC,SEQ, e.g. 0,42)[/red]")
+        raise typer.Exit(2) from e
+    return TxnID(tc, seq)
+
+
+@txns_app.command("show")
+def txns_show(txn: str, address: Address = "auto", as_json: Json = False) -> None:
+    txn_id = _parse_txn(txn)
+    with _client(address) as client:
+        info = client.coordinators.get_txn(txn_id)
+    _emit({k: str(v) if k == "txn" else v for k, v in info.items()}, as_json, f"{txn_id}")
+
+
+@txns_app.command("abort")
+def txns_abort(txn: str, address: Address = "auto") -> None:
+    """Abort a transaction whoever owns it."""
+    txn_id = _parse_txn(txn)
+    with _client(address) as client:
+        state = client.coordinators.ref(txn_id.tc_id).call("admin_abort", txn_id)
+    console.print(f"{txn_id}: {state}")
+
+
+# --- debugging: produce and consume ----------------------------------------------------------
+
+
+@app.command()
+def produce(topic: str, value: Annotated[list[str], typer.Argument(help="message values")],
+            key: Annotated[str | None, typer.Option("--key")] = None,
+            txn: Annotated[bool, typer.Option("--txn", help="send all in one transaction")] = False,
+            address: Address = "auto", as_json: Json = False) -> None:
+    """Send messages (in one transaction with --txn)."""
+    with _client(address) as client:
+        producer = client.create_producer(topic)
+        transaction = client.new_transaction() if txn else None
+        ids = [producer.send(v.encode(), key=key, txn=transaction) for v in value]
+        if transaction is not None:
+            transaction.commit()
+    _emit([{"value": v, "message_id": str(i)} for v, i in zip(value, ids, strict=True)], as_json, f"sent to {topic}")
+
+
+@app.command()
+def consume(topic: str, subscription: str, count: Annotated[int, typer.Option("--count", "-n")] = 10,
+            timeout: Annotated[float, typer.Option("--timeout")] = 2.0,
+            earliest: Annotated[bool, typer.Option("--earliest", help="a new subscription starts at the start")] = True,
+            ack: Annotated[bool, typer.Option("--ack/--no-ack")] = True,
+            address: Address = "auto", as_json: Json = False) -> None:
+    """Receive (and acknowledge) up to COUNT messages."""
+    import raytxn as rt
+
+    rows = []
+    with _client(address) as client:
+        consumer = client.subscribe(topic, subscription, consumer_type=rt.ConsumerType.Shared,
+                                    initial_position="earliest" if earliest else "latest")
+        while len(rows) < count:
+            try:
+                msg = consumer.receive(timeout=timeout)
+            except rt.errors.Timeout:
+                break
+            rows.append({"message_id": str(msg.message_id()), "key": msg.key(),
+                         "value": msg.value().decode(errors="replace"), "publish_time": msg.publish_time(),
+                         "redeliveries": msg.redelivery_count()})
+            if ack:
+                consumer.acknowledge(msg)
+        consumer.close()
+    _emit(rows, as_json, f"{topic} / {subscription}", ["message_id", "key", "value", "publish_time", "redeliveries"])
+
+
+# --- benchmarks and chaos ----------------------------------------------------------------------
+
+
+@app.command("bench")
+def bench_command(
+    names: Annotated[list[str] | None, typer.Argument(help=f"benchmarks: {', '.join(bench.BENCHMARKS)}")] = None,
+    short: Annotated[bool, typer.Option("--short", help="small sizes, for a CI smoke run")] = False,
+    out: Annotated[Path, typer.Option("--out", help="JSON file to write")] = Path("bench-results/bench.json"),
+) -> None:
+    """Run benchmarks, print a table, write JSON."""
+    names = names or list(bench.BENCHMARKS)
+    unknown = [n for n in names if n not in bench.BENCHMARKS]
+    if unknown:
+        console.print(f"[red]unknown benchmark(s): {', '.join(unknown)}[/red]")
+        raise typer.Exit(2)
+    rows: list[dict] = []
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("benchmarks", total=len(names))
+        for name in names:
+            progress.update(task, description=f"bench {name}")
+            rows += _run_bench(bench.BENCHMARKS[name], short, progress.console.print)
+            progress.advance(task)
+    bench.write_results(rows, out)
+    for name in names:
+        mine = [r for r in rows if r.get("bench", "").replace("_", "-") == name or r.get("bench") == name]
+        if mine:
+            _emit(mine, False, f"bench {name}")
+    console.print(f"wrote {out}")
+
+
+def _run_bench(fn: Callable[..., list[dict]], short: bool, printer: Callable[[str], None]) -> list[dict]:
+    return fn(short=short, progress=printer)
+
+
+@app.command("chaos")
+def chaos_command(
+    txns: Annotated[int, typer.Option("--txns", help="orders to move, one transaction each")] = 500,
+    seed: Annotated[int, typer.Option("--seed", help="the fault schedule's seed (replays exactly)")] = 1,
+    workers: Annotated[int, typer.Option("--workers")] = 3,
+    storage: Annotated[str | None, typer.Option("--storage", help="storage URL (default: a new temp dir)")] = None,
+    fault_interval_s: Annotated[float, typer.Option("--fault-interval")] = 1.0,
+    as_json: Json = False,
+) -> None:
+    """Run the chaos workload under a seeded fault schedule and check it exactly-once."""
+    import tempfile
+
+    import raytxn as rt
+    from raytxn.tools.chaos import run_chaos
+
+    client = rt.connect(storage=storage or f"file://{tempfile.mkdtemp(prefix='raytxn-chaos-')}")
+    try:
+        result = run_chaos(client, txns=txns, seed=seed, workers=workers, fault_interval_s=fault_interval_s,
+                           progress=None if as_json else console.print)
+    finally:
+        client.close()
+        rt.shutdown()
+    if as_json:
+        print(json.dumps({"seed": seed, "txns": txns, "clean": result.clean, "committed": result.committed,
+                          "aborted": result.aborted, "seconds": round(result.seconds, 1),
+                          "faults": len(result.schedule), "anomalies": result.report.summary(),
+                          "errors": result.errors}))
+    else:
+        console.print(result.summary())
+    if not result.clean:
+        raise typer.Exit(1)
+
+
+@app.command("version")
+def version() -> None:
+    """Print the version."""
+    from importlib.metadata import version as dist_version
+
+    console.print(dist_version("raytxn"))
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,42 @@
+"""Stand-in participants for tests and benchmarks of the coordinator protocol.
+
+``RecordingParticipant`` is a real Ray actor registered under a partition's or subscription's
+actor name, so the coordinator reaches it exactly as it will reach the real ones. It records every
+end it is sent and can be told to fail the next calls.
+"""
+
+from __future__ import annotations
+
+import ray
+
+from raytxn.errors import ActorUnavailable
+from raytxn.ids import NAMESPACE, TxnID
+
+
+class RecordingParticipant:
+    def __init__(self) -> None:
+        self._calls: list[tuple[TxnID, str, int]] = []
+        self._fail_next = 0
+
+    async def end_txn(self, txn: TxnID, action: str, low_watermark: int) -> None:
+        if self._fail_next > 0:
+            self._fail_next -= 1
+            raise ActorUnavailable("participant told to fail")
+        self._calls.append((txn, action, low_watermark))
+
+    def fail_next(self, times: int) -> None:
+        self._fail_next = times
+
+    def reset(self) -> None:
+        self._calls.clear()
+        self._fail_next = 0
+
+    def calls(self) -> list[tuple[TxnID, str, int]]:
+        return list(self._calls)
+
+
+RecordingParticipantActor = ray.remote(num_cpus=0, max_restarts=-1)(RecordingParticipant)
+
+
+def start_participant(name: str) -> ray.actor.ActorHandle:
+    return RecordingParticipantActor.options(name=name, namespace=NAMESPACE, lifetime="detached").remote()
