@@ -22,8 +22,8 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from raytxn import bench
 from raytxn.errors import RaytxnError
+from raytxn.tools import bench
 
 app = typer.Typer(help="raytxn: exactly-once transactional messaging on Ray.", no_args_is_help=True)
 topics_app = typer.Typer(help="Create, list, inspect and delete topics.", no_args_is_help=True)

@@ -156,3 +156,21 @@ def test_a_violating_import_breaks_its_contract(tmp_path: Path, module: str, lin
     assert proc.returncode != 0
     broken = [ln for ln in proc.stdout.splitlines() if " BROKEN" in ln]
     assert len(broken) == 1 and broken[0].startswith(contract), proc.stdout[-3000:]
+
+
+def test_every_module_imports() -> None:
+    """A moved module that still names an old path fails here, not in the first test that uses it."""
+    names = []
+    for package, folder in FOLDERS.items():
+        for path in folder.rglob("*.py"):
+            rel = path.relative_to(folder).with_suffix("").parts
+            if "__pycache__" not in rel:
+                names.append(".".join((package, *rel)).removesuffix(".__init__"))
+    assert len(names) > 60
+    proc = _run(f"""
+        import importlib
+        for name in {sorted(names)!r}:
+            importlib.import_module(name)
+        print("OK")
+    """)
+    assert proc.returncode == 0, proc.stderr[-3000:]
