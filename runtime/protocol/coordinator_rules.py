@@ -1,7 +1,7 @@
 """Vocabulary and rules of the coordinator state machine, kept apart so that
-``coordinator_state`` reads in one sitting: the table entry (``TxnMeta``), the allowed
-transitions, the answer of ``prepare_end`` (``EndResult``), the error a closed transaction
-answers with, and argument checks. Pure: no I/O, no clock."""
+``coordinator_state`` reads in one sitting: the table entry (``TxnMeta``), the answer of
+``prepare_end`` (``EndResult``), the error a closed transaction answers with, and argument
+checks. (The state enum and its allowed transitions are in ``txnlog``.) Pure: no I/O, no clock."""
 
 from __future__ import annotations
 
@@ -19,18 +19,15 @@ from raytxn.errors import (
     TransactionTimedOut,
 )
 from raytxn.ids import TxnID, check_name
-from raytxn.protocol.txnlog import AbortReason, Outcome, Partition, Subscription, TxnState, UpdateState
-
-# Kafka's validPreviousStates. OPEN has none: a transaction is only created OPEN, by NewTxn.
-VALID_PREVIOUS_STATES: dict[TxnState, frozenset[TxnState]] = {
-    TxnState.OPEN: frozenset(),
-    TxnState.COMMITTING: frozenset({TxnState.OPEN}),
-    TxnState.ABORTING: frozenset({TxnState.OPEN}),
-    TxnState.COMMITTED: frozenset({TxnState.COMMITTING}),
-    TxnState.ABORTED: frozenset({TxnState.ABORTING}),
-}
-LIVE_STATES = (TxnState.OPEN, TxnState.COMMITTING, TxnState.ABORTING)
-FINAL_STATES = (TxnState.COMMITTED, TxnState.ABORTED)
+from raytxn.protocol.txnlog import (
+    FINAL_STATES,
+    AbortReason,
+    Outcome,
+    Partition,
+    Subscription,
+    TxnState,
+    UpdateState,
+)
 
 
 class TxnMeta(msgspec.Struct, frozen=True):

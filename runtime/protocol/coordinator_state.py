@@ -1,11 +1,11 @@
 """The pure state machine of one transaction coordinator.
 
-Modelled on Kafka's ``TransactionMetadata``: one state enum, a table of allowed previous states,
-and every change done as **prepare -> log -> apply**. ``prepare_*`` methods validate a request
-and return the record(s) to log; they change no durable state. The caller appends the records to
-the transaction log and, once they are durable, passes each one to ``apply``, which is the only
-mutator and is also what replays the log after a restart. So the live table and a table rebuilt
-from the log are the same.
+Modelled on Kafka's ``TransactionMetadata``: one state enum and its table of allowed previous
+states (both in ``txnlog``, beside the records that change the state), and every change done as
+**prepare -> log -> apply**. ``prepare_*`` methods validate a request and return the record(s) to
+log; they change no durable state. The caller appends the records to the transaction log and,
+once they are durable, passes each one to ``apply``, which is the only mutator and is also what
+replays the log after a restart. So the live table and a table rebuilt from the log are the same.
 
 No Ray, no I/O, no clock: every method that needs the time takes ``now_ms``.
 
@@ -42,9 +42,6 @@ from raytxn.errors import (
 )
 from raytxn.ids import TxnID
 from raytxn.protocol.coordinator_rules import (
-    FINAL_STATES,
-    LIVE_STATES,
-    VALID_PREVIOUS_STATES,
     EndResult,
     TxnMeta,
     check_ms,
@@ -54,6 +51,9 @@ from raytxn.protocol.coordinator_rules import (
     outcome_of,
 )
 from raytxn.protocol.txnlog import (
+    FINAL_STATES,
+    LIVE_STATES,
+    VALID_PREVIOUS_STATES,
     AbortReason,
     AddPartitions,
     AddSubscriptions,

@@ -29,6 +29,19 @@ class TxnState(enum.StrEnum):
     ABORTED = "ABORTED"
 
 
+# Kafka's validPreviousStates, beside the enum so that one table says which UpdateState may follow
+# which (``CoordinatorState.apply`` refuses any other). OPEN has none: only NewTxn creates it.
+VALID_PREVIOUS_STATES: dict[TxnState, frozenset[TxnState]] = {
+    TxnState.OPEN: frozenset(),
+    TxnState.COMMITTING: frozenset({TxnState.OPEN}),
+    TxnState.ABORTING: frozenset({TxnState.OPEN}),
+    TxnState.COMMITTED: frozenset({TxnState.COMMITTING}),
+    TxnState.ABORTED: frozenset({TxnState.ABORTING}),
+}
+LIVE_STATES = (TxnState.OPEN, TxnState.COMMITTING, TxnState.ABORTING)
+FINAL_STATES = (TxnState.COMMITTED, TxnState.ABORTED)
+
+
 class AbortReason(enum.StrEnum):
     """Why a transaction is aborted."""
 
