@@ -36,7 +36,7 @@ from raytxn.ids import EARLIEST, SUPERVISOR_NAME, Position, TxnID
 from raytxn.ledger import Entry, ManagedLedger
 from raytxn.ledger.storage import Storage
 from raytxn.metrics import CoordinatorMetrics, recovered
-from raytxn.protocol.coordinator_state import CoordinatorState, TxnState
+from raytxn.protocol.coordinator_state import CoordinatorState, EndAction, TxnState
 from raytxn.protocol.txnlog import Checkpoint, Record, decode_record, encode_record
 
 FAULT_POINTS = (
@@ -230,13 +230,13 @@ class TransactionCoordinator(FaultTarget, AuthTarget):
                 await self._log([record])
 
     @guarded(Access.AUTHENTICATED)
-    async def end_txn(self, txn: TxnID, action: str, owner: str, epoch: int | None = None,
+    async def end_txn(self, txn: TxnID, action: EndAction, owner: str, epoch: int | None = None,
                       caller: str | None = None) -> str:
         """Commit or abort; returns the final state (COMMITTED or ABORTED) once every participant
         has it. Idempotent for the same action."""
         return await self._end_txn(txn, action, owner, epoch, caller)
 
-    async def _end_txn(self, txn: TxnID, action: str, owner: str, epoch: int | None,
+    async def _end_txn(self, txn: TxnID, action: EndAction, owner: str, epoch: int | None,
                        caller: str | None) -> str:
         requested = time.perf_counter()
         async with self._lock(txn):
@@ -285,7 +285,7 @@ class TransactionCoordinator(FaultTarget, AuthTarget):
         assert meta.state in (TxnState.COMMITTING, TxnState.ABORTING), f"{txn} is {meta.state}"
         await self.faults.hit("coordinator.after_log_committing" if committing else
                               "coordinator.after_log_aborting", txn=txn)
-        action = "COMMIT" if committing else "ABORT"
+        action = EndAction.COMMIT if committing else EndAction.ABORT
         participants: list[tuple[str, tuple]] = [
             *(("partition", p) for p in meta.partitions),
             *(("subscription", s) for s in meta.subscriptions),
@@ -313,7 +313,7 @@ class TransactionCoordinator(FaultTarget, AuthTarget):
             participant = self._participants[(kind, ident)] = make(*ident, token=self.authorizer.engine_token())
         return participant
 
-    async def _send_end(self, kind: str, ident: tuple, txn: TxnID, action: str) -> None:
+    async def _send_end(self, kind: str, ident: tuple, txn: TxnID, action: EndAction) -> None:
         participant = self._participant(kind, ident)
         delay, max_delay = self.config.end_retry_backoff_s
         while True:
@@ -449,7 +449,7 @@ class TransactionCoordinator(FaultTarget, AuthTarget):
         await self._started()
         meta = self.state.get(txn)
         owner = meta.owner if meta is not None else ""
-        return await self._end_txn(txn, "ABORT", owner, meta.epoch if meta is not None else None, None)
+        return await self._end_txn(txn, EndAction.ABORT, owner, meta.epoch if meta is not None else None, None)
 
     @guarded(Access.AUTHENTICATED)
     async def stats(self) -> dict[str, Any]:

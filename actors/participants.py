@@ -14,10 +14,11 @@ from typing import Protocol
 import ray
 
 from raytxn.ids import NAMESPACE, TxnID, partition_actor_name, subscription_actor_name
+from raytxn.protocol.txnlog import EndAction
 
 
 class Participant(Protocol):
-    async def end_txn(self, txn: TxnID, action: str, low_watermark: int) -> None: ...
+    async def end_txn(self, txn: TxnID, action: EndAction, low_watermark: int) -> None: ...
 
 
 class RayActorParticipant:
@@ -29,7 +30,7 @@ class RayActorParticipant:
         self.token = token  # the engine's own token when auth is on
         self._handle: ray.actor.ActorHandle | None = None
 
-    async def end_txn(self, txn: TxnID, action: str, low_watermark: int) -> None:
+    async def end_txn(self, txn: TxnID, action: EndAction, low_watermark: int) -> None:
         try:
             if self._handle is None:
                 # ValueError while the actor does not exist (yet): the caller retries.

@@ -44,6 +44,7 @@ from raytxn.protocol.entry_format import (
     entry_records,
 )
 from raytxn.protocol.txn_buffer import TransactionBuffer, TxnBufferSnapshot
+from raytxn.protocol.txnlog import EndAction
 
 FAULT_POINTS = (
     "partition.before_append",
@@ -224,7 +225,7 @@ class PartitionBuffer(FaultTarget, TopicPermissions):
     # --- ends ------------------------------------------------------------------------------
 
     @guarded(Access.SUPERUSER)
-    async def end_txn(self, txn: TxnID, action: str, low_watermark: int) -> None:
+    async def end_txn(self, txn: TxnID, action: EndAction, low_watermark: int) -> None:
         """End-on-partition from the coordinator: write the COMMIT/ABORT marker (and aborts of
         dangling txns at or below the watermark). Idempotent."""
         await self._started()

@@ -52,6 +52,7 @@ from raytxn.protocol.subscription_state import (
     decode_persisted,
     encode_persisted,
 )
+from raytxn.protocol.txnlog import EndAction
 
 FAULT_POINTS = (
     "subscription.before_pending_ack_log",
@@ -254,7 +255,7 @@ class Subscription(FaultTarget, TopicPermissions):
         self._changed()
 
     @guarded(Access.SUPERUSER)
-    async def end_txn(self, txn: TxnID, action: str, low_watermark: int) -> None:
+    async def end_txn(self, txn: TxnID, action: EndAction, low_watermark: int) -> None:
         """End-on-subscription from the coordinator: commit applies the txn's acks to the cursor,
         abort drops them and redelivers; dangling txns at or below the watermark are aborted.
         Idempotent (the coordinator retries until it succeeds)."""

@@ -13,6 +13,7 @@ from typing import Any
 from raytxn.client.rpc import ActorRef
 from raytxn.hashing import coordinator_for
 from raytxn.ids import TxnID, coordinator_actor_name
+from raytxn.protocol.txnlog import EndAction
 
 
 class CoordinatorClient:
@@ -66,7 +67,7 @@ class CoordinatorClient:
         await self._refs[txn.tc_id].call_async("add_subscriptions", txn, subscriptions, self.owner, epoch,
                                                deadline_s=self.deadline_s)
 
-    def end_txn(self, txn: TxnID, action: str, epoch: int | None = None) -> str:
+    def end_txn(self, txn: TxnID, action: EndAction, epoch: int | None = None) -> str:
         return self._refs[txn.tc_id].call("end_txn", txn, action, self.owner, epoch, deadline_s=self.deadline_s)
 
     def get_txn(self, txn: TxnID) -> dict[str, Any]:

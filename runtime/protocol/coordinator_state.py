@@ -67,6 +67,7 @@ from raytxn.protocol.txnlog import (
     Subscription,
     TxnState,
     UpdateState,
+    end_action,
 )
 
 # Re-exported: the actor needs only this module.
@@ -225,10 +226,7 @@ class CoordinatorState:
     def prepare_end(self, txn: TxnID, action: EndAction | str, owner: str, now_ms: int,
                     epoch: int | None = None) -> EndResult:
         """Start committing or aborting ``txn``, or answer a repeated end (see ``EndResult``)."""
-        try:
-            action = EndAction(action)
-        except ValueError:
-            raise InvalidArgument(f"action must be COMMIT or ABORT, got {action!r}") from None
+        action = end_action(action)
         check_ms(now_ms, "now_ms")
         found = self._lookup(txn)
         if isinstance(found, Outcome):

@@ -20,8 +20,13 @@ import msgspec
 
 from raytxn.errors import CorruptLedger, InvalidArgument
 from raytxn.ids import TxnID
+from raytxn.protocol.txnlog import EndAction
 
+# The header's on-disk tag, a msgpack string in every partition ledger: these lowercase literals
+# stay as they are (not EndAction's values) so that existing ledgers replay.
 EntryKind = Literal["data", "commit", "abort"]
+_MARKER_KINDS: dict[EndAction, EntryKind] = {EndAction.COMMIT: "commit", EndAction.ABORT: "abort"}
+_END_ACTIONS: dict[str, EndAction] = {kind: action for action, kind in _MARKER_KINDS.items()}
 
 
 class EntryHeader(msgspec.Struct, frozen=True, array_like=True, tag="h1"):
@@ -45,6 +50,11 @@ class EntryHeader(msgspec.Struct, frozen=True, array_like=True, tag="h1"):
     def is_marker(self) -> bool:
         return self.kind != "data"
 
+    @property
+    def end_action(self) -> EndAction | None:
+        """The end a marker writes (None for DATA)."""
+        return _END_ACTIONS.get(self.kind)
+
 
 class MessageRecord(msgspec.Struct, frozen=True, array_like=True, tag="m1"):
     """One message of a DATA entry."""
@@ -55,10 +65,10 @@ class MessageRecord(msgspec.Struct, frozen=True, array_like=True, tag="m1"):
     event_time_ms: int | None = None
 
 
-def marker_header(kind: Literal["commit", "abort"], txn: TxnID, publish_time_ms: int,
+def marker_header(action: EndAction, txn: TxnID, publish_time_ms: int,
                   low_watermark: int | None = None) -> EntryHeader:
-    """The header (the whole entry) of a COMMIT or ABORT marker."""
-    return EntryHeader(kind, txn, "", -1, -1, 0, publish_time_ms, low_watermark)
+    """The header (the whole entry) of the COMMIT or ABORT marker of ``txn``."""
+    return EntryHeader(_MARKER_KINDS[action], txn, "", -1, -1, 0, publish_time_ms, low_watermark)
 
 
 _encoder = msgspec.msgpack.Encoder()

@@ -43,6 +43,7 @@ from raytxn.protocol.pending_ack import (
     PendingAckLogIndex,
     Record,
 )
+from raytxn.protocol.txnlog import EndAction, end_action
 
 # An ack as consumers send it: (entry position, batch index, batch size). A batch index None acks
 # the whole entry (a single message, or every message of a batch); a single message may also
@@ -305,16 +306,16 @@ class SubscriptionState:
                 records.append(record)
         return records
 
-    def prepare_end(self, txn: TxnID, action: str, low_watermark: int | None) -> list[Record]:
+    def prepare_end(self, txn: TxnID, action: EndAction | str, low_watermark: int | None) -> list[Record]:
         """The records that end ``txn`` here (none: nothing pending, success), preceded by aborts
         of its coordinator's pending txns at or below ``low_watermark`` (they ended there)."""
-        if action not in ("COMMIT", "ABORT"):
-            raise InvalidArgument(f"action must be COMMIT or ABORT, got {action!r}")
+        action = end_action(action)
         records: list[Record | None] = []
         if low_watermark is not None:
             records += [self.pending.prepare_abort(dangling)
                         for dangling in self.pending.pending_at_or_below(txn.tc_id, low_watermark) if dangling != txn]
-        records.append(self.pending.prepare_commit(txn) if action == "COMMIT" else self.pending.prepare_abort(txn))
+        records.append(self.pending.prepare_commit(txn) if action is EndAction.COMMIT
+                       else self.pending.prepare_abort(txn))
         return [record for record in records if record is not None]
 
     def apply(self, record: Record, log_position: Position, *, in_cursor_snapshot: bool = False) -> None:

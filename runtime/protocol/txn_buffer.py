@@ -58,7 +58,7 @@ from raytxn.errors import (
 )
 from raytxn.ids import EARLIEST, Position, TxnID
 from raytxn.protocol.entry_format import EntryHeader, marker_header
-from raytxn.protocol.txnlog import EndAction
+from raytxn.protocol.txnlog import EndAction, end_action
 
 DEFAULT_MAX_PRODUCERS = 10_000
 
@@ -99,11 +99,11 @@ class EndDecision(msgspec.Struct, frozen=True):
 
     def markers(self, publish_time_ms: int) -> list[EntryHeader]:
         """Marker headers to append, in this order (dangling aborts first, oldest first)."""
-        headers = [marker_header("abort", txn, publish_time_ms, self.low_watermark) for txn in self.dangling]
+        headers = [marker_header(EndAction.ABORT, txn, publish_time_ms, self.low_watermark)
+                   for txn in self.dangling]
         if self.write_marker:
             assert self.txn is not None and self.action is not None
-            kind = "commit" if self.action is EndAction.COMMIT else "abort"
-            headers.append(marker_header(kind, self.txn, publish_time_ms, self.low_watermark))
+            headers.append(marker_header(self.action, self.txn, publish_time_ms, self.low_watermark))
         return headers
 
 
@@ -299,11 +299,11 @@ class TransactionBuffer:
 
     def apply(self, header: EntryHeader, position: Position) -> None:
         """Apply one durable entry (live, or replaying the ledger)."""
-        if header.kind == "data":
+        action = header.end_action
+        if action is None:
             self.apply_append(header, position)
         else:
             assert header.txn is not None
-            action = EndAction.COMMIT if header.kind == "commit" else EndAction.ABORT
             self.apply_end(header.txn, action, position, header.low_watermark)
 
     def apply_append(self, header: EntryHeader, position: Position) -> None:
@@ -338,7 +338,7 @@ class TransactionBuffer:
 
         Raises ``TransactionAlreadyAborted`` (commit of a txn aborted here) or
         ``InvalidTxnState`` (the other end of a txn whose marker is on its way)."""
-        action = EndAction(action)
+        action = end_action(action)
         if type(low_watermark) is not int or low_watermark < -1:
             raise InvalidArgument(f"low watermark must be an integer >= -1, got {low_watermark!r}")
         pending = self._ending.get(txn)
@@ -389,7 +389,7 @@ class TransactionBuffer:
     def apply_end(self, txn: TxnID, action: EndAction | str, marker_position: Position,
                   low_watermark: int | None = None) -> None:
         """A COMMIT or ABORT marker of ``txn`` became durable at ``marker_position``."""
-        action = EndAction(action)
+        action = end_action(action)
         if action is EndAction.COMMIT and txn in self._aborted:
             raise InvalidTxnState(f"COMMIT marker at {marker_position} for {txn}, aborted at "
                                   f"{self._aborted[txn].marker_position}")

@@ -66,6 +66,15 @@ class EndAction(enum.StrEnum):
     ABORT = "ABORT"
 
 
+def end_action(value: object) -> EndAction:
+    """``value`` as an EndAction: the enum itself, or its value as a plain str (what a caller
+    outside the package may send over Ray); ``InvalidArgument`` for anything else."""
+    try:
+        return EndAction(value)
+    except ValueError:
+        raise InvalidArgument(f"action must be COMMIT or ABORT, got {value!r}") from None
+
+
 # Participants: a produced partition is (topic, partition); an acked subscription is
 # (topic, partition, subscription). Tuples, so the records stay immutable and hashable.
 Partition = tuple[str, int]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from raytxn.ledger import LedgerConfig, ManagedLedger
 from raytxn.ledger.storage import Storage
+from raytxn.protocol.txnlog import EndAction
 
 
 async def _ledger_case(url: str, options: dict, record_size: int, group_commit: bool, appends: int,
@@ -101,7 +102,7 @@ async def _txn_throughput(handle: object, txns: int, concurrency: int) -> float:
     async def loop(n: int) -> None:
         for _ in range(n):
             txn = await handle.new_txn.remote(60_000, "bench")
-            await handle.end_txn.remote(txn, "COMMIT", "bench", None)
+            await handle.end_txn.remote(txn, EndAction.COMMIT, "bench", None)
 
     start = time.perf_counter()
     await asyncio.gather(*[loop(txns // concurrency) for _ in range(concurrency)])
@@ -115,7 +116,7 @@ async def _commit_latencies(handle: object, txns: int, partitions: list[tuple[st
         if partitions:
             await handle.add_partitions.remote(txn, partitions, "bench", None)
         t0 = time.perf_counter()
-        await handle.end_txn.remote(txn, "COMMIT", "bench", None)
+        await handle.end_txn.remote(txn, EndAction.COMMIT, "bench", None)
         latencies.append((time.perf_counter() - t0) * 1000)
     return sorted(latencies)
 

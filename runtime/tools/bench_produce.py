@@ -17,6 +17,7 @@ from raytxn.client.rpc import ActorRef, retry
 from raytxn.cluster import stop_engine
 from raytxn.ids import NAMESPACE, TxnID, partition_actor_name
 from raytxn.protocol.entry_format import MessageRecord, encode_message
+from raytxn.protocol.txnlog import EndAction
 
 PAYLOAD = b"x" * 100
 
@@ -131,7 +132,7 @@ def bench_recovery(short: bool = False, progress: Callable[[str], None] = print)
             # Appends (a producer per txn) and ends are idempotent: a chunk may be sent again.
             retry(lambda ids=ids: ray.get([handle.append.remote(f"bench-{i}", 0, [record],
                                                                  TxnID(tc, i)) for i in ids]), 120)
-            retry(lambda ids=ids: ray.get([handle.end_txn.remote(TxnID(tc, i), "ABORT", -1) for i in ids]), 120)
+            retry(lambda ids=ids: ray.get([handle.end_txn.remote(TxnID(tc, i), EndAction.ABORT, -1) for i in ids]), 120)
         full = _restart(ref, name)
         assert full["recovered_from_snapshot"] is None and full["replayed_entries"] >= 2 * aborted, full
         ref.call("snapshot")

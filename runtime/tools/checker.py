@@ -75,6 +75,7 @@ from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 
 from raytxn.client.message import MessageId
+from raytxn.protocol.txnlog import EndAction
 from raytxn.tools.history import (
     Acked,
     Event,
@@ -471,7 +472,7 @@ class _Checker:
 
         for info in self.txns.values():
             outcomes = {e.outcome for e in info.ends} - {"unknown"}
-            commits = [e for e in info.ends if e.action == "commit"]
+            commits = [e for e in info.ends if e.action is EndAction.COMMIT]
             # Without issued_at, the latest op issued in the txn before the commit was recorded
             # bounds the call from below.
             issued = [e.issued_at if e.issued_at is not None

@@ -34,6 +34,7 @@ import msgspec
 
 from raytxn.client.message import MessageId
 from raytxn.ids import TxnID
+from raytxn.protocol.txnlog import EndAction
 
 TxnOutcome = Literal["committed", "aborted", "unknown"]
 TXN_OUTCOMES: tuple[str, ...] = ("committed", "aborted", "unknown")
@@ -91,7 +92,7 @@ class TxnEnded(Event, frozen=True, kw_only=True, tag="txn_end"):
     outcome came back at ``t``: committed, aborted, or unknown (the client gave up)."""
 
     txn: Txn
-    action: Literal["commit", "abort"]
+    action: EndAction
     outcome: TxnOutcome
     issued_at: float | None
 
@@ -234,13 +235,13 @@ class History:
         """Commit was called at ``issued_at`` and ended with ``outcome`` at ``t``. Pass
         ``issued_at``: without it the checker can only bound the call by the txn's last recorded
         operation, which makes the uncommitted-read check weaker."""
-        self._record(TxnEnded, t, txn=as_txn(txn), action="commit", outcome=_check_outcome(outcome),
+        self._record(TxnEnded, t, txn=as_txn(txn), action=EndAction.COMMIT, outcome=_check_outcome(outcome),
                      issued_at=None if issued_at is None else float(issued_at))
 
     def txn_abort(self, txn: Any, outcome: str, t: float, *, issued_at: float | None = None) -> None:
         """Abort was called (at ``issued_at``) and ended with ``outcome`` at ``t`` ("committed"
         when the abort found the txn already committed)."""
-        self._record(TxnEnded, t, txn=as_txn(txn), action="abort", outcome=_check_outcome(outcome),
+        self._record(TxnEnded, t, txn=as_txn(txn), action=EndAction.ABORT, outcome=_check_outcome(outcome),
                      issued_at=None if issued_at is None else float(issued_at))
 
     # --- consumers ------------------------------------------------------------------------------

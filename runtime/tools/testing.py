@@ -11,14 +11,15 @@ import ray
 
 from raytxn.errors import ActorUnavailable
 from raytxn.ids import NAMESPACE, TxnID
+from raytxn.protocol.txnlog import EndAction
 
 
 class RecordingParticipant:
     def __init__(self) -> None:
-        self._calls: list[tuple[TxnID, str, int]] = []
+        self._calls: list[tuple[TxnID, EndAction, int]] = []
         self._fail_next = 0
 
-    async def end_txn(self, txn: TxnID, action: str, low_watermark: int) -> None:
+    async def end_txn(self, txn: TxnID, action: EndAction, low_watermark: int) -> None:
         if self._fail_next > 0:
             self._fail_next -= 1
             raise ActorUnavailable("participant told to fail")
@@ -31,7 +32,7 @@ class RecordingParticipant:
         self._calls.clear()
         self._fail_next = 0
 
-    def calls(self) -> list[tuple[TxnID, str, int]]:
+    def calls(self) -> list[tuple[TxnID, EndAction, int]]:
         return list(self._calls)
 
 

@@ -17,6 +17,7 @@ from raytxn.auth import create_token, new_secret
 from raytxn.client.rpc import ActorRef
 from raytxn.errors import AuthenticationFailed, NotAuthorized, TransactionAlreadyAborted
 from raytxn.ids import NAMESPACE, partition_actor_name
+from raytxn.protocol.txnlog import EndAction
 from tests.engine import engine_client, new_topic, visible_values
 
 pytestmark = pytest.mark.ray
@@ -126,7 +127,8 @@ def test_transactions_belong_to_their_principal(admin: rt.Client, alice: rt.Clie
     txn = alice.new_transaction(timeout=60)
     alice.create_producer(topic).send(b"in alice's txn", txn=txn)
     assert admin.coordinators.get_txn(txn.id)["owner"] == "alice"  # the principal, not a client id
-    for attempt in (lambda: bob.coordinators.end_txn(txn.id, "COMMIT"), lambda: bob.coordinators.get_txn(txn.id),
+    for attempt in (lambda: bob.coordinators.end_txn(txn.id, EndAction.COMMIT),
+                    lambda: bob.coordinators.get_txn(txn.id),
                     lambda: bob.coordinators.add_partitions(txn.id, [(topic, 0)])):
         with pytest.raises(NotAuthorized, match="owned by 'alice'"):
             attempt()
@@ -160,7 +162,7 @@ def test_engine_internals_refuse_client_tokens(admin: rt.Client, alice: rt.Clien
     topic = new_topic(admin, prefix="auth")
     admin.grant_permission(topic, "alice", ["produce", "consume"])
     partition = ActorRef(partition_actor_name(topic, 0), ALICE)
-    for method, args in (("end_txn", (TxnID(0, 10**9), "COMMIT", 0)), ("trim", (None,)), ("snapshot", ())):
+    for method, args in (("end_txn", (TxnID(0, 10**9), EndAction.COMMIT, 0)), ("trim", (None,)), ("snapshot", ())):
         with pytest.raises(NotAuthorized, match="not a superuser"):
             partition.call(method, *args)
     with pytest.raises(AuthenticationFailed):

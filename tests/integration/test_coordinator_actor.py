@@ -25,6 +25,7 @@ from raytxn.errors import (
 from raytxn.hashing import coordinator_for
 from raytxn.ids import NAMESPACE, TxnID, coordinator_actor_name, partition_actor_name, subscription_actor_name
 from raytxn.ledger.storage import Storage
+from raytxn.protocol.txnlog import EndAction
 from raytxn.tools.testing import start_participant
 
 pytestmark = pytest.mark.ray
@@ -40,7 +41,7 @@ class Env:
     def tc(self, tc_id: int) -> object:
         return ray.get_actor(coordinator_actor_name(tc_id), namespace=NAMESPACE)
 
-    def calls(self, name: str) -> list[tuple[TxnID, str, int]]:
+    def calls(self, name: str) -> list[tuple[TxnID, EndAction, int]]:
         return ray.get(self.participants[name].calls.remote())
 
     def restart(self, tc_id: int) -> dict:
@@ -93,16 +94,16 @@ def test_commit_reaches_every_participant(env: Env) -> None:
     env.client.add_subscriptions(txn, [(env.topic, 0, "sub")])
     assert env.client.get_txn(txn)["state"] == "OPEN"
     committed_before = env.client.stats()[txn.tc_id]["committed_total"]
-    assert env.client.end_txn(txn, "COMMIT") == "COMMITTED"
+    assert env.client.end_txn(txn, EndAction.COMMIT) == "COMMITTED"
     for name in env.participants:
         calls = env.calls(name)
         assert [(t, a) for t, a, _ in calls] == [(txn, "COMMIT")]
         assert calls[0][2] < txn.sequence  # the low watermark never covers a live txn
     assert env.client.get_txn(txn)["state"] == "COMMITTED"
     # idempotent for the same action, an error for the opposite one
-    assert env.client.end_txn(txn, "COMMIT") == "COMMITTED"
+    assert env.client.end_txn(txn, EndAction.COMMIT) == "COMMITTED"
     with pytest.raises(TransactionAlreadyCommitted):
-        env.client.end_txn(txn, "ABORT")
+        env.client.end_txn(txn, EndAction.ABORT)
     stats = env.client.stats()[txn.tc_id]
     assert stats["committed_total"] == committed_before + 1
     assert all(row["txn"] != str(txn) for row in stats["slowest_txns"])
@@ -111,13 +112,13 @@ def test_commit_reaches_every_participant(env: Env) -> None:
 def test_abort_and_errors(env: Env) -> None:
     txn = env.client.new_txn()
     env.client.add_partitions(txn, [(env.topic, 1)])
-    assert env.client.end_txn(txn, "ABORT") == "ABORTED"
+    assert env.client.end_txn(txn, EndAction.ABORT) == "ABORTED"
     assert [(t, a) for t, a, _ in env.calls(partition_actor_name(env.topic, 1))] == [(txn, "ABORT")]
     assert env.calls(partition_actor_name(env.topic, 0)) == []
     with pytest.raises(TransactionAlreadyAborted):
-        env.client.end_txn(txn, "COMMIT")
+        env.client.end_txn(txn, EndAction.COMMIT)
     with pytest.raises(TransactionNotFound):
-        env.client.end_txn(TxnID(txn.tc_id, 10_000), "COMMIT")
+        env.client.end_txn(TxnID(txn.tc_id, 10_000), EndAction.COMMIT)
     with pytest.raises(TransactionNotFound):
         env.client.get_txn(TxnID(txn.tc_id, 10_000))
 
@@ -127,7 +128,7 @@ def test_round_robin_and_routing(env: Env) -> None:
     txns = [env.client.new_txn() for _ in range(6)]
     assert [t.tc_id for t in txns] == [0, 1, 0, 1, 0, 1]
     for txn in txns:
-        assert env.client.end_txn(txn, "COMMIT") == "COMMITTED"
+        assert env.client.end_txn(txn, EndAction.COMMIT) == "COMMITTED"
     assert sum(s["committed_total"] for s in env.client.stats()) == before + 6
 
 
@@ -137,12 +138,12 @@ def test_only_the_owner_may_change_a_txn_also_after_restart(env: Env) -> None:
     with pytest.raises(NotAllowed):
         mallory.add_partitions(txn, [(env.topic, 0)])
     with pytest.raises(NotAllowed):
-        mallory.end_txn(txn, "ABORT")
+        mallory.end_txn(txn, EndAction.ABORT)
     env.restart(txn.tc_id)
     with pytest.raises(NotAllowed):
-        mallory.end_txn(txn, "COMMIT")
+        mallory.end_txn(txn, EndAction.COMMIT)
     assert env.client.get_txn(txn)["state"] == "OPEN"
-    assert env.client.end_txn(txn, "COMMIT") == "COMMITTED"
+    assert env.client.end_txn(txn, EndAction.COMMIT) == "COMMITTED"
 
 
 def test_timeout_aborts_and_later_calls_get_timed_out(env: Env) -> None:
@@ -154,7 +155,7 @@ def test_timeout_aborts_and_later_calls_get_timed_out(env: Env) -> None:
         time.sleep(0.05)
     assert [(t, a) for t, a, _ in env.calls(partition_actor_name(env.topic, 0))] == [(txn, "ABORT")]
     with pytest.raises(TransactionTimedOut):
-        env.client.end_txn(txn, "COMMIT")
+        env.client.end_txn(txn, EndAction.COMMIT)
     with pytest.raises(TransactionTimedOut):
         env.client.add_partitions(txn, [(env.topic, 1)])
     assert env.client.stats()[txn.tc_id]["timed_out_total"] >= 1
@@ -182,7 +183,7 @@ def test_crash_at_each_step_of_commit_ends_committed(env: Env, point: str) -> No
     env.client.add_subscriptions(txn, [(env.topic, 0, "sub")])
     before = env.wait_ready(txn.tc_id)
     ray.get(env.tc(txn.tc_id).arm_fault.remote(point, "crash"))
-    assert env.client.end_txn(txn, "COMMIT") == "COMMITTED"  # rides over the crash
+    assert env.client.end_txn(txn, EndAction.COMMIT) == "COMMITTED"  # rides over the crash
     after = env.wait_ready(txn.tc_id)
     assert after["incarnation"] > before["incarnation"], "the fault point was never hit"
     for name in env.participants:
@@ -198,7 +199,7 @@ def test_crash_after_log_aborting_ends_aborted(env: Env) -> None:
     txn = env.client.new_txn()
     env.client.add_partitions(txn, [(env.topic, 0)])
     ray.get(env.tc(txn.tc_id).arm_fault.remote("coordinator.after_log_aborting", "crash"))
-    assert env.client.end_txn(txn, "ABORT") == "ABORTED"
+    assert env.client.end_txn(txn, EndAction.ABORT) == "ABORTED"
     assert {a for t, a, _ in env.calls(partition_actor_name(env.topic, 0)) if t == txn} == {"ABORT"}
 
 
@@ -208,7 +209,7 @@ def test_failing_and_restarting_participants_do_not_leave_a_txn_half_ended(env: 
     flaky = env.participants[partition_actor_name(env.topic, 0)]
     ray.get(flaky.fail_next.remote(3))
     retries_before = env.client.stats()[txn.tc_id]["end_retries"]
-    assert env.client.end_txn(txn, "COMMIT") == "COMMITTED"
+    assert env.client.end_txn(txn, EndAction.COMMIT) == "COMMITTED"
     assert env.client.stats()[txn.tc_id]["end_retries"] >= retries_before + 3
     assert [(t, a) for t, a, _ in env.calls(partition_actor_name(env.topic, 0))] == [(txn, "COMMIT")]
 
@@ -217,6 +218,7 @@ def test_failing_and_restarting_participants_do_not_leave_a_txn_half_ended(env: 
     env.client.add_partitions(txn2, [(env.topic, 1)])
     name = partition_actor_name(env.topic, 1)
     stop_actor(name)
+    # The action as a plain str, as a caller outside the package may send it: accepted too.
     pending = env.client.ref(txn2.tc_id).handle().end_txn.remote(txn2, "COMMIT", "alice", None)
     time.sleep(0.5)
     assert env.client.get_txn(txn2)["state"] == "COMMITTING"
@@ -240,7 +242,7 @@ def test_transactional_id_fencing(env: Env) -> None:
         time.sleep(0.02)
     assert [(t, a) for t, a, _ in env.calls(partition_actor_name(env.topic, 0))] == [(old, "ABORT")]
     with pytest.raises(Fenced):
-        env.client.end_txn(old, "COMMIT", epoch=epoch0)
+        env.client.end_txn(old, EndAction.COMMIT, epoch=epoch0)
     with pytest.raises(Fenced):
         env.client.new_txn(transactional_id=tid, epoch=epoch0)
     new = env.client.new_txn(transactional_id=tid, epoch=epoch1)
@@ -248,7 +250,7 @@ def test_transactional_id_fencing(env: Env) -> None:
     env.restart(home)
     with pytest.raises(Fenced):
         env.client.new_txn(transactional_id=tid, epoch=epoch0)
-    assert env.client.end_txn(new, "COMMIT", epoch=epoch1) == "COMMITTED"
+    assert env.client.end_txn(new, EndAction.COMMIT, epoch=epoch1) == "COMMITTED"
     # the id is decided by its home coordinator only
     other = 1 - home
     with pytest.raises(NotAllowed):
@@ -266,7 +268,7 @@ def test_batched_log_and_compaction(env: Env) -> None:
 
     objects = asyncio.run(storage.list("streams/coordinator/0/log/ledgers"))
     assert len(objects) < 150, f"300 concurrent new_txn took {len(objects)} puts"
-    ray.get([handle.end_txn.remote(t, "COMMIT", "alice", None) for t in txns[:290]])
+    ray.get([handle.end_txn.remote(t, EndAction.COMMIT, "alice", None) for t in txns[:290]])
     open_txns = txns[290:]
     compactions = ray.get(handle.stats.remote())["compactions"]
     ray.get(handle.compact.remote())

@@ -27,6 +27,7 @@ from raytxn.protocol.coordinator_state import CoordinatorState, EndResult
 from raytxn.protocol.txnlog import (
     AbortReason,
     Checkpoint,
+    EndAction,
     Record,
     RegisterTransactionalId,
     TxnState,
@@ -94,7 +95,7 @@ class Model:
                 return NotAllowed
         return max(self.next_seq, self.reserved)
 
-    def check_live(self, seq: int, owner: str, epoch: int | None, now: int, end: str | None) -> object:
+    def check_live(self, seq: int, owner: str, epoch: int | None, now: int, end: EndAction | None) -> object:
         """The answer of a request needing ``seq`` (None: go on), with ``end`` for prepare_end."""
         txn = self.txns.get(seq)
         final = txn is not None and txn.state in FINAL
@@ -108,10 +109,10 @@ class Model:
             if txn.tid is not None and (txn.epoch if epoch is None else epoch) != self.epochs[txn.tid]:
                 return Fenced
         if txn.state is not TxnState.OPEN:
-            if end is not None and (end == "COMMIT") == txn.committed:
+            if end is not None and (end is EndAction.COMMIT) == txn.committed:
                 return EndResult(None, txn.state)
             return txn.ended_error()
-        if now >= txn.deadline and end != "ABORT":
+        if now >= txn.deadline and end is not EndAction.ABORT:
             return TransactionTimedOut
         return None
 
@@ -216,9 +217,9 @@ class CoordinatorMachine(RuleBasedStateMachine):
         self.log_apply(actual)
         known.extend(added)
 
-    @rule(choice=st.integers(0, 10**6), action=st.sampled_from(["COMMIT", "ABORT"]),
+    @rule(choice=st.integers(0, 10**6), action=st.sampled_from(list(EndAction)),
           wrong_owner=WRONG_OWNER, mode=EPOCH_MODE)
-    def end(self, choice: int, action: str, wrong_owner: bool, mode: str) -> None:
+    def end(self, choice: int, action: EndAction, wrong_owner: bool, mode: str) -> None:
         seq = self.pick_txn(choice)
         owner = self.pick_owner(seq, wrong_owner)
         epoch = self.pick_epoch(seq, mode)
@@ -228,7 +229,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
             assert actual == expected
             return
         txn = self.model.txns[seq]
-        if action == "COMMIT":
+        if action is EndAction.COMMIT:
             txn.state, txn.reason = TxnState.COMMITTING, None
         else:
             txn.state = TxnState.ABORTING

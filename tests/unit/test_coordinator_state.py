@@ -30,6 +30,7 @@ from raytxn.protocol.txnlog import (
     AddPartitions,
     AddSubscriptions,
     Checkpoint,
+    EndAction,
     NewTxn,
     Outcome,
     Record,
@@ -44,7 +45,7 @@ from raytxn.protocol.txnlog import (
 
 TC = 0
 T0 = 1_000_000  # "now" of most tests, in ms
-COMMIT, ABORT = "COMMIT", "ABORT"
+COMMIT, ABORT = EndAction.COMMIT, EndAction.ABORT
 
 
 class Harness:
@@ -80,7 +81,7 @@ class Harness:
         self.log_apply(record)
         return record
 
-    def end(self, txn: TxnID, action: str, now: int = T0, owner: str = "alice",
+    def end(self, txn: TxnID, action: EndAction, now: int = T0, owner: str = "alice",
             epoch: int | None = None) -> EndResult:
         result = self.state.prepare_end(txn, action, owner, now, epoch)
         self.log_apply(result.record)
@@ -91,7 +92,7 @@ class Harness:
         self.log_apply(record)
         return record
 
-    def finish(self, txn: TxnID, action: str, now: int = T0, **kwargs) -> None:
+    def finish(self, txn: TxnID, action: EndAction, now: int = T0, **kwargs) -> None:
         self.end(txn, action, now, **kwargs)
         self.complete(txn, now)
 
@@ -284,7 +285,7 @@ def test_add_errors(h: Harness) -> None:
     (ABORT, False, TransactionAlreadyAborted),
     (ABORT, True, TransactionAlreadyAborted),
 ])
-def test_add_to_an_ending_or_ended_txn(h: Harness, action: str, complete: bool, error: type) -> None:
+def test_add_to_an_ending_or_ended_txn(h: Harness, action: EndAction, complete: bool, error: type) -> None:
     txn = h.new()
     h.end(txn, action)
     if complete:
@@ -315,7 +316,7 @@ def test_commit_path(h: Harness) -> None:
 
 def test_abort_path(h: Harness) -> None:
     txn = h.new()
-    result = h.end(txn, "ABORT")
+    result = h.end(txn, ABORT)
     assert result.record == UpdateState(txn, TxnState.ABORTING, T0, AbortReason.CLIENT)
     assert h.state.get(txn).abort_reason is AbortReason.CLIENT
     assert h.complete(txn) == UpdateState(txn, TxnState.ABORTED, T0, AbortReason.CLIENT)
@@ -323,7 +324,7 @@ def test_abort_path(h: Harness) -> None:
 
 
 @pytest.mark.parametrize("action", [COMMIT, ABORT])
-def test_repeated_end_is_idempotent_while_ending_and_after(h: Harness, action: str) -> None:
+def test_repeated_end_is_idempotent_while_ending_and_after(h: Harness, action: EndAction) -> None:
     txn = h.new()
     h.end(txn, action)
     ending = TxnState.COMMITTING if action == COMMIT else TxnState.ABORTING

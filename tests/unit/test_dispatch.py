@@ -20,6 +20,7 @@ from raytxn.protocol.subscription_state import (
     encode_persisted,
     routing_key_of,
 )
+from raytxn.protocol.txnlog import EndAction
 
 T1, T2 = TxnID(0, 1), TxnID(0, 2)
 
@@ -215,7 +216,10 @@ def test_plain_acks_respect_pending_txn_acks() -> None:
     assert not state.cursor.is_acked(P(0, 1))
     with pytest.raises(TransactionConflict):
         state.ack([(P(0, 1), None, None)], cumulative=True)
-    assert state.prepare_end(T1, "COMMIT", 0) == [CommitRecord(T1)]
+    with pytest.raises(InvalidArgument):
+        state.prepare_end(T1, "ROLLBACK", 0)
+    assert state.pending.pending_txns() == [T1]
+    assert state.prepare_end(T1, EndAction.COMMIT, 0) == [CommitRecord(T1)]
     state.apply(CommitRecord(T1), P(9, 1))
     assert state.cursor.is_acked(P(0, 1)) and state.pending.pending_txns() == []
 
@@ -242,7 +246,7 @@ def test_abort_rewinds_to_what_the_txn_held_and_low_watermark_aborts_dangling_tx
     state.apply(individual, P(9, 1))
     assert state.read_position == P(0, 4)
     # T2 ends with a watermark covering T1 (dangling): T1 is aborted first
-    records = state.prepare_end(T2, "ABORT", low_watermark=1)
+    records = state.prepare_end(T2, EndAction.ABORT, low_watermark=1)
     assert records == [AbortRecord(T1), AbortRecord(T2)]
     for number, end in enumerate(records):
         state.apply(end, P(9, 2 + number))

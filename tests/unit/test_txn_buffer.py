@@ -133,7 +133,7 @@ def test_entry_format_round_trip_and_damage() -> None:
     messages = [MessageRecord(b"a", "k", {"x": "y"}, 5), MessageRecord(b"b")]
     records = encode_entry(header, messages)
     assert decode_entry(records, "e") == (header, messages)
-    marker = marker_header("commit", T1, 7, low_watermark=0)
+    marker = marker_header(COMMIT, T1, 7, low_watermark=0)
     assert decode_entry([encode_header(marker)]) == (marker, [])
     bad = [
         [],  # no header
@@ -146,6 +146,17 @@ def test_entry_format_round_trip_and_damage() -> None:
     for entry in bad:
         with pytest.raises(CorruptLedger):
             decode_entry(entry, "e")
+
+
+def test_marker_headers_keep_their_on_disk_tags() -> None:
+    """Markers are written from an EndAction, but their header bytes are what ledgers already
+    hold (lowercase tags), so those ledgers still replay."""
+    commit = marker_header(COMMIT, TxnID(0, 1), 7, low_watermark=0)
+    abort = marker_header(ABORT, TxnID(2, 5), 9, low_watermark=4)
+    assert encode_header(commit) == b"\x99\xa2h1\xa6commit\x92\x00\x01\xa0\xff\xff\x00\x07\x00"
+    assert encode_header(abort) == b"\x99\xa2h1\xa5abort\x92\x02\x05\xa0\xff\xff\x00\t\x04"
+    assert (commit.end_action, abort.end_action) == (COMMIT, ABORT)
+    assert EntryHeader("data", T1, "p", 3, 4, 2, 99).end_action is None
 
 
 # --- visibility ------------------------------------------------------------------------------
@@ -327,6 +338,11 @@ def test_append_racing_an_end() -> None:
         buffer.prepare_append(EntryHeader("data", T1, "p", 1, 1, 1, 0))
     with pytest.raises(InvalidTxnState):
         buffer.prepare_end(T1, ABORT, -1)
+    before = buffer.snapshot()
+    for bad_action in ("ROLLBACK", "commit", None):
+        with pytest.raises(InvalidArgument):
+            buffer.prepare_end(T1, bad_action, -1)  # type: ignore[arg-type]
+    assert buffer.snapshot() == before
     assert buffer.prepare_end(T1, COMMIT, -1).write_marker  # a retry before the first is durable
     for i, marker in enumerate(decision.markers(0) * 2):
         buffer.apply(marker, Position(0, 1 + i))
