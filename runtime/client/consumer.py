@@ -271,7 +271,7 @@ class Consumer:
                 held.indexes.add(message_id.batch_index)
                 held.futures.append(future)
                 if len(held.indexes) < batch_size:
-                    txn._flushers.add(self)  # the commit sends what is held
+                    txn.hold(self)  # the commit sends what is held
                     return future
                 del self._held[held_key]
                 ack, futures = (message_id.position, None, batch_size), held.futures
@@ -288,7 +288,7 @@ class Consumer:
                 self._flush_due_in = delay
         if txn is not None and new_group:
             txn.track(group.sent)
-            txn._flushers.add(self)  # commit flushes this txn's grouped acks first
+            txn.hold(self)  # commit flushes this txn's grouped acks first
         if flush_now:
             self._client.loop.call_soon(self._flush)
         elif flush_later:
@@ -331,7 +331,7 @@ class Consumer:
     def flush_txn(self, txn: Transaction) -> None:
         """Send this txn's held and grouped acks now (``Transaction.commit`` calls it, then waits
         for them)."""
-        txn._flushers.discard(self)
+        txn.release(self)
         new_groups = []
         with self._acks_lock:
             for held_key in [key for key in self._held if key[0] == txn.id]:

@@ -191,7 +191,7 @@ class Producer:
     def flush_txn(self, txn: Transaction) -> None:
         """Send everything queued so far in ``txn`` and wait until it is durable."""
         self._client.loop.run(self._flush(txn))
-        txn._flushers.discard(self)
+        txn.release(self)
 
     def close(self) -> None:
         if not self._closed:
@@ -219,8 +219,8 @@ class Producer:
         if txn is not None:
             txn.check_open()
         record = encode_message(MessageRecord(value, key, dict(properties) if properties else {}, event_time))
-        if txn is not None and self not in txn._flushers:
-            txn._flushers.add(self)  # commit flushes this producer's batches of the txn and waits
+        if txn is not None:
+            txn.hold(self)  # commit flushes this producer's batches of the txn and waits
         with self._lock:
             self._wait_for_room(len(record))
             partition = partition_for(key, self.partitions) if key is not None else self._keyless_partition

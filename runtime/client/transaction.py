@@ -1,9 +1,13 @@
 """The client's transaction: ``client.new_transaction()`` / ``with client.transaction() as txn``.
 
 It remembers which partitions and subscriptions it registered with its coordinator (once each,
-before the first append or ack there), and every send and ack made in it that is still
-outstanding. ``commit`` first waits for those; if any failed, the transaction is aborted and the
-error raised, so a commit never covers a partial set of writes.
+before the first append or ack there), which producers and consumers hold work of it not sent
+yet, and every send and ack made in it that is still outstanding. ``commit`` first flushes the
+held work and waits for the outstanding; if any failed, the transaction is aborted and the error
+raised, so a commit never covers a partial set of writes.
+
+Its state is an explicit state machine, as in Kafka's ``TransactionManager``: one enum, one table
+of valid previous states, and ``TxnStateMachine.transition_to`` as the only way to change it.
 """
 
 from __future__ import annotations
@@ -12,22 +16,74 @@ import asyncio
 import concurrent.futures
 import enum
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from raytxn.errors import InvalidTxnState, RaytxnError, TransactionAlreadyAborted, TransactionAlreadyCommitted
 from raytxn.ids import TxnID
+from raytxn.protocol.txnlog import EndAction
 
 if TYPE_CHECKING:
     from raytxn.client.client import Client
 
 
 class TxnClientState(enum.StrEnum):
+    """State of a transaction as its client sees it."""
+
     OPEN = "OPEN"
-    COMMITTING = "COMMITTING"
+    COMMITTING = "COMMITTING"  # commit called: flushing, waiting, then asking the coordinator
     COMMITTED = "COMMITTED"
     ABORTING = "ABORTING"
     ABORTED = "ABORTED"
-    ERROR = "ERROR"
+    ERROR = "ERROR"  # the coordinator refused the end, or the call failed: only abort may follow
+
+
+# Kafka's validPreviousStates, for the client's view. A commit whose sends or acks failed goes
+# COMMITTING -> ABORTING; ABORTING -> ABORTING is abort called again after one interrupted before
+# its answer came back (ending is idempotent at the coordinator).
+VALID_PREVIOUS_STATES: dict[TxnClientState, frozenset[TxnClientState]] = {
+    TxnClientState.OPEN: frozenset(),  # only the constructor makes it
+    TxnClientState.COMMITTING: frozenset({TxnClientState.OPEN}),
+    TxnClientState.COMMITTED: frozenset({TxnClientState.COMMITTING}),
+    TxnClientState.ABORTING: frozenset({TxnClientState.OPEN, TxnClientState.COMMITTING,
+                                        TxnClientState.ABORTING, TxnClientState.ERROR}),
+    TxnClientState.ABORTED: frozenset({TxnClientState.ABORTING}),
+    TxnClientState.ERROR: frozenset({TxnClientState.COMMITTING, TxnClientState.ABORTING}),
+}
+
+
+class TxnStateMachine:
+    """The state of one client transaction; ``transition_to`` is its only mutator."""
+
+    def __init__(self, txn_id: TxnID) -> None:
+        self.txn_id = txn_id
+        self._state = TxnClientState.OPEN
+        self._lock = threading.Lock()  # commit and abort may race from two threads
+
+    @property
+    def state(self) -> TxnClientState:
+        return self._state
+
+    def transition_to(self, target: TxnClientState) -> None:
+        """Move to ``target`` when the current state is one of its valid previous states.
+        Otherwise refused, changing nothing: ``TransactionAlreadyCommitted`` from COMMITTED,
+        ``TransactionAlreadyAborted`` from ABORTED, ``InvalidTxnState`` from any other state."""
+        with self._lock:
+            current = self._state
+            if current not in VALID_PREVIOUS_STATES[target]:
+                message = f"{self.txn_id} is {current}: {current} -> {target} not allowed"
+                if current is TxnClientState.COMMITTED:
+                    raise TransactionAlreadyCommitted(message)
+                if current is TxnClientState.ABORTED:
+                    raise TransactionAlreadyAborted(message)
+                raise InvalidTxnState(message)
+            self._state = target
+
+
+class TxnFlusher(Protocol):
+    """A producer or consumer that may hold work of a transaction it has not sent yet."""
+
+    def flush_txn(self, txn: Transaction) -> None:
+        """Send the work of ``txn`` held here (tracked as outstanding) and ``txn.release(self)``."""
 
 
 class Transaction:
@@ -38,18 +94,34 @@ class Transaction:
         self.timeout_s = timeout_s
         self.transactional_id = transactional_id
         self.epoch = epoch
-        self.state = TxnClientState.OPEN
+        self._machine = TxnStateMachine(txn_id)
         # Registrations in flight or done, keyed by participant; futures live on the client loop.
         self._registrations: dict[tuple, asyncio.Future] = {}
         self._outstanding: set[concurrent.futures.Future | asyncio.Future] = set()
         self._failure: BaseException | None = None
-        self._flushers: set[Any] = set()  # producers holding unsent batches of this txn
+        self._holders: set[TxnFlusher] = set()  # producers and consumers holding unsent work of it
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"Transaction({self.id}, {self.state})"
 
-    # --- used by producers and consumers (on the client loop) ------------------------------
+    @property
+    def state(self) -> TxnClientState:
+        return self._machine.state
+
+    # --- used by producers and consumers ---------------------------------------------------
+
+    def hold(self, holder: TxnFlusher) -> None:
+        """``holder`` has work of this txn it has not sent yet (batched sends, grouped or held
+        acks): ``commit`` and ``abort`` call ``holder.flush_txn(self)`` before they wait for the
+        outstanding sends and acks. Idempotent; call it after ``check_open``."""
+        with self._lock:
+            self._holders.add(holder)
+
+    def release(self, holder: TxnFlusher) -> None:
+        """``holder`` holds no unsent work of this txn any more (what it sent is tracked)."""
+        with self._lock:
+            self._holders.discard(holder)
 
     def check_open(self) -> None:
         if self.state is not TxnClientState.OPEN:
@@ -113,49 +185,46 @@ class Transaction:
         """Wait for outstanding sends and acks, then commit. If one failed, abort and raise it."""
         if self.state is TxnClientState.COMMITTED:
             return
-        if self.state is not TxnClientState.OPEN:
-            raise (TransactionAlreadyAborted if self.state is TxnClientState.ABORTED else InvalidTxnState)(
-                f"{self.id} is {self.state}")
-        self.state = TxnClientState.COMMITTING
+        self._machine.transition_to(TxnClientState.COMMITTING)
         try:
             self._wait_outstanding()
         except BaseException:
-            self.state = TxnClientState.OPEN
             self.abort()
             raise
         if self._failure is not None:
             failure = self._failure
-            self.state = TxnClientState.OPEN
             self.abort()
             raise failure
         try:
-            self._client.coordinators.end_txn(self.id, "COMMIT", self.epoch)
+            self._client.coordinators.end_txn(self.id, EndAction.COMMIT, self.epoch)
         except TransactionAlreadyCommitted:
             pass
         except RaytxnError:
-            self.state = TxnClientState.ERROR
+            self._machine.transition_to(TxnClientState.ERROR)
             raise
-        self.state = TxnClientState.COMMITTED
+        self._machine.transition_to(TxnClientState.COMMITTED)
 
     def abort(self) -> None:
+        """Wait for outstanding sends and acks (their errors do not matter here), then abort.
+        ``TransactionAlreadyCommitted`` once committed."""
         if self.state is TxnClientState.ABORTED:
             return
-        if self.state is TxnClientState.COMMITTED:
-            raise TransactionAlreadyCommitted(f"{self.id} committed")
-        self.state = TxnClientState.ABORTING
+        self._machine.transition_to(TxnClientState.ABORTING)
         try:
             self._wait_outstanding(ignore_errors=True)
-            self._client.coordinators.end_txn(self.id, "ABORT", self.epoch)
+            self._client.coordinators.end_txn(self.id, EndAction.ABORT, self.epoch)
         except TransactionAlreadyAborted:
             pass
         except RaytxnError:
-            self.state = TxnClientState.ERROR
+            self._machine.transition_to(TxnClientState.ERROR)
             raise
-        self.state = TxnClientState.ABORTED
+        self._machine.transition_to(TxnClientState.ABORTED)
 
     def _wait_outstanding(self, ignore_errors: bool = False) -> None:
-        for producer in list(self._flushers):
-            producer.flush_txn(self)
+        with self._lock:
+            holders = list(self._holders)
+        for holder in holders:
+            holder.flush_txn(self)
         with self._lock:
             pending = list(self._outstanding)
         if pending:
