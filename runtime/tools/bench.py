@@ -7,6 +7,7 @@ sizes a run for a CI smoke test; the full size is for the numbers quoted in issu
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import platform
@@ -15,13 +16,17 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from rich.console import Console
+from rich.table import Table
+
 from raytxn.ledger import LedgerConfig, ManagedLedger
 from raytxn.ledger.storage import Storage
 from raytxn.protocol.txnlog import EndAction
 
 
 async def _ledger_case(url: str, options: dict, record_size: int, group_commit: bool, appends: int,
-                       concurrency: int) -> dict:
+                       concurrency: int) -> tuple[list[float], float, int]:
+    """(latency of every append in s, seconds of the whole run, object puts it made)."""
     storage = Storage.from_url(url, **options)
     stream = f"bench/{record_size}-{'gc' if group_commit else 'single'}-{time.monotonic_ns()}"
     ml = await ManagedLedger.open(storage, stream, LedgerConfig(group_commit=group_commit))
@@ -38,15 +43,22 @@ async def _ledger_case(url: str, options: dict, record_size: int, group_commit: 
     start = time.perf_counter()
     await asyncio.gather(*[worker() for _ in range(concurrency)])
     elapsed = time.perf_counter() - start
-    done = per_worker * concurrency
     puts = 0
     for info in ml.ledgers:
         puts += len(await storage.list(f"streams/{stream}/ledgers/{info.ledger_id:012d}"))
-    latencies.sort()
+    return latencies, elapsed, puts
+
+
+def ledger_row(backend: str, record_size: int, group_commit: bool, concurrency: int, latencies_s: list[float],
+               elapsed_s: float, puts: int) -> dict:
+    done = len(latencies_s)
+    latencies = sorted(latencies_s)
     return {
-        "appends": done, "concurrency": concurrency, "seconds": round(elapsed, 3),
-        "appends_per_s": round(done / elapsed, 1),
-        "mb_per_s": round(done * record_size / elapsed / 1e6, 3),
+        "bench": "ledger", "backend": backend, "record_bytes": record_size,
+        "mode": "group-commit" if group_commit else "put-per-append",
+        "appends": done, "concurrency": concurrency, "seconds": round(elapsed_s, 3),
+        "appends_per_s": round(done / elapsed_s, 1),
+        "mb_per_s": round(done * record_size / elapsed_s / 1e6, 3),
         "puts": puts, "entries_per_put": round(done / max(puts, 1), 1),
         "p50_ms": round(latencies[len(latencies) // 2] * 1000, 3),
         "p99_ms": round(latencies[int(len(latencies) * 0.99)] * 1000, 3),
@@ -73,10 +85,9 @@ def bench_ledger(short: bool = False, progress: Callable[[str], None] = print) -
                     base = 20_000 if record_size == 100 else 5_000
                     appends = int((base if group_commit else base // 10) * scale)
                     concurrency = 64 if group_commit else 1
-                    result = asyncio.run(_ledger_case(url, options, record_size, group_commit,
-                                                      max(appends, concurrency), concurrency))
-                    row = {"bench": "ledger", "backend": backend, "record_bytes": record_size,
-                           "mode": "group-commit" if group_commit else "put-per-append", **result}
+                    measured = asyncio.run(_ledger_case(url, options, record_size, group_commit,
+                                                        max(appends, concurrency), concurrency))
+                    row = ledger_row(backend, record_size, group_commit, concurrency, *measured)
                     progress(f"  {backend:4} {record_size:>6} B {row['mode']:15} "
                              f"{row['appends_per_s']:>10.0f} appends/s {row['mb_per_s']:>8.2f} MB/s")
                     rows.append(row)
@@ -145,15 +156,11 @@ def bench_coordinator(short: bool = False, progress: Callable[[str], None] = pri
             ray.get([p.calls.remote() for p in participants])
             rate = asyncio.run(_txn_throughput(handle, txns, 64))
             mode = "batched" if batched else "unbatched"
-            row = {"bench": "coordinator", "log_writer": mode, "case": "new_txn+commit, 64 clients",
-                   "txns": txns, "txns_per_s": round(rate, 1)}
+            rows.append(coordinator_rate_row(mode, txns, rate))
             progress(f"  {mode:9} new_txn+commit: {rate:8.0f} txns/s")
-            rows.append(row)
             for parts in (0, 2):
                 lat = asyncio.run(_commit_latencies(handle, samples, [("bench", p) for p in range(parts)]))
-                row = {"bench": "coordinator", "log_writer": mode, "case": f"commit latency, {parts} participants",
-                       "txns": samples, "p50_ms": round(_percentile(lat, 0.5), 3),
-                       "p99_ms": round(_percentile(lat, 0.99), 3)}
+                row = coordinator_latency_row(mode, parts, lat)
                 progress(f"  {mode:9} commit with {parts} participants: p50 {row['p50_ms']} ms, p99 {row['p99_ms']} ms")
                 rows.append(row)
         finally:
@@ -161,6 +168,17 @@ def bench_coordinator(short: bool = False, progress: Callable[[str], None] = pri
             for name in names:
                 stop_actor(name)
     return rows
+
+
+def coordinator_rate_row(log_writer: str, txns: int, txns_per_s: float) -> dict:
+    return {"bench": "coordinator", "log_writer": log_writer, "case": "new_txn+commit, 64 clients",
+            "txns": txns, "txns_per_s": round(txns_per_s, 1)}
+
+
+def coordinator_latency_row(log_writer: str, participants: int, sorted_latencies_ms: list[float]) -> dict:
+    return {"bench": "coordinator", "log_writer": log_writer, "case": f"commit latency, {participants} participants",
+            "txns": len(sorted_latencies_ms), "p50_ms": round(_percentile(sorted_latencies_ms, 0.5), 3),
+            "p99_ms": round(_percentile(sorted_latencies_ms, 0.99), 3)}
 
 
 def _lazy(module: str, name: str) -> Callable[..., list[dict]]:
@@ -191,6 +209,47 @@ def write_results(rows: list[dict], out: Path) -> None:
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     out.write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
     write_chart(rows, out.with_suffix(".png"))
+
+
+# --- tables ------------------------------------------------------------------------------------
+
+
+def cell(value: object) -> str:
+    """How a figure reads in a table: lists and dicts as JSON, as in the results file."""
+    if isinstance(value, list | dict):
+        return json.dumps(value)
+    return "" if value is None else str(value)
+
+
+def result_tables(rows: list[dict]) -> list[Table]:
+    """One table per kind of row: a bench's rows that have the same fields. A bench may return
+    rows of several kinds (the subscription bench: throughputs, their ratios, a recovery time, a
+    memory ratio), and a table whose columns came from one kind would leave the others' figures
+    out. The ``bench`` field is the title."""
+    kinds: dict[tuple[object, ...], list[dict]] = {}
+    for row in rows:
+        kinds.setdefault((row.get("bench"), *row), []).append(row)
+    tables = []
+    for members in kinds.values():
+        table = Table(title=f"bench {members[0].get('bench', '?')}", title_justify="left")
+        columns = [key for key in members[0] if key != "bench"]
+        for key in columns:
+            numeric = all(isinstance(r[key], int | float) and not isinstance(r[key], bool) for r in members)
+            table.add_column(key, justify="right" if numeric else "left", no_wrap=True)
+        for row in members:
+            table.add_row(*(cell(row[key]) for key in columns))
+        tables.append(table)
+    return tables
+
+
+def render_results(rows: list[dict]) -> str:
+    """The result tables as plain text, each as wide as its widest row needs: a figure is never
+    wrapped or cut (a narrower terminal wraps the line instead, and a copy keeps every figure)."""
+    out = io.StringIO()
+    console = Console(file=out, width=10_000, color_system=None)
+    for table in result_tables(rows):
+        console.print(table, width=console.measure(table).maximum)
+    return out.getvalue()
 
 
 # --- chart -------------------------------------------------------------------------------------

@@ -47,20 +47,31 @@ def bench_auth(short: bool = False, progress: Callable[[str], None] = print) -> 
             plain = _produce(client, "bench-auth", messages, transactional=False)
             txn = _produce(client, "bench-auth", messages, transactional=True)
             latencies = _send_latencies_ms(client, "bench-auth", sends)
-            p50, p99 = latencies[len(latencies) // 2], latencies[int(len(latencies) * 0.99)]
-            progress(f"  auth {'on ' if auth else 'off'}: plain {plain:8.0f} msgs/s, txn {txn:8.0f} msgs/s, "
-                     f"send p50 {p50:.2f} ms p99 {p99:.2f} ms")
-            rows.append({"bench": "auth", "auth": "on" if auth else "off", "messages": messages,
-                         "plain_msgs_per_s": round(plain, 1), "txn_msgs_per_s": round(txn, 1),
-                         "send_p50_ms": round(p50, 3), "send_p99_ms": round(p99, 3)})
+            row = auth_row(auth, messages, plain, txn, latencies)
+            progress(f"  auth {row['auth']:3}: plain {plain:8.0f} msgs/s, txn {txn:8.0f} msgs/s, "
+                     f"send p50 {row['send_p50_ms']:.2f} ms p99 {row['send_p99_ms']:.2f} ms")
+            rows.append(row)
         finally:
             if client is not admin_client:
                 client.close()
             admin_client.close()
             stop_engine(admin if auth else None)
-    off, on = rows
-    for row in rows:
-        row["plain_vs_auth_off"] = round(row["plain_msgs_per_s"] / off["plain_msgs_per_s"], 3)
+    off, on = with_ratio_to_auth_off(rows)
     progress(f"  auth on / off: plain {on['plain_vs_auth_off']:.2f}, "
              f"send p50 +{on['send_p50_ms'] - off['send_p50_ms']:.3f} ms")
-    return rows
+    return [off, on]
+
+
+def auth_row(auth: bool, messages: int, plain_msgs_per_s: float, txn_msgs_per_s: float,
+             send_latencies_ms: list[float]) -> dict:
+    latencies = sorted(send_latencies_ms)
+    return {"bench": "auth", "auth": "on" if auth else "off", "messages": messages,
+            "plain_msgs_per_s": round(plain_msgs_per_s, 1), "txn_msgs_per_s": round(txn_msgs_per_s, 1),
+            "send_p50_ms": round(latencies[len(latencies) // 2], 3),
+            "send_p99_ms": round(latencies[int(len(latencies) * 0.99)], 3)}
+
+
+def with_ratio_to_auth_off(rows: list[dict]) -> list[dict]:
+    """The rows of auth off and on, each with its plain throughput over auth off's."""
+    off = next(row for row in rows if row["auth"] == "off")
+    return [{**row, "plain_vs_auth_off": round(row["plain_msgs_per_s"] / off["plain_msgs_per_s"], 3)} for row in rows]

@@ -86,20 +86,24 @@ def bench_produce(short: bool = False, progress: Callable[[str], None] = print) 
                     client.delete_topic(topic)  # its ledgers go: a full bench writes ~800 MB
                 progress(f"  {partitions} partition(s) round {round_ + 1}/{rounds}: plain "
                          f"{rates['plain'][-1]:9.0f} msgs/s, txn {rates['txn'][-1]:9.0f} msgs/s")
-            plain, txn = statistics.median(rates["plain"]), statistics.median(rates["txn"])
-            ratio = statistics.median(t / p for t, p in zip(rates["txn"], rates["plain"], strict=True))
-            rows.append({"bench": "produce", "partitions": partitions, "message_bytes": 100,
-                         "messages_per_run": messages, "rounds": rounds,
-                         "plain_msgs_per_s": round(plain, 1), "txn_msgs_per_s": round(txn, 1),
-                         "txn_over_plain": round(ratio, 3),
-                         "plain_runs": [round(r) for r in rates["plain"]],
-                         "txn_runs": [round(r) for r in rates["txn"]]})
-            progress(f"  {partitions} partition(s) median: plain {plain:9.0f}, txn {txn:9.0f}, "
-                     f"txn/plain per round {ratio:.3f}")
+            row = produce_row(partitions, messages, rates)
+            rows.append(row)
+            progress(f"  {partitions} partition(s) median: plain {row['plain_msgs_per_s']:9.0f}, txn "
+                     f"{row['txn_msgs_per_s']:9.0f}, txn/plain per round {row['txn_over_plain']:.3f}")
     finally:
         client.close()
         stop_engine()
     return rows
+
+
+def produce_row(partitions: int, messages: int, rates: dict[str, list[float]]) -> dict:
+    """``rates``: msgs/s of every plain and txn run, round by round."""
+    ratio = statistics.median(t / p for t, p in zip(rates["txn"], rates["plain"], strict=True))
+    return {"bench": "produce", "partitions": partitions, "message_bytes": len(PAYLOAD),
+            "messages_per_run": messages, "rounds": len(rates["plain"]),
+            "plain_msgs_per_s": round(statistics.median(rates["plain"]), 1),
+            "txn_msgs_per_s": round(statistics.median(rates["txn"]), 1), "txn_over_plain": round(ratio, 3),
+            "plain_runs": [round(r) for r in rates["plain"]], "txn_runs": [round(r) for r in rates["txn"]]}
 
 
 def _restart(ref: ActorRef, name: str) -> dict:
@@ -140,15 +144,19 @@ def bench_recovery(short: bool = False, progress: Callable[[str], None] = print)
         assert snap["recovered_from_snapshot"] is not None
         stats = ref.call("stats")
         assert stats["aborted_txns"] == aborted, stats
-        row = {"bench": "recovery", "aborted_txns": aborted, "entries": 2 * aborted,
-               "full_replay_ms": full["recovery_ms"], "snapshot_ms": snap["recovery_ms"],
-               "speedup": round(full["recovery_ms"] / max(snap["recovery_ms"], 0.001), 2)}
+        row = recovery_row(aborted, full["recovery_ms"], snap["recovery_ms"])
         progress(f"  {aborted} aborted txns: full replay {row['full_replay_ms']} ms, "
                  f"snapshot {row['snapshot_ms']} ms")
         return [row]
     finally:
         client.close()
         stop_engine()
+
+
+def recovery_row(aborted: int, full_replay_ms: float, snapshot_ms: float) -> dict:
+    return {"bench": "recovery", "aborted_txns": aborted, "entries": 2 * aborted,
+            "full_replay_ms": full_replay_ms, "snapshot_ms": snapshot_ms,
+            "speedup": round(full_replay_ms / max(snapshot_ms, 0.001), 2)}
 
 
 def bench_partition_memory(short: bool = False, progress: Callable[[str], None] = print) -> list[dict]:
@@ -163,17 +171,21 @@ def bench_partition_memory(short: bool = False, progress: Callable[[str], None] 
         gc.collect()
         small_rss = ref.call("stats")["rss_bytes"]
         _produce(client, "bench-memory", big - 10_000, transactional=True)
-        stats = ref.call("stats")
-        row = {"bench": "partition_memory", "small_messages": 10_000, "big_messages": big,
-               "rss_small_mb": round(small_rss / 2**20, 1), "rss_big_mb": round(stats["rss_bytes"] / 2**20, 1),
-               "ratio": round(stats["rss_bytes"] / small_rss, 3), "ongoing_txns": stats["ongoing_txns"],
-               "aborted_txns": stats["aborted_txns"]}
+        row = partition_memory_row(10_000, big, small_rss, ref.call("stats"))
         progress(f"  RSS after 10k: {row['rss_small_mb']} MiB, after {big}: {row['rss_big_mb']} MiB "
                  f"(ratio {row['ratio']})")
         return [row]
     finally:
         client.close()
         stop_engine()
+
+
+def partition_memory_row(small: int, big: int, small_rss: int, big_stats: dict) -> dict:
+    """``big_stats``: the partition's stats after ``big`` messages."""
+    return {"bench": "partition_memory", "small_messages": small, "big_messages": big,
+            "rss_small_mb": round(small_rss / 2**20, 1), "rss_big_mb": round(big_stats["rss_bytes"] / 2**20, 1),
+            "ratio": round(big_stats["rss_bytes"] / small_rss, 3), "ongoing_txns": big_stats["ongoing_txns"],
+            "aborted_txns": big_stats["aborted_txns"]}
 
 
 def bench_crash_recovery(short: bool = False, progress: Callable[[str], None] = print) -> list[dict]:
@@ -213,13 +225,17 @@ def bench_crash_recovery(short: bool = False, progress: Callable[[str], None] = 
                     if info["incarnation"] > old:
                         break
                 times.append((time.perf_counter() - t0) * 1000)
-            times.sort()
-            row = {"bench": "crash_recovery", "actor": kind, "kills": kills,
-                   "p50_ms": round(times[len(times) // 2], 1), "p99_ms": round(times[int(len(times) * 0.99)], 1),
-                   "max_ms": round(times[-1], 1)}
+            row = crash_recovery_row(kind, times)
             progress(f"  {kind:12} kill -> serving: p50 {row['p50_ms']} ms, p99 {row['p99_ms']} ms")
             rows.append(row)
     finally:
         client.close()
         stop_engine()
     return rows
+
+
+def crash_recovery_row(kind: str, kill_to_serving_ms: list[float]) -> dict:
+    times = sorted(kill_to_serving_ms)
+    return {"bench": "crash_recovery", "actor": kind, "kills": len(times),
+            "p50_ms": round(times[len(times) // 2], 1), "p99_ms": round(times[int(len(times) * 0.99)], 1),
+            "max_ms": round(times[-1], 1)}

@@ -47,10 +47,7 @@ def bench_spark_pipeline(short: bool = False, progress: Callable[[str], None] = 
             elapsed = time.perf_counter() - start
             if mode == "warm-up":  # Spark's first jobs are slow: measure on a warm session
                 continue
-            latencies = sorted(s.batch_s for s in stats)
-            row = {"rows_per_s": round(sum(s.rows_in for s in stats) / elapsed, 1),
-                   "batches": len(stats), "p50_batch_s": round(latencies[len(latencies) // 2], 3),
-                   "p99_batch_s": round(latencies[int(len(latencies) * 0.99)], 3)}
+            row = run_figures([s.rows_in for s in stats], [s.batch_s for s in stats], elapsed)
             # two interleaved rounds per mode: keep the better one (other load on 2 cores swings runs)
             if mode not in results or row["rows_per_s"] > results[mode]["rows_per_s"]:
                 results[mode] = row
@@ -59,6 +56,19 @@ def bench_spark_pipeline(short: bool = False, progress: Callable[[str], None] = 
         sc.stop_spark()
         client.close()
         stop_engine()
+    return spark_rows(rows_total, batch, results)
+
+
+def run_figures(rows_in: list[int], batch_seconds: list[float], elapsed_s: float) -> dict:
+    """A run's figures from its batches' input rows and durations."""
+    latencies = sorted(batch_seconds)
+    return {"rows_per_s": round(sum(rows_in) / elapsed_s, 1), "batches": len(latencies),
+            "p50_batch_s": round(latencies[len(latencies) // 2], 3),
+            "p99_batch_s": round(latencies[int(len(latencies) * 0.99)], 3)}
+
+
+def spark_rows(rows_total: int, batch: int, results: dict[str, dict]) -> list[dict]:
+    """A row per mode ("at-least-once", "exactly-once": its best run's figures) and their ratio."""
     ratio = results["exactly-once"]["rows_per_s"] / results["at-least-once"]["rows_per_s"]
     return [{"bench": "spark_pipeline", "mode": mode, "rows": rows_total, "batch_max_messages": batch, **row}
             for mode, row in results.items()] + [{"bench": "spark_pipeline", "mode": "ratio",

@@ -119,19 +119,26 @@ def _throughput(client: rt.Client, count: int, rounds: int, progress: Callable[[
             client.delete_topic(topic)
             rates[mode].append(count / seconds)
             progress(f"  consume+ack {mode:13}: {rates[mode][-1]:9.0f} msgs/s ({count} messages, {seconds:.2f} s)")
+    rows = throughput_rows(count, rates)
+    for row in rows[len(modes):]:
+        progress(f"  {row['case']} (best rounds): {row['ratio']:.2f} (target {row['target']})")
+    return rows
+
+
+def throughput_rows(count: int, rates: dict[str, list[float]]) -> list[dict]:
+    """A row per mode (its best round counts) and a row per ratio of a txn mode to plain.
+    ``rates``: msgs/s of every round of "plain", "txn" and "txn-pipelined"."""
     best = {mode: max(values) for mode, values in rates.items()}
     cases = {"plain": "consume+ack plain",
              "txn": f"consume+ack in txns, commit every {int(COMMIT_EVERY_S * 1000)} ms, waiting for each commit",
              "txn-pipelined": f"consume+ack in txns, commit every {int(COMMIT_EVERY_S * 1000)} ms in the "
                               "background (Pulsar perf style)"}
-    rows = [{"bench": "subscription", "case": cases[mode], "messages": count, "rounds": rounds,
+    rows = [{"bench": "subscription", "case": cases[mode], "messages": count, "rounds": len(rates[mode]),
              "msgs_per_s": round(best[mode], 1), "all_rounds": [round(r, 1) for r in rates[mode]]}
-            for mode in modes]
+            for mode in cases]
     for mode in ("txn", "txn-pipelined"):
-        ratio = best[mode] / best["plain"]
-        progress(f"  {mode}/plain ratio (best rounds): {ratio:.2f} (target >= 0.8)")
-        rows.append({"bench": "subscription", "case": f"{mode}/plain throughput ratio", "ratio": round(ratio, 3),
-                     "target": ">= 0.8"})
+        rows.append({"bench": "subscription", "case": f"{mode}/plain throughput ratio",
+                     "ratio": round(best[mode] / best["plain"], 3), "target": ">= 0.8"})
     return rows
 
 
@@ -161,8 +168,12 @@ def _recovery(client: rt.Client, storage_url: str, records: int, progress: Calla
     assert info["replayed_records"] == records, info
     progress(f"  recovery of a {records}-record pending-ack log: {info['recovery_ms']:.0f} ms "
              f"(actor start to ready {wall_s * 1000:.0f} ms)")
+    return recovery_row(records, info["recovery_ms"], wall_s)
+
+
+def recovery_row(records: int, recovery_ms: float, start_to_ready_s: float) -> dict:
     return {"bench": "subscription", "case": "pending-ack log recovery", "records": records,
-            "recovery_ms": info["recovery_ms"], "start_to_ready_ms": round(wall_s * 1000, 1)}
+            "recovery_ms": recovery_ms, "start_to_ready_ms": round(start_to_ready_s * 1000, 1)}
 
 
 def _memory(client: rt.Client, total: int, baseline: int, progress: Callable[[str], None]) -> dict:
@@ -188,9 +199,13 @@ def _memory(client: rt.Client, total: int, baseline: int, progress: Callable[[st
         progress(f"  subscription actor RSS after {acked} acked messages: {rss[target] / 1e6:.1f} MB")
     stats = actor.call("stats")
     consumer.close()
-    ratio = rss[total] / rss[baseline]
-    progress(f"  RSS ratio {total}/{baseline}: {ratio:.2f} (target <= 1.5); acked ranges "
+    row = memory_row(baseline, rss[baseline], total, rss[total], stats["acked_ranges"])
+    progress(f"  RSS ratio {total}/{baseline}: {row['ratio']:.2f} (target {row['target']}); acked ranges "
              f"{stats['acked_ranges']}, mark-delete {stats['mark_delete_position']}")
+    return row
+
+
+def memory_row(baseline: int, baseline_rss: int, total: int, total_rss: int, acked_ranges: int) -> dict:
     return {"bench": "subscription", "case": f"actor RSS after {total} vs {baseline} acked messages",
-            "rss_small_mb": round(rss[baseline] / 1e6, 1), "rss_large_mb": round(rss[total] / 1e6, 1),
-            "ratio": round(ratio, 3), "target": "<= 1.5", "acked_ranges": stats["acked_ranges"]}
+            "rss_small_mb": round(baseline_rss / 1e6, 1), "rss_large_mb": round(total_rss / 1e6, 1),
+            "ratio": round(total_rss / baseline_rss, 3), "target": "<= 1.5", "acked_ranges": acked_ranges}

@@ -419,7 +419,7 @@ def bench_command(
     short: Annotated[bool, typer.Option("--short", help="small sizes, for a CI smoke run")] = False,
     out: Annotated[Path, typer.Option("--out", help="JSON file to write")] = Path("bench-results/bench.json"),
 ) -> None:
-    """Run benchmarks, print a table, write JSON."""
+    """Run benchmarks, print their tables (every figure of every row), write JSON and a chart."""
     names = names or list(bench.BENCHMARKS)
     unknown = [n for n in names if n not in bench.BENCHMARKS]
     if unknown:
@@ -433,11 +433,8 @@ def bench_command(
             rows += _run_bench(bench.BENCHMARKS[name], short, progress.console.print)
             progress.advance(task)
     bench.write_results(rows, out)
-    for name in names:
-        mine = [r for r in rows if r.get("bench", "").replace("_", "-") == name or r.get("bench") == name]
-        if mine:
-            _emit(mine, False, f"bench {name}")
-    console.print(f"wrote {out}")
+    print(bench.render_results(rows), end="")
+    console.print(f"wrote {out} and {out.with_suffix('.png')}")
 
 
 def _run_bench(fn: Callable[..., list[dict]], short: bool, printer: Callable[[str], None]) -> list[dict]:

@@ -1,4 +1,5 @@
-"""The benchmark command runs end to end (short mode) against real file:// and SeaweedFS stores."""
+"""The benchmark command runs end to end (short mode) against real file:// and SeaweedFS stores,
+and its tables show every figure of the rows it writes."""
 
 import json
 import subprocess
@@ -6,6 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.unit.test_bench_tables import missing_figures
 
 
 @pytest.mark.s3
@@ -24,5 +27,6 @@ def test_bench_ledger_short_writes_json(tmp_path: Path) -> None:
             assert row["entries_per_put"] == 1.0
         else:
             assert row["entries_per_put"] > 1.0  # 64 concurrent appenders share puts
+    assert missing_figures(rows, proc.stdout) == [], proc.stdout
     chart = out.with_suffix(".png")  # the chart is written next to the JSON
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

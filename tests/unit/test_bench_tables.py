@@ -1,0 +1,118 @@
+"""`raytxn bench` prints every figure of every row a benchmark returns.
+
+The benchmarks themselves take minutes, so the rows here come from each bench's own row builders
+fed with made-up measurements: the rows have the shape a real run returns. The ledger bench's real
+output is checked the same way by tests/integration/test_bench_smoke.py.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+
+import pytest
+from rich.console import Console
+
+from raytxn.tools import bench, bench_auth, bench_produce, bench_spark, bench_subscription
+
+
+def _ledger() -> list[dict]:
+    return [bench.ledger_row("file", 100, True, 64, [0.002, 0.003, 0.0041], 0.5, 2),
+            bench.ledger_row("s3", 10240, False, 1, [0.012, 0.013], 0.03, 2)]
+
+
+def _coordinator() -> list[dict]:
+    return [bench.coordinator_rate_row("batched", 400, 1234.56),
+            bench.coordinator_latency_row("batched", 2, [1.25, 2.5, 7.75])]
+
+
+def _spark() -> list[dict]:
+    runs = {"at-least-once": bench_spark.run_figures([1000, 1000, 500], [0.8, 1.1, 0.4], 2.5),
+            "exactly-once": bench_spark.run_figures([1000, 1000, 500], [0.9, 1.3, 0.5], 3.0)}
+    return bench_spark.spark_rows(2500, 1000, runs)
+
+
+def _auth() -> list[dict]:
+    return bench_auth.with_ratio_to_auth_off([bench_auth.auth_row(False, 20_000, 41_000.25, 30_500.5, [0.5, 0.75]),
+                                              bench_auth.auth_row(True, 20_000, 39_000.75, 29_000.5, [0.6, 0.8])])
+
+
+ROWS: dict[str, Callable[[], list[dict]]] = {
+    "ledger": _ledger,
+    "coordinator": _coordinator,
+    "produce": lambda: [bench_produce.produce_row(4, 50_000, {"plain": [90_000.4, 95_000.6],
+                                                             "txn": [80_000.2, 88_000.8]})],
+    "recovery": lambda: [bench_produce.recovery_row(1000, 812.5, 41.25)],
+    "partition-memory": lambda: [bench_produce.partition_memory_row(
+        10_000, 100_000, 150 * 2**20, {"rss_bytes": 160 * 2**20, "ongoing_txns": 0, "aborted_txns": 3})],
+    "crash-recovery": lambda: [bench_produce.crash_recovery_row("partition", [1500.25, 1700.5, 2200.75])],
+    "subscription": lambda: [
+        *bench_subscription.throughput_rows(20_000, {"plain": [30_000.25, 31_000.5], "txn": [25_000.75, 26_000.5],
+                                                     "txn-pipelined": [28_000.25, 29_500.5]}),
+        bench_subscription.recovery_row(10_000, 950.25, 1.2345),
+        bench_subscription.memory_row(10_000, 180_000_000, 100_000, 190_000_000, 1)],
+    "spark": _spark,
+    "auth": _auth,
+}
+
+
+def _tables(text: str) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(title, column names, rows of cells) of every table in rich's rendering: the header's cells
+    are split by "┃", a row's by "│"."""
+    tables: list[tuple[str, list[str], list[list[str]]]] = []
+    title = ""
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("bench "):
+            title = stripped
+        elif stripped.startswith("┃"):
+            tables.append((title, [c.strip() for c in stripped.strip("┃").split("┃")], []))
+        elif stripped.startswith("│") and tables:
+            tables[-1][2].append([c.strip() for c in stripped.strip("│").split("│")])
+    return tables
+
+
+def missing_figures(rows: list[dict], text: str) -> list[str]:
+    """The rows of which ``text`` lacks a table titled by the row's bench whose columns are the
+    row's other fields and which has a line of exactly the row's values under them."""
+    tables = _tables(text)
+    missing = []
+    for row in rows:
+        keys = [key for key in row if key != "bench"]
+        cells = [bench.cell(row[key]) for key in keys]
+        if not any(title == f"bench {row['bench']}" and columns == keys and cells in lines
+                   for title, columns, lines in tables):
+            missing.append(str(row))
+    return missing
+
+
+def test_every_bench_has_rows_here() -> None:
+    assert set(ROWS) == set(bench.BENCHMARKS)
+
+
+@pytest.mark.parametrize("name", sorted(ROWS))
+def test_the_table_shows_every_figure_of_every_row(name: str) -> None:
+    rows = ROWS[name]()
+    text = bench.render_results(rows)
+    assert missing_figures(rows, text) == [], text
+
+
+def test_all_benches_at_once_show_every_figure() -> None:
+    rows = [row for make in ROWS.values() for row in make()]
+    text = bench.render_results(rows)
+    assert missing_figures(rows, text) == [], text
+
+
+def test_a_table_taking_its_columns_from_the_first_row_is_caught() -> None:
+    """The check fails on the old rendering: the subscription rows after the throughputs had no
+    columns for their ratio, recovery and memory figures."""
+    rows = ROWS["subscription"]()
+    table = bench.result_tables(rows[:1])[0]
+    for row in rows[1:]:
+        table.add_row(*(bench.cell(row.get(key)) for key in rows[0] if key != "bench"))
+    out = io.StringIO()
+    console = Console(file=out, width=10_000, color_system=None)
+    console.print(table, width=console.measure(table).maximum)
+    throughputs, others = rows[:3], rows[3:]  # the first kind, and the ratios, recovery, memory
+    assert missing_figures(rows, out.getvalue()) == [str(row) for row in others]
+    assert missing_figures(throughputs, out.getvalue()) == []
