@@ -9,19 +9,41 @@
   rows it sent to each topic partition, in the partition's deterministic row order. A retried task
   (or a zombie attempt) re-sends the same (producer, sequence ids) and the partition's dedup drops
   the replay.
-- ``read_batch`` and ``ExactlyOncePipeline``: see ``connectors/spark_pipeline.py``.
+- ``read_batch`` and ``ExactlyOncePipeline`` (with ``BatchHandle``, ``BatchStats``,
+  ``BATCH_SCHEMA``): defined in ``raytxn.connectors.spark_pipeline``, exported here too, so one
+  import serves a Spark job: ``from raytxn.connectors import spark as sc``.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
+
+if TYPE_CHECKING:
+    from raytxn.connectors.spark_pipeline import BATCH_SCHEMA, BatchHandle, BatchStats, ExactlyOncePipeline, read_batch
+
+__all__ = ["BATCH_SCHEMA", "BatchHandle", "BatchStats", "ExactlyOncePipeline", "init_spark", "read_batch",
+           "stop_spark", "write"]
+# spark_pipeline imports this module (for ``write``), so its names load on first use (PEP 562),
+# whichever of the two modules is imported first.
+_PIPELINE_NAMES = frozenset({"BATCH_SCHEMA", "BatchHandle", "BatchStats", "ExactlyOncePipeline", "read_batch"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PIPELINE_NAMES:
+        return getattr(importlib.import_module("raytxn.connectors.spark_pipeline"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PIPELINE_NAMES})
 
 JDK17_OPENS = " ".join(
     f"--add-opens={module}=ALL-UNNAMED" for module in (

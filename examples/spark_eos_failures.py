@@ -17,7 +17,6 @@ import ray
 
 import raytxn as rt
 from raytxn.connectors import spark as sc
-from raytxn.connectors.spark_pipeline import ExactlyOncePipeline
 from raytxn.connectors.wordcount import expected_counts, sample_lines, total_counts, wordcount
 
 
@@ -33,8 +32,8 @@ def driver(address: str, pipeline_id: str, source: str, sink: str, pause: float)
 
         time.sleep(pause)
 
-    ExactlyOncePipeline(spark, client, source, "wc", sink, wordcount, pipeline_id, batch_max_messages=50,
-                        before_commit=before_commit).run(until_idle=True, progress=False)
+    sc.ExactlyOncePipeline(spark, client, source, "wc", sink, wordcount, pipeline_id, batch_max_messages=50,
+                           before_commit=before_commit).run(until_idle=True, progress=False)
     print("DONE", flush=True)
     return 0
 
@@ -70,8 +69,9 @@ def main() -> None:
                     print(f"killed Spark executor {actor['name']}")
                     break
 
-    stats = ExactlyOncePipeline(spark, client, source, "wc", sink, wordcount, pipeline_id, batch_max_messages=50,
-                                write_fault=fail_once, before_commit=kill_executor).run(max_batches=3, progress=False)
+    pipeline = sc.ExactlyOncePipeline(spark, client, source, "wc", sink, wordcount, pipeline_id, batch_max_messages=50,
+                                      write_fault=fail_once, before_commit=kill_executor)
+    stats = pipeline.run(max_batches=3, progress=False)
     print(f"phase 1: {len(stats)} batches committed despite task failures and an executor kill")
     sc.stop_spark()
 

@@ -15,7 +15,6 @@ from rich.table import Table
 
 import raytxn as rt
 from raytxn.connectors import spark as sc
-from raytxn.connectors.spark_pipeline import ExactlyOncePipeline
 from raytxn.connectors.wordcount import expected_counts, sample_lines, total_counts, wordcount
 
 
@@ -32,8 +31,8 @@ def main() -> None:
         producer.send_async(line.encode(), key=str(i))
     producer.flush()
     spark = sc.init_spark("raytxn-wordcount")
-    pipeline = ExactlyOncePipeline(spark, client, source, "wordcount", sink, wordcount, f"wordcount-{run}",
-                                   batch_max_messages=100)
+    pipeline = sc.ExactlyOncePipeline(spark, client, source, "wordcount", sink, wordcount, f"wordcount-{run}",
+                                      batch_max_messages=100)
     for s in pipeline.run(until_idle=True):
         console.print(f"batch {s.batch}: {s.rows_in} lines in, {s.rows_out} counts out, "
                       f"{s.batch_s:.2f}s (commit {s.commit_s * 1000:.0f} ms) {s.txn}")

@@ -21,7 +21,6 @@ def _passthrough(df):
 
 def bench_spark_pipeline(short: bool = False, progress: Callable[[str], None] = print) -> list[dict]:
     from raytxn.connectors import spark as sc
-    from raytxn.connectors.spark_pipeline import ExactlyOncePipeline
 
     if ray.is_initialized():
         stop_engine()
@@ -40,8 +39,8 @@ def bench_spark_pipeline(short: bool = False, progress: Callable[[str], None] = 
             for i in range(batch if mode == "warm-up" else rows_total):
                 producer.send_async(f"row-{i}".encode(), key=str(i))
             producer.flush()
-            pipeline = ExactlyOncePipeline(spark, client, source, "bench", sink, _passthrough, f"bench-{run}",
-                                           batch_max_messages=batch, exactly_once=mode == "exactly-once")
+            pipeline = sc.ExactlyOncePipeline(spark, client, source, "bench", sink, _passthrough, f"bench-{run}",
+                                              batch_max_messages=batch, exactly_once=mode == "exactly-once")
             start = time.perf_counter()
             stats = pipeline.run(until_idle=True, progress=False)
             elapsed = time.perf_counter() - start

@@ -14,7 +14,6 @@ import ray
 
 import raytxn as rt
 from raytxn.connectors import spark as sc
-from raytxn.connectors.spark_pipeline import ExactlyOncePipeline
 from raytxn.connectors.wordcount import wordcount
 from raytxn.errors import Fenced
 
@@ -38,8 +37,8 @@ def main() -> int:
         print(f"COMMITTING {batch}", flush=True)
         time.sleep(args.pause)
 
-    pipeline = ExactlyOncePipeline(spark, client, args.source, "wc", args.sink, wordcount, args.pipeline,
-                                   batch_max_messages=40, before_commit=before_commit)
+    pipeline = sc.ExactlyOncePipeline(spark, client, args.source, "wc", args.sink, wordcount, args.pipeline,
+                                      batch_max_messages=40, before_commit=before_commit)
     try:
         pipeline.run(until_idle=True, progress=False)
     except Fenced as e:

@@ -19,7 +19,7 @@ import pytest
 import ray
 
 import raytxn as rt
-from raytxn.connectors.spark_pipeline import ExactlyOncePipeline, read_batch
+from raytxn.connectors.spark import ExactlyOncePipeline, read_batch
 from raytxn.connectors.wordcount import expected_counts, sample_lines, total_counts, wordcount
 from raytxn.ids import coordinator_actor_name
 from tests.engine import engine_client

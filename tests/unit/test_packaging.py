@@ -81,6 +81,30 @@ def test_public_names_resolve_lazily_from_the_top() -> None:
     assert "no attribute 'no_such_name'" in proc.stdout
 
 
+@pytest.mark.parametrize("first", ["raytxn.connectors.spark", "raytxn.connectors.spark_pipeline"])
+def test_spark_connector_is_one_import_whichever_module_loads_first(first: str) -> None:
+    """``raytxn.connectors.spark`` serves a Spark job alone; spark_pipeline imports spark, so the
+    pipeline's names load on first use, and must do so whichever module a program imports first."""
+    proc = _run(f"""
+        import {first}
+        from raytxn.connectors.spark import (BATCH_SCHEMA, BatchHandle, BatchStats, ExactlyOncePipeline,
+                                             init_spark, read_batch, stop_spark, write)
+        from raytxn.connectors import spark, spark_pipeline
+        assert ExactlyOncePipeline is spark_pipeline.ExactlyOncePipeline and read_batch is spark_pipeline.read_batch
+        assert BatchStats is spark_pipeline.BatchStats and BatchHandle is spark_pipeline.BatchHandle
+        assert BATCH_SCHEMA is spark_pipeline.BATCH_SCHEMA and write is spark_pipeline.write
+        namespace = {{}}
+        exec("from raytxn.connectors.spark import *", namespace)
+        assert set(spark.__all__) <= set(namespace) and set(spark.__all__) <= set(dir(spark))
+        try:
+            spark.no_such_name
+        except AttributeError as e:
+            print(e)
+    """)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "has no attribute 'no_such_name'" in proc.stdout
+
+
 def test_editable_install_finds_a_new_module_and_the_three_folders() -> None:
     name = f"_probe_{uuid.uuid4().hex[:8]}"
     probe = ROOT / "actors" / f"{name}.py"
