@@ -5,6 +5,10 @@ puts 10 orders on `orders`, and moves each one to `invoices` in a transaction th
 the invoice and acknowledges the order. One transaction is aborted on purpose (its order comes
 back and is processed again) and one commit crashes the coordinator half way; it recovers from its
 log and finishes the commit. At the end every order has exactly one invoice.
+
+The demo deletes the topics it created when it ends, also when it fails midway, so that the next
+run starts the same actors; the coordinators' logs stay in the storage. A run that was killed
+leaves its topics behind: stop everything and `rm -rf .raytxn-data` to start from nothing.
 """
 
 from __future__ import annotations
@@ -15,17 +19,41 @@ import uuid
 import raytxn as rt
 from raytxn.ids import coordinator_actor_name
 
+RESET_HINT = "`rm -rf .raytxn-data` resets the demo's storage"
+
 
 def main() -> None:
     t0 = time.perf_counter()
     client = rt.connect()
     print(f"connected in {time.perf_counter() - t0:.1f}s: storage {client.config.storage_url}, "
           f"{client.config.coordinator.num_coordinators} coordinators")
+    earlier = [topic["name"] for topic in client.list_topics()]
+    if earlier:
+        print(f"note: the storage holds {len(earlier)} topics of earlier runs; their actors start too "
+              f"({RESET_HINT})")
     run = uuid.uuid4().hex[:6]
     orders, invoices = f"orders-{run}", f"invoices-{run}"
-    client.create_topic(orders, partitions=2)
-    client.create_topic(invoices, partitions=2)
+    created: list[str] = []
+    try:
+        for topic in (orders, invoices):
+            client.create_topic(topic, partitions=2)
+            created.append(topic)
+        transfer(client, orders, invoices)
+        health = client.health()
+        print(f"health: {sum(r['state'] == 'ALIVE' for r in health['actors'])}/{len(health['actors'])} actors "
+              f"alive, restarts {sum(r['restarts'] for r in health['actors'])}")
+    finally:
+        for topic in created:  # their actors and data: the next run starts the same actors again
+            client.delete_topic(topic)
+        if created:
+            print(f"deleted the demo's topics {' and '.join(created)} ({RESET_HINT})")
+        client.close()
+        rt.shutdown()
+    print(f"ok ({time.perf_counter() - t0:.1f}s)")
 
+
+def transfer(client: rt.Client, orders: str, invoices: str) -> None:
+    """Move every order to an invoice, exactly once, with an abort and a coordinator crash on the way."""
     producer = client.create_producer(orders)
     for i in range(10):
         producer.send(f"order-{i}".encode(), key=f"customer-{i % 3}")
@@ -71,12 +99,6 @@ def main() -> None:
     expected = sorted(f"invoice for order-{i}" for i in range(10))
     print(f"{invoices} holds {len(seen)} invoices; exactly once per order: {sorted(seen) == expected}")
     assert sorted(seen) == expected, seen
-    health = client.health()
-    print(f"health: {sum(r['state'] == 'ALIVE' for r in health['actors'])}/{len(health['actors'])} actors alive, "
-          f"restarts {sum(r['restarts'] for r in health['actors'])}")
-    client.close()
-    rt.shutdown()
-    print(f"ok ({time.perf_counter() - t0:.1f}s)")
 
 
 if __name__ == "__main__":
