@@ -7,6 +7,7 @@ pyproject.toml (checked with import-linter over the package laid out as the whee
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -123,6 +124,26 @@ def test_editable_install_finds_a_new_module_and_the_three_folders() -> None:
     value, top, actors, connectors = proc.stdout.split()
     assert value == "42"
     assert (top, actors, connectors) == (str(ROOT / "runtime"), str(ROOT / "actors"), str(ROOT / "connectors"))
+
+
+PYTHON_WARNING = re.compile(r"\b\w*Warning: ")  # how Python prints a warning: "<Category>Warning: <message>"
+
+
+def _editable_metadata_build(root: Path) -> subprocess.CompletedProcess[str]:
+    """What `make env` runs (``pip install -e``), up to the project's metadata: pip's isolated
+    build environment with the setuptools that pyproject.toml asks for, its output shown (-v)."""
+    return subprocess.run([sys.executable, "-m", "pip", "install", "-v", "--dry-run", "--no-deps", "--ignore-installed",
+                           "-e", str(root)], capture_output=True, text=True, timeout=300)
+
+
+def test_building_the_metadata_warns_of_nothing() -> None:
+    """A fresh `make demo` shows no warning of the build backend (e.g. setuptools deprecating a
+    license table, or license classifiers beside an SPDX license)."""
+    proc = _editable_metadata_build(ROOT)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-3000:]
+    assert "Preparing editable metadata" in output and "Would install raytxn-" in output, output[-3000:]
+    assert not PYTHON_WARNING.findall(output), output[-5000:]
 
 
 @pytest.mark.slow
