@@ -6,9 +6,23 @@ apply: the record is appended to the log, and the state machine applies it in th
 ``on_durable`` callback, in log order, before anyone is answered.
 
 end_txn: log COMMITTING/ABORTING, send the end (with the low watermark) to every participant in
-parallel, retrying each with backoff until it succeeds (a participant that is restarting must not
-leave the txn half-ended), log COMMITTED/ABORTED. Recovery replays the log and re-drives every
-COMMITTING/ABORTING txn, so a crash at any step ends with the same outcome.
+parallel, log COMMITTED/ABORTED. Recovery replays the log and re-drives every COMMITTING/ABORTING
+txn, so a crash at any step ends with the same outcome. Participants are called through
+``ActorRef`` (``participants.py``), and their failures sorted by its one classification:
+
+* retriable (the actor restarting, or not found while it is re-created): retried with the shared
+  backoff until it takes, however long (a restarting participant must not leave the txn half
+  ended);
+* no actor, and its topic or subscription is deleted: that participant counts as done (its data is
+  gone, nothing is left to end; waiting would pin this coordinator's low watermark forever);
+* anything else (the participant refuses the end: a broken invariant, or storage it cannot
+  recover from): not retried, since a retry meets the same refusal. It is logged and counted
+  (metric ``raytxn_txn_end_failures`` by error kind, ``end_failures`` in stats), and this drive
+  stops: the txn stays COMMITTING/ABORTING (its outcome is logged and never reversed; the other
+  participants get their end), listed under ``stalled_ends`` in stats, and it pins the low
+  watermark. It is driven again when this coordinator restarts (recovery re-drives every such
+  txn) or on an explicit call: the next ``end_txn`` of the same action (its owner or a
+  superuser), which meanwhile get ``ParticipantEndFailed``.
 
 The log is compacted: after ``compact_after_entries`` entries the live state is appended as one
 entry ending with a Checkpoint record, and everything before it is trimmed. Replay starts at the
@@ -18,24 +32,24 @@ last such entry.
 from __future__ import annotations
 
 import asyncio
-import os
-import time
+import logging
 from collections.abc import Iterable
 from typing import Any
 
 import ray
 
-from raytxn.actors.participants import Participant, partition_participant, subscription_participant
-from raytxn.auth import Access, AuthConfig, Authorizer, AuthTarget, guarded
+from raytxn.actors.participants import end_on_participant, participant_name
+from raytxn.actors.shell import ActorRefs, ActorShell, Clock, replay
+from raytxn.auth import Access, AuthConfig, Authorizer, guarded
 from raytxn.client.rpc import ActorRef
 from raytxn.config import CoordinatorConfig
-from raytxn.errors import ActorUnavailable, NotAllowed, RaytxnError, TopicNotFound
+from raytxn.errors import MessageTooLarge, NotAllowed, ParticipantEndFailed, TopicNotFound
 from raytxn.faults import FaultPoints, FaultTarget
 from raytxn.hashing import coordinator_for
-from raytxn.ids import EARLIEST, SUPERVISOR_NAME, Position, TxnID
+from raytxn.ids import SUPERVISOR_NAME, Position, TxnID, coordinator_actor_name
 from raytxn.ledger import Entry, ManagedLedger
 from raytxn.ledger.storage import Storage
-from raytxn.metrics import CoordinatorMetrics, recovered
+from raytxn.metrics import CoordinatorMetrics
 from raytxn.protocol.coordinator_state import CoordinatorState, EndAction, TxnState
 from raytxn.protocol.txnlog import Checkpoint, Record, decode_record, encode_record
 
@@ -48,32 +62,33 @@ FAULT_POINTS = (
     "coordinator.after_log_complete",
 )
 
+MAX_STALLED_SHOWN = 100  # stalled ends listed in stats
 
-def now_ms() -> int:
-    return int(time.time() * 1000)
+log = logging.getLogger(__name__)
 
 
 def log_stream(tc_id: int) -> str:
     return f"coordinator/{tc_id}/log"
 
 
-class TransactionCoordinator(FaultTarget, AuthTarget):
+class TransactionCoordinator(ActorShell, FaultTarget):
     """See the module docstring. Create with ``CoordinatorActor.options(name=...)``."""
+
+    actor_kind = "coordinator"
 
     def __init__(self, tc_id: int, storage_url: str | None = None,
                  storage_options: dict[str, Any] | None = None, config: CoordinatorConfig | None = None,
-                 participant_resolver: Any = None, auth: AuthConfig | None = None) -> None:
+                 auth: AuthConfig | None = None, *, clock: Clock | None = None,
+                 actor_refs: ActorRefs | None = None) -> None:
+        super().__init__(coordinator_actor_name(tc_id), clock, actor_refs)
         self.tc_id = tc_id
         self.authorizer = Authorizer(auth)
         self.config = config or CoordinatorConfig()
         self.storage = Storage.from_url(storage_url, **(storage_options or {}))
-        self.state = CoordinatorState(tc_id, max_timeout_ms=self.config.max_timeout_ms,
-                                      max_recent_outcomes=self.config.max_recent_outcomes)
+        self.state = self._new_state()
         self.faults = FaultPoints()
-        self._resolver = participant_resolver
-        self._participants: dict[tuple[str, tuple], Participant] = {}
+        self._participants: dict[tuple[str, tuple], ActorRef] = {}
         self._ledger: ManagedLedger | None = None
-        self._start_task: asyncio.Task | None = None
         self._timer_task: asyncio.Task | None = None
         self._locks: dict[object, asyncio.Lock] = {}
         self._drivers: dict[TxnID, asyncio.Task] = {}
@@ -83,35 +98,36 @@ class TransactionCoordinator(FaultTarget, AuthTarget):
         self._writes_open.set()
         self._entries_since_compaction = 0
         self._compaction: asyncio.Task | None = None
-        self._failure: BaseException | None = None
-        self.info: dict[str, Any] = {"tc_id": tc_id, "end_retries": 0, "compactions": 0}
+        self._stalled: dict[TxnID, str] = {}  # txns whose last drive a participant refused: why
+        self.info: dict[str, Any] = {"tc_id": tc_id, "end_retries": 0, "compactions": 0, "end_failures": {}}
         self.metrics = CoordinatorMetrics(tc_id)
 
     # --- start and recovery ----------------------------------------------------------------
 
-    async def _started(self) -> None:
-        if self._failure is not None:
-            raise self._failure
-        if self._start_task is None:
-            self._start_task = asyncio.get_running_loop().create_task(self._recover())
-        await asyncio.shield(self._start_task)
+    def _new_state(self) -> CoordinatorState:
+        return CoordinatorState(self.tc_id, max_timeout_ms=self.config.max_timeout_ms,
+                                max_recent_outcomes=self.config.max_recent_outcomes)
 
-    async def _recover(self) -> None:
-        t0 = time.perf_counter()
+    async def _start(self) -> None:
         self._ledger = await ManagedLedger.open(self.storage, log_stream(self.tc_id), self.config.log_config())
         self._ledger.faults = self.faults
-        entries = await _read_everything(self._ledger)
-        start = 0
-        for index, entry in enumerate(entries):  # replay from the newest compaction
-            if entry.records and isinstance(decode_record(entry.records[-1]), Checkpoint):
-                start = index
-        for entry in entries[start:]:
-            for raw in entry.records:
-                self.state.apply(decode_record(raw, f"{log_stream(self.tc_id)}@{entry.position}"))
-        self._entries_since_compaction = len(entries) - start
-        self.info.update(incarnation=self._ledger.incarnation, replayed_entries=len(entries) - start,
-                         recovery_ms=round((time.perf_counter() - t0) * 1000, 3), started_ms=now_ms())
-        recovered("coordinator", self.info["recovery_ms"])
+        self.state = self._new_state()
+        self._entries_since_compaction = 0
+
+        def apply(entry: Entry) -> None:
+            where = f"{log_stream(self.tc_id)}@{entry.position}"
+            records = [decode_record(raw, where) for raw in entry.records]
+            if records and isinstance(records[-1], Checkpoint):
+                # The whole live state as of here (older entries may outlive a crash before the
+                # trim): the replay starts over from it.
+                self.state = self._new_state()
+                self._entries_since_compaction = 0
+            for record in records:
+                self.state.apply(record)
+            self._entries_since_compaction += 1
+
+        await replay(self._ledger, apply)
+        self.info.update(incarnation=self._ledger.incarnation, replayed_entries=self._entries_since_compaction)
         for state in (TxnState.COMMITTING, TxnState.ABORTING):
             for meta in self.state.txns_in(state):
                 self._drive(meta.txn)
@@ -137,22 +153,20 @@ class TransactionCoordinator(FaultTarget, AuthTarget):
         """Append ``records`` as one entry; they are applied in log order once durable.
 
         Callers prepare and call this with no await in between, so the log order is the order
-        of preparation."""
+        of preparation. A failed write stops this incarnation (see the actor shell)."""
         assert self._ledger is not None
+        state = self.state
         self._unapplied += 1
 
         def apply(_position: Position) -> None:
             self._unapplied -= 1
             for record in records:
-                self.state.apply(record)
+                state.apply(record)
 
         try:
-            position = await self._ledger.append([encode_record(r) for r in records], on_durable=apply)
-        except RaytxnError as e:
-            if not e.retriable:  # fenced, or state and log diverged: this incarnation must stop
-                self._failure = ActorUnavailable(f"coordinator {self.tc_id}: this incarnation stopped ({e})")
-                asyncio.get_running_loop().call_later(0.05, os._exit, 3)  # Ray starts a fresh one
-                raise self._failure from e
+            position = await self._write(self._ledger.append([encode_record(r) for r in records], on_durable=apply))
+        except MessageTooLarge:
+            self._unapplied -= 1  # refused before it was queued: it will never be applied
             raise
         self._entries_since_compaction += 1
         self._maybe_compact()
@@ -179,7 +193,7 @@ class TransactionCoordinator(FaultTarget, AuthTarget):
         key = ("tid", transactional_id) if transactional_id is not None else None
         async with self._lock(key) if key else _nullcontext():
             await self._writable()
-            record = self.state.prepare_new_txn(now_ms(), timeout_ms, owner, transactional_id, epoch)
+            record = self.state.prepare_new_txn(self.clock.now_ms(), timeout_ms, owner, transactional_id, epoch)
             await self._log([record])
         self.metrics.txn_begun()
         await self.faults.hit("coordinator.after_log_new", txn=record.txn)
@@ -193,14 +207,14 @@ class TransactionCoordinator(FaultTarget, AuthTarget):
         async with self._lock(("tid", transactional_id)):
             await self._writable()
             self._check_tid_principal(transactional_id, caller)
-            records = self.state.prepare_register_transactional_id(transactional_id, now_ms(), caller)
+            records = self.state.prepare_register_transactional_id(transactional_id, self.clock.now_ms(), caller)
             fenced_txns = [r.txn for r in records[:-1]]
             locks = [self._lock(txn) for txn in fenced_txns]
             for lock in locks:
                 await lock.acquire()
             try:
                 await self._writable()
-                records = self.state.prepare_register_transactional_id(transactional_id, now_ms(), caller)
+                records = self.state.prepare_register_transactional_id(transactional_id, self.clock.now_ms(), caller)
                 await self._log(records)
             finally:
                 for lock in locks:
@@ -215,7 +229,7 @@ class TransactionCoordinator(FaultTarget, AuthTarget):
         async with self._lock(txn):
             await self._writable()
             owner = self._acting_owner(txn, owner, caller)
-            record = self.state.prepare_add_partitions(txn, partitions, owner, now_ms(), epoch)
+            record = self.state.prepare_add_partitions(txn, partitions, owner, self.clock.now_ms(), epoch)
             if record is not None:
                 await self._log([record])
 
@@ -225,7 +239,7 @@ class TransactionCoordinator(FaultTarget, AuthTarget):
         async with self._lock(txn):
             await self._writable()
             owner = self._acting_owner(txn, owner, caller)
-            record = self.state.prepare_add_subscriptions(txn, subscriptions, owner, now_ms(), epoch)
+            record = self.state.prepare_add_subscriptions(txn, subscriptions, owner, self.clock.now_ms(), epoch)
             if record is not None:
                 await self._log([record])
 
@@ -238,11 +252,11 @@ class TransactionCoordinator(FaultTarget, AuthTarget):
 
     async def _end_txn(self, txn: TxnID, action: EndAction, owner: str, epoch: int | None,
                        caller: str | None) -> str:
-        requested = time.perf_counter()
+        requested = self.clock.monotonic()
         async with self._lock(txn):
             await self._writable()
             owner = self._acting_owner(txn, owner, caller)
-            result = self.state.prepare_end(txn, action, owner, now_ms(), epoch)
+            result = self.state.prepare_end(txn, action, owner, self.clock.now_ms(), epoch)
             if result.record is not None:
                 await self._log([result.record])
             elif result.finished:
@@ -252,7 +266,7 @@ class TransactionCoordinator(FaultTarget, AuthTarget):
         assert outcome is not None, f"{txn} driven to its end without an outcome"
         # Only the request that started the commit is timed: a retried end_txn would count it twice.
         if result.record is not None and result.record.new_state is TxnState.COMMITTING:
-            self.metrics.commit_latency((time.perf_counter() - requested) * 1000)
+            self.metrics.commit_latency((self.clock.monotonic() - requested) * 1000)
         return str(TxnState.COMMITTED if outcome == "COMMITTED" else TxnState.ABORTED)
 
     def _acting_owner(self, txn: TxnID, owner: str, principal: str | None) -> str:
@@ -274,8 +288,13 @@ class TransactionCoordinator(FaultTarget, AuthTarget):
         if task is None:
             task = asyncio.get_running_loop().create_task(self._run_end(txn))
             self._drivers[txn] = task
-            task.add_done_callback(lambda _t: self._drivers.pop(txn, None))
+            task.add_done_callback(lambda done: self._driven(txn, done))
         return task
+
+    def _driven(self, txn: TxnID, task: asyncio.Task) -> None:
+        self._drivers.pop(txn, None)
+        if not task.cancelled():
+            task.exception()  # a stalled end is logged and kept in _stalled; nobody may be waiting
 
     async def _run_end(self, txn: TxnID) -> None:
         meta = self.state.get(txn)
@@ -290,58 +309,66 @@ class TransactionCoordinator(FaultTarget, AuthTarget):
             *(("partition", p) for p in meta.partitions),
             *(("subscription", s) for s in meta.subscriptions),
         ]
-        await asyncio.gather(*(self._send_end(kind, ident, txn, action) for kind, ident in participants))
+        # Every participant that takes the end gets it, also when another refuses it.
+        sent = await asyncio.gather(*(self._send_end(kind, ident, txn, action) for kind, ident in participants),
+                                    return_exceptions=True)
+        refused = [result for result in sent if isinstance(result, BaseException)]
+        if refused:
+            raise refused[0]
+        self._stalled.pop(txn, None)
         await self.faults.hit("coordinator.after_send_end", txn=txn)
         async with self._lock(txn):
             await self.faults.hit("coordinator.before_log_complete", txn=txn)
             await self._writable()
-            record = self.state.prepare_complete(txn, now_ms())
+            record = self.state.prepare_complete(txn, self.clock.now_ms())
             if record is not None:
                 await self._log([record])
                 self.metrics.txn_ended(committed=committing)
         self._locks.pop(txn, None)
         await self.faults.hit("coordinator.after_log_complete", txn=txn)
 
-    def _participant(self, kind: str, ident: tuple) -> Participant:
-        if self._resolver is not None:
-            return self._resolver(kind, ident)
+    def _participant(self, kind: str, ident: tuple) -> ActorRef:
         # Kept: a fresh one would look its actor up again (ray.get_actor, a blocking call to the
         # GCS, on this loop) for every end of every txn. It looks up again after a failure.
-        participant = self._participants.get((kind, ident))
-        if participant is None:
-            make = partition_participant if kind == "partition" else subscription_participant
-            participant = self._participants[(kind, ident)] = make(*ident, token=self.authorizer.engine_token())
-        return participant
+        ref = self._participants.get((kind, ident))
+        if ref is None:
+            ref = self._participants[(kind, ident)] = self._actor_ref(participant_name(kind, ident))
+        return ref
 
     async def _send_end(self, kind: str, ident: tuple, txn: TxnID, action: EndAction) -> None:
-        participant = self._participant(kind, ident)
-        delay, max_delay = self.config.end_retry_backoff_s
-        while True:
-            try:
-                # The watermark is read per attempt: a retry may tell the participant more.
-                await participant.end_txn(txn, action, self.state.low_watermark)
-                return
-            except ValueError:  # no actor of that name: restarting, being re-created, or deleted
-                if await self._participant_deleted(kind, ident):
-                    # Its topic or subscription was deleted with its data: nothing is left to
-                    # end, and waiting forever would pin this coordinator's low watermark.
-                    self.info["ends_to_deleted"] = self.info.get("ends_to_deleted", 0) + 1
-                    self._participants.pop((kind, ident), None)
-                    return
-            except Exception:  # noqa: BLE001 - dead or restarting: retry until it takes
-                pass
+        """End ``txn`` on one participant by the rules of the module docstring; raises
+        ``ParticipantEndFailed`` when it refuses."""
+
+        def retrying() -> None:
             self.info["end_retries"] += 1
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, max_delay)
+
+        try:
+            delivered = await end_on_participant(
+                self._participant(kind, ident), txn, action, lambda: self.state.low_watermark,
+                lambda: self._participant_deleted(kind, ident), retrying, self.config.end_retry_backoff_s)
+        except Exception as error:  # only a non-retriable error gets here: end_on_participant retries the others
+            self._end_refused(txn, kind, ident, action, error)
+            raise ParticipantEndFailed(f"{kind} {ident} refused {action} of {txn}: {error!r}; the txn stays "
+                                       f"{_ending(action)} until driven again") from error
+        if not delivered:
+            self.info["ends_to_deleted"] = self.info.get("ends_to_deleted", 0) + 1
+            self._participants.pop((kind, ident), None)
+
+    def _end_refused(self, txn: TxnID, kind: str, ident: tuple, action: EndAction, error: BaseException) -> None:
+        error_kind = type(error).__name__
+        self.metrics.end_failed(error_kind)
+        failures = self.info["end_failures"]
+        failures[error_kind] = failures.get(error_kind, 0) + 1
+        self._stalled[txn] = f"{kind} {ident}: {error!r}"
+        log.warning("coordinator %s: %s %s refused %s of %s (%r); the txn stays %s until this coordinator "
+                    "restarts or end_txn is called again", self.tc_id, kind, ident, action, txn, error,
+                    _ending(action))
 
     async def _participant_deleted(self, kind: str, ident: tuple) -> bool:
         """Whether the catalog no longer has the participant's topic (or subscription). False
-        whenever that cannot be told (no supervisor, a test's resolver): the caller retries."""
-        if self._resolver is not None or kind not in ("partition", "subscription"):
-            return False
+        whenever that cannot be told (no supervisor): the caller retries."""
         try:
-            info = await ActorRef(SUPERVISOR_NAME, self.authorizer.engine_token()).call_async(
-                "get_topic", ident[0], deadline_s=5.0)
+            info = await self._actor_ref(SUPERVISOR_NAME).call_async("get_topic", ident[0], deadline_s=5.0)
         except TopicNotFound:
             return True
         except Exception:  # noqa: BLE001 - the supervisor is away: decide on a later attempt
@@ -352,7 +379,7 @@ class TransactionCoordinator(FaultTarget, AuthTarget):
 
     async def _timer(self) -> None:
         while True:
-            now = now_ms()
+            now = self.clock.now_ms()
             for txn in self.state.expired(now):
                 if txn not in self._timing_out:
                     self._timing_out.add(txn)
@@ -367,7 +394,7 @@ class TransactionCoordinator(FaultTarget, AuthTarget):
         try:
             async with self._lock(txn):
                 await self._writable()
-                record = self.state.prepare_timeout(txn, now_ms())
+                record = self.state.prepare_timeout(txn, self.clock.now_ms())
                 if record is None:
                     return
                 await self._log([record])
@@ -401,10 +428,10 @@ class TransactionCoordinator(FaultTarget, AuthTarget):
             # Nothing in flight, and no await until the entry is queued: it captures exactly
             # the state every earlier entry produced.
             records = self.state.compacted_records()
-            position = await self._ledger.append([encode_record(r) for r in records])
+            position = await self._write(self._ledger.append([encode_record(r) for r in records]))
             self._writes_open.set()
             self._entries_since_compaction = 1
-            await self._ledger.trim(position)
+            await self._write(self._ledger.trim(position))
             self.info["compactions"] += 1
         finally:
             self._writes_open.set()
@@ -436,7 +463,7 @@ class TransactionCoordinator(FaultTarget, AuthTarget):
     async def list_txns(self, limit: int = 100) -> list[dict[str, Any]]:
         """Live transactions, the oldest first (for operators)."""
         await self._started()
-        now = now_ms()
+        now = self.clock.now_ms()
         rows = sorted(self.state.live_txns(), key=lambda m: m.start_ms)[:limit]
         return [{"txn": str(m.txn), "tc_id": m.txn.tc_id, "sequence": m.txn.sequence, "state": str(m.state),
                  "owner": m.owner, "age_ms": now - m.start_ms, "deadline_in_ms": m.deadline_ms - now,
@@ -455,12 +482,13 @@ class TransactionCoordinator(FaultTarget, AuthTarget):
     async def stats(self) -> dict[str, Any]:
         await self._started()
         assert self._ledger is not None
-        stats = self.state.stats(now_ms())
+        stats = self.state.stats(self.clock.now_ms())
         stats.update(self.info)
         stats["log"] = {"ledgers": len(self._ledger.ledgers), "last_position": str(self._ledger.last_position),
                         "trimmed_below": str(self._ledger.trimmed_below),
                         "entries_since_compaction": self._entries_since_compaction}
         stats["ending"] = len(self._drivers)
+        stats["stalled_ends"] = {str(txn): why for txn, why in list(self._stalled.items())[:MAX_STALLED_SHOWN]}
         return stats
 
 
@@ -473,16 +501,8 @@ class _nullcontext:
         return None
 
 
-async def _read_everything(ledger: ManagedLedger) -> list[Entry]:
-    entries: list[Entry] = []
-    position = max(ledger.trimmed_below, Position(0, 0)) if ledger.trimmed_below != EARLIEST else Position(0, 0)
-    while True:
-        batch = await ledger.read(position, max_entries=5000)
-        if not batch:
-            return entries
-        entries.extend(batch)
-        last = batch[-1].position
-        position = Position(last.ledger_id, last.entry_id + 1)
+def _ending(action: EndAction) -> str:
+    return str(TxnState.COMMITTING if action is EndAction.COMMIT else TxnState.ABORTING)
 
 
 # The Ray actor: restarted by Ray forever; calls are not retried by Ray (clients retry, every

@@ -1,53 +1,46 @@
-"""How a coordinator reaches the participants of a transaction.
+"""How a coordinator ends a transaction on its participants.
 
-A participant is a partition (its transaction buffer) or a subscription (its pending-ack handle).
-The coordinator only needs one call of each: ``end_txn(txn, action, low_watermark)``, which must
-be idempotent (it is retried until it succeeds). Both actor kinds expose exactly that method, so
-the resolver below finds them by their Ray actor name; tests register their own participant
-actors under the same names.
+A participant is a partition (its transaction buffer) or a subscription (its pending-ack handle),
+reached by its actor name through ``ActorRef``, so its failures are sorted by the one
+classification in ``raytxn.client.rpc``. Both kinds take the one call ``end_txn(txn, action,
+low_watermark)``, idempotent, so it may be sent again whenever an attempt's outcome is unknown.
+Tests register stand-in participant actors under the same names.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Awaitable, Callable
 
-import ray
-
-from raytxn.ids import NAMESPACE, TxnID, partition_actor_name, subscription_actor_name
+from raytxn.client.rpc import ActorRef, retry_async
+from raytxn.errors import ActorNotFound
+from raytxn.ids import TxnID, partition_actor_name, subscription_actor_name
 from raytxn.protocol.txnlog import EndAction
 
 
-class Participant(Protocol):
-    async def end_txn(self, txn: TxnID, action: EndAction, low_watermark: int) -> None: ...
+def participant_name(kind: str, ident: tuple) -> str:
+    """The actor name of a ``("partition", (topic, p))`` or ``("subscription", (topic, p, name))``."""
+    return partition_actor_name(*ident) if kind == "partition" else subscription_actor_name(*ident)
 
 
-class RayActorParticipant:
-    """A participant reached through its named actor; the handle is looked up again after a
-    failure (the actor may have been replaced)."""
+async def end_on_participant(participant: ActorRef, txn: TxnID, action: EndAction, low_watermark: Callable[[], int],
+                             deleted: Callable[[], Awaitable[bool]], on_retry: Callable[[], None],
+                             delays_s: tuple[float, float]) -> bool:
+    """Send the end until the participant has it: True, or False when it was deleted.
 
-    def __init__(self, actor_name: str, token: str | None = None) -> None:
-        self.actor_name = actor_name
-        self.token = token  # the engine's own token when auth is on
-        self._handle: ray.actor.ActorHandle | None = None
+    Retriable failures (the actor restarting, or not there because it is being re-created) are
+    retried with the shared backoff (``delays_s``) for as long as they last. When no actor of that
+    name exists, ``deleted()`` asks whether its topic or subscription is gone: then nothing is left
+    to end. Any other error is final and raised as it is (Ray's wrapper removed)."""
 
-    async def end_txn(self, txn: TxnID, action: EndAction, low_watermark: int) -> None:
+    async def attempt() -> bool:
         try:
-            if self._handle is None:
-                # ValueError while the actor does not exist (yet): the caller retries.
-                self._handle = ray.get_actor(self.actor_name, namespace=NAMESPACE)
-            auth = {} if self.token is None else {"auth": self.token}
-            await self._handle.end_txn.remote(txn, action, low_watermark, **auth)
-        except BaseException:
-            self._handle = None
+            # The watermark is read per attempt: a retry may tell the participant more.
+            await participant.attempt_async("end_txn", txn, action, low_watermark())
+        except ActorNotFound:
+            if await deleted():
+                return False
             raise
+        return True
 
-    def __repr__(self) -> str:
-        return self.actor_name
-
-
-def partition_participant(topic: str, partition: int, token: str | None = None) -> Participant:
-    return RayActorParticipant(partition_actor_name(topic, partition), token)
-
-
-def subscription_participant(topic: str, partition: int, subscription: str, token: str | None = None) -> Participant:
-    return RayActorParticipant(subscription_actor_name(topic, partition, subscription), token)
+    return await retry_async(attempt, None, on_retry=on_retry, what=f"{participant.name}.end_txn",
+                             delays_s=delays_s)

@@ -17,8 +17,6 @@ dangling txns at or below the known low watermarks.
 from __future__ import annotations
 
 import asyncio
-import os
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,16 +24,17 @@ import msgspec
 import psutil
 import ray
 
+from raytxn.actors.shell import ActorRefs, ActorShell, Clock, replay
 from raytxn.actors.topic_permissions import TopicPermissions
 from raytxn.auth import Access, AuthConfig, Authorizer, guarded
 from raytxn.config import PartitionConfig
-from raytxn.errors import ActorUnavailable, Fenced, InvalidArgument, MessageTooLarge, RaytxnError
+from raytxn.errors import CorruptLedger, InvalidArgument, MessageTooLarge
 from raytxn.faults import FaultPoints, FaultTarget
-from raytxn.ids import EARLIEST, Position, TxnID
-from raytxn.ledger import ManagedLedger
+from raytxn.ids import EARLIEST, Position, TxnID, partition_actor_name
+from raytxn.ledger import Entry, ManagedLedger
 from raytxn.ledger.snapshots import join_segments, newest_complete, obsolete_segments, split_snapshot
 from raytxn.ledger.storage import ObjectExists, Storage
-from raytxn.metrics import PartitionMetrics, recovered
+from raytxn.metrics import PartitionMetrics
 from raytxn.protocol.entry_format import (
     EntryHeader,
     decode_header,
@@ -66,18 +65,18 @@ def partition_stream(topic: str, partition: int) -> str:
     return f"topics/{topic}/{partition}"
 
 
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
 _snapshot_decoder = msgspec.msgpack.Decoder(TxnBufferSnapshot)
 _encoder = msgspec.msgpack.Encoder()
 
 
-class PartitionBuffer(FaultTarget, TopicPermissions):
+class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
+    actor_kind = "partition"
+
     def __init__(self, topic: str, partition: int, storage_url: str | None = None,
                  storage_options: dict[str, Any] | None = None, config: PartitionConfig | None = None,
-                 auth: AuthConfig | None = None) -> None:
+                 auth: AuthConfig | None = None, *, clock: Clock | None = None,
+                 actor_refs: ActorRefs | None = None) -> None:
+        super().__init__(partition_actor_name(topic, partition), clock, actor_refs)
         self.authorizer = Authorizer(auth)
         self.topic = topic
         self.partition = partition
@@ -88,7 +87,6 @@ class PartitionBuffer(FaultTarget, TopicPermissions):
         self.buffer = TransactionBuffer()
         self.faults = FaultPoints()
         self._ledger: ManagedLedger | None = None
-        self._start_task: asyncio.Task | None = None
         self._advanced = asyncio.Condition()
         self._ended_since_snapshot = 0
         self._changed_since_snapshot = False
@@ -100,15 +98,10 @@ class PartitionBuffer(FaultTarget, TopicPermissions):
 
     # --- start and recovery ----------------------------------------------------------------
 
-    async def _started(self) -> None:
-        if self._start_task is None:
-            self._start_task = asyncio.get_running_loop().create_task(self._recover())
-        await asyncio.shield(self._start_task)
-
-    async def _recover(self) -> None:
-        t0 = time.perf_counter()
+    async def _start(self) -> None:
         ledger = self._ledger = await ManagedLedger.open(self.storage, self.stream)
         ledger.faults = self.faults
+        self.buffer = TransactionBuffer()
         snapshot_id = None
         listing = await self.storage.list(self.snapshot_prefix)
         found = newest_complete(listing)
@@ -119,32 +112,22 @@ class PartitionBuffer(FaultTarget, TopicPermissions):
             for name in names:
                 data = await self.storage.get(name)
                 if data is None:
-                    from raytxn.errors import CorruptLedger
-
                     raise CorruptLedger(f"snapshot segment {name} vanished", name)
                 blobs.append(data)
             snapshot = _snapshot_decoder.decode(join_segments(blobs, snapshot_id, where=self.snapshot_prefix))
             self.buffer = TransactionBuffer.from_snapshot(snapshot)
             last = snapshot.last_position
             start = Position(last.ledger_id, last.entry_id + 1) if last != EARLIEST else start
-        replayed = 0
-        position = max(start, ledger.trimmed_below) if ledger.trimmed_below != EARLIEST else start
-        while True:
-            entries = await ledger.read(position, max_entries=5000)
-            if not entries:
-                break
-            for entry in entries:
-                self.buffer.apply(decode_header(entry.records[0], f"{self.stream}@{entry.position}"),
-                                  entry.position)
-            replayed += len(entries)
-            last = entries[-1].position
-            position = Position(last.ledger_id, last.entry_id + 1)
+
+        def apply(entry: Entry) -> None:
+            self.buffer.apply(decode_header(entry.records[0], f"{self.stream}@{entry.position}"), entry.position)
+
+        replayed = await replay(ledger, apply, start)
         self.buffer.prune_aborted(ledger.trimmed_below)
         for tc_id in self.buffer.ongoing_coordinators():
             await self._write_markers(self.buffer.prepare_dangling(tc_id, self.buffer.low_watermark(tc_id)))
-        self.info.update(incarnation=ledger.incarnation, recovery_ms=round((time.perf_counter() - t0) * 1000, 3),
-                         replayed_entries=replayed, recovered_from_snapshot=snapshot_id, started_ms=now_ms())
-        recovered("partition", self.info["recovery_ms"])
+        self.info.update(incarnation=ledger.incarnation, replayed_entries=replayed,
+                         recovered_from_snapshot=snapshot_id)
         self.metrics.max_read_lag(self.buffer.lag_entries)
         loop = asyncio.get_running_loop()
         self._timers = [loop.create_task(self._snapshot_timer()), loop.create_task(self._dangling_timer())]
@@ -157,8 +140,10 @@ class PartitionBuffer(FaultTarget, TopicPermissions):
     # --- appends ---------------------------------------------------------------------------
 
     def _apply(self, header: EntryHeader) -> Any:
+        buffer = self.buffer  # the one this write was prepared on, also if a start is retried
+
         def on_durable(position: Position) -> None:
-            self.buffer.apply(header, position)
+            buffer.apply(header, position)
             self._changed_since_snapshot = True
         return on_durable
 
@@ -179,7 +164,7 @@ class PartitionBuffer(FaultTarget, TopicPermissions):
                                       f"{self.config.max_message_bytes} on {self.topic}-{self.partition}")
             value_bytes += len(value)
         header = EntryHeader("data", txn, producer, first_sequence, first_sequence + len(messages) - 1,
-                             len(messages), now_ms())
+                             len(messages), self.clock.now_ms())
         await self.faults.hit("partition.before_append", txn=txn, producer=producer)
         while True:
             decision = self.buffer.prepare_append(header)
@@ -203,18 +188,9 @@ class PartitionBuffer(FaultTarget, TopicPermissions):
         return AppendResult(position, len(messages), False)
 
     async def _ledger_append(self, records: list[bytes], header: EntryHeader) -> Position:
+        """Append one entry; a failed write stops this incarnation (see the actor shell)."""
         assert self._ledger is not None
-        try:
-            return await self._ledger.append(records, on_durable=self._apply(header))
-        except RaytxnError as e:
-            if isinstance(e, Fenced) or (not e.retriable and not isinstance(e, MessageTooLarge)):
-                # A newer incarnation owns the partition, or buffer and ledger diverged: stop, so
-                # Ray starts a fresh incarnation that recovers from the ledger.
-                asyncio.get_running_loop().call_later(0.05, os._exit, 3)
-                # For the caller this is an actor restart, not a fencing of its own: it retries
-                # against the new incarnation.
-                raise ActorUnavailable(f"{self.stream}: this incarnation stopped ({e}); retry") from e
-            raise
+        return await self._write(self._ledger.append(records, on_durable=self._apply(header)))
 
     async def _notify(self) -> None:
         """After appends and markers: wake waiting readers (the readable end may have moved)."""
@@ -233,7 +209,7 @@ class PartitionBuffer(FaultTarget, TopicPermissions):
         await self._write_markers(decision)
 
     async def _write_markers(self, decision: Any) -> None:
-        headers = decision.markers(now_ms())
+        headers = decision.markers(self.clock.now_ms())
         if not headers:
             return
         await self.faults.hit("partition.before_marker", txn=decision.txn)
@@ -264,11 +240,11 @@ class PartitionBuffer(FaultTarget, TopicPermissions):
         max_entries = min(max_entries, self.config.max_read_entries)
         if start < self._ledger.trimmed_below:
             start = self._ledger.trimmed_below
-        deadline = time.monotonic() + max_wait_s
-        while self.buffer.max_read_position < start and time.monotonic() < deadline:
+        deadline = self.clock.monotonic() + max_wait_s
+        while self.buffer.max_read_position < start and self.clock.monotonic() < deadline:
             async with self._advanced:
                 try:
-                    await asyncio.wait_for(self._advanced.wait(), deadline - time.monotonic())
+                    await asyncio.wait_for(self._advanced.wait(), deadline - self.clock.monotonic())
                 except TimeoutError:
                     break
         max_read = self.buffer.max_read_position
@@ -352,7 +328,7 @@ class PartitionBuffer(FaultTarget, TopicPermissions):
             await self.storage.delete(obsolete_segments(listing))
             self.info["snapshots_written"] += 1
             self.info["last_snapshot"] = {"id": snapshot_id, "last_position": str(last), "bytes": len(data),
-                                          "aborted": len(snapshot.aborted), "time_ms": now_ms()}
+                                          "aborted": len(snapshot.aborted), "time_ms": self.clock.now_ms()}
         finally:
             self._snapshotting = None
 
@@ -375,7 +351,7 @@ class PartitionBuffer(FaultTarget, TopicPermissions):
             sid = newest[0]
             limit = min(limit, Position(sid >> 32, sid & 0xFFFFFFFF))
         cut = min(below, Position(limit.ledger_id, limit.entry_id + 1))
-        trimmed = await self._ledger.trim(cut)
+        trimmed = await self._write(self._ledger.trim(cut))
         self.buffer.prune_aborted(trimmed)
         return str(trimmed)
 
@@ -385,7 +361,7 @@ class PartitionBuffer(FaultTarget, TopicPermissions):
     async def stats(self) -> dict[str, Any]:
         await self._started()
         assert self._ledger is not None
-        buffer_stats = msgspec.structs.asdict(self.buffer.stats(now_ms()))
+        buffer_stats = msgspec.structs.asdict(self.buffer.stats(self.clock.now_ms()))
         stats = {**self.info, **{k: str(v) if isinstance(v, (Position, TxnID)) else v
                                  for k, v in buffer_stats.items()}}
         stats["ledgers"] = [i.ledger_id for i in self._ledger.ledgers]

@@ -26,21 +26,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 from typing import Any
 
 import ray
 
+from raytxn.actors.shell import ActorRefs, ActorShell, Clock, replay
 from raytxn.actors.topic_permissions import TopicPermissions
 from raytxn.auth import Access, AuthConfig, Authorizer, guarded
-from raytxn.client.rpc import ActorRef
 from raytxn.config import SubscriptionConfig
-from raytxn.errors import Fenced, InvalidArgument, MessageTooLarge, NotAllowed, RaytxnError, is_retriable
+from raytxn.errors import InvalidArgument, NotAllowed
 from raytxn.faults import FaultPoints, FaultTarget
-from raytxn.ids import EARLIEST, Position, TxnID, partition_actor_name
-from raytxn.ledger import ManagedLedger
+from raytxn.ids import EARLIEST, Position, TxnID, partition_actor_name, subscription_actor_name
+from raytxn.ledger import Entry, ManagedLedger
 from raytxn.ledger.storage import Storage
-from raytxn.metrics import SubscriptionMetrics, recovered
+from raytxn.metrics import SubscriptionMetrics
 from raytxn.protocol.cursor import Cursor, next_position
 from raytxn.protocol.entry_format import decode_header
 from raytxn.protocol.pending_ack import Record, decode_record, encode_record
@@ -72,14 +71,14 @@ def pending_ack_stream(topic: str, partition: int, subscription: str) -> str:
     return f"subscriptions/{topic}/{partition}/{subscription}/pending-ack"
 
 
-def now_ms() -> int:
-    return int(time.time() * 1000)
+class Subscription(ActorShell, FaultTarget, TopicPermissions):
+    actor_kind = "subscription"
 
-
-class Subscription(FaultTarget, TopicPermissions):
     def __init__(self, topic: str, partition: int, name: str, initial_position: str = "latest",
                  storage_url: str | None = None, storage_options: dict[str, Any] | None = None,
-                 config: SubscriptionConfig | None = None, auth: AuthConfig | None = None) -> None:
+                 config: SubscriptionConfig | None = None, auth: AuthConfig | None = None, *,
+                 clock: Clock | None = None, actor_refs: ActorRefs | None = None) -> None:
+        super().__init__(subscription_actor_name(topic, partition, name), clock, actor_refs)
         self.authorizer = Authorizer(auth)
         self.topic = topic
         self.partition = partition
@@ -90,10 +89,9 @@ class Subscription(FaultTarget, TopicPermissions):
         self.stream = pending_ack_stream(topic, partition, name)
         self.state = SubscriptionState(partition, Cursor(), self.config.max_index_lag)  # replaced by recovery
         self.faults = FaultPoints()
-        self._partition = ActorRef(partition_actor_name(topic, partition), self.authorizer.engine_token())
+        self._partition = self._actor_ref(partition_actor_name(topic, partition))
         self._ledger: ManagedLedger | None = None
         self._partition_ledger: ManagedLedger | None = None  # read-only: ledger sizes for the backlog
-        self._start_task: asyncio.Task | None = None
         self._tasks: list[asyncio.Task] = []
         self._lock = asyncio.Lock()          # prepare -> log -> apply, and every other state change
         self._persist_lock = asyncio.Lock()  # persisted cursor forms go out in order, trims after them
@@ -108,15 +106,7 @@ class Subscription(FaultTarget, TopicPermissions):
 
     # --- start and recovery ----------------------------------------------------------------
 
-    async def _started(self) -> None:
-        task = self._start_task
-        if task is None or (task.done() and not task.cancelled() and task.exception() is not None
-                            and is_retriable(task.exception())):  # e.g. the partition was restarting
-            self._start_task = asyncio.get_running_loop().create_task(self._recover())
-        await asyncio.shield(self._start_task)
-
-    async def _recover(self) -> None:
-        t0 = time.perf_counter()
+    async def _start(self) -> None:
         ledger = self._ledger = await ManagedLedger.open(self.storage, self.stream)
         readable_end = (await self._partition.call_async("read", EARLIEST, 0, 0.0))["max_read"]
         raw = ledger.properties.get(CURSOR_PROPERTY)
@@ -128,14 +118,15 @@ class Subscription(FaultTarget, TopicPermissions):
         state = SubscriptionState(self.partition, cursor, self.config.max_index_lag)
         included = persisted.log_position if persisted is not None else EARLIEST
         replayed = 0
-        position = ledger.trimmed_below if ledger.trimmed_below != EARLIEST else Position(0, 0)
-        while entries := await ledger.read(position, max_entries=5000):
-            for entry in entries:
-                for raw_record in entry.records:
-                    record = decode_record(raw_record, f"{self.stream}@{entry.position}")
-                    state.apply(record, entry.position, in_cursor_snapshot=entry.position <= included)
-                    replayed += 1
-            position = next_position(entries[-1].position)
+
+        def apply(entry: Entry) -> None:
+            nonlocal replayed
+            for raw_record in entry.records:
+                record = decode_record(raw_record, f"{self.stream}@{entry.position}")
+                state.apply(record, entry.position, in_cursor_snapshot=entry.position <= included)
+                replayed += 1
+
+        await replay(ledger, apply)
         state.read_position = state.cursor.acked_below
         # An earlier incarnation may have delivered anything readable now; acks of it are allowed.
         state.delivered_through = readable_end
@@ -144,9 +135,7 @@ class Subscription(FaultTarget, TopicPermissions):
         self._last_persisted = persisted
         if persisted is None:
             await self._persist()  # fixes where "latest" was, for every later incarnation
-        self.info.update(incarnation=ledger.incarnation, replayed_records=replayed, started_ms=now_ms(),
-                         recovery_ms=round((time.perf_counter() - t0) * 1000, 3))
-        recovered("subscription", self.info["recovery_ms"])
+        self.info.update(incarnation=ledger.incarnation, replayed_records=replayed)
         self._pending_ack_changed()
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._read_loop()), loop.create_task(self._maintenance_loop())]
@@ -168,7 +157,7 @@ class Subscription(FaultTarget, TopicPermissions):
         exclusive consumer refuses it."""
         await self._started()
         async with self._lock:
-            self.state.add_consumer(consumer_id, consumer_name, consumer_type, time.monotonic())
+            self.state.add_consumer(consumer_id, consumer_name, consumer_type, self.clock.monotonic())
         self._changed()
         return {"generation": self._generation()}
 
@@ -181,7 +170,7 @@ class Subscription(FaultTarget, TopicPermissions):
         state = self.state
         if not state.dispatcher.has_consumer(consumer_id):
             return {"registered": False, "generation": self._generation(), "messages": []}
-        state.dispatcher.touch(consumer_id, time.monotonic(), fetching=1)
+        state.dispatcher.touch(consumer_id, self.clock.monotonic(), fetching=1)
         try:
             if max_messages > 0:
                 state.dispatcher.want(consumer_id, max_messages)
@@ -195,7 +184,7 @@ class Subscription(FaultTarget, TopicPermissions):
                         pass
             messages = state.take(consumer_id)
         finally:
-            state.dispatcher.touch(consumer_id, time.monotonic(), fetching=-1)
+            state.dispatcher.touch(consumer_id, self.clock.monotonic(), fetching=-1)
         self.metrics.dispatched(len(messages), sum(len(m[-1]) for m in messages))  # m[-1]: the encoded message
         return {"registered": state.dispatcher.has_consumer(consumer_id), "generation": self._generation(),
                 "messages": messages}
@@ -242,7 +231,7 @@ class Subscription(FaultTarget, TopicPermissions):
         """Acks of ``(position, batch_index, batch_size)``. Plain ones change the cursor (which is
         persisted later); transactional ones return once logged in the pending-ack log."""
         await self._started()
-        self.state.dispatcher.touch(consumer_id, time.monotonic())
+        self.state.dispatcher.touch(consumer_id, self.clock.monotonic())
         async with self._lock:
             if txn is None:
                 self.state.ack(acks, cumulative)
@@ -273,20 +262,15 @@ class Subscription(FaultTarget, TopicPermissions):
         self.metrics.pending_ack(pending.pending_txn_count, pending.pending_position_count)
 
     async def _log(self, record: Record) -> Position:
-        """Append one record; the state applies it as soon as it is durable, in log order."""
+        """Append one record; the state applies it as soon as it is durable, in log order. A
+        failed write stops this incarnation (see the actor shell)."""
         assert self._ledger is not None
+        state = self.state
 
         def apply(position: Position) -> None:
-            self.state.apply(record, position)
+            state.apply(record, position)
 
-        try:
-            return await self._ledger.append([encode_record(record)], on_durable=apply)
-        except RaytxnError as error:
-            if isinstance(error, Fenced) or not (error.retriable or isinstance(error, MessageTooLarge)):
-                # A newer incarnation owns the log, or state and log diverged: stop, so that Ray
-                # starts a fresh incarnation that recovers from the log.
-                asyncio.get_running_loop().call_later(0.05, os._exit, 3)
-            raise
+        return await self._write(self._ledger.append([encode_record(record)], on_durable=apply))
 
     # --- seek ------------------------------------------------------------------------------
 
@@ -383,11 +367,11 @@ class Subscription(FaultTarget, TopicPermissions):
         assert self._ledger is not None
         persisted = self.state.persisted_form()  # one synchronous capture: cursor and log agree
         if persisted != self._last_persisted:
-            await self._ledger.set_properties({CURSOR_PROPERTY: encode_persisted(persisted)})
+            await self._write(self._ledger.set_properties({CURSOR_PROPERTY: encode_persisted(persisted)}))
             self._last_persisted = persisted
             self.info["cursor_persists"] += 1
             await self.faults.hit("subscription.after_cursor_persist")
-        self._last_persist = time.monotonic()
+        self._last_persist = self.clock.monotonic()
         return persisted
 
     async def _trim_log(self) -> Position | None:
@@ -396,10 +380,10 @@ class Subscription(FaultTarget, TopicPermissions):
         async with self._persist_lock:
             persisted = await self._persist()
             point = self.state.trim_point(persisted)
-            self._last_trim = time.monotonic()
+            self._last_trim = self.clock.monotonic()
             if point is None or next_position(point) <= self._ledger.trimmed_below:
                 return None
-            await self._ledger.trim(next_position(point))
+            await self._write(self._ledger.trim(next_position(point)))
             self.state.log_index.on_trimmed(point)
             self.info["log_trims"] += 1
             return point
@@ -411,7 +395,7 @@ class Subscription(FaultTarget, TopicPermissions):
         while True:
             await asyncio.sleep(tick)
             try:
-                now = time.monotonic()
+                now = self.clock.monotonic()
                 idle = self.state.dispatcher.idle_consumers(now, config.consumer_timeout_s)
                 if idle:
                     async with self._lock:

@@ -9,16 +9,16 @@ machinery (``max_restarts=-1``); every actor recovers from its own ledgers when 
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import ray
 
-from raytxn.auth import Access, Authorizer, AuthTarget, guarded
-from raytxn.client.rpc import ActorRef
+from raytxn.actors.shell import ActorRefs, ActorShell, Clock
+from raytxn.auth import Access, Authorizer, guarded
 from raytxn.config import EngineConfig
 from raytxn.ids import (
     NAMESPACE,
+    SUPERVISOR_NAME,
     coordinator_actor_name,
     partition_actor_name,
     subscription_actor_name,
@@ -28,26 +28,21 @@ from raytxn.ledger.storage import Storage
 from raytxn.protocol.catalog import CATALOG_KEY, CATALOG_STREAM, Catalog, decode_catalog, encode_catalog
 
 
-def now_ms() -> int:
-    return int(time.time() * 1000)
+class Supervisor(ActorShell):
+    actor_kind = "supervisor"
 
-
-class Supervisor(AuthTarget):
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, *, clock: Clock | None = None,
+                 actor_refs: ActorRefs | None = None) -> None:
+        super().__init__(SUPERVISOR_NAME, clock, actor_refs)
         self.config = config
         self.authorizer = Authorizer(config.auth)
         self.storage = Storage.from_url(config.storage_url, **config.storage_options)
         self.catalog = Catalog()
         self._ledger: ManagedLedger | None = None
-        self._start_task: asyncio.Task | None = None
         self._lock = asyncio.Lock()
         self._health: dict[str, dict[str, Any]] = {}
         self._watch_task: asyncio.Task | None = None
-
-    async def _started(self) -> None:
-        if self._start_task is None:
-            self._start_task = asyncio.get_running_loop().create_task(self._start())
-        await asyncio.shield(self._start_task)
+        self.info: dict[str, Any] = {}
 
     async def _start(self) -> None:
         self._ledger = await ManagedLedger.open(self.storage, CATALOG_STREAM)
@@ -122,7 +117,7 @@ class Supervisor(AuthTarget):
 
     async def _save(self, catalog: Catalog) -> None:
         assert self._ledger is not None
-        await self._ledger.set_properties({CATALOG_KEY: encode_catalog(catalog)})
+        await self._write(self._ledger.set_properties({CATALOG_KEY: encode_catalog(catalog)}))
         self.catalog = catalog
 
     # --- admin -------------------------------------------------------------------------------
@@ -131,7 +126,7 @@ class Supervisor(AuthTarget):
     async def create_topic(self, name: str, partitions: int = 1) -> dict[str, Any]:
         await self._started()
         async with self._lock:
-            await self._save(self.catalog.with_topic(name, partitions, now_ms()))
+            await self._save(self.catalog.with_topic(name, partitions, self.clock.now_ms()))
         await self._ensure_topic_actors(name)
         return {"name": name, "partitions": partitions}
 
@@ -175,7 +170,7 @@ class Supervisor(AuthTarget):
             self.authorizer.authorize(caller, Access.CONSUME, self.catalog.topic_permissions(topic),
                                       f"topic {topic!r}")
         async with self._lock:
-            catalog = self.catalog.with_subscription(topic, name, initial_position, now_ms())
+            catalog = self.catalog.with_subscription(topic, name, initial_position, self.clock.now_ms())
             if catalog is not self.catalog:
                 await self._save(catalog)
         info = self.catalog.topic(topic)
@@ -218,8 +213,7 @@ class Supervisor(AuthTarget):
             await self._save(change(self.catalog))
             version, permissions = self.catalog.permissions_version, self.catalog.topic_permissions(topic)
         names = [name for name, kind in self.actor_names(topic=topic) if kind != "coordinator"]
-        token = self.authorizer.engine_token()
-        await asyncio.gather(*(ActorRef(name, token).call_async("set_topic_permissions", version, permissions)
+        await asyncio.gather(*(self._actor_ref(name).call_async("set_topic_permissions", version, permissions)
                                for name in names))
         return permissions
 
@@ -281,7 +275,7 @@ class Supervisor(AuthTarget):
         if row["incarnation"] is not None and incarnation is not None and incarnation > row["incarnation"]:
             row["restarts"] += 1
         row.update(state="ALIVE", incarnation=incarnation, last_recovery_ms=info.get("started_ms"),
-                   recovery_ms=info.get("recovery_ms"), checked_ms=now_ms())
+                   recovery_ms=info.get("recovery_ms"), checked_ms=self.clock.now_ms())
 
     async def _recreate(self, name: str, kind: str) -> None:
         if kind == "coordinator":

@@ -9,7 +9,7 @@ starts with nothing cached and fetches again.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from raytxn.auth import Access, AuthTarget, guarded
 from raytxn.client.rpc import ActorRef
@@ -17,15 +17,18 @@ from raytxn.ids import SUPERVISOR_NAME
 
 
 class TopicPermissions(AuthTarget):
+    """Mixed into actor shells (``_actor_ref`` is the shell's)."""
+
     topic: str
     _permissions: tuple[int, dict[str, list[str]]] | None = None
+    _actor_ref: Callable[[str], ActorRef]
 
     def _auth_scope(self) -> str:
         return f"topic {self.topic!r}"
 
     async def _topic_permissions(self) -> Mapping[str, Iterable[str]]:
         if self._permissions is None:
-            supervisor = ActorRef(SUPERVISOR_NAME, self.authorizer.engine_token())
+            supervisor = self._actor_ref(SUPERVISOR_NAME)
             found = await supervisor.call_async("topic_permissions", self.topic, deadline_s=30.0)
             self._keep_permissions(found["version"], found["permissions"])
         assert self._permissions is not None

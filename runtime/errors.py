@@ -98,6 +98,14 @@ class TransactionConflict(RaytxnError):
     made."""
 
 
+class ParticipantEndFailed(RaytxnError):
+    """A participant refused a transaction's end with a non-retriable error. The outcome is
+    decided and logged: the transaction stays COMMITTING or ABORTING (never reversed), and its
+    coordinator ends it on the participants when it drives it again, at its next restart or on
+    the next ``end_txn`` of the same action. Not retriable: retrying at once would meet the same
+    refusal."""
+
+
 class Fenced(RaytxnError):
     """A newer incarnation (of a ledger writer, an actor, or a transactional id) has taken
     over; the caller is a zombie and must stop."""
@@ -133,6 +141,11 @@ class ActorUnavailable(RaytxnError):
     """The actor serving the request died and is restarting. Retriable."""
 
     retriable = True
+
+
+class ActorNotFound(ActorUnavailable):
+    """No actor of that name exists now: not created yet, being re-created, or deleted (whoever
+    can tell deleted from coming back checks the catalog). Retriable."""
 
 
 def is_retriable(error: BaseException) -> bool:

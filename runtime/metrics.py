@@ -52,6 +52,11 @@ class EngineMetrics:
                                     tag_keys=("tc_id",))
         self.txns_timed_out = Counter("raytxn_txns_timed_out", "Transactions aborted by their timeout.",
                                       tag_keys=("tc_id",))
+        self.txn_end_failures = Counter(
+            "raytxn_txn_end_failures",
+            "Ends a participant refused with a non-retriable error, by its kind: the transaction stays "
+            "COMMITTING/ABORTING until driven again (the coordinator's restart, or the next end_txn).",
+            tag_keys=("tc_id", "error"))
         self.commit_latency_ms = Histogram(
             "raytxn_commit_latency_ms", "From an end_txn(COMMIT) request to the transaction's final state, in ms.",
             boundaries=LATENCY_BOUNDARIES_MS, tag_keys=("tc_id",))
@@ -139,6 +144,11 @@ class CoordinatorMetrics(_Scope):
     def txn_timed_out(self) -> None:
         if (m := self._get()) is not None:
             m.txns_timed_out.inc(1, self._tags)
+
+    def end_failed(self, error_kind: str) -> None:
+        """A participant refused an end with a non-retriable error (``error_kind``: its class name)."""
+        if (m := self._get()) is not None:
+            m.txn_end_failures.inc(1, {**self._tags, "error": error_kind})
 
     def commit_latency(self, latency_ms: float) -> None:
         if (m := self._get()) is not None:

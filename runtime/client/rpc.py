@@ -17,10 +17,11 @@ from typing import Any
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
 
-from raytxn.errors import ActorUnavailable, RaytxnError, Timeout
+from raytxn.errors import ActorNotFound, ActorUnavailable, RaytxnError, Timeout
 from raytxn.ids import NAMESPACE
 
 _ACTOR_GONE = (RayActorError, ActorDiedError, ActorUnavailableError)
+DEFAULT_BACKOFF_S = (0.02, 1.0)  # the first wait after a retriable failure, and the longest
 
 
 def unwrap(error: BaseException) -> BaseException:
@@ -31,6 +32,8 @@ def unwrap(error: BaseException) -> BaseException:
 
 
 def retriable(error: BaseException) -> bool:
+    """The one classification: an actor that died or is restarting, or a retriable raytxn
+    error, is worth another attempt; anything else is final."""
     return isinstance(error, _ACTOR_GONE) or (isinstance(error, RaytxnError) and error.retriable)
 
 
@@ -47,19 +50,21 @@ class ActorRef:
         if self._handle is None:
             try:
                 self._handle = ray.get_actor(self.name, namespace=NAMESPACE)
-            except ValueError as e:  # not created yet, or being re-created
-                raise ActorUnavailable(f"no actor {self.name!r}") from e
+            except ValueError as e:  # not created yet, being re-created, or deleted
+                raise ActorNotFound(f"no actor {self.name!r}") from e
         return self._handle
 
     def forget(self) -> None:
         self._handle = None
 
+    def _with_auth(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        return kwargs if self.token is None else {**kwargs, "auth": self.token}
+
     def call(self, method: str, *args: Any, deadline_s: float = 60.0,
              on_retry: Callable[[], None] | None = None, **kwargs: Any) -> Any:
         """Call ``method`` and wait, retrying while the actor is unavailable (``on_retry`` runs
         before each retry)."""
-        if self.token is not None:
-            kwargs["auth"] = self.token
+        kwargs = self._with_auth(kwargs)
 
         def forget() -> None:
             self.forget()
@@ -69,25 +74,35 @@ class ActorRef:
         return retry(lambda: ray.get(getattr(self.handle(), method).remote(*args, **kwargs)),
                      deadline_s, on_retry=forget, what=f"{self.name}.{method}")
 
-    async def call_async(self, method: str, *args: Any, deadline_s: float = 60.0, **kwargs: Any) -> Any:
-        if self.token is not None:
-            kwargs["auth"] = self.token
+    async def call_async(self, method: str, *args: Any, deadline_s: float | None = 60.0, **kwargs: Any) -> Any:
+        """``call`` for an event loop; ``deadline_s=None`` retries until the call succeeds or
+        fails with a non-retriable error."""
+        return await retry_async(lambda: self.attempt_async(method, *args, **kwargs), deadline_s,
+                                 what=f"{self.name}.{method}")
 
-        async def attempt() -> Any:
-            return await getattr(self.handle(), method).remote(*args, **kwargs)
-
-        return await retry_async(attempt, deadline_s, on_retry=self.forget, what=f"{self.name}.{method}")
+    async def attempt_async(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """One call of ``method``, not retried: for callers with their own retry loop (one whose
+        arguments change between attempts). After a retriable failure the actor is looked up
+        again on the next attempt (it may have been replaced)."""
+        try:
+            return await getattr(self.handle(), method).remote(*args, **self._with_auth(kwargs))
+        except Exception as error:
+            if retriable(unwrap(error)):
+                self.forget()
+            raise
 
 
 class _Backoff:
-    """The retry policy both loops share: which errors to retry, how long to wait, when to stop."""
+    """The retry policy every retry loop shares: which errors to retry, how long to wait, when to
+    stop (``deadline_s=None``: never, while the errors stay retriable)."""
 
-    def __init__(self, deadline_s: float, on_retry: Callable[[], None] | None, what: str) -> None:
+    def __init__(self, deadline_s: float | None, on_retry: Callable[[], None] | None, what: str,
+                 delays_s: tuple[float, float] = DEFAULT_BACKOFF_S) -> None:
         self.deadline_s = deadline_s
-        self.deadline = time.monotonic() + deadline_s
+        self.deadline = None if deadline_s is None else time.monotonic() + deadline_s
         self.on_retry = on_retry
         self.what = what
-        self.delay = 0.02
+        self.delay, self.max_delay = delays_s
 
     def next_delay(self, raw: BaseException) -> float:
         """The wait before the next attempt; raises the error when it is final or time is up."""
@@ -96,9 +111,9 @@ class _Backoff:
             raise error from None
         if self.on_retry:
             self.on_retry()
-        if time.monotonic() + self.delay > self.deadline:
+        if self.deadline is not None and time.monotonic() + self.delay > self.deadline:
             raise _give_up(error, self.what, self.deadline_s) from None
-        delay, self.delay = self.delay, min(self.delay * 2, 1.0)
+        delay, self.delay = self.delay, min(self.delay * 2, self.max_delay)
         return delay
 
 
@@ -112,9 +127,13 @@ def retry(attempt: Callable[[], Any], deadline_s: float, on_retry: Callable[[], 
             time.sleep(backoff.next_delay(raw))
 
 
-async def retry_async(attempt: Callable[[], Any], deadline_s: float, on_retry: Callable[[], None] | None = None,
-                      what: str = "call") -> Any:
-    backoff = _Backoff(deadline_s, on_retry, what)
+async def retry_async(attempt: Callable[[], Any], deadline_s: float | None,
+                      on_retry: Callable[[], None] | None = None, what: str = "call",
+                      delays_s: tuple[float, float] = DEFAULT_BACKOFF_S) -> Any:
+    """Await ``attempt()`` until it succeeds; retriable failures are retried after the shared
+    backoff (``delays_s``: the first wait and the longest), any other failure is raised at once
+    (unwrapped from Ray's RayTaskError)."""
+    backoff = _Backoff(deadline_s, on_retry, what, delays_s)
     while True:
         try:
             return await attempt()
@@ -122,7 +141,7 @@ async def retry_async(attempt: Callable[[], Any], deadline_s: float, on_retry: C
             await asyncio.sleep(backoff.next_delay(raw))
 
 
-def _give_up(error: BaseException, what: str, deadline_s: float) -> BaseException:
+def _give_up(error: BaseException, what: str, deadline_s: float | None) -> BaseException:
     if isinstance(error, RaytxnError):
         return error
     if isinstance(error, GetTimeoutError):

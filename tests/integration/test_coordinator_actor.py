@@ -17,6 +17,7 @@ from raytxn.config import CoordinatorConfig, EngineConfig
 from raytxn.errors import (
     Fenced,
     NotAllowed,
+    ParticipantEndFailed,
     TransactionAlreadyAborted,
     TransactionAlreadyCommitted,
     TransactionNotFound,
@@ -45,9 +46,16 @@ class Env:
         return ray.get(self.participants[name].calls.remote())
 
     def restart(self, tc_id: int) -> dict:
-        """Kill the coordinator's process; Ray restarts it and it recovers from its log."""
+        """Kill the coordinator's process; Ray restarts it and it recovers from its log. Waits
+        for the new incarnation: a `ready` sent right after the kill may still be answered by the
+        dying one, and then nobody would have started the new one's recovery."""
+        before = self.wait_ready(tc_id)["incarnation"]
         ray.kill(self.tc(tc_id), no_restart=False)
-        return self.wait_ready(tc_id)
+        deadline = time.monotonic() + 60
+        while (ready := self.wait_ready(tc_id))["incarnation"] == before:
+            assert time.monotonic() < deadline, f"coordinator {tc_id} did not restart"
+            time.sleep(0.05)
+        return ready
 
     def wait_ready(self, tc_id: int) -> dict:
         return self.client.ref(tc_id).call("ready", deadline_s=60)
@@ -225,6 +233,41 @@ def test_failing_and_restarting_participants_do_not_leave_a_txn_half_ended(env: 
     env.participants[name] = start_participant(name)
     assert ray.get(pending, timeout=30) == "COMMITTED"
     assert [(t, a) for t, a, _ in env.calls(name)] == [(txn2, "COMMIT")]
+
+
+def test_participant_refusing_an_end_is_counted_and_not_retried(env: Env) -> None:
+    """A non-retriable refusal stalls the txn in COMMITTING (never reversed: the other participant
+    keeps its COMMIT) until it is driven again: on the next end_txn, or by a restart's recovery."""
+    txn = env.client.new_txn()
+    env.client.add_partitions(txn, [(env.topic, 0), (env.topic, 1)])
+    name, other = partition_actor_name(env.topic, 0), partition_actor_name(env.topic, 1)
+    broken = env.participants[name]
+    ray.get(broken.fail_next.remote(3, refuse=True))
+    failures_before = env.client.stats()[txn.tc_id]["end_failures"].get("InvalidTxnState", 0)
+    with pytest.raises(ParticipantEndFailed):
+        env.client.end_txn(txn, "COMMIT")
+    time.sleep(1.0)  # a retrying end would have called again many times (its backoff starts at 20 ms)
+    assert ray.get(broken.attempts.remote()) == 1
+    stats = env.client.stats()[txn.tc_id]
+    assert stats["end_failures"]["InvalidTxnState"] == failures_before + 1
+    assert "InvalidTxnState" in stats["stalled_ends"][str(txn)]
+    assert env.client.get_txn(txn)["state"] == "COMMITTING"
+    assert [(t, a) for t, a, _ in env.calls(other)] == [(txn, "COMMIT")]
+    with pytest.raises(ParticipantEndFailed):  # an explicit end drives it again: one more attempt
+        env.client.end_txn(txn, "COMMIT")
+    assert ray.get(broken.attempts.remote()) == 2
+    env.restart(txn.tc_id)  # recovery drives it again: a third attempt, refused
+    deadline = time.monotonic() + 20
+    while ray.get(broken.attempts.remote()) < 3:
+        assert time.monotonic() < deadline, "recovery did not drive the stalled txn"
+        time.sleep(0.05)
+    time.sleep(0.5)
+    assert ray.get(broken.attempts.remote()) == 3
+    assert str(txn) in env.client.stats()[txn.tc_id]["stalled_ends"]
+    assert env.client.get_txn(txn)["state"] == "COMMITTING"
+    assert env.client.end_txn(txn, "COMMIT") == "COMMITTED"  # the participant takes it now
+    assert [(t, a) for t, a, _ in env.calls(name)] == [(txn, "COMMIT")]
+    assert str(txn) not in env.client.stats()[txn.tc_id]["stalled_ends"]
 
 
 def test_transactional_id_fencing(env: Env) -> None:

@@ -22,7 +22,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import raytxn as rt
 from raytxn.client.rpc import ActorRef
+from raytxn.cluster import stop_actor
+from raytxn.errors import ParticipantEndFailed
 from raytxn.ids import NAMESPACE, partition_actor_name
+from raytxn.tools.testing import start_participant
 from tests.engine import engine_client
 
 pytestmark = pytest.mark.ray
@@ -255,3 +258,26 @@ def test_restarted_partition_reports_its_recovery(client: rt.Client) -> None:
         return bool(new & recovered)
 
     wait_for_metrics(recovered_in_new_worker, f"the recovery of {topic}'s restarted partition")
+
+
+def test_refused_end_is_counted_by_error_kind(client: rt.Client) -> None:
+    """A participant refusing an end with a non-retriable error shows in the end-failure counter,
+    tagged by the error's kind; the txn commits once it is driven again and the end is taken."""
+    topic = f"metrics-refused-{uuid.uuid4().hex[:8]}"  # no such topic: a stand-in under its partition's name
+    name = partition_actor_name(topic, 0)
+    refusing = start_participant(name)
+    try:
+        ray.get(refusing.fail_next.remote(1, refuse=True))
+        txn = client.new_transaction(timeout=60)
+        client.coordinators.add_partitions(txn.id, [(topic, 0)])
+        before = scrape()
+        with pytest.raises(ParticipantEndFailed):
+            txn.commit()
+        tc_id = str(txn.id.tc_id)
+        wait_for_metrics(lambda s: delta(s, before, "ray_raytxn_txn_end_failures_total", tc_id=tc_id,
+                                         error="InvalidTxnState") == 1,
+                         "the refused end in the end-failure counter")
+        assert client.coordinators.end_txn(txn.id, "COMMIT") == "COMMITTED"  # driven again: taken
+        assert ray.get(refusing.attempts.remote()) == 2
+    finally:
+        stop_actor(name)

@@ -12,9 +12,11 @@ import pytest
 import ray
 
 import raytxn as rt
+from raytxn.actors.partition import partition_stream
 from raytxn.client.message import MessageId
 from raytxn.config import PartitionConfig
 from raytxn.errors import (
+    ActorUnavailable,
     InvalidArgument,
     InvalidTopicName,
     MessageTooLarge,
@@ -25,6 +27,7 @@ from raytxn.errors import (
 )
 from raytxn.hashing import partition_for
 from raytxn.ids import NAMESPACE, Position, partition_actor_name
+from raytxn.ledger import ManagedLedger
 from raytxn.ledger.storage import Storage
 from raytxn.protocol.entry_format import MessageRecord, encode_message
 from tests.engine import engine_client, new_topic, partition_ref, visible_values
@@ -237,6 +240,29 @@ def test_retried_send_after_partition_crash_is_stored_once(client: rt.Client) ->
     again = client.create_producer(topic, producer_name="fixed-name")
     again.send(b"n2")
     assert visible(topic)[-2:] == [b"n1", b"n2"]
+
+
+def test_fenced_ledger_write_restarts_the_partition(client: rt.Client) -> None:
+    """An incarnation whose append is fenced stops: the caller gets ActorUnavailable (retriable),
+    the process ends, Ray starts an incarnation that recovers and takes the stream back, and the
+    retried send lands once."""
+    topic = new_topic(client)
+    producer = client.create_producer(topic)
+    producer.send(b"before")
+    storage = Storage.from_url(client.config.storage_url, **client.config.storage_options)
+    usurper = asyncio.run(ManagedLedger.open(storage, partition_stream(topic, 0)))  # seals the actor's ledger
+    handle = ray.get_actor(partition_actor_name(topic, 0), namespace=NAMESPACE)
+    batch = [encode_message(MessageRecord(b"fenced"))]
+    with pytest.raises(ActorUnavailable, match="Fenced"):
+        ray.get(handle.append.remote("direct", 0, batch))
+    deadline = time.monotonic() + 60
+    while (info := partition_ref(topic).call("ready"))["incarnation"] <= usurper.incarnation:
+        assert time.monotonic() < deadline, "the stopped partition was not restarted"
+        time.sleep(0.05)
+    assert partition_ref(topic).call("append", "direct", 0, batch).duplicate is False  # the retry
+    producer.send(b"after")
+    assert visible(topic) == [b"before", b"fenced", b"after"]
+    assert info["incarnation"] == usurper.incarnation + 1
 
 
 def _state(topic: str) -> dict:

@@ -1,0 +1,181 @@
+"""The one shell every raytxn actor is built on: lazy start, stop on divergence, ledger replay and
+the clock. The rules are here once; an actor only says how it starts (``_start``).
+
+**Start.** An actor starts (opens its ledgers, restores, replays) on its first call; concurrent
+callers share that one start. A start that fails with a retriable error (storage briefly away, an
+actor it reads from restarting) is forgotten: the next call starts again, from scratch (``_start``
+builds its state anew, and opening a ledger again fences what the failed attempt opened). A start
+that fails with any other error is final for the incarnation: every call fails with that error,
+and the process ends after ``FAILED_START_EXIT_S`` so that Ray starts a fresh incarnation.
+
+Why end it: what failed lies outside the process (another incarnation took the stream, an object
+is corrupt or missing), and only a fresh incarnation gets past it: it wins the stream, or it
+recovers once the object is repaired, without anyone having to find and kill the failed one. A
+half-started incarnation never serves. Why wait first: a failure that persists (a corruption until
+someone repairs it) then costs one restart (a process, a sealed empty ledger) per hold-off rather
+than a hot restart loop, and callers meanwhile get the error itself, which names what is wrong. A
+``Fenced`` start is the exception to both: the caller is not the zombie, this incarnation is, so
+callers get ``ActorUnavailable`` (they retry and reach the next incarnation) and it ends at once.
+
+**Stop.** An incarnation whose ledger write failed with ``Fenced`` (a newer incarnation took the
+stream) or any other non-retriable error (its memory and its ledger diverged, e.g. an apply refused
+a record that is durable now) must never serve again. ``_write`` applies the rule: it marks the
+incarnation stopped (every later call fails at once), ends the process shortly (Ray starts a
+fresh incarnation, which recovers from the ledger), and raises ``ActorUnavailable`` to the caller,
+retriable and chained from the cause. ``MessageTooLarge`` is the caller's fault, refused before
+anything was queued: it changes nothing and goes to the caller as it is, as do retriable errors
+(``StorageUnavailable``: the append may still land; a retry is idempotent).
+
+**Replay.** ``replay`` reads a ledger from a position in bounded chunks and applies each entry.
+
+**Clock and seams.** Actor code takes time only from ``self.clock`` (wall ``now_ms`` for stored and
+shown times, ``monotonic`` for durations and deadlines) and reaches other actors through
+``self._actor_ref``; both are constructor arguments, and ``exit_process`` an attribute, so a
+deterministic simulator (or a unit test) can run the real actor classes without Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, ClassVar, TypeVar
+
+from raytxn.auth import AuthTarget
+from raytxn.client.rpc import ActorRef, retriable, unwrap
+from raytxn.errors import ActorUnavailable, Fenced, MessageTooLarge
+from raytxn.ids import Position
+from raytxn.ledger import Entry, ManagedLedger
+from raytxn.metrics import recovered
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+EXIT_CODE = 3                 # a stopped incarnation's process ends with this code
+REPLAY_CHUNK_ENTRIES = 5000   # entries a replay holds in memory at once
+FIRST = Position(0, 0)
+
+
+class Clock:
+    """Where actors take time from. A simulator passes its own."""
+
+    def now_ms(self) -> int:
+        """Wall time in ms: for times that are stored, compared across processes or shown."""
+        return int(time.time() * 1000)
+
+    def monotonic(self) -> float:
+        """Seconds on a clock that never goes back: for durations and deadlines in one process."""
+        return time.monotonic()
+
+
+SYSTEM_CLOCK = Clock()
+ActorRefs = Callable[[str, "str | None"], ActorRef]  # (actor name, token) -> a reference to call it by
+
+
+class ActorShell(AuthTarget):
+    """The rules of the module docstring. Subclasses set ``actor_kind``, implement ``_start`` and
+    have an ``info`` dict (this incarnation's facts, which ``ready`` returns)."""
+
+    actor_kind: ClassVar[str]          # "coordinator", "partition", ...: logs and metrics
+    STOP_EXIT_S: ClassVar[float] = 0.05          # long enough for the stopping call's reply to go out
+    FAILED_START_EXIT_S: ClassVar[float] = 5.0   # a start that keeps failing restarts at most this often
+    info: dict[str, Any]
+
+    def __init__(self, actor_name: str, clock: Clock | None = None, actor_refs: ActorRefs | None = None) -> None:
+        self.actor_name = actor_name
+        self.clock = clock or SYSTEM_CLOCK
+        self._actor_refs: ActorRefs = actor_refs or ActorRef
+        self.exit_process: Callable[[int], object] = os._exit  # tests and a simulator replace it
+        self._start_task: asyncio.Task | None = None
+        self._serving = False
+        self._stopped: BaseException | None = None  # what every call raises once stopped
+
+    async def _start(self) -> None:
+        """Open the ledgers and rebuild the state from them, from scratch (it may run again after
+        a retriable failure)."""
+        raise NotImplementedError
+
+    # --- start -----------------------------------------------------------------------------
+
+    async def _started(self) -> None:
+        """Return once this incarnation has started; raise if it cannot serve."""
+        if self._serving:
+            return
+        if self._stopped is not None:
+            raise self._stopped.with_traceback(None)
+        task = self._start_task
+        if task is None or task.done():  # never started, or the last start failed retriably
+            task = self._start_task = asyncio.get_running_loop().create_task(self._run_start())
+        await asyncio.shield(task)
+
+    async def _run_start(self) -> None:
+        began = self.clock.monotonic()
+        try:
+            await self._start()
+        except Exception as raw:
+            error = unwrap(raw)
+            if self._stopped is not None or retriable(error):
+                raise  # stopped meanwhile (a write failed), or retriable: the next call starts again
+            if isinstance(error, Fenced):
+                raise self._stop(error, self._unavailable(error), self.STOP_EXIT_S) from error
+            self._stop(error, error, self.FAILED_START_EXIT_S)
+            raise error  # noqa: B904 - the error itself (unwrapped from Ray's), as later calls get it
+        if self._stopped is not None:
+            raise self._stopped.with_traceback(None)
+        self.info["recovery_ms"] = round((self.clock.monotonic() - began) * 1000, 3)
+        self.info["started_ms"] = self.clock.now_ms()
+        recovered(self.actor_kind, self.info["recovery_ms"])
+        self._serving = True
+
+    # --- stop ------------------------------------------------------------------------------
+
+    async def _write(self, write: Awaitable[T]) -> T:
+        """Await a write to one of this incarnation's ledgers under the stop rule."""
+        try:
+            return await write
+        except MessageTooLarge:
+            raise
+        except Exception as error:
+            if retriable(error) and not isinstance(error, Fenced):
+                raise
+            raise self._stop(error, self._unavailable(error), self.STOP_EXIT_S) from error
+
+    def _unavailable(self, cause: BaseException) -> ActorUnavailable:
+        reply = ActorUnavailable(f"{self.actor_name}: this incarnation stopped ({cause!r}); retry")
+        reply.__cause__ = cause
+        return reply
+
+    def _stop(self, cause: BaseException, reply: BaseException, exit_after_s: float) -> BaseException:
+        """Stop serving: every call from now on raises ``reply``, and the process ends in
+        ``exit_after_s`` (the first stop decides). Returns what to raise."""
+        if self._stopped is None:
+            self._stopped = reply
+            self._serving = False
+            log.error("%s: this incarnation stops, its process ends in %.2fs: %r",
+                      self.actor_name, exit_after_s, cause)
+            asyncio.get_running_loop().call_later(exit_after_s, self.exit_process, EXIT_CODE)
+        return self._stopped.with_traceback(None)
+
+    # --- other actors ----------------------------------------------------------------------
+
+    def _actor_ref(self, name: str) -> ActorRef:
+        """How this actor calls the actor ``name`` (with the engine's own token when auth is on)."""
+        return self._actor_refs(name, self.authorizer.engine_token())
+
+
+async def replay(ledger: ManagedLedger, apply: Callable[[Entry], None], start: Position = FIRST,
+                 chunk_entries: int = REPLAY_CHUNK_ENTRIES) -> int:
+    """Apply every entry of ``ledger`` from ``start`` (or its trim point, if later) in order,
+    reading ``chunk_entries`` at a time, so memory holds one chunk however long the ledger is.
+    Returns how many entries were applied."""
+    position = max(start, ledger.trimmed_below)
+    applied = 0
+    while entries := await ledger.read(position, max_entries=chunk_entries):
+        for entry in entries:
+            apply(entry)
+        applied += len(entries)
+        last = entries[-1].position
+        position = Position(last.ledger_id, last.entry_id + 1)
+    return applied
