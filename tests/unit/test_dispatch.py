@@ -12,7 +12,7 @@ from raytxn.ids import Position, TxnID
 from raytxn.protocol.cursor import Cursor
 from raytxn.protocol.dispatch import ConsumerType, Dispatcher, QueuedMessage
 from raytxn.protocol.entry_format import EntryHeader, MessageRecord, encode_entry
-from raytxn.protocol.pending_ack import AbortRecord, CommitRecord
+from raytxn.protocol.pending_ack import AbortRecord, Ack, AckKind, AckRecord, CommitRecord
 from raytxn.protocol.subscription_state import (
     SubscriptionState,
     count_entries,
@@ -209,7 +209,8 @@ def test_plain_acks_respect_pending_txn_acks() -> None:
     state = state_with_consumer()
     state.on_read(state.read_position, [data_entry(0, [b"a"]), data_entry(1, [b"b"])], P(0, 2), P(0, 1))
     deliver(state)
-    [record] = state.prepare_ack(T1, [(P(0, 1), None, None)])
+    record = state.prepare_ack(T1, [(P(0, 1), None, None)])
+    assert record is not None
     state.apply(record, P(9, 0))
     state.ack([(P(0, 1), None, None)])  # held by T1: ignored, as Pulsar does
     assert not state.cursor.is_acked(P(0, 1))
@@ -227,18 +228,40 @@ def test_whole_entry_txn_ack_of_a_partially_acked_batch_conflicts() -> None:
     state.ack([(P(0, 0), 0, 3)])
     with pytest.raises(TransactionConflict, match="already acked"):
         state.prepare_ack(T1, [(P(0, 0), None, 3)])
-    [record] = state.prepare_ack(T1, [(P(0, 0), 1, 3), (P(0, 0), 2, 3)])
+    record = state.prepare_ack(T1, [(P(0, 0), 1, 3), (P(0, 0), 2, 3)])
+    assert record is not None
     state.apply(record, P(9, 0))
     assert state.dispatcher.outstanding == 0
+
+
+def test_a_txn_cumulative_ack_inside_a_batch_is_one_record_and_refuses_what_a_committed_txn_acked() -> None:
+    state = state_with_consumer()
+    state.on_read(state.read_position, [data_entry(0, [b"a", b"b", b"c"])], P(0, 1), P(0, 0))
+    deliver(state)
+    record = state.prepare_ack(T1, [(P(0, 0), 0, 3)])
+    assert record is not None
+    state.apply(record, P(9, 0))
+    state.apply(CommitRecord(T1), P(9, 1))
+    with pytest.raises(TransactionConflict, match="already acked"):  # index 0 is T1's, committed
+        state.prepare_ack(T2, [(P(0, 0), 0, 3)], cumulative=True, request="r0")
+    record = state.prepare_ack(T2, [(P(0, 0), 1, 3)], cumulative=True, request="r1")
+    assert record == AckRecord(T2, AckKind.CUMULATIVE, (Ack(P(0, 0), 1, 3),), "r1")
+    state.apply(record, P(9, 2))
+    assert state.dispatcher.outstanding == 1  # index 2 is still out
+    assert state.prepare_ack(T2, [(P(0, 0), 1, 3)], cumulative=True, request="r1") is None  # a retry
+    with pytest.raises(TransactionConflict, match="at or below its own"):  # a new call, the same ack
+        state.prepare_ack(T2, [(P(0, 0), 1, 3)], cumulative=True, request="r2")
 
 
 def test_abort_rewinds_to_what_the_txn_held_and_low_watermark_aborts_dangling_txns() -> None:
     state = state_with_consumer()
     state.on_read(state.read_position, [data_entry(i, [b"x"]) for i in range(4)], P(0, 4), P(0, 3))
     deliver(state)
-    [cumulative] = state.prepare_ack(T1, [(P(0, 1), None, None)], cumulative=True)
+    cumulative = state.prepare_ack(T1, [(P(0, 1), None, None)], cumulative=True)
+    assert cumulative is not None
     state.apply(cumulative, P(9, 0))
-    [individual] = state.prepare_ack(T2, [(P(0, 3), None, None)])
+    individual = state.prepare_ack(T2, [(P(0, 3), None, None)])
+    assert individual is not None
     state.apply(individual, P(9, 1))
     assert state.read_position == P(0, 4)
     # T2 ends with a watermark covering T1 (dangling): T1 is aborted first
@@ -264,7 +287,8 @@ def test_persisted_form_and_trim_point() -> None:
     state.delivered_through = P(0, 10)
     for number in range(3):
         txn = TxnID(0, number)
-        [ack] = state.prepare_ack(txn, [(P(0, number), None, None)])
+        ack = state.prepare_ack(txn, [(P(0, number), None, None)])
+        assert ack is not None
         state.apply(ack, P(5, 2 * number))
         state.apply(CommitRecord(txn), P(5, 2 * number + 1))
     persisted = state.persisted_form()
