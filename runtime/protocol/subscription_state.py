@@ -379,6 +379,7 @@ class SubscriptionState:
             "partially_acked_batches": cursor.partially_acked_batches,
             "unacked": self.dispatcher.outstanding,
             "queued": self.dispatcher.queued,
+            "draining_keys": self.dispatcher.draining_keys(),
             "read_position": str(self.read_position),
             "delivered_through": str(self.delivered_through),
             "generation": self.generation,

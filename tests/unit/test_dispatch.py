@@ -5,6 +5,8 @@ transactional acks, persistence forms, backlog counting, and the client's ack co
 from __future__ import annotations
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from raytxn.client.consumer import _whole_entries
 from raytxn.errors import InvalidArgument, NotAllowed, TransactionConflict
@@ -122,6 +124,112 @@ def test_key_shared_routes_keys_stably_and_blocked_keys_wait_in_order() -> None:
     dispatcher.add_consumer("c", "c", ConsumerType.KeyShared, 0.0)
     moved = sum(dispatcher.consumer_of_key(key) != owners[key] for key in keys)
     assert all(dispatcher.consumer_of_key(key) in (owners[key], "c") for key in keys) and moved < len(keys)
+
+
+def test_key_shared_keys_moving_to_a_new_consumer_wait_until_their_earlier_messages_are_acked() -> None:
+    dispatcher = Dispatcher(0, routing_key_of)
+    dispatcher.add_consumer("a", "a", ConsumerType.KeyShared, 0.0)
+    keys = [f"k{i}" for i in range(12)]
+    for entry in range(24):  # k0..k11, then k0..k11 again
+        dispatcher.offer(queued(entry, key=keys[entry % 12]))
+    assert fetch(dispatcher, "a", 12) == list(range(12))  # the first message of every key
+    dispatcher.add_consumer("c", "c", ConsumerType.KeyShared, 1.0)
+    moved = [key for key in keys if dispatcher.consumer_of_key(key) == "c"]
+    stayed = [key for key in keys if key not in moved]
+    assert moved and stayed
+    assert fetch(dispatcher, "c", 100) == []  # each moved key's first message is still out with "a"
+    assert dispatcher.draining_keys() == len(moved)
+    assert fetch(dispatcher, "a", 100) == [12 + keys.index(key) for key in stayed]  # unmoved keys flow
+    first, second, *_ = moved
+    dispatcher.settle([(P(0, keys.index(first)), 0)])  # "a" acks the first key's message
+    assert fetch(dispatcher, "c", 100) == [12 + keys.index(first)]
+    assert dispatcher.release("a", [(P(0, keys.index(second)), 0)]) == [(P(0, keys.index(second)), 0)]
+    dispatcher.offer(queued(keys.index(second), key=second))  # given back: read again, ahead of the later one
+    assert fetch(dispatcher, "c", 100) == [keys.index(second), 12 + keys.index(second)]
+    assert dispatcher.draining_keys() == len(moved) - 2
+    dispatcher.remove_consumer("a")  # its outstanding messages are given back: nothing drains
+    assert dispatcher.draining_keys() == 0
+
+
+KEYS = ["k0", "k1", "k2", "k3", "k4", "k5"]
+offer_op = st.tuples(st.just("offer"), st.sampled_from(KEYS))
+fetch_op = st.tuples(st.just("fetch"), st.integers(0, 2), st.integers(1, 4))
+dispatch_ops = st.lists(st.one_of(  # consumers are picked by index among those attached
+    offer_op, offer_op, fetch_op, fetch_op, st.tuples(st.just("join")),
+    st.tuples(st.just("leave"), st.integers(0, 2)),
+    st.tuples(st.just("ack"), st.integers(0, 2), st.integers(0, 3)),
+    st.tuples(st.just("nack"), st.integers(0, 2), st.integers(0, 3)),
+), min_size=10, max_size=80)
+
+
+@settings(max_examples=200, deadline=None)
+@given(dispatch_ops)
+@example([("join",), ("offer", "k0"), ("fetch", 0, 1), ("join",), ("offer", "k0"), ("fetch", 1, 1)])  # k0 moves
+def test_key_shared_never_has_a_key_outstanding_with_two_consumers(ops: list[tuple]) -> None:
+    """Consumers join and leave, fetch, ack and give back in any order: a key's messages are never
+    outstanding with two consumers at once, each consumer gets a key's messages in order unless one
+    was given back, and once everything is acked every message was delivered."""
+    dispatcher = Dispatcher(0, routing_key_of)
+    key_of: dict[int, str] = {}
+    outstanding: dict[str, list[int]] = {}  # attached consumer -> entries it holds, in the order received
+    delivered: set[int] = set()
+    given_back: set[str] = set()  # keys with a redelivery: order may differ for them
+    last_of_key: dict[tuple[str, str], int] = {}
+    joined = 0
+
+    def give_back(entries: list[int]) -> None:
+        for entry in entries:
+            given_back.add(key_of[entry])
+            dispatcher.offer(queued(entry, key=key_of[entry]))  # read again, as a rewind does
+
+    def take(consumer: str, demand: int) -> None:
+        for entry in fetch(dispatcher, consumer, demand):
+            key = key_of[entry]
+            if key not in given_back:
+                assert entry > last_of_key.get((consumer, key), -1)
+            last_of_key[(consumer, key)] = entry
+            holders = {c for c, entries in outstanding.items() for e in entries if key_of[e] == key}
+            assert holders <= {consumer}, f"{key} is outstanding with {holders} and handed to {consumer}"
+            outstanding[consumer].append(entry)
+            delivered.add(entry)
+
+    def join() -> None:
+        nonlocal joined
+        consumer = f"c{joined}"
+        joined += 1
+        dispatcher.add_consumer(consumer, consumer, ConsumerType.KeyShared, 0.0)
+        outstanding[consumer] = []
+
+    for op in ops:
+        attached = sorted(outstanding)
+        consumer = attached[op[1] % len(attached)] if len(op) > 1 and op[0] != "offer" and attached else None
+        if op[0] == "offer":
+            entry = len(key_of)
+            key_of[entry] = op[1]
+            dispatcher.offer(queued(entry, key=op[1]))
+        elif op[0] == "join" and len(attached) < 3:
+            join()
+        elif op[0] == "leave" and consumer is not None:
+            give_back([key[0].entry_id for key in dispatcher.remove_consumer(consumer)])
+            del outstanding[consumer]
+        elif op[0] == "fetch" and consumer is not None:
+            take(consumer, op[2])
+        elif op[0] in ("ack", "nack") and consumer is not None and outstanding[consumer]:
+            entry = outstanding[consumer].pop(op[2] % len(outstanding[consumer]))
+            if op[0] == "ack":
+                assert dispatcher.settle([(P(0, entry), 0)]) == [(P(0, entry), 0)]
+            else:
+                assert dispatcher.release(consumer, [(P(0, entry), 0)]) == [(P(0, entry), 0)]
+                give_back([entry])
+    if not outstanding:
+        join()
+    for _ in range(len(key_of) + 1):  # everybody acks all it has and fetches: nothing stays stuck
+        for entries in outstanding.values():
+            dispatcher.settle([(P(0, entry), 0) for entry in entries])
+            entries.clear()
+        for consumer in list(outstanding):
+            take(consumer, 100)
+    assert delivered == set(key_of) and dispatcher.queued == 0
 
 
 def test_settle_entries_and_cumulative_and_idle_consumers() -> None:
