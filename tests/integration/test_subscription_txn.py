@@ -44,6 +44,15 @@ def send(client: rt.Client, topic: str, count: int, batch: bool = False, prefix:
     return [future.result() for future in futures]
 
 
+def received(client: rt.Client, count: int) -> tuple[str, Consumer, list[rt.MessageId], list[Message]]:
+    """A new topic with ``count`` messages, one entry each, all received by an exclusive consumer
+    of subscription "sub"."""
+    topic = new_topic(client)
+    consumer = client.subscribe(topic, "sub")
+    ids = send(client, topic, count)
+    return topic, consumer, ids, receive_all(consumer, count)
+
+
 def actor(topic: str, sub: str = "sub") -> ActorRef:
     return ActorRef(subscription_actor_name(topic, 0, sub))
 
@@ -72,10 +81,7 @@ def fresh_consumer(client: rt.Client, old: Consumer, topic: str) -> Consumer:
 
 
 def test_commit_makes_acks_permanent_across_a_restart(client: rt.Client) -> None:
-    topic = new_topic(client)
-    consumer = client.subscribe(topic, "sub")
-    ids = send(client, topic, 5)
-    got = receive_all(consumer, 5)
+    topic, consumer, ids, got = received(client, 5)
     with client.transaction() as txn:
         consumer.acknowledge(got[0], txn)
         consumer.acknowledge(got[1], txn)
@@ -208,10 +214,7 @@ def test_acking_a_message_never_delivered_is_refused(client: rt.Client) -> None:
 
 
 def test_cumulative_acks_in_txns(client: rt.Client) -> None:
-    topic = new_topic(client)
-    consumer = client.subscribe(topic, "sub")
-    ids = send(client, topic, 8)
-    got = receive_all(consumer, 8)
+    topic, consumer, ids, got = received(client, 8)
     txn1, txn2 = client.new_transaction(), client.new_transaction()
     consumer.acknowledge_cumulative(got[2], txn1)
     assert stats(topic)["pending_ack"]["cumulative"] == [str(txn1.id), str(ids[2].position)]
@@ -250,10 +253,7 @@ def test_a_retried_cumulative_ack_call_succeeds_and_a_new_call_repeating_it_conf
     """Pulsar refuses a txn's cumulative ack at or below its own pending one. The consumer's retry
     of a call whose reply was lost (here: the actor crashed right after logging it) must still
     succeed: each call carries a request id, logged with its record and rebuilt by replay."""
-    topic = new_topic(client)
-    consumer = client.subscribe(topic, "sub")
-    ids = send(client, topic, 4)
-    got = receive_all(consumer, 4)
+    topic, consumer, ids, got = received(client, 4)
     txn = client.new_transaction()
     consumer.acknowledge(got[0], txn)  # registers the subscription with the txn
     incarnation = stats(topic)["incarnation"]
@@ -325,10 +325,7 @@ def test_txn_acks_of_what_a_committed_txn_acked_conflict_across_a_restart(client
 
 def test_async_cumulative_acks_in_a_txn_go_as_one_call_for_the_highest(client: rt.Client) -> None:
     """Grouped together they were one call naming several messages, which a cumulative ack may not."""
-    topic = new_topic(client)
-    consumer = client.subscribe(topic, "sub")
-    ids = send(client, topic, 3)
-    got = receive_all(consumer, 3)
+    topic, consumer, ids, got = received(client, 3)
     txn = client.new_transaction()
     acks = [consumer.acknowledge_cumulative_async(message, txn) for message in got[:2]]
     for ack in acks:
@@ -409,10 +406,7 @@ def test_recovery_by_log_replay_after_a_crash(client: rt.Client, crash_topic: st
 
 
 def test_log_is_trimmed_as_mark_delete_moves_and_on_a_timer(client: rt.Client) -> None:
-    topic = new_topic(client)
-    consumer = client.subscribe(topic, "sub")
-    ids = send(client, topic, 20)
-    got = receive_all(consumer, 20)
+    topic, consumer, ids, got = received(client, 20)
 
     def ack_each_in_a_txn(messages: list[Message]) -> None:
         for message in messages:
