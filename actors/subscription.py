@@ -227,16 +227,18 @@ class Subscription(ActorShell, FaultTarget, TopicPermissions):
 
     @guarded(Access.CONSUME)
     async def ack(self, consumer_id: str, acks: list[AckTuple], cumulative: bool = False,
-                  txn: TxnID | None = None) -> None:
+                  txn: TxnID | None = None, request_id: str | None = None) -> None:
         """Acks of ``(position, batch_index, batch_size)``. Plain ones change the cursor (which is
-        persisted later); transactional ones return once logged in the pending-ack log."""
+        persisted later); transactional ones return once logged in the pending-ack log.
+        ``request_id`` names a transactional call: sent again (a retry), it succeeds once logged."""
         await self._started()
         self.state.dispatcher.touch(consumer_id, self.clock.monotonic())
         async with self._lock:
             if txn is None:
                 self.state.ack(acks, cumulative)
             else:
-                for record in self.state.prepare_ack(txn, acks, cumulative):
+                record = self.state.prepare_ack(txn, acks, cumulative, request_id)
+                if record is not None:
                     await self.faults.hit("subscription.before_pending_ack_log", txn=txn)
                     await self._log(record)
                     await self.faults.hit("subscription.after_pending_ack_log", txn=txn)

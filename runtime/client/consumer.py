@@ -10,7 +10,9 @@ Acks are grouped per partition and transaction and sent every few milliseconds, 
 grouping. Plain acks return at once. An ack in a transaction registers the subscription with the
 coordinator (once per txn and partition) and is tracked by the transaction (commit waits for it,
 and aborts if it failed); ``acknowledge`` with a txn waits until the ack is logged, so a conflict
-raises right there, while ``acknowledge_async`` returns a future.
+raises right there, while ``acknowledge_async`` returns a future. Each group goes in one call with
+a request id, which the subscription logs: a retry of that call (its reply lost, the actor
+restarted) succeeds, while a new call repeating a txn's cumulative ack is a conflict, as in Pulsar.
 
 Ack timeouts and negative acks are tracked here, as Pulsar's client does: when one is due, the
 consumer asks the actor to redeliver those messages (to whichever consumer should get them).
@@ -95,6 +97,8 @@ class _HeldBatch:
 class _AckGroup:
     txn: Transaction | None
     acks: list[tuple[Position, int | None, int]] = field(default_factory=list)
+    # Names the one ack call this group becomes: the subscription knows a retry of it by this.
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     futures: list[concurrent.futures.Future] = field(default_factory=list)
     # Resolved with the group: what the txn tracks (one future per group, not per ack).
     sent: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
@@ -276,7 +280,7 @@ class Consumer:
                 del self._held[held_key]
                 ack, futures = (message_id.position, None, batch_size), held.futures
             group, new_group = self._group_locked(message_id.partition, txn, cumulative)
-            if cumulative and txn is None:  # only the highest plain cumulative ack matters
+            if cumulative:  # one call names one message: the highest, which covers the others
                 group.acks = [max([*group.acks, ack], key=lambda a: (a[0], a[1] or 0))]
             else:
                 group.acks.append(ack)
@@ -519,7 +523,8 @@ class Consumer:
             if txn is not None:
                 await txn.register("subscription", (self.topic, partition, self.subscription))
             await feed.ref.call_async("ack", self.consumer_id, group.acks, cumulative,
-                                      txn.id if txn is not None else None, deadline_s=self._client.deadline_s)
+                                      txn.id if txn is not None else None, deadline_s=self._client.deadline_s,
+                                      request_id=group.request_id)
         except BaseException as error:  # every ack of the group learns why
             if txn is None:
                 log.warning("acks on %s failed: %r", feed.ref.name, error)

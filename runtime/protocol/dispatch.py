@@ -14,6 +14,15 @@ messages to consumers with demand, by the subscription type:
   with one consumer while the set of consumers is stable (and only some keys move when it
   changes). A message whose consumer has no demand waits, and so do the later messages of its key
   (they route to the same consumer), while other keys' messages pass it.
+  When a consumer joins, some keys move to it while their earlier messages are still outstanding
+  with their old consumer. Such a key *drains*: its messages wait until no message of the key is
+  outstanding with any other consumer (acked, taken by a transaction, or given back), so nobody
+  gets a key's later message while an earlier one is unacked elsewhere. This is Pulsar's rule for
+  recently joined consumers (hold back the newcomer's keys until what was dispatched before it
+  joined is acked), kept per key as Pulsar 4 does with its draining hashes (PIP-379, which
+  replaced the position-based ``readPositionWhenJoining``): keys that did not move, or whose
+  earlier messages are acked, do not wait for unrelated slow messages. A message given back goes
+  to the key's current consumer like any other.
 
 A handed-out message is *outstanding* with its consumer until it is acked (``settle``) or given
 back (``release``: negative ack, ack timeout, consumer gone, failover switch). A given-back
@@ -50,14 +59,13 @@ MessageKey = tuple[Position, int]  # (entry position, batch index); batch index 
 # Settled = acked or held by a transaction: such a message is dropped from the queue at dispatch.
 SettledCheck = Callable[[Position, int, int], bool]
 
-_UNDECODED = object()
 _MAX_INDEX = 1 << 62  # above every batch index: (position, _MAX_INDEX) ends an entry's keys
 
 
 class QueuedMessage:
     """A message waiting for a consumer: where it is, and its encoded ``MessageRecord``."""
 
-    __slots__ = ("_routing_key", "batch_index", "batch_size", "position", "publish_time_ms", "record")
+    __slots__ = ("_key_hash", "batch_index", "batch_size", "position", "publish_time_ms", "record")
 
     def __init__(self, position: Position, batch_index: int, batch_size: int, publish_time_ms: int,
                  record: bytes) -> None:
@@ -66,7 +74,7 @@ class QueuedMessage:
         self.batch_size = batch_size
         self.publish_time_ms = publish_time_ms
         self.record = record
-        self._routing_key: object = _UNDECODED
+        self._key_hash: int | None = None  # Key_Shared: the hash of its routing key, once computed
 
     @property
     def key(self) -> MessageKey:
@@ -81,7 +89,8 @@ class _Consumer:
         self.name = name
         self.demand = 0                     # messages the current fetch can still take
         self.outbox: list[QueuedMessage] = []  # handed out, not yet returned by the fetch
-        self.outstanding: dict[MessageKey, None] = {}  # handed out, not acked (insertion ordered)
+        # Handed out, not acked (insertion ordered) -> its key's hash (Key_Shared; else None).
+        self.outstanding: dict[MessageKey, int | None] = {}
         self.last_seen = now
         self.fetching = 0                   # fetches in progress (a consumer waiting is alive)
 
@@ -106,6 +115,8 @@ class Dispatcher:
         self._queue: SortedDict = SortedDict()  # MessageKey -> QueuedMessage
         self._owner: dict[Position, dict[int, str]] = {}  # outstanding: entry -> batch index -> consumer id
         self._redeliveries: dict[MessageKey, int] = {}
+        # Key_Shared: key hash -> consumer id -> its outstanding messages of such keys
+        self._key_holders: dict[int, dict[str, int]] = {}
 
     # --- consumers ---------------------------------------------------------------------------
 
@@ -232,7 +243,7 @@ class Dispatcher:
                 break
             consumer.outbox.append(message)
             consumer.demand -= 1
-            consumer.outstanding[key] = None
+            self._add_outstanding(consumer, key, message._key_hash if self.type is ConsumerType.KeyShared else None)
             self._owner.setdefault(message.position, {})[message.batch_index] = consumer.consumer_id
             served[consumer.consumer_id] = None
             done.append(key)
@@ -256,22 +267,54 @@ class Dispatcher:
                     return consumer
             return None
         if self.type is ConsumerType.KeyShared:
-            owner = self._consumers[self.consumer_of_key(self._key_of(message))]
+            if message._key_hash is None:
+                message._key_hash = stable_hash(self._routing_key_of(message.record) or "")
+            owner = self._consumers[self._ring_owner(message._key_hash)]
+            if self._draining(message._key_hash, owner.consumer_id):
+                return None
         else:
             owner = self._consumers[self._active] if self._active is not None else None
         return owner if owner is not None and owner.demand > 0 else None
-
-    def _key_of(self, message: QueuedMessage) -> str | None:
-        if message._routing_key is _UNDECODED:
-            message._routing_key = self._routing_key_of(message.record)
-        return message._routing_key  # type: ignore[return-value]
 
     def consumer_of_key(self, key: str | None) -> str:
         """The Key_Shared consumer of ``key`` (messages without a key share the empty key)."""
         if not self._ring_owners:
             raise InvalidArgument("no Key_Shared consumers")
-        index = bisect.bisect_right(self._ring_hashes, stable_hash(key or ""))
+        return self._ring_owner(stable_hash(key or ""))
+
+    def _ring_owner(self, key_hash: int) -> str:
+        index = bisect.bisect_right(self._ring_hashes, key_hash)
         return self._ring_owners[index % len(self._ring_owners)]
+
+    def _draining(self, key_hash: int, consumer_id: str) -> bool:
+        """Whether messages of keys with this hash are outstanding with another consumer than
+        ``consumer_id`` (the key moved to it): then its messages wait (module docstring)."""
+        holders = self._key_holders.get(key_hash)
+        return holders is not None and any(holder != consumer_id for holder in holders)
+
+    def draining_keys(self) -> int:
+        """Key hashes whose messages wait for another consumer's outstanding ones (stats)."""
+        if self.type is not ConsumerType.KeyShared or not self._ring_owners:
+            return 0
+        return sum(any(holder != self._ring_owner(key_hash) for holder in holders)
+                   for key_hash, holders in self._key_holders.items())
+
+    def _add_outstanding(self, consumer: _Consumer, key: MessageKey, key_hash: int | None) -> None:
+        consumer.outstanding[key] = key_hash
+        if key_hash is not None:
+            holders = self._key_holders.setdefault(key_hash, {})
+            holders[consumer.consumer_id] = holders.get(consumer.consumer_id, 0) + 1
+
+    def _drop_outstanding(self, consumer: _Consumer, key: MessageKey) -> None:
+        key_hash = consumer.outstanding.pop(key, None)
+        if key_hash is None:
+            return
+        holders = self._key_holders[key_hash]
+        holders[consumer.consumer_id] -= 1
+        if not holders[consumer.consumer_id]:
+            del holders[consumer.consumer_id]
+            if not holders:
+                del self._key_holders[key_hash]
 
     def take(self, consumer_id: str) -> list[tuple[QueuedMessage, int]]:
         """End a fetch: the messages handed to ``consumer_id`` with their redelivery counts."""
@@ -294,7 +337,7 @@ class Dispatcher:
             if owner is not None:
                 if not owners:
                     del self._owner[key[0]]
-                self._consumers[owner].outstanding.pop(key, None)
+                self._drop_outstanding(self._consumers[owner], key)
                 removed.append(key)
         return removed
 
@@ -313,7 +356,7 @@ class Dispatcher:
             del self._queue[key]
         removed = []
         for index, owner in self._owner.pop(position, {}).items():
-            self._consumers[owner].outstanding.pop((position, index), None)
+            self._drop_outstanding(self._consumers[owner], (position, index))
             removed.append((position, index))
         return removed
 
@@ -337,7 +380,7 @@ class Dispatcher:
         else:
             released = [key for key in keys if key in consumer.outstanding]
         for key in released:
-            del consumer.outstanding[key]
+            self._drop_outstanding(consumer, key)
             owners = self._owner[key[0]]
             del owners[key[1]]
             if not owners:
@@ -368,6 +411,7 @@ class Dispatcher:
         self._queue.clear()
         self._owner.clear()
         self._redeliveries.clear()
+        self._key_holders.clear()
         for consumer in self._consumers.values():
             consumer.outstanding.clear()
             consumer.outbox = []

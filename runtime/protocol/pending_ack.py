@@ -8,16 +8,28 @@ answer success); ``apply`` is the only mutator, used live right after the append
 
 Conflict rules (``TransactionConflict``, naming the holder):
 
-* an individual ack of an entry or batch index already acked in the cursor, or pending in another
-  transaction - individually, or under that transaction's pending cumulative ack;
-* a cumulative ack at or below the mark-delete position, below the same transaction's pending
-  cumulative ack, while another transaction holds a pending cumulative ack (Pulsar: one per
-  subscription), or over an entry pending individually in another transaction.
+* an individual ack of an entry or batch index already acked in the cursor (by a committed
+  transaction or a plain ack), or pending in another transaction - individually, or under that
+  transaction's pending cumulative ack;
+* a cumulative ack of a message already acked in the cursor (at or below the mark-delete
+  position, or acked individually), while another transaction holds a pending cumulative ack
+  (Pulsar: one per subscription), at or below the same transaction's pending cumulative ack
+  (Pulsar's rule, batch index included: up to index 2 of an entry, then up to index 1 of it, is a
+  conflict), or over an entry pending individually in another transaction.
   The last and "individual under another's cumulative" are stricter than Pulsar, which lets both
   pass: two transactions that both commit would then each have consumed the same message.
-* Within one transaction, acks are idempotent: the same index again, an entry under its own
-  cumulative ack, or the same cumulative position again (Pulsar rejects the last; Ray re-executes
-  retried calls, so a retry must not fail) are no-ops.
+* Within one transaction, individual acks are idempotent: the same index again, or an entry under
+  its own cumulative ack, is a no-op (Pulsar rejects an individual ack pending in the same txn).
+
+A cumulative ack names one message: a whole entry (everything up to it) or batch index i of an
+entry (everything before the entry, and indexes 0..i of it; the last index means the whole entry).
+One ack call is one record, so a call is logged entirely or not at all.
+
+Retries. The caller gives each ack call a request id, logged in its record. A call whose request
+id is logged already for a pending transaction is a retry (Ray or the client re-sent a call whose
+reply was lost) and succeeds without logging anything; a new call repeating the same cumulative
+ack is a conflict, as in Pulsar. Replay rebuilds the ids with the records, so this holds across a
+restart; the log keeps every record of a pending transaction (see below), so none is forgotten.
 
 Acking a message that was never delivered on the subscription is ``NotAllowed``.
 
@@ -50,9 +62,11 @@ from raytxn.errors import (
     TransactionConflict,
 )
 from raytxn.ids import Position, TxnID
-from raytxn.protocol.cursor import Cursor, check_batch
+from raytxn.protocol.cursor import Cursor, check_batch, position_before
 
 DEFAULT_MAX_REMEMBERED_ENDED = 10_000
+MAX_REQUEST_ID_LENGTH = 128
+_WHOLE = 1 << 62  # above every batch index: a cumulative ack of a whole entry sorts after its indexes
 
 
 class AckKind(enum.StrEnum):
@@ -69,17 +83,20 @@ class Ack(msgspec.Struct, frozen=True, array_like=True):
 
 
 class AckRecord(msgspec.Struct, tag="ack", frozen=True):
-    """Acks made in ``txn``. A cumulative record holds exactly one whole-entry ack."""
+    """Acks made in ``txn`` by one ack call. A cumulative record holds exactly one ack (a whole
+    entry, or a batch index: see the module docstring). ``request``: the call's id, by which a
+    retry of it is recognised (None in records logged before request ids existed)."""
 
     txn: TxnID
     kind: AckKind
     acks: tuple[Ack, ...]
+    request: str | None = None
 
     def __post_init__(self) -> None:  # a ValueError here is a ValidationError when decoding
         if not self.acks:
             raise ValueError("an ack record needs at least one ack")
-        if self.kind is AckKind.CUMULATIVE and (len(self.acks) != 1 or self.acks[0].batch_index is not None):
-            raise ValueError("a cumulative ack record holds exactly one whole-entry ack")
+        if self.kind is AckKind.CUMULATIVE and len(self.acks) != 1:
+            raise ValueError("a cumulative ack record holds exactly one ack")
         for ack in self.acks:
             index, size = ack.batch_index, ack.batch_size
             if (index is None) != (size is None) or (index is not None and size is not None and not 0 <= index < size):
@@ -153,13 +170,16 @@ class _Hold:
 
 
 class _TxnAcks:
-    """The pending acks of one transaction: position -> acked-index mask (None: whole entry)."""
+    """The pending acks of one transaction: position -> acked-index mask (None: whole entry), the
+    entries its cumulative acks cover, the highest of them, and the ids of its logged calls."""
 
-    __slots__ = ("cumulative", "individual")
+    __slots__ = ("cumulative", "individual", "point", "requests")
 
     def __init__(self) -> None:
-        self.individual: dict[Position, int | None] = {}
-        self.cumulative: Position | None = None
+        self.individual: dict[Position, int | None] = {}  # a cumulative ack's batch indexes too
+        self.cumulative: Position | None = None  # every entry up to here (None: none above the bound)
+        self.point: tuple[Position, int] | None = None  # its highest cumulative ack (see _point)
+        self.requests: set[str] = set()
 
 
 Delivered = Callable[[Position], bool] | Position
@@ -172,7 +192,8 @@ class PendingAck:
         self.cursor = cursor
         self._txns: dict[TxnID, _TxnAcks] = {}
         self._holds: SortedDict = SortedDict()  # Position -> _Hold, for every individually pending entry
-        self._cumulative: tuple[TxnID, Position] | None = None  # at most one per subscription (Pulsar)
+        self._cumulative_txn: TxnID | None = None  # the one with a pending cumulative ack (Pulsar)
+        self._cumulative: tuple[TxnID, Position] | None = None  # it, and the entries that ack covers
         # Volatile memory of ended txns (rebuilt by replay as far as the log goes): rejects a
         # retried ack of an ended txn. Not needed for correctness of the durable state.
         self._ended: OrderedDict[TxnID, bool] = OrderedDict()  # txn -> committed
@@ -318,13 +339,17 @@ class PendingAck:
 
     # --- prepare -----------------------------------------------------------------------------
 
-    def prepare_ack(self, txn: TxnID, kind: AckKind, acks: Sequence[Ack | tuple],
-                    delivered: Delivered) -> AckRecord | None:
-        """Validate acks made in ``txn``; the record to log, or None when ``txn`` holds them all
-        already. ``delivered`` says whether a position was dispatched on this subscription (a
-        predicate, or the highest dispatched position)."""
+    def prepare_ack(self, txn: TxnID, kind: AckKind, acks: Sequence[Ack | tuple], delivered: Delivered,
+                    request: str | None = None) -> AckRecord | None:
+        """Validate the acks of one call made in ``txn``; the record to log, or None when there is
+        nothing to log: ``txn`` holds them all already, or ``request`` (the call's id) is logged
+        for it already (a retry). ``delivered`` says whether a position was dispatched on this
+        subscription (a predicate, or the highest dispatched position)."""
         if not isinstance(txn, TxnID):
             raise InvalidArgument(f"txn must be a TxnID, got {txn!r}")
+        if request is not None and (type(request) is not str or not 0 < len(request) <= MAX_REQUEST_ID_LENGTH):
+            raise InvalidArgument(f"request id must be a str of 1 to {MAX_REQUEST_ID_LENGTH} characters, "
+                                  f"got {request!r}")
         ended = self._ended.get(txn)
         if ended is not None:
             raise (TransactionAlreadyCommitted if ended else TransactionAlreadyAborted)(
@@ -333,6 +358,9 @@ class PendingAck:
             kind = AckKind(kind)
         except ValueError:
             raise InvalidArgument(f"ack kind must be individual or cumulative, got {kind!r}") from None
+        pending = self._txns.get(txn)
+        if request is not None and pending is not None and request in pending.requests:
+            return None  # a retry of a call that was logged (its reply was lost): done
         normalized = [_normalize(ack) for ack in acks]
         if not normalized:
             raise InvalidArgument("no acks given")
@@ -340,15 +368,13 @@ class PendingAck:
             if not (delivered(ack.position) if callable(delivered) else ack.position <= delivered):
                 raise NotAllowed(f"{txn} acks {ack.position}, which was never delivered on this subscription")
         if kind is AckKind.CUMULATIVE:
-            return self._prepare_cumulative(txn, normalized)
+            return self._prepare_cumulative(txn, normalized, request)
         new: dict[tuple[Position, int | None], Ack] = {}
         sizes: dict[Position, int] = {}
         for ack in normalized:
             position, index = ack.position, ack.batch_index
             if index is not None:
-                known = sizes.setdefault(position, self._batch_size_of(position) or ack.batch_size)  # type: ignore[arg-type]
-                if known != ack.batch_size:
-                    raise InvalidArgument(f"{position} holds {known} messages, not {ack.batch_size}")
+                self._check_batch_size(ack, sizes)
             if self.cursor.is_acked(position, index):
                 raise TransactionConflict(f"{txn} acks {_name(position, index)}, which is already acked")
             holder = self._holder(position, index, except_txn=txn)
@@ -357,29 +383,53 @@ class PendingAck:
             if self._covers(txn, position, index) or (position, None) in new:
                 continue
             new[(position, index)] = ack
-        return AckRecord(txn, AckKind.INDIVIDUAL, tuple(new.values())) if new else None
+        return AckRecord(txn, AckKind.INDIVIDUAL, tuple(new.values()), request) if new else None
 
-    def _prepare_cumulative(self, txn: TxnID, acks: list[Ack]) -> AckRecord | None:
-        if len(acks) != 1 or acks[0].batch_index is not None:
-            raise InvalidArgument("a cumulative ack takes exactly one whole-entry position")
-        position = acks[0].position
+    def _check_batch_size(self, ack: Ack, sizes: dict[Position, int]) -> None:
+        """``InvalidArgument`` when ``ack``'s batch size disagrees with the one known (pending, in
+        the cursor, or earlier in the same call: ``sizes``)."""
+        known = sizes.setdefault(ack.position, self._batch_size_of(ack.position) or ack.batch_size)  # type: ignore[arg-type]
+        if known != ack.batch_size:
+            raise InvalidArgument(f"{ack.position} holds {known} messages, not {ack.batch_size}")
+
+    def _prepare_cumulative(self, txn: TxnID, acks: list[Ack], request: str | None) -> AckRecord:
+        if len(acks) != 1:
+            raise InvalidArgument("a cumulative ack takes exactly one position")
+        ack = _whole_if_last(acks[0])
+        position, index = ack.position, ack.batch_index
+        named = _name(position, index)
         if position < self.cursor.acked_below:
-            raise TransactionConflict(f"{txn} acks cumulatively up to {position}, at or below the "
+            raise TransactionConflict(f"{txn} acks cumulatively up to {named}, at or below the "
                                       f"mark-delete position {self.cursor.mark_delete_position}")
-        if self._cumulative is not None:
-            holder, pending = self._cumulative
-            if holder != txn:
-                raise TransactionConflict(f"{txn} acks cumulatively while {holder} holds a pending "
-                                          f"cumulative ack up to {pending}")
-            if position == pending:
-                return None
-            if position < pending:
-                raise TransactionConflict(f"{txn} acks cumulatively up to {position}, below its own "
-                                          f"pending cumulative ack up to {pending}")
-        holder = self._first_holder_at_or_below(position, except_txn=txn)
+        if index is not None:
+            self._check_batch_size(ack, {})
+        if self.cursor.is_acked(position, index):
+            raise TransactionConflict(f"{txn} acks cumulatively up to {named}, which is already acked")
+        holder = self._cumulative_txn
+        if holder is not None and holder != txn:
+            raise TransactionConflict(f"{txn} acks cumulatively while {holder} holds a pending "
+                                      f"cumulative ack up to {_point_name(self._txns[holder].point)}")
+        own = self._txns[txn].point if txn in self._txns else None
+        if own is not None and _point(ack) <= own:
+            raise TransactionConflict(f"{txn} acks cumulatively up to {named}, at or below its own "
+                                      f"pending cumulative ack up to {_point_name(own)}")
+        holder = self._cumulative_conflict(txn, ack)
         if holder is not None:
-            raise TransactionConflict(f"{txn} acks cumulatively up to {position} over messages pending in {holder}")
-        return AckRecord(txn, AckKind.CUMULATIVE, (acks[0],))
+            raise TransactionConflict(f"{txn} acks cumulatively up to {named} over messages pending in {holder}")
+        return AckRecord(txn, AckKind.CUMULATIVE, (ack,), request)
+
+    def _cumulative_conflict(self, txn: TxnID, ack: Ack) -> TxnID | None:
+        """Another transaction holding a message that ``txn``'s cumulative ``ack`` covers."""
+        holder = self._first_holder_at_or_below(_cover(ack), except_txn=txn)
+        if holder is not None or ack.batch_index is None:
+            return holder
+        return next((holder for index in self._unacked_indexes_through(ack)
+                     if (holder := self._holder(ack.position, index, except_txn=txn)) is not None), None)
+
+    def _unacked_indexes_through(self, ack: Ack) -> list[int]:
+        """The indexes 0..i of a cumulative ack of batch index i that the cursor has not acked."""
+        assert ack.batch_index is not None
+        return [index for index in range(ack.batch_index + 1) if not self.cursor.is_acked(ack.position, index)]
 
     def prepare_commit(self, txn: TxnID) -> CommitRecord | None:
         """The record that commits ``txn``'s acks, or None when it has none pending (success; the
@@ -425,39 +475,65 @@ class PendingAck:
     def _apply_ack(self, record: AckRecord) -> None:
         txn = record.txn
         if record.kind is AckKind.CUMULATIVE:
-            position = record.acks[0].position
-            if self._cumulative is not None and self._cumulative[0] != txn:
-                raise InvalidTxnState(f"{txn} cumulative ack while {self._cumulative[0]} holds one "
-                                      "(prepare -> log -> apply not serialized?)")
-            holder = self._first_holder_at_or_below(position, except_txn=txn)
-            if holder is not None:
-                raise InvalidTxnState(f"{txn} cumulative ack up to {position} over acks pending in {holder}")
-            acks = self._txns.setdefault(txn, _TxnAcks())
-            acks.cumulative = max(position, acks.cumulative or position)
-            self._cumulative = (txn, acks.cumulative)
-            return
-        # Check every ack first, so that a refused record leaves no trace.
-        for ack in record.acks:
-            holder = self._holder(ack.position, ack.batch_index, except_txn=txn)
-            if holder is not None:
-                raise InvalidTxnState(f"{txn} acks {_name(ack.position, ack.batch_index)} pending in {holder} "
-                                      "(prepare -> log -> apply not serialized?)")
+            holds = self._apply_cumulative_checks(txn, record.acks[0])
+        else:
+            holds = list(record.acks)
+            # Check every ack first, so that a refused record leaves no trace.
+            for ack in holds:
+                holder = self._holder(ack.position, ack.batch_index, except_txn=txn)
+                if holder is not None:
+                    raise InvalidTxnState(f"{txn} acks {_name(ack.position, ack.batch_index)} pending in {holder} "
+                                          "(prepare -> log -> apply not serialized?)")
         acks = self._txns.setdefault(txn, _TxnAcks())
-        for ack in record.acks:
-            position, index = ack.position, ack.batch_index
-            if self._covers(txn, position, index):
-                continue
-            hold = self._holds.get(position)
-            if hold is None:
-                hold = self._holds[position] = _Hold()
-            if index is None:
-                hold.whole = txn
-                hold.indexes = {}  # only txn's own indexes can be there (checked above)
-                acks.individual[position] = None
-            else:
-                hold.batch_size = ack.batch_size
-                hold.indexes[index] = txn
-                acks.individual[position] = (acks.individual.get(position) or 0) | 1 << index
+        if record.request is not None:
+            acks.requests.add(record.request)
+        if record.kind is AckKind.CUMULATIVE:
+            self._raise_cumulative(txn, acks, record.acks[0])
+        for ack in holds:
+            self._hold(txn, acks, ack)
+
+    def _apply_cumulative_checks(self, txn: TxnID, ack: Ack) -> list[Ack]:
+        """The rules a cumulative record must still meet (``InvalidTxnState`` otherwise); returns
+        the batch indexes it holds one by one."""
+        if self._cumulative_txn is not None and self._cumulative_txn != txn:
+            raise InvalidTxnState(f"{txn} cumulative ack while {self._cumulative_txn} holds one "
+                                  "(prepare -> log -> apply not serialized?)")
+        holder = self._cumulative_conflict(txn, ack)
+        if holder is not None:
+            raise InvalidTxnState(f"{txn} cumulative ack up to {_name(ack.position, ack.batch_index)} over acks "
+                                  f"pending in {holder}")
+        if ack.batch_index is None:
+            return []
+        return [Ack(ack.position, index, ack.batch_size) for index in self._unacked_indexes_through(ack)]
+
+    def _raise_cumulative(self, txn: TxnID, acks: _TxnAcks, ack: Ack) -> None:
+        """``txn``'s cumulative ack is now (at least) ``ack``; the entries it covers whole are
+        tracked only from the cursor's bound up (nothing below it is pending)."""
+        point = _point(ack)
+        acks.point = max(point, acks.point or point)
+        self._cumulative_txn = txn
+        cover = _cover(ack)
+        if cover >= self.cursor.acked_below:
+            acks.cumulative = max(cover, acks.cumulative or cover)
+        if acks.cumulative is not None:
+            self._cumulative = (txn, acks.cumulative)
+
+    def _hold(self, txn: TxnID, acks: _TxnAcks, ack: Ack) -> None:
+        """``txn`` holds the entry or batch index of ``ack`` individually (checked before)."""
+        position, index = ack.position, ack.batch_index
+        if self._covers(txn, position, index):
+            return
+        hold = self._holds.get(position)
+        if hold is None:
+            hold = self._holds[position] = _Hold()
+        if index is None:
+            hold.whole = txn
+            hold.indexes = {}  # only txn's own indexes can be there (checked before)
+            acks.individual[position] = None
+        else:
+            hold.batch_size = ack.batch_size
+            hold.indexes[index] = txn
+            acks.individual[position] = (acks.individual.get(position) or 0) | 1 << index
 
     def _remember_ended(self, txn: TxnID, committed: bool) -> None:
         self._ended[txn] = committed
@@ -480,8 +556,8 @@ class PendingAck:
                 hold.indexes = {index: holder for index, holder in hold.indexes.items() if holder != txn}
                 if not hold.indexes:
                     del self._holds[position]
-        if self._cumulative is not None and self._cumulative[0] == txn:
-            self._cumulative = None
+        if self._cumulative_txn == txn:
+            self._cumulative_txn = self._cumulative = None
         if committed:
             if touch_cursor:
                 if acks.cumulative is not None:
@@ -513,12 +589,14 @@ class PendingAck:
         cursor's mark-delete bound (holds live and after a complete replay)."""
         owned: dict[tuple[Position, int | None], TxnID] = {}
         for txn, acks in self._txns.items():
-            _require(bool(acks.individual) or acks.cumulative is not None, f"{txn} has nothing pending")
+            _require(bool(acks.individual) or acks.point is not None, f"{txn} has nothing pending")
             for position, mask in acks.individual.items():
                 _require(position >= self.cursor.acked_below, f"{txn} pending at {position} below the bound")
                 for index in [None] if mask is None else _indexes(mask):
                     owned[(position, index)] = txn
+            _require((acks.point is not None) == (self._cumulative_txn == txn), f"cumulative of {txn} not indexed")
             if acks.cumulative is not None:
+                _require(acks.point is not None and acks.cumulative <= acks.point[0], f"cover of {txn} above its ack")
                 _require(self._cumulative == (txn, acks.cumulative), f"cumulative of {txn} not indexed")
                 _require(acks.cumulative >= self.cursor.acked_below, f"cumulative of {txn} below the bound")
         held: dict[tuple[Position, int | None], TxnID] = {}
@@ -528,8 +606,10 @@ class PendingAck:
                 held[(position, None)] = hold.whole
             held.update(((position, index), txn) for index, txn in hold.indexes.items())
         _require(owned == held, f"holds {held} disagree with txns {owned}")
+        if self._cumulative_txn is not None:
+            _require(self._cumulative_txn in self._txns, "cumulative holder not pending")
         if self._cumulative is not None:
-            _require(self._cumulative[0] in self._txns, "cumulative holder not pending")
+            _require(self._cumulative[0] == self._cumulative_txn, "cumulative cover without its txn")
 
 
 class PendingAckLogIndex:
@@ -584,6 +664,27 @@ def _normalize(ack: Ack | tuple) -> Ack:
         raise InvalidArgument(f"ack position must be a Position, got {ack.position!r}")
     check_batch(ack.batch_index, ack.batch_size)
     return ack
+
+
+def _whole_if_last(ack: Ack) -> Ack:
+    """A cumulative ack of a batch's last index is one of the whole entry (the same messages)."""
+    if ack.batch_index is not None and ack.batch_index == ack.batch_size - 1:  # type: ignore[operator]
+        return Ack(ack.position)
+    return ack
+
+
+def _point(ack: Ack) -> tuple[Position, int]:
+    """How far a cumulative ack reaches, comparable: (entry, batch index, or above all for the entry)."""
+    return (ack.position, _WHOLE if ack.batch_index is None else ack.batch_index)
+
+
+def _point_name(point: tuple[Position, int] | None) -> str:
+    return "?" if point is None else _name(point[0], None if point[1] == _WHOLE else point[1])
+
+
+def _cover(ack: Ack) -> Position:
+    """The last entry a cumulative ack covers whole: its own, or (a batch index) the one before."""
+    return ack.position if ack.batch_index is None else position_before(ack.position)
 
 
 def _indexes(mask: int) -> list[int]:

@@ -12,8 +12,8 @@ entries, ledger ends: ``gaps_between``), so the mark-delete position never stick
 
 Acks. Plain acks go straight to the cursor, except on messages held by a transaction: those are
 ignored, as Pulsar does, and a plain cumulative ack over one is a ``TransactionConflict``.
-Transactional acks are prepared here (the ``PendingAck`` rules), logged by the actor, and applied
-by ``apply`` in log order, live and on replay. ``prepare_end`` also aborts the coordinator's
+Transactional acks are prepared here (the ``PendingAck`` rules), one record per ack call, logged
+by the actor, and applied by ``apply`` in log order, live and on replay. ``prepare_end`` also aborts the coordinator's
 dangling transactions at or below the low watermark it sends.
 
 Durability. ``persisted_form`` is the cursor snapshot with the last pending-ack log entry it
@@ -241,6 +241,13 @@ class SubscriptionState:
                 settled += self.dispatcher.settle_entry(ack.position)
         return settled
 
+    def _settle_cumulative(self, ack: Ack) -> list[MessageKey]:
+        """``_settle`` for a cumulative ack (of a whole entry, or up to a batch index of it)."""
+        if ack.batch_index is None:
+            return self.dispatcher.settle_through(ack.position)
+        before, indexes = self._split_cumulative(ack)
+        return self.dispatcher.settle_through(before) + self.dispatcher.settle((ack.position, i) for i in indexes)
+
     def _ack_cumulative(self, ack: Ack) -> None:
         position = ack.position
         if ack.batch_index is None or ack.batch_index == ack.batch_size - 1:  # type: ignore[operator]
@@ -259,14 +266,13 @@ class SubscriptionState:
         self.cursor.ack_cumulative(before)
         for index in indexes:
             self.cursor.ack(position, index, ack.batch_size)
-        settled = self.dispatcher.settle_through(before) + self.dispatcher.settle((position, i) for i in indexes)
-        self.dispatcher.forget_redeliveries(settled)
+        self.dispatcher.forget_redeliveries(self._settle_cumulative(ack))
 
     @staticmethod
     def _split_cumulative(ack: Ack) -> tuple[Position, range]:
         """A cumulative ack of batch index i: (the position just before the entry, indexes 0..i)."""
         assert ack.batch_index is not None
-        return Position(ack.position.ledger_id, ack.position.entry_id - 1), range(ack.batch_index + 1)
+        return position_before(ack.position), range(ack.batch_index + 1)
 
     def _check_cumulative_allowed(self) -> None:
         if self.dispatcher.type in (ConsumerType.Shared, ConsumerType.KeyShared):
@@ -274,8 +280,10 @@ class SubscriptionState:
 
     # --- transactional acks and ends ---------------------------------------------------------
 
-    def prepare_ack(self, txn: TxnID, acks: Sequence[AckTuple], cumulative: bool = False) -> list[AckRecord]:
-        """The records to log for acks made in ``txn`` (empty: it holds them all already)."""
+    def prepare_ack(self, txn: TxnID, acks: Sequence[AckTuple], cumulative: bool = False,
+                    request: str | None = None) -> AckRecord | None:
+        """The record to log for one ack call made in ``txn`` (None: nothing to log, success:
+        it holds them all already, or ``request``, the call's id, is a retry of a logged call)."""
         normalized = [normalize_ack(ack) for ack in acks]
         delivered = self.delivered_through
         if not cumulative:
@@ -283,28 +291,11 @@ class SubscriptionState:
                 if ack.batch_index is None and self.cursor.partial_batch(ack.position) is not None:
                     raise TransactionConflict(f"{txn} acks every message of {ack.position}, some of which are "
                                               "already acked")
-            record = self.pending.prepare_ack(txn, AckKind.INDIVIDUAL, normalized, delivered)
-            return [record] if record is not None else []
+            return self.pending.prepare_ack(txn, AckKind.INDIVIDUAL, normalized, delivered, request)
         self._check_cumulative_allowed()
         if len(normalized) != 1:
             raise InvalidArgument("a cumulative ack names exactly one message")
-        ack = normalized[0]
-        if ack.batch_index is None or ack.batch_index == ack.batch_size - 1:  # type: ignore[operator]
-            record = self.pending.prepare_ack(txn, AckKind.CUMULATIVE, [Ack(ack.position)], delivered)
-            return [record] if record is not None else []
-        before, indexes = self._split_cumulative(ack)
-        records = []
-        if before >= self.cursor.acked_below:
-            record = self.pending.prepare_ack(txn, AckKind.CUMULATIVE, [Ack(before)], delivered)
-            if record is not None:
-                records.append(record)
-        in_batch = [Ack(ack.position, index, ack.batch_size) for index in indexes
-                    if not self.cursor.is_acked(ack.position, index)]
-        if in_batch:
-            record = self.pending.prepare_ack(txn, AckKind.INDIVIDUAL, in_batch, delivered)
-            if record is not None:
-                records.append(record)
-        return records
+        return self.pending.prepare_ack(txn, AckKind.CUMULATIVE, normalized, delivered, request)
 
     def prepare_end(self, txn: TxnID, action: EndAction | str, low_watermark: int | None) -> list[Record]:
         """The records that end ``txn`` here (none: nothing pending, success), preceded by aborts
@@ -325,7 +316,7 @@ class SubscriptionState:
         self.applied_log_position = log_position
         if isinstance(record, AckRecord):
             if record.kind is AckKind.CUMULATIVE:
-                taken = self.dispatcher.settle_through(record.acks[0].position)
+                taken = self._settle_cumulative(record.acks[0])
             else:
                 taken = self._settle(record.acks)
             if taken:
@@ -389,6 +380,7 @@ class SubscriptionState:
             "partially_acked_batches": cursor.partially_acked_batches,
             "unacked": self.dispatcher.outstanding,
             "queued": self.dispatcher.queued,
+            "draining_keys": self.dispatcher.draining_keys(),
             "read_position": str(self.read_position),
             "delivered_through": str(self.delivered_through),
             "generation": self.generation,

@@ -5,8 +5,9 @@ test uses its own topic."""
 
 from __future__ import annotations
 
+import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Iterator
 
 import pytest
@@ -174,6 +175,67 @@ def test_key_shared_keeps_each_key_on_one_consumer_in_order(client: rt.Client) -
     assert all(seq == sorted(seq) for seq in per_key.values())  # in order within a key
     a.close()
     b.close()
+
+
+def test_key_shared_keeps_each_key_in_order_while_a_consumer_joins_under_load(client: rt.Client) -> None:
+    """Messages of 16 keys flow while a second consumer joins; consumers hold each message a while
+    before acking it. The keys that move to the newcomer must wait until the first consumer acked
+    their earlier messages: no message of a key is received before every earlier one of that key
+    was received, and acked when another consumer received it. (16 keys: that none, or all, move
+    to the newcomer, whose place on the hash ring is random, is unlikely.)"""
+    topic = new_topic(client)
+    keys = [f"key-{i}" for i in range(16)]
+    total, hold_s = 480, 0.3
+    consumers = {"a": client.subscribe(topic, "sub", rt.ConsumerType.KeyShared, receiver_queue_size=20)}
+    producer = client.create_producer(topic, batching_max_messages=1)
+    produced = threading.Event()
+
+    def produce() -> None:
+        for i in range(total):
+            key = keys[i % len(keys)]
+            producer.send_async(f"{key}:{i // len(keys)}".encode(), key=key)
+            if i % 16 == 15:
+                time.sleep(0.02)  # a steady flow, not one burst
+        producer.flush()
+        produced.set()
+
+    sender = threading.Thread(target=produce)
+    sender.start()
+    received_by: dict[tuple[str, int], str] = {}  # (key, number within the key) -> consumer
+    acked: set[tuple[str, int]] = set()
+    held: deque[tuple[str, Message, float]] = deque()
+    violations: list[str] = []
+    received_after_join: dict[str, int] = defaultdict(int)
+    deadline = time.monotonic() + 60
+    while len(received_by) < total and time.monotonic() < deadline:
+        for name, consumer in list(consumers.items()):
+            for message in consumer.batch_receive(20, timeout=0.02):
+                key, number = message.value().decode().split(":")
+                seen = (key, int(number))
+                assert seen not in received_by, f"{seen} received twice"
+                for earlier in range(int(number)):
+                    where = received_by.get((key, earlier))
+                    if where is None or (where != name and (key, earlier) not in acked):
+                        violations.append(f"{name} got {seen} while {key}:{earlier} was "
+                                          f"{'not received' if where is None else f'unacked at {where}'}")
+                received_by[seen] = name
+                held.append((name, message, time.monotonic()))
+                if "b" in consumers:
+                    received_after_join[name] += 1
+        while held and time.monotonic() - held[0][2] > hold_s:
+            name, message, _ = held.popleft()
+            consumers[name].acknowledge(message)
+            key, number = message.value().decode().split(":")
+            acked.add((key, int(number)))
+        if "b" not in consumers and len(received_by) >= total // 4:
+            consumers["b"] = client.subscribe(topic, "sub", rt.ConsumerType.KeyShared, receiver_queue_size=20)
+    sender.join()
+    assert produced.is_set() and len(received_by) == total
+    assert not violations, violations[:5]
+    assert received_after_join["a"] > 0 and received_after_join["b"] > 0  # both consumed after the join
+    assert consumers["b"].stats()[0]["draining_keys"] == 0
+    for consumer in consumers.values():
+        consumer.close()
 
 
 def test_batch_messages_carry_batch_indexes(client: rt.Client) -> None:

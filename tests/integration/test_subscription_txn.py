@@ -44,6 +44,15 @@ def send(client: rt.Client, topic: str, count: int, batch: bool = False, prefix:
     return [future.result() for future in futures]
 
 
+def received(client: rt.Client, count: int) -> tuple[str, Consumer, list[rt.MessageId], list[Message]]:
+    """A new topic with ``count`` messages, one entry each, all received by an exclusive consumer
+    of subscription "sub"."""
+    topic = new_topic(client)
+    consumer = client.subscribe(topic, "sub")
+    ids = send(client, topic, count)
+    return topic, consumer, ids, receive_all(consumer, count)
+
+
 def actor(topic: str, sub: str = "sub") -> ActorRef:
     return ActorRef(subscription_actor_name(topic, 0, sub))
 
@@ -72,10 +81,7 @@ def fresh_consumer(client: rt.Client, old: Consumer, topic: str) -> Consumer:
 
 
 def test_commit_makes_acks_permanent_across_a_restart(client: rt.Client) -> None:
-    topic = new_topic(client)
-    consumer = client.subscribe(topic, "sub")
-    ids = send(client, topic, 5)
-    got = receive_all(consumer, 5)
+    topic, consumer, ids, got = received(client, 5)
     with client.transaction() as txn:
         consumer.acknowledge(got[0], txn)
         consumer.acknowledge(got[1], txn)
@@ -208,10 +214,7 @@ def test_acking_a_message_never_delivered_is_refused(client: rt.Client) -> None:
 
 
 def test_cumulative_acks_in_txns(client: rt.Client) -> None:
-    topic = new_topic(client)
-    consumer = client.subscribe(topic, "sub")
-    ids = send(client, topic, 8)
-    got = receive_all(consumer, 8)
+    topic, consumer, ids, got = received(client, 8)
     txn1, txn2 = client.new_transaction(), client.new_transaction()
     consumer.acknowledge_cumulative(got[2], txn1)
     assert stats(topic)["pending_ack"]["cumulative"] == [str(txn1.id), str(ids[2].position)]
@@ -242,6 +245,93 @@ def test_cumulative_acks_in_txns(client: rt.Client) -> None:
     consumer = fresh_consumer(client, consumer, topic)
     assert [m.message_id() for m in receive_all(consumer, 3)] == ids[5:]
     assert nothing_more(consumer)
+    consumer.close()
+
+
+def test_a_retried_cumulative_ack_call_succeeds_and_a_new_call_repeating_it_conflicts_across_restarts(
+        client: rt.Client) -> None:
+    """Pulsar refuses a txn's cumulative ack at or below its own pending one. The consumer's retry
+    of a call whose reply was lost (here: the actor crashed right after logging it) must still
+    succeed: each call carries a request id, logged with its record and rebuilt by replay."""
+    topic, consumer, ids, got = received(client, 4)
+    txn = client.new_transaction()
+    consumer.acknowledge(got[0], txn)  # registers the subscription with the txn
+    incarnation = stats(topic)["incarnation"]
+    actor(topic).call("arm_fault", "subscription.after_pending_ack_log", "crash")
+    consumer.acknowledge_cumulative(got[1], txn)  # logged, crash, the client retries: done
+    after = stats(topic)
+    assert after["incarnation"] == incarnation + 1
+    assert after["pending_ack"]["cumulative"] == [str(txn.id), str(ids[1].position)]
+
+    def ack_cumulative(position: rt.MessageId, request_id: str, in_txn: rt.Transaction = txn) -> None:
+        actor(topic).call("ack", consumer.consumer_id, [(position.position, 0, 1)], True, in_txn.id,
+                          request_id=request_id)
+
+    ack_cumulative(ids[2], "call-1")
+    entries = stats(topic)["log"]["entries"]
+    for _ in range(2):  # live, then after a restart rebuilt it from the log
+        ack_cumulative(ids[2], "call-1")  # a retry of that call: done, nothing logged
+        assert stats(topic)["log"]["entries"] == entries
+        with pytest.raises(TransactionConflict, match="at or below its own"):  # a new call, the same ack
+            ack_cumulative(ids[2], "call-2")
+        with pytest.raises(TransactionConflict, match="at or below its own"):
+            ack_cumulative(ids[1], "call-3")
+        restart(topic)
+    other = client.new_transaction()
+    with pytest.raises(TransactionConflict, match="holds a pending cumulative ack"):
+        ack_cumulative(ids[3], "call-4", other)
+    other.abort()
+    txn.commit()
+    assert stats(topic)["mark_delete_position"] == str(ids[2].position)
+    consumer = fresh_consumer(client, consumer, topic)
+    assert [m.message_id() for m in receive_all(consumer, 1)] == ids[3:] and nothing_more(consumer, 0.3)
+    consumer.close()
+
+
+def test_txn_acks_of_what_a_committed_txn_acked_conflict_across_a_restart(client: rt.Client) -> None:
+    """Individual or cumulative, a txn ack naming a message a committed txn acked is a conflict
+    (Pulsar: "already acked before"), also above a gap the mark-delete position has not passed;
+    plain acks of messages pending in a txn stay allowed (ignored), as in Pulsar."""
+    topic = new_topic(client)
+    consumer = client.subscribe(topic, "sub")
+    ids = send(client, topic, 4) + send(client, topic, 3, batch=True)
+    got = receive_all(consumer, 7)
+    mark_delete = stats(topic)["mark_delete_position"]
+    with client.transaction() as txn:
+        consumer.acknowledge(got[2], txn)
+        consumer.acknowledge(got[4], txn)  # batch index 0 of the last entry
+    assert stats(topic)["mark_delete_position"] == mark_delete  # got[0] and got[1] are not acked
+    for restarted in (False, True):
+        for message in (got[2], got[4]):
+            for ack in (consumer.acknowledge, consumer.acknowledge_cumulative):
+                later = client.new_transaction()
+                with pytest.raises(TransactionConflict, match="already acked"):
+                    ack(message, later)
+                later.abort()
+        if not restarted:
+            restart(topic)
+            consumer = fresh_consumer(client, consumer, topic)
+            unacked = receive_all(consumer, 5)  # everything but the two acked, again
+            assert [m.message_id() for m in unacked] == [ids[0], ids[1], ids[3], ids[5], ids[6]]
+            got = [*unacked[:2], ids[2], unacked[2], ids[4], *unacked[3:]]  # numbered as before
+    txn = client.new_transaction()
+    consumer.acknowledge_cumulative(got[5], txn)  # past them is fine: index 1 of the batch
+    consumer.acknowledge_async(got[3]).result()  # plain, of a message pending in txn: ignored, no error
+    txn.commit()
+    after = stats(topic)
+    assert after["mark_delete_position"] == str(ids[3].position) and after["partially_acked_batches"] == 1
+    consumer.close()
+
+
+def test_async_cumulative_acks_in_a_txn_go_as_one_call_for_the_highest(client: rt.Client) -> None:
+    """Grouped together they were one call naming several messages, which a cumulative ack may not."""
+    topic, consumer, ids, got = received(client, 3)
+    txn = client.new_transaction()
+    acks = [consumer.acknowledge_cumulative_async(message, txn) for message in got[:2]]
+    for ack in acks:
+        ack.result(timeout=10)
+    txn.commit()
+    assert stats(topic)["mark_delete_position"] == str(ids[1].position)
     consumer.close()
 
 
@@ -316,10 +406,7 @@ def test_recovery_by_log_replay_after_a_crash(client: rt.Client, crash_topic: st
 
 
 def test_log_is_trimmed_as_mark_delete_moves_and_on_a_timer(client: rt.Client) -> None:
-    topic = new_topic(client)
-    consumer = client.subscribe(topic, "sub")
-    ids = send(client, topic, 20)
-    got = receive_all(consumer, 20)
+    topic, consumer, ids, got = received(client, 20)
 
     def ack_each_in_a_txn(messages: list[Message]) -> None:
         for message in messages:

@@ -5,6 +5,8 @@ transactional acks, persistence forms, backlog counting, and the client's ack co
 from __future__ import annotations
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from raytxn.client.consumer import _whole_entries
 from raytxn.errors import InvalidArgument, NotAllowed, TransactionConflict
@@ -12,7 +14,7 @@ from raytxn.ids import Position, TxnID
 from raytxn.protocol.cursor import Cursor
 from raytxn.protocol.dispatch import ConsumerType, Dispatcher, QueuedMessage
 from raytxn.protocol.entry_format import EntryHeader, MessageRecord, encode_entry
-from raytxn.protocol.pending_ack import AbortRecord, CommitRecord
+from raytxn.protocol.pending_ack import AbortRecord, Ack, AckKind, AckRecord, CommitRecord
 from raytxn.protocol.subscription_state import (
     SubscriptionState,
     count_entries,
@@ -125,6 +127,112 @@ def test_key_shared_routes_keys_stably_and_blocked_keys_wait_in_order() -> None:
     assert all(dispatcher.consumer_of_key(key) in (owners[key], "c") for key in keys) and moved < len(keys)
 
 
+def test_key_shared_keys_moving_to_a_new_consumer_wait_until_their_earlier_messages_are_acked() -> None:
+    dispatcher = Dispatcher(0, routing_key_of)
+    dispatcher.add_consumer("a", "a", ConsumerType.KeyShared, 0.0)
+    keys = [f"k{i}" for i in range(12)]
+    for entry in range(24):  # k0..k11, then k0..k11 again
+        dispatcher.offer(queued(entry, key=keys[entry % 12]))
+    assert fetch(dispatcher, "a", 12) == list(range(12))  # the first message of every key
+    dispatcher.add_consumer("c", "c", ConsumerType.KeyShared, 1.0)
+    moved = [key for key in keys if dispatcher.consumer_of_key(key) == "c"]
+    stayed = [key for key in keys if key not in moved]
+    assert moved and stayed
+    assert fetch(dispatcher, "c", 100) == []  # each moved key's first message is still out with "a"
+    assert dispatcher.draining_keys() == len(moved)
+    assert fetch(dispatcher, "a", 100) == [12 + keys.index(key) for key in stayed]  # unmoved keys flow
+    first, second, *_ = moved
+    dispatcher.settle([(P(0, keys.index(first)), 0)])  # "a" acks the first key's message
+    assert fetch(dispatcher, "c", 100) == [12 + keys.index(first)]
+    assert dispatcher.release("a", [(P(0, keys.index(second)), 0)]) == [(P(0, keys.index(second)), 0)]
+    dispatcher.offer(queued(keys.index(second), key=second))  # given back: read again, ahead of the later one
+    assert fetch(dispatcher, "c", 100) == [keys.index(second), 12 + keys.index(second)]
+    assert dispatcher.draining_keys() == len(moved) - 2
+    dispatcher.remove_consumer("a")  # its outstanding messages are given back: nothing drains
+    assert dispatcher.draining_keys() == 0
+
+
+KEYS = ["k0", "k1", "k2", "k3", "k4", "k5"]
+offer_op = st.tuples(st.just("offer"), st.sampled_from(KEYS))
+fetch_op = st.tuples(st.just("fetch"), st.integers(0, 2), st.integers(1, 4))
+dispatch_ops = st.lists(st.one_of(  # consumers are picked by index among those attached
+    offer_op, offer_op, fetch_op, fetch_op, st.tuples(st.just("join")),
+    st.tuples(st.just("leave"), st.integers(0, 2)),
+    st.tuples(st.just("ack"), st.integers(0, 2), st.integers(0, 3)),
+    st.tuples(st.just("nack"), st.integers(0, 2), st.integers(0, 3)),
+), min_size=10, max_size=80)
+
+
+@settings(max_examples=200, deadline=None)
+@given(dispatch_ops)
+@example([("join",), ("offer", "k0"), ("fetch", 0, 1), ("join",), ("offer", "k0"), ("fetch", 1, 1)])  # k0 moves
+def test_key_shared_never_has_a_key_outstanding_with_two_consumers(ops: list[tuple]) -> None:
+    """Consumers join and leave, fetch, ack and give back in any order: a key's messages are never
+    outstanding with two consumers at once, each consumer gets a key's messages in order unless one
+    was given back, and once everything is acked every message was delivered."""
+    dispatcher = Dispatcher(0, routing_key_of)
+    key_of: dict[int, str] = {}
+    outstanding: dict[str, list[int]] = {}  # attached consumer -> entries it holds, in the order received
+    delivered: set[int] = set()
+    given_back: set[str] = set()  # keys with a redelivery: order may differ for them
+    last_of_key: dict[tuple[str, str], int] = {}
+    joined = 0
+
+    def give_back(entries: list[int]) -> None:
+        for entry in entries:
+            given_back.add(key_of[entry])
+            dispatcher.offer(queued(entry, key=key_of[entry]))  # read again, as a rewind does
+
+    def take(consumer: str, demand: int) -> None:
+        for entry in fetch(dispatcher, consumer, demand):
+            key = key_of[entry]
+            if key not in given_back:
+                assert entry > last_of_key.get((consumer, key), -1)
+            last_of_key[(consumer, key)] = entry
+            holders = {c for c, entries in outstanding.items() for e in entries if key_of[e] == key}
+            assert holders <= {consumer}, f"{key} is outstanding with {holders} and handed to {consumer}"
+            outstanding[consumer].append(entry)
+            delivered.add(entry)
+
+    def join() -> None:
+        nonlocal joined
+        consumer = f"c{joined}"
+        joined += 1
+        dispatcher.add_consumer(consumer, consumer, ConsumerType.KeyShared, 0.0)
+        outstanding[consumer] = []
+
+    for op in ops:
+        attached = sorted(outstanding)
+        consumer = attached[op[1] % len(attached)] if len(op) > 1 and op[0] != "offer" and attached else None
+        if op[0] == "offer":
+            entry = len(key_of)
+            key_of[entry] = op[1]
+            dispatcher.offer(queued(entry, key=op[1]))
+        elif op[0] == "join" and len(attached) < 3:
+            join()
+        elif op[0] == "leave" and consumer is not None:
+            give_back([key[0].entry_id for key in dispatcher.remove_consumer(consumer)])
+            del outstanding[consumer]
+        elif op[0] == "fetch" and consumer is not None:
+            take(consumer, op[2])
+        elif op[0] in ("ack", "nack") and consumer is not None and outstanding[consumer]:
+            entry = outstanding[consumer].pop(op[2] % len(outstanding[consumer]))
+            if op[0] == "ack":
+                assert dispatcher.settle([(P(0, entry), 0)]) == [(P(0, entry), 0)]
+            else:
+                assert dispatcher.release(consumer, [(P(0, entry), 0)]) == [(P(0, entry), 0)]
+                give_back([entry])
+    if not outstanding:
+        join()
+    for _ in range(len(key_of) + 1):  # everybody acks all it has and fetches: nothing stays stuck
+        for entries in outstanding.values():
+            dispatcher.settle([(P(0, entry), 0) for entry in entries])
+            entries.clear()
+        for consumer in list(outstanding):
+            take(consumer, 100)
+    assert delivered == set(key_of) and dispatcher.queued == 0
+
+
 def test_settle_entries_and_cumulative_and_idle_consumers() -> None:
     dispatcher = Dispatcher(0, routing_key_of)
     dispatcher.add_consumer("a", "a", ConsumerType.Exclusive, 0.0)
@@ -210,7 +318,8 @@ def test_plain_acks_respect_pending_txn_acks() -> None:
     state = state_with_consumer()
     state.on_read(state.read_position, [data_entry(0, [b"a"]), data_entry(1, [b"b"])], P(0, 2), P(0, 1))
     deliver(state)
-    [record] = state.prepare_ack(T1, [(P(0, 1), None, None)])
+    record = state.prepare_ack(T1, [(P(0, 1), None, None)])
+    assert record is not None
     state.apply(record, P(9, 0))
     state.ack([(P(0, 1), None, None)])  # held by T1: ignored, as Pulsar does
     assert not state.cursor.is_acked(P(0, 1))
@@ -231,18 +340,40 @@ def test_whole_entry_txn_ack_of_a_partially_acked_batch_conflicts() -> None:
     state.ack([(P(0, 0), 0, 3)])
     with pytest.raises(TransactionConflict, match="already acked"):
         state.prepare_ack(T1, [(P(0, 0), None, 3)])
-    [record] = state.prepare_ack(T1, [(P(0, 0), 1, 3), (P(0, 0), 2, 3)])
+    record = state.prepare_ack(T1, [(P(0, 0), 1, 3), (P(0, 0), 2, 3)])
+    assert record is not None
     state.apply(record, P(9, 0))
     assert state.dispatcher.outstanding == 0
+
+
+def test_a_txn_cumulative_ack_inside_a_batch_is_one_record_and_refuses_what_a_committed_txn_acked() -> None:
+    state = state_with_consumer()
+    state.on_read(state.read_position, [data_entry(0, [b"a", b"b", b"c"])], P(0, 1), P(0, 0))
+    deliver(state)
+    record = state.prepare_ack(T1, [(P(0, 0), 0, 3)])
+    assert record is not None
+    state.apply(record, P(9, 0))
+    state.apply(CommitRecord(T1), P(9, 1))
+    with pytest.raises(TransactionConflict, match="already acked"):  # index 0 is T1's, committed
+        state.prepare_ack(T2, [(P(0, 0), 0, 3)], cumulative=True, request="r0")
+    record = state.prepare_ack(T2, [(P(0, 0), 1, 3)], cumulative=True, request="r1")
+    assert record == AckRecord(T2, AckKind.CUMULATIVE, (Ack(P(0, 0), 1, 3),), "r1")
+    state.apply(record, P(9, 2))
+    assert state.dispatcher.outstanding == 1  # index 2 is still out
+    assert state.prepare_ack(T2, [(P(0, 0), 1, 3)], cumulative=True, request="r1") is None  # a retry
+    with pytest.raises(TransactionConflict, match="at or below its own"):  # a new call, the same ack
+        state.prepare_ack(T2, [(P(0, 0), 1, 3)], cumulative=True, request="r2")
 
 
 def test_abort_rewinds_to_what_the_txn_held_and_low_watermark_aborts_dangling_txns() -> None:
     state = state_with_consumer()
     state.on_read(state.read_position, [data_entry(i, [b"x"]) for i in range(4)], P(0, 4), P(0, 3))
     deliver(state)
-    [cumulative] = state.prepare_ack(T1, [(P(0, 1), None, None)], cumulative=True)
+    cumulative = state.prepare_ack(T1, [(P(0, 1), None, None)], cumulative=True)
+    assert cumulative is not None
     state.apply(cumulative, P(9, 0))
-    [individual] = state.prepare_ack(T2, [(P(0, 3), None, None)])
+    individual = state.prepare_ack(T2, [(P(0, 3), None, None)])
+    assert individual is not None
     state.apply(individual, P(9, 1))
     assert state.read_position == P(0, 4)
     # T2 ends with a watermark covering T1 (dangling): T1 is aborted first
@@ -268,7 +399,8 @@ def test_persisted_form_and_trim_point() -> None:
     state.delivered_through = P(0, 10)
     for number in range(3):
         txn = TxnID(0, number)
-        [ack] = state.prepare_ack(txn, [(P(0, number), None, None)])
+        ack = state.prepare_ack(txn, [(P(0, number), None, None)])
+        assert ack is not None
         state.apply(ack, P(5, 2 * number))
         state.apply(CommitRecord(txn), P(5, 2 * number + 1))
     persisted = state.persisted_form()

@@ -3,6 +3,8 @@ the log index that trims the pending-ack log, and replay equal to live operation
 
 from __future__ import annotations
 
+import itertools
+
 import msgspec
 import pytest
 from hypothesis import event, given, settings
@@ -18,7 +20,7 @@ from raytxn.errors import (
     TransactionConflict,
 )
 from raytxn.ids import Position, TxnID
-from raytxn.protocol.cursor import Cursor
+from raytxn.protocol.cursor import Cursor, position_before
 from raytxn.protocol.pending_ack import (
     AbortRecord,
     Ack,
@@ -48,12 +50,24 @@ def ack_set(text: str) -> int:
 
 
 class Sub:
-    """The subscription's side of prepare -> log -> apply, with the log kept in memory."""
+    """The subscription's side of prepare -> log -> apply, with the log kept in memory. Every ack
+    call gets a new request id unless given one, as the consumer's calls do."""
 
     def __init__(self, cursor: Cursor | None = None) -> None:
         self.cursor = cursor or Cursor(P(0, -1))
+        self.start = self.cursor.snapshot()
         self.pending = PendingAck(self.cursor)
         self.log: list[Record] = []
+        self._request_ids = itertools.count()
+        self.last_call: tuple | None = None  # (txn, kind, acks, delivered, request) of the last call that passed
+
+    def replayed(self) -> PendingAck:
+        """A restart: a fresh cursor from the starting snapshot, and the whole log replayed."""
+        pending = PendingAck(Cursor.from_snapshot(self.start))
+        for record in self.log:
+            pending.apply(record)
+        pending.check_invariants()
+        return pending
 
     def _log_apply(self, record: Record | None) -> Redelivery | None:
         if record is None:
@@ -62,15 +76,26 @@ class Sub:
         self.log.append(record)
         return self.pending.apply(record)
 
-    def ack(self, txn: TxnID, *acks: Ack | tuple, delivered: object = EVERYTHING) -> AckRecord | None:
-        record = self.pending.prepare_ack(txn, INDIVIDUAL, list(acks), delivered)  # type: ignore[arg-type]
+    def call(self, txn: TxnID, kind: AckKind, acks: list, delivered: object = EVERYTHING,
+             request: str | None = None) -> AckRecord | None:
+        request = f"r{next(self._request_ids)}" if request is None else request
+        record = self.pending.prepare_ack(txn, kind, acks, delivered, request)  # type: ignore[arg-type]
+        self.last_call = (txn, kind, acks, delivered, request)
         self._log_apply(record)
         return record
 
-    def cumulative(self, txn: TxnID, position: Position, delivered: object = EVERYTHING) -> AckRecord | None:
-        record = self.pending.prepare_ack(txn, CUMULATIVE, [(position,)], delivered)  # type: ignore[arg-type]
-        self._log_apply(record)
-        return record
+    def ack(self, txn: TxnID, *acks: Ack | tuple, delivered: object = EVERYTHING) -> AckRecord | None:
+        return self.call(txn, INDIVIDUAL, list(acks), delivered)
+
+    def cumulative(self, txn: TxnID, position: Position, index: int | None = None, size: int | None = None,
+                   delivered: object = EVERYTHING) -> AckRecord | None:
+        return self.call(txn, CUMULATIVE, [(position,) if index is None else (position, index, size)], delivered)
+
+    def retry(self) -> AckRecord | None:
+        """The last call again, with its request id (a client retry after a lost reply)."""
+        assert self.last_call is not None
+        txn, kind, acks, delivered, request = self.last_call
+        return self.call(txn, kind, acks, delivered, request)
 
     def commit(self, txn: TxnID) -> CommitRecord | None:
         record = self.pending.prepare_commit(txn)
@@ -175,7 +200,9 @@ def test_cumulative_acks() -> None:
     sub.ack(T2, (P(1, 8),))
     assert sub.cumulative(T1, P(1, 5)) is not None
     assert sub.pending.held_by(P(1, 3)) == T1
-    assert sub.cumulative(T1, P(1, 5)) is None  # a retry of the same: idempotent
+    assert sub.retry() is None  # a retry of that call: done, nothing logged
+    with pytest.raises(TransactionConflict, match="at or below its own"):  # a new call at the same position
+        sub.cumulative(T1, P(1, 5))
     with pytest.raises(TransactionConflict, match="below its own"):
         sub.cumulative(T1, P(1, 4))
     with pytest.raises(TransactionConflict, match=r"txn\(1,1\) holds a pending cumulative"):
@@ -206,6 +233,91 @@ def test_cumulative_over_another_txns_individual_ack_conflicts() -> None:
     sub.cumulative(T1, P(1, 2))
     sub.ack(T1, (P(1, 3), 0, 2))  # T1's own individual ack above its cumulative
     sub.pending.check_invariants()
+
+
+def test_a_retried_call_is_done_and_a_new_call_at_the_same_cumulative_ack_conflicts_after_replay_too() -> None:
+    """Pulsar refuses a cumulative ack at or below the txn's own pending one; a retry of the very
+    call that logged it (its reply lost) must still succeed: the request id tells them apart."""
+    sub = Sub()
+    sub.cumulative(T1, P(1, 4))
+    first_call = sub.last_call
+    sub.ack(T1, (P(1, 6),))
+    for pending in (sub.pending, sub.replayed()):  # live, and rebuilt from the log after a restart
+        txn, kind, acks, delivered, request = first_call  # type: ignore[misc]
+        assert pending.prepare_ack(txn, kind, acks, delivered, request) is None
+        with pytest.raises(TransactionConflict, match="at or below its own"):
+            pending.prepare_ack(T1, CUMULATIVE, [(P(1, 4),)], EVERYTHING, "a-new-call")
+        with pytest.raises(TransactionConflict, match="at or below its own"):
+            pending.prepare_ack(T1, CUMULATIVE, [(P(1, 3),)], EVERYTHING, "another-call")
+        with pytest.raises(TransactionConflict, match="at or below its own"):  # no request id: a new call
+            pending.prepare_ack(T1, CUMULATIVE, [(P(1, 4),)], EVERYTHING)
+        assert pending.prepare_ack(T1, CUMULATIVE, [(P(1, 5),)], EVERYTHING, "up") is not None
+        with pytest.raises(TransactionConflict, match=r"txn\(1,1\) holds a pending cumulative ack up to <1,4>"):
+            pending.prepare_ack(T2, CUMULATIVE, [(P(1, 9),)], EVERYTHING, "r-t2")
+    sub.commit(T1)
+    with pytest.raises(TransactionAlreadyCommitted):  # a retry after the end is not a success
+        sub.retry()
+
+
+def test_a_retry_of_a_logged_individual_call_logs_nothing() -> None:
+    sub = Sub()
+    sub.ack(T1, (P(1, 1),), (P(1, 2), 0, 2))
+    assert sub.retry() is None and sub.replayed().prepare_ack(*sub.last_call) is None  # type: ignore[misc]
+    assert len(sub.log) == 1
+
+
+def test_cumulative_acks_of_batch_indexes_order_by_index() -> None:
+    """Pulsar compares a cumulative ack inside a batch with the pending one by its ack set: up to
+    index 2 then up to index 1 of the same entry is a conflict; up to index 3 is progress."""
+    sub = Sub()
+    entry = P(1, 5)
+    record = sub.cumulative(T1, entry, 1, 4)  # everything before the entry, and its indexes 0 and 1
+    assert record == AckRecord(T1, CUMULATIVE, (Ack(entry, 1, 4),), record.request if record else None)
+    assert [sub.pending.held_by(entry, index) for index in range(4)] == [T1, T1, None, None]
+    assert sub.pending.held_by(P(1, 4)) == T1
+    with pytest.raises(TransactionConflict, match="batch index 1, at or below its own"):
+        sub.cumulative(T1, entry, 1, 4)
+    with pytest.raises(TransactionConflict, match="at or below its own"):
+        sub.cumulative(T1, entry, 0, 4)
+    with pytest.raises(TransactionConflict, match="at or below its own"):
+        sub.cumulative(T1, P(1, 4))  # the entry before: below index 1 of this one
+    with pytest.raises(TransactionConflict, match=r"pending in txn\(1,1\)"):
+        sub.ack(T2, (entry, 0, 4))
+    sub.ack(T2, (entry, 2, 4))
+    with pytest.raises(TransactionConflict, match=r"pending in txn\(1,2\)"):  # over T2's index 2
+        sub.cumulative(T1, entry, 2, 4)
+    sub.abort(T2)
+    sub.cumulative(T1, entry, 2, 4)
+    assert sub.pending.stats().cumulative == (T1, P(1, 4))
+    sub.cumulative(T1, entry, 3, 4)  # the last index: the whole entry
+    with pytest.raises(TransactionConflict, match="at or below its own"):
+        sub.cumulative(T1, entry)  # ... which it holds already
+    assert sub.pending.pending_of(T1) == ([Ack(entry, index, 4) for index in range(3)], entry)
+    assert sub.abort(T1) == Redelivery(((entry, (0, 1, 2)),), entry)
+    sub.cumulative(T3, entry, 0, 4)
+    sub.commit(T3)
+    assert sub.cursor.mark_delete_position == P(1, 4) and sub.cursor.partial_batch(entry) == (4, ack_set("FTTT"))
+    sub.pending.check_invariants()
+
+
+def test_txn_acks_of_messages_a_committed_txn_acked_conflict_after_replay_too() -> None:
+    sub = Sub()
+    sub.ack(T1, (P(1, 3),), (P(1, 5), 0, 3))
+    sub.commit(T1)  # (1, 3) and index 0 of (1, 5) acked; (1, 0..2) and (1, 4) not
+    for pending in (sub.pending, sub.replayed()):
+        for call in ([(P(1, 3),)], [(P(1, 5), 0, 3)]):
+            with pytest.raises(TransactionConflict, match="already acked"):
+                pending.prepare_ack(T2, INDIVIDUAL, call, EVERYTHING, "i")
+            with pytest.raises(TransactionConflict, match="already acked"):
+                pending.prepare_ack(T2, CUMULATIVE, call, EVERYTHING, "c")
+        # Past them is fine: a cumulative ack covers acked messages on its way.
+        assert pending.prepare_ack(T2, CUMULATIVE, [(P(1, 4),)], EVERYTHING, "c") is not None
+        assert pending.prepare_ack(T2, CUMULATIVE, [(P(1, 5), 1, 3)], EVERYTHING, "c") is not None
+    sub.cumulative(T2, P(1, 5), 1, 3)
+    assert sub.pending.held_by(P(1, 5), 1) == T2 and sub.pending.held_by(P(1, 5), 0) is None
+    sub.commit(T2)
+    with pytest.raises(TransactionConflict, match="mark-delete"):
+        sub.cumulative(T3, P(1, 4))
 
 
 # --- commit and abort --------------------------------------------------------------------------
@@ -310,9 +422,13 @@ def test_stats() -> None:
 
 def test_records_round_trip_and_corruption() -> None:
     records = [AckRecord(T1, INDIVIDUAL, (Ack(P(1, 2)), Ack(P(1, 3), 1, 4))),
-               AckRecord(T1, CUMULATIVE, (Ack(P(1, 9)),)), CommitRecord(T2), AbortRecord(T3)]
+               AckRecord(T1, CUMULATIVE, (Ack(P(1, 9)),)), AckRecord(T1, CUMULATIVE, (Ack(P(1, 9), 2, 4),), "r7"),
+               CommitRecord(T2), AbortRecord(T3)]
     for record in records:
         assert decode_record(encode_record(record)) == record
+    # A record logged before request ids existed still decodes (its request is None).
+    old = msgspec.msgpack.encode({"type": "ack", "txn": [1, 1], "kind": "cumulative", "acks": [[[1, 2], None, None]]})
+    assert decode_record(old) == AckRecord(T1, CUMULATIVE, (Ack(P(1, 2)),))
     with pytest.raises(CorruptLedger, match="subs/pa/7"):
         decode_record(b"\xc1", "subs/pa/7")
     bad_cumulative = msgspec.msgpack.encode(
@@ -334,10 +450,15 @@ def test_invalid_acks() -> None:
         sub.ack(T1, ((1, 2),))
     with pytest.raises(InvalidArgument):
         sub.ack(T1, (P(1, 2), 3, 3))
-    with pytest.raises(InvalidArgument):
-        sub.pending.prepare_ack(T1, CUMULATIVE, [(P(1, 2), 0, 2)], EVERYTHING)
+    sub.ack(T2, (P(1, 2), 0, 3))
+    with pytest.raises(InvalidArgument, match="holds 3 messages"):
+        sub.pending.prepare_ack(T1, CUMULATIVE, [(P(1, 2), 1, 4)], EVERYTHING)
     with pytest.raises(InvalidArgument):
         sub.pending.prepare_ack(T1, CUMULATIVE, [(P(1, 2),), (P(1, 3),)], EVERYTHING)
+    for request in ("", 7, "x" * 129):
+        with pytest.raises(InvalidArgument, match="request id"):
+            sub.pending.prepare_ack(T1, INDIVIDUAL, [(P(1, 3),)], EVERYTHING, request)  # type: ignore[arg-type]
+    assert sub.pending.pending_txns() == [T2]
     with pytest.raises(InvalidArgument):
         sub.pending.prepare_ack(T1, "sideways", [(P(1, 2),)], EVERYTHING)  # type: ignore[arg-type]
 
@@ -392,11 +513,18 @@ def all_indexes(position: Position) -> set[tuple[Position, int]]:
     return {(position, index) for index in range(size_of(position))}
 
 
+WHOLE = 1 << 62
+
+
 class Model:
+    """Sets of (entry, index). A cumulative ack of batch index i of an entry holds the entries
+    before it whole (``cumulative``: txn, last entry covered, how far its ack reaches) and indexes
+    0..i one by one (in ``held``)."""
+
     def __init__(self) -> None:
         self.acked: set[tuple[Position, int]] = set()
         self.held: dict[tuple[Position, int], TxnID] = {}
-        self.cumulative: tuple[TxnID, Position] | None = None
+        self.cumulative: tuple[TxnID, Position, tuple[Position, int]] | None = None
         self.ended: dict[TxnID, bool] = {}
 
     def holder(self, item: tuple[Position, int]) -> TxnID | None:
@@ -444,19 +572,30 @@ def expect_ack(model: Model, txn: TxnID, position: Position, index: int | None) 
     return None
 
 
-def expect_cumulative(model: Model, txn: TxnID, position: Position) -> type | None:
+def expect_cumulative(model: Model, txn: TxnID, position: Position, index: int | None) -> type | None:
+    """As ``expect_ack``, for a cumulative ack up to the entry, or up to a batch index of it (the
+    last index: the whole entry)."""
     if model.ended.get(txn) is not None:
         return TransactionAlreadyCommitted if model.ended[txn] else TransactionAlreadyAborted
     if position not in DELIVERED:
         return NotAllowed
-    if model.all_acked_through(position):
+    if index == size_of(position) - 1:
+        index = None
+    named = all_indexes(position) if index is None else {(position, index)}
+    if named <= model.acked:  # (at or below mark-delete, or acked on its own)
+        return TransactionConflict
+    point = (position, WHOLE if index is None else index)
+    if model.cumulative is not None and (model.cumulative[0] != txn or point <= model.cumulative[2]):
+        return TransactionConflict
+    cover = position if index is None else position_before(position)
+    in_entry = set() if index is None else {(position, i) for i in range(index + 1)} - model.acked
+    if any(holder != txn and (item[0] <= cover or item in in_entry) for item, holder in model.held.items()):
         return TransactionConflict
     if model.cumulative is not None:
-        if model.cumulative[0] != txn or position < model.cumulative[1]:
-            return TransactionConflict
-    if any(holder != txn and item[0] <= position for item, holder in model.held.items()):
-        return TransactionConflict
-    model.cumulative = (txn, position)
+        cover = max(cover, model.cumulative[1])
+    model.cumulative = (txn, cover, point)
+    for item in in_entry:
+        model.held.setdefault(item, txn)
     return None
 
 
@@ -480,7 +619,8 @@ ack_op = st.tuples(st.just("ack"), st.sampled_from(TXNS), st.sampled_from(DELIVE
 operation = st.one_of(
     ack_op, ack_op, ack_op,
     st.tuples(st.just("ack"), st.sampled_from(TXNS), st.sampled_from(sorted(SKIPPED)), st.none()),
-    st.tuples(st.just("cumulative"), st.sampled_from(TXNS), st.sampled_from(REAL)),
+    st.tuples(st.just("cumulative"), st.sampled_from(TXNS), st.sampled_from(REAL), st.none() | st.integers(0, 2)),
+    st.tuples(st.just("retry")),
     st.tuples(st.just("commit"), st.sampled_from(TXNS)),
     st.tuples(st.just("commit"), st.sampled_from(TXNS)),
     st.tuples(st.just("abort"), st.sampled_from(TXNS)),
@@ -522,14 +662,25 @@ def test_pending_ack_matches_a_set_model_and_replay_equals_live(ops: list[tuple]
                 with pytest.raises(expected):
                     sub.ack(txn, ack, delivered=lambda q: q in DELIVERED)
         elif kind == "cumulative":
-            _, txn, position = op
-            expected = expect_cumulative(model, txn, position)
+            _, txn, position, index_ = op
+            batch = (None, None) if index_ is None else (index_ % size_of(position), size_of(position))
+            expected = expect_cumulative(model, txn, position, batch[0])
             event(f"cumulative: {expected.__name__ if expected else 'ok'}")
             if expected is None:
-                sub.cumulative(txn, position, delivered=lambda q: q in DELIVERED)
+                assert sub.cumulative(txn, position, *batch, delivered=lambda q: q in DELIVERED) is not None
             else:
                 with pytest.raises(expected):
-                    sub.cumulative(txn, position, delivered=lambda q: q in DELIVERED)
+                    sub.cumulative(txn, position, *batch, delivered=lambda q: q in DELIVERED)
+        elif kind == "retry":  # the last call that passed, again: done (nothing to log) while its txn is open
+            if sub.last_call is None:
+                continue
+            ended = model.ended.get(sub.last_call[0])
+            event(f"retry: {ended}")
+            if ended is None:
+                assert sub.retry() is None
+            else:
+                with pytest.raises(TransactionAlreadyCommitted if ended else TransactionAlreadyAborted):
+                    sub.retry()
         elif kind in ("commit", "abort"):
             txn, committed = op[1], kind == "commit"
             if model.ended.get(txn) is (not committed):
@@ -593,6 +744,10 @@ def test_pending_ack_matches_a_set_model_and_replay_equals_live(ops: list[tuple]
                     replayed.apply(record, in_cursor_snapshot=use_flag and number < included)
             replayed.check_invariants()
             assert (cursor.snapshot(), pending_state(replayed)) == live
+            for record in sub.log:  # a retry of any logged call of an open txn is still recognised
+                if isinstance(record, AckRecord) and record.txn in model.pending():
+                    retry = (record.txn, record.kind, record.acks, EVERYTHING, record.request)
+                    assert replayed.prepare_ack(*retry) is None
 
 
 def test_replay_after_a_backward_seek_needs_the_snapshot_flag() -> None:
