@@ -29,7 +29,7 @@ from raytxn.client.producer import Producer
 from raytxn.client.rpc import ActorRef
 from raytxn.client.transaction import Transaction
 from raytxn.config import EngineConfig
-from raytxn.errors import InvalidArgument, TopicNotFound
+from raytxn.errors import InvalidArgument, TopicAlreadyExists, TopicNotFound
 from raytxn.ids import NAMESPACE, SUPERVISOR_NAME, partition_actor_name
 from raytxn.ledger.storage import DEFAULT_URL
 
@@ -134,7 +134,23 @@ class Client:
     # --- admin -------------------------------------------------------------------------------
 
     def create_topic(self, name: str, partitions: int = 1) -> dict[str, Any]:
-        return self.supervisor.call("create_topic", name, partitions, deadline_s=self.deadline_s)
+        """Create the topic. A retry after the supervisor died mid-call that finds the topic with
+        these partitions means the first attempt made it (the supervisor's recovery finishes a
+        create it began): success, not ``TopicAlreadyExists``."""
+        retries: list[None] = []
+        try:
+            return self.supervisor.call("create_topic", name, partitions, deadline_s=self.deadline_s,
+                                        on_retry=lambda: retries.append(None))
+        except TopicAlreadyExists:
+            if not retries:
+                raise
+            try:
+                made = self.get_topic(name)["partitions"] == partitions
+            except TopicNotFound:
+                made = False  # being deleted
+            if not made:
+                raise
+            return {"name": name, "partitions": partitions}
 
     def delete_topic(self, name: str) -> None:
         """Delete the topic. A retry after the supervisor died mid-call that finds no topic means
