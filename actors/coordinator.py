@@ -43,14 +43,14 @@ from raytxn.actors.shell import ActorRefs, ActorShell, Clock, replay
 from raytxn.auth import Access, AuthConfig, Authorizer, guarded
 from raytxn.client.rpc import ActorRef
 from raytxn.config import CoordinatorConfig
-from raytxn.errors import MessageTooLarge, NotAllowed, ParticipantEndFailed, TopicNotFound
+from raytxn.errors import MessageTooLarge, NotAllowed, ParticipantEndFailed, TopicNotFound, TransactionNotFound
 from raytxn.faults import FaultPoints, FaultTarget
 from raytxn.hashing import coordinator_for
 from raytxn.ids import SUPERVISOR_NAME, Position, TxnID, coordinator_actor_name
 from raytxn.ledger import Entry, ManagedLedger
 from raytxn.ledger.storage import Storage
 from raytxn.metrics import CoordinatorMetrics
-from raytxn.protocol.coordinator_state import CoordinatorState, EndAction, TxnState
+from raytxn.protocol.coordinator_state import CoordinatorState, EndAction, TxnState, describe_txn
 from raytxn.protocol.txnlog import Checkpoint, Record, decode_record, encode_record
 
 FAULT_POINTS = (
@@ -378,8 +378,12 @@ class TransactionCoordinator(ActorShell, FaultTarget):
     # --- timeouts --------------------------------------------------------------------------
 
     async def _timer(self) -> None:
+        next_report_ms = 0
         while True:
             now = self.clock.now_ms()
+            if now >= next_report_ms:
+                self.metrics.slow_txns(self.state.count_older_than(now, self.config.slow_txn_threshold_ms))
+                next_report_ms = now + int(self.config.slow_txn_report_s * 1000)
             for txn in self.state.expired(now):
                 if txn not in self._timing_out:
                     self._timing_out.add(txn)
@@ -447,28 +451,20 @@ class TransactionCoordinator(ActorShell, FaultTarget):
         self._acting_owner(txn, "", caller)
         meta = self.state.get(txn)
         if meta is not None:
-            return {"txn": txn, "state": str(meta.state), "owner": meta.owner, "start_ms": meta.start_ms,
-                    "deadline_ms": meta.deadline_ms, "partitions": list(meta.partitions),
-                    "subscriptions": list(meta.subscriptions), "transactional_id": meta.transactional_id,
-                    "epoch": meta.epoch, "abort_reason": meta.abort_reason}
+            return describe_txn(meta, self.clock.now_ms())
         outcome = self.state.outcome(txn)
         if outcome is None:
-            from raytxn.errors import TransactionNotFound
-
             raise TransactionNotFound(f"{txn} is not known to coordinator {self.tc_id}")
-        return {"txn": txn, "state": "COMMITTED" if outcome == "COMMITTED" else "ABORTED",
-                "outcome": str(outcome)}
+        return {"txn": str(txn), "tc_id": txn.tc_id, "sequence": txn.sequence,
+                "state": "COMMITTED" if outcome == "COMMITTED" else "ABORTED", "outcome": str(outcome)}
 
     @guarded(Access.SUPERUSER)
-    async def list_txns(self, limit: int = 100) -> list[dict[str, Any]]:
-        """Live transactions, the oldest first (for operators)."""
+    async def list_txns(self, limit: int = 100, older_than_ms: int = 0) -> list[dict[str, Any]]:
+        """Live transactions begun ``older_than_ms`` or more ago, the oldest first, with their
+        age and participants (for operators hunting hanging transactions)."""
         await self._started()
         now = self.clock.now_ms()
-        rows = sorted(self.state.live_txns(), key=lambda m: m.start_ms)[:limit]
-        return [{"txn": str(m.txn), "tc_id": m.txn.tc_id, "sequence": m.txn.sequence, "state": str(m.state),
-                 "owner": m.owner, "age_ms": now - m.start_ms, "deadline_in_ms": m.deadline_ms - now,
-                 "partitions": [list(p) for p in m.partitions], "subscriptions": [list(s) for s in m.subscriptions],
-                 "transactional_id": m.transactional_id} for m in rows]
+        return [describe_txn(meta, now) for meta in self.state.older_than(now, older_than_ms, limit)]
 
     @guarded(Access.SUPERUSER)
     async def admin_abort(self, txn: TxnID) -> str:
@@ -489,6 +485,8 @@ class TransactionCoordinator(ActorShell, FaultTarget):
                         "entries_since_compaction": self._entries_since_compaction}
         stats["ending"] = len(self._drivers)
         stats["stalled_ends"] = {str(txn): why for txn, why in list(self._stalled.items())[:MAX_STALLED_SHOWN]}
+        stats["slow_txn_threshold_ms"] = self.config.slow_txn_threshold_ms
+        stats["slow_txns"] = self.state.count_older_than(self.clock.now_ms(), self.config.slow_txn_threshold_ms)
         return stats
 
 

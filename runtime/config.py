@@ -2,10 +2,32 @@
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field
 
 from raytxn.auth import AuthConfig
+from raytxn.errors import InvalidArgument
 from raytxn.ledger import LedgerConfig
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(value: object) -> float:
+    """Seconds of a duration as operators write it: ``"30s"``, ``"5m"``, ``"1h"``, ``"250ms"``,
+    ``"2d"`` or plain seconds (a number, or a string without a unit); ``InvalidArgument`` for
+    anything else (negative, not finite, an unknown unit)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        found = _DURATION.match(value) if isinstance(value, str) else None
+        if found is None:
+            raise InvalidArgument(f"not a duration: {value!r} (use e.g. 30s, 5m, 1h, 250ms, or seconds)")
+        seconds = float(found.group(1)) * _UNIT_S[found.group(2) or "s"]
+    if not math.isfinite(seconds) or seconds < 0:
+        raise InvalidArgument(f"a duration must be a finite number of seconds >= 0, got {value!r}")
+    return seconds
 
 
 @dataclass
@@ -24,6 +46,9 @@ class CoordinatorConfig:
     compact_after_entries: int = 10_000
     end_retry_backoff_s: tuple[float, float] = (0.02, 1.0)
     timer_tick_s: float = 0.05
+    # Live transactions older than this count as slow (the raytxn_slow_txns gauge, set this often).
+    slow_txn_threshold_ms: int = 60_000
+    slow_txn_report_s: float = 1.0
 
     def log_config(self) -> LedgerConfig:
         return LedgerConfig(group_commit=self.batched_log, max_delay_ms=self.log_max_delay_ms,

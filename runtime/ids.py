@@ -40,6 +40,21 @@ class TxnID(msgspec.Struct, frozen=True, order=True, array_like=True):
         return f"txn({self.tc_id},{self.sequence})"
 
 
+_TXN_TEXT = re.compile(r"^\s*(?:txn\(\s*(\d+)\s*,\s*(\d+)\s*\)|(\d+)\s*,\s*(\d+))\s*$")
+
+
+def parse_txn_id(value: object) -> TxnID:
+    """A TxnID as given: itself, ``"txn(0,42)"`` (how it prints) or ``"0,42"``; else
+    ``InvalidArgument``."""
+    if isinstance(value, TxnID):
+        return value
+    found = _TXN_TEXT.match(value) if isinstance(value, str) else None
+    if found is None:
+        raise InvalidArgument(f"not a transaction id: {value!r} (use TC,SEQ such as 0,42, or txn(0,42))")
+    tc_id, sequence = (int(x) for x in found.groups() if x is not None)
+    return TxnID(tc_id, sequence)
+
+
 # Topics, subscriptions and stream names share one conservative alphabet: they end up in Ray
 # actor names and object-store keys, so no slashes, spaces or dots-only names.
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}$")

@@ -57,6 +57,10 @@ class EngineMetrics:
             "Ends a participant refused with a non-retriable error, by its kind: the transaction stays "
             "COMMITTING/ABORTING until driven again (the coordinator's restart, or the next end_txn).",
             tag_keys=("tc_id", "error"))
+        self.slow_txns = Gauge(
+            "raytxn_slow_txns",
+            "Live transactions (open, or still committing/aborting) begun longer ago than the coordinator's "
+            "slow_txn_threshold_ms: hanging ones holding back readers.", tag_keys=("tc_id",))
         self.commit_latency_ms = Histogram(
             "raytxn_commit_latency_ms", "From an end_txn(COMMIT) request to the transaction's final state, in ms.",
             boundaries=LATENCY_BOUNDARIES_MS, tag_keys=("tc_id",))
@@ -153,6 +157,10 @@ class CoordinatorMetrics(_Scope):
     def commit_latency(self, latency_ms: float) -> None:
         if (m := self._get()) is not None:
             m.commit_latency_ms.observe(latency_ms, self._tags)
+
+    def slow_txns(self, count: int) -> None:
+        if (m := self._get()) is not None:
+            m.slow_txns.set(count, self._tags)
 
 
 class PartitionMetrics(_Scope):

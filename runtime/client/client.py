@@ -15,7 +15,7 @@ import contextlib
 import os
 import uuid
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Any
 
 import ray
@@ -28,9 +28,9 @@ from raytxn.client.loop import BackgroundLoop
 from raytxn.client.producer import Producer
 from raytxn.client.rpc import ActorRef
 from raytxn.client.transaction import Transaction
-from raytxn.config import EngineConfig
-from raytxn.errors import InvalidArgument, TopicNotFound
-from raytxn.ids import NAMESPACE, SUPERVISOR_NAME, partition_actor_name
+from raytxn.config import CoordinatorConfig, EngineConfig, parse_duration
+from raytxn.errors import InvalidArgument, TopicAlreadyExists, TopicNotFound, TransactionNotFound
+from raytxn.ids import NAMESPACE, SUPERVISOR_NAME, TxnID, parse_txn_id, partition_actor_name
 from raytxn.ledger.storage import DEFAULT_URL
 
 
@@ -43,7 +43,7 @@ def connect(storage: str | None = None, address: str | None = None, *, owner: st
     everything under ``file://./.raytxn-data``. ``address`` joins an existing cluster (``"auto"``
     or ``ray://host:port``). Starts the supervisor and coordinators unless they already run, in
     which case it attaches to them (and their storage wins). ``config`` overrides EngineConfig
-    fields for a new engine, e.g. ``num_coordinators=3``.
+    and CoordinatorConfig fields for a new engine, e.g. ``num_coordinators=3``.
 
     Auth (runtime/auth.py): a new engine enforces tokens and permissions when ``auth_secret`` (or
     the ``RAYTXN_AUTH_SECRET`` environment variable) is set; ``superusers=(...)`` names its
@@ -88,14 +88,17 @@ def _engine_config(storage: str | None, storage_options: dict[str, Any], overrid
         engine.storage_url = "file://" + os.path.abspath(DEFAULT_URL[len("file://"):])
     coordinator = engine.coordinator
     for key, value in overrides.items():
-        if key == "num_coordinators":
-            coordinator = replace(coordinator, num_coordinators=value)
+        if key in _COORDINATOR_OPTIONS:  # e.g. num_coordinators=3, slow_txn_threshold_ms=30_000
+            coordinator = replace(coordinator, **{key: value})
         elif hasattr(engine, key):
             setattr(engine, key, value)
         else:
             raise InvalidArgument(f"unknown config option {key!r}")
     engine.coordinator = coordinator
     return engine
+
+
+_COORDINATOR_OPTIONS = frozenset(field.name for field in fields(CoordinatorConfig))
 
 
 def _timeout_ms(timeout: float) -> int:
@@ -134,7 +137,23 @@ class Client:
     # --- admin -------------------------------------------------------------------------------
 
     def create_topic(self, name: str, partitions: int = 1) -> dict[str, Any]:
-        return self.supervisor.call("create_topic", name, partitions, deadline_s=self.deadline_s)
+        """Create the topic. A retry after the supervisor died mid-call that finds the topic with
+        these partitions means the first attempt made it (the supervisor's recovery finishes a
+        create it began): success, not ``TopicAlreadyExists``."""
+        retries: list[None] = []
+        try:
+            return self.supervisor.call("create_topic", name, partitions, deadline_s=self.deadline_s,
+                                        on_retry=lambda: retries.append(None))
+        except TopicAlreadyExists:
+            if not retries:
+                raise
+            try:
+                made = self.get_topic(name)["partitions"] == partitions
+            except TopicNotFound:
+                made = False  # being deleted
+            if not made:
+                raise
+            return {"name": name, "partitions": partitions}
 
     def delete_topic(self, name: str) -> None:
         """Delete the topic. A retry after the supervisor died mid-call that finds no topic means
@@ -183,6 +202,36 @@ class Client:
 
     def coordinator_stats(self) -> list[dict[str, Any]]:
         return self.coordinators.stats()
+
+    # --- hanging transactions (Kafka's find-hanging, Pulsar's slow-transactions) ---------------
+
+    def list_transactions(self, older_than: float | str = 0, limit: int = 100) -> list[dict[str, Any]]:
+        """Superusers: live transactions on every coordinator begun at least ``older_than`` ago
+        (seconds, or a duration such as ``"30s"``, ``"5m"``, ``"1h"``), the oldest first, at most
+        ``limit``: txn id, state, owner, ``age_ms``, deadline, and the participants (``partitions``
+        as [topic, partition], ``subscriptions`` as [topic, partition, subscription])."""
+        older_than_ms = round(parse_duration(older_than) * 1000)
+        if type(limit) is not int or limit < 1:
+            raise InvalidArgument(f"limit must be a positive integer, got {limit!r}")
+        return self.coordinators.list_txns(older_than_ms, limit)
+
+    def describe_transaction(self, txn: TxnID | str) -> dict[str, Any]:
+        """One transaction as ``list_transactions`` shows it, or its outcome once it ended
+        (``TransactionNotFound`` when its coordinator no longer remembers it). ``txn``: a TxnID,
+        ``"txn(0,42)"`` or ``"0,42"``. With auth on, its owner or a superuser."""
+        return self.coordinators.get_txn(self._known_txn(txn))
+
+    def abort_transaction(self, txn: TxnID | str) -> str:
+        """Superusers: abort a transaction whoever owns it (e.g. a hanging one whose client is
+        gone); returns ``"ABORTED"`` once every participant has the abort. A committed one
+        raises ``TransactionAlreadyCommitted``."""
+        return self.coordinators.admin_abort(self._known_txn(txn))
+
+    def _known_txn(self, txn: TxnID | str) -> TxnID:
+        txn_id = parse_txn_id(txn)
+        if not 0 <= txn_id.tc_id < self.coordinators.num_coordinators:
+            raise TransactionNotFound(f"{txn_id}: there is no coordinator {txn_id.tc_id}")
+        return txn_id
 
     # --- producers ---------------------------------------------------------------------------
 

@@ -75,3 +75,14 @@ class CoordinatorClient:
 
     def stats(self) -> list[dict[str, Any]]:
         return [ref.call("stats", deadline_s=self.deadline_s) for ref in self._refs]
+
+    def list_txns(self, older_than_ms: int = 0, limit: int = 100) -> list[dict[str, Any]]:
+        """Live transactions of every coordinator begun ``older_than_ms`` or more ago, the
+        oldest first, at most ``limit`` (superusers)."""
+        rows = [row for ref in self._refs
+                for row in ref.call("list_txns", limit, older_than_ms, deadline_s=self.deadline_s)]
+        return sorted(rows, key=lambda row: (row["start_ms"], row["tc_id"], row["sequence"]))[:limit]
+
+    def admin_abort(self, txn: TxnID) -> str:
+        """Abort ``txn`` whoever owns it (superusers)."""
+        return self._refs[txn.tc_id].call("admin_abort", txn, deadline_s=self.deadline_s)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from raytxn.client.rpc import ActorRef
 from raytxn.errors import InvalidArgument
 from raytxn.faults import FaultPoints
+from raytxn.ids import SUPERVISOR_NAME
 
 
 class Faults:
@@ -13,8 +14,9 @@ class Faults:
 
     The point's prefix picks the actors: ``coordinator.*`` the coordinators, ``partition.*`` the
     partition actors, ``subscription.*`` the subscription actors, ``ledger.*`` all of them (every
-    actor's ledgers). ``topic=`` narrows partitions and subscriptions to one topic; ``match``
-    narrows inside an actor (e.g. ``{"txn": ...}``)."""
+    actor's ledgers), ``supervisor.*`` the supervisor (topic and subscription admin). ``topic=``
+    narrows partitions and subscriptions to one topic; ``match`` narrows inside an actor (e.g.
+    ``{"txn": ...}``)."""
 
     def __init__(self, supervisor: object, deadline_s: float = 60.0) -> None:
         self._supervisor = supervisor
@@ -24,8 +26,10 @@ class Faults:
         if actor is not None:
             return [actor]
         kind = point.split(".", 1)[0]
-        if kind not in ("coordinator", "partition", "subscription", "ledger"):
+        if kind not in ("coordinator", "partition", "subscription", "ledger", "supervisor"):
             raise InvalidArgument(f"unknown fault point {point!r}")
+        if kind == "supervisor":
+            return [SUPERVISOR_NAME]
         names = self._supervisor.call("list_actors", None if kind == "ledger" else kind, topic,
                                       deadline_s=self._deadline_s)
         return [name for name, _kind in names]

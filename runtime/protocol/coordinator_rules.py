@@ -120,3 +120,16 @@ def normalize_participants(items: object, width: int, what: str) -> tuple[tuple[
             check_name(item[2], "subscription")
         result[tuple(item)] = None
     return tuple(result)
+
+
+def describe_txn(meta: TxnMeta, now_ms: int) -> dict[str, Any]:
+    """An operator's view of a live transaction: who owns it, how old it is, when it times out,
+    and its participants (the partitions and subscriptions its end must reach)."""
+    return {"txn": str(meta.txn), "tc_id": meta.txn.tc_id, "sequence": meta.txn.sequence,
+            "state": meta.state.value, "owner": meta.owner, "start_ms": meta.start_ms,
+            "age_ms": now_ms - meta.start_ms, "deadline_ms": meta.deadline_ms,
+            "deadline_in_ms": meta.deadline_ms - now_ms, "last_modified_ms": meta.last_modified_ms,
+            "partitions": [list(p) for p in meta.partitions],
+            "subscriptions": [list(s) for s in meta.subscriptions],
+            "transactional_id": meta.transactional_id, "epoch": meta.epoch,
+            "abort_reason": None if meta.abort_reason is None else meta.abort_reason.value}

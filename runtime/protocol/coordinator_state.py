@@ -46,6 +46,7 @@ from raytxn.protocol.coordinator_rules import (
     TxnMeta,
     check_ms,
     check_tid,
+    describe_txn,
     ended_error,
     normalize_participants,
     outcome_of,
@@ -74,7 +75,7 @@ from raytxn.protocol.txnlog import (
 __all__ = [
     "DEFAULT_MAX_RECENT_OUTCOMES", "DEFAULT_MAX_TIMEOUT_MS", "FINAL_STATES", "LIVE_STATES",
     "VALID_PREVIOUS_STATES", "AbortReason", "CoordinatorState", "EndAction", "EndResult", "Outcome",
-    "TxnMeta", "TxnState", "outcome_of",
+    "TxnMeta", "TxnState", "describe_txn", "outcome_of",
 ]
 
 DEFAULT_MAX_TIMEOUT_MS = 15 * 60 * 1000  # Kafka's transaction.max.timeout.ms default
@@ -138,6 +139,21 @@ class CoordinatorState:
     def live_txns(self) -> list[TxnMeta]:
         """Every transaction not ended yet, in sequence order."""
         return list(self._live.values())
+
+    def older_than(self, now_ms: int, min_age_ms: int = 0, limit: int | None = None) -> list[TxnMeta]:
+        """Live transactions begun ``min_age_ms`` or more before ``now_ms``, the oldest first, at
+        most ``limit``: the hanging ones an operator looks for (every live one with 0)."""
+        check_ms(min_age_ms, "min_age_ms")
+        if limit is not None and (type(limit) is not int or limit < 1):
+            raise InvalidArgument(f"limit must be a positive integer, got {limit!r}")
+        found: Iterable[TxnMeta] = self._live.values()
+        if min_age_ms > 0:
+            found = [meta for meta in found if now_ms - meta.start_ms >= min_age_ms]
+        return sorted(found, key=_age_order) if limit is None else heapq.nsmallest(limit, found, key=_age_order)
+
+    def count_older_than(self, now_ms: int, min_age_ms: int) -> int:
+        """How many live transactions began ``min_age_ms`` or more before ``now_ms``."""
+        return sum(1 for meta in self._live.values() if now_ms - meta.start_ms >= min_age_ms)
 
     def txns_in(self, state: TxnState) -> list[TxnMeta]:
         """The live transactions in ``state`` (none for COMMITTED/ABORTED: those are forgotten)."""
@@ -540,7 +556,7 @@ class CoordinatorState:
     def stats(self, now_ms: int, slowest: int = 10) -> dict[str, Any]:
         """Counts, totals (since this object was built, replay included) and the ``slowest``
         oldest live transactions."""
-        oldest = heapq.nsmallest(slowest, self._live.values(), key=lambda m: (m.start_ms, m.txn.sequence))
+        oldest = self.older_than(now_ms, 0, slowest)
         aborted = sum(count for outcome, count in self._totals.items() if outcome is not Outcome.COMMITTED)
         return {
             "tc_id": self.tc_id,
@@ -557,14 +573,7 @@ class CoordinatorState:
             "next_deadline_ms": self.next_deadline_ms(),
             "transactional_ids": len(self._epochs),
             "recent_outcomes": len(self._outcomes),
-            "slowest_txns": [
-                {"txn": str(meta.txn), "state": meta.state.value, "owner": meta.owner,
-                 "age_ms": now_ms - meta.start_ms, "deadline_in_ms": meta.deadline_ms - now_ms,
-                 "partitions": [list(p) for p in meta.partitions],
-                 "subscriptions": [list(s) for s in meta.subscriptions],
-                 "transactional_id": meta.transactional_id, "epoch": meta.epoch}
-                for meta in oldest
-            ],
+            "slowest_txns": [describe_txn(meta, now_ms) for meta in oldest],
         }
 
     def check_invariants(self) -> None:
@@ -592,3 +601,7 @@ class CoordinatorState:
         for meta in self._live.values():
             assert meta.deadline_ms == meta.start_ms + meta.timeout_ms
             assert (meta.abort_reason is not None) == (meta.state is TxnState.ABORTING)
+
+
+def _age_order(meta: TxnMeta) -> tuple[int, int]:
+    return meta.start_ms, meta.txn.sequence

@@ -327,41 +327,48 @@ def subs_reset(topic: str, subscription: str,
 
 @txns_app.command("list")
 def txns_list(address: Address = "auto", as_json: Json = False,
-              limit: Annotated[int, typer.Option("--limit")] = 50) -> None:
-    """Open transactions, the slowest (oldest) first."""
+              older_than: Annotated[str, typer.Option(
+                  "--older-than", help="only those begun at least this long ago: 30s, 5m, 1h, 250ms")] = "0s",
+              limit: Annotated[int, typer.Option("--limit", min=1)] = 50) -> None:
+    """Live transactions on every coordinator, the oldest first, with their age and participants
+    (superusers): the hanging ones are the old ones."""
+    from raytxn.config import parse_duration
+
+    seconds = _usage(parse_duration, older_than)
     with _client(address) as client:
-        rows = [row for ref in client.coordinators._refs for row in ref.call("list_txns", limit)]
-    rows.sort(key=lambda r: -r["age_ms"])
-    _emit(rows[:limit], as_json, "open transactions",
+        rows = client.list_transactions(seconds, limit)
+    _emit(rows, as_json, "live transactions" + (f" older than {older_than}" if seconds else ""),
           ["txn", "state", "owner", "age_ms", "deadline_in_ms", "partitions", "subscriptions", "transactional_id"])
 
 
-def _parse_txn(text: str) -> Any:
-    from raytxn.ids import TxnID
-
-    cleaned = text.replace("txn(", "").replace(")", "")
+def _usage(parse: Callable[[str], Any], text: str) -> Any:
+    """``parse(text)``; a malformed argument is a usage error (exit 2)."""
     try:
-        tc, seq = (int(x) for x in cleaned.split(","))
-    except ValueError as e:
-        console.print(f"[red]not a transaction id: {text!r} (use TC,SEQ, e.g. 0,42)[/red]")
+        return parse(text)
+    except RaytxnError as e:
+        console.print(f"[red]{e}[/red]")
         raise typer.Exit(2) from e
-    return TxnID(tc, seq)
 
 
 @txns_app.command("show")
 def txns_show(txn: str, address: Address = "auto", as_json: Json = False) -> None:
-    txn_id = _parse_txn(txn)
+    """One transaction: state, owner, age, deadline, participants (or its outcome once ended)."""
+    from raytxn.ids import parse_txn_id
+
+    txn_id = _usage(parse_txn_id, txn)
     with _client(address) as client:
-        info = client.coordinators.get_txn(txn_id)
-    _emit({k: str(v) if k == "txn" else v for k, v in info.items()}, as_json, f"{txn_id}")
+        info = client.describe_transaction(txn_id)
+    _emit(info, as_json, str(txn_id))
 
 
 @txns_app.command("abort")
 def txns_abort(txn: str, address: Address = "auto") -> None:
-    """Abort a transaction whoever owns it."""
-    txn_id = _parse_txn(txn)
+    """Abort a transaction whoever owns it (superusers)."""
+    from raytxn.ids import parse_txn_id
+
+    txn_id = _usage(parse_txn_id, txn)
     with _client(address) as client:
-        state = client.coordinators.ref(txn_id.tc_id).call("admin_abort", txn_id)
+        state = client.abort_transaction(txn_id)
     console.print(f"{txn_id}: {state}")
 
 

@@ -71,7 +71,8 @@ def test_only_superusers_administer(admin: rt.Client, alice: rt.Client) -> None:
     topic = new_topic(admin, prefix="auth")
     for attempt in (lambda: alice.delete_topic(topic), lambda: alice.grant_permission(topic, "alice", ["produce"]),
                     lambda: alice.permissions(topic), lambda: alice.faults.arm("partition.after_append", topic=topic),
-                    lambda: alice.coordinators.ref(0).call("list_txns")):
+                    lambda: alice.coordinators.ref(0).call("list_txns"), lambda: alice.list_transactions(),
+                    lambda: alice.faults.arm("supervisor.after_mark_deleting")):
         with pytest.raises(NotAuthorized):
             attempt()
     assert [t["name"] for t in alice.list_topics()].count(topic) == 1  # reading metadata is fine
@@ -133,8 +134,13 @@ def test_transactions_belong_to_their_principal(admin: rt.Client, alice: rt.Clie
         with pytest.raises(NotAuthorized, match="owned by 'alice'"):
             attempt()
     assert alice.coordinators.get_txn(txn.id)["state"] == "OPEN"
-    # a superuser may end anyone's txn
-    assert admin.coordinators.ref(txn.id.tc_id).call("admin_abort", txn.id) == "ABORTED"
+    assert alice.describe_transaction(txn.id)["owner"] == "alice"
+    # only a superuser lists everyone's transactions and may abort anyone's, even their owner
+    with pytest.raises(NotAuthorized, match="not a superuser"):
+        alice.abort_transaction(txn.id)
+    listed = [row for row in admin.list_transactions() if row["txn"] == str(txn.id)]
+    assert [(row["owner"], row["partitions"]) for row in listed] == [("alice", [[topic, 0]])]
+    assert admin.abort_transaction(txn.id) == "ABORTED"
     with pytest.raises(TransactionAlreadyAborted):
         txn.commit()
     assert visible_values(topic, token=ADMIN) == []

@@ -1,20 +1,34 @@
-"""The raytxn CLI against a running engine (in-process through typer's runner)."""
+"""The raytxn CLI against a running engine: in-process through typer's runner, and as its own
+process (``raytxn ... --address <this session's Ray>``)."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+import ray
 from typer.testing import CliRunner
 
 import raytxn as rt
+from raytxn.errors import (
+    InvalidArgument,
+    TransactionAlreadyAborted,
+    TransactionAlreadyCommitted,
+    TransactionNotFound,
+)
 from raytxn.tools.cli import app
 from tests.engine import engine_client
 
 pytestmark = pytest.mark.ray
 runner = CliRunner()
+CLI = str(Path(sys.executable).with_name("raytxn"))
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -52,42 +66,98 @@ def test_topics_produce_consume_and_status(client: rt.Client) -> None:
     assert result.exit_code == 1 and "TopicNotFound" in result.output
 
 
-def test_txns_list_show_abort(client: rt.Client) -> None:
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """``raytxn ARGS --address <this session's Ray>`` as its own process."""
+    address = ray.get_runtime_context().gcs_address
+    return subprocess.run([CLI, *args, "--address", address], capture_output=True, text=True, timeout=180,
+                          cwd=ROOT)
+
+
+def cli_json(*args: str) -> object:
+    done = cli(*args, "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def hanging_txn(client: rt.Client, topic: str, subscription: str) -> rt.Transaction:
+    """An open transaction with a partition (a send) and a subscription (an ack) as participants."""
+    producer = client.create_producer(topic)
+    producer.send(b"first", key="k")
+    consumer = client.subscribe(topic, subscription, initial_position="earliest")
+    message = consumer.receive(timeout=10)
+    txn = client.new_transaction(timeout=300)
+    producer.send(b"pending", key="k", txn=txn)
+    consumer.acknowledge(message, txn=txn)
+    consumer.close()
+    return txn
+
+
+def test_txns_list_older_than_show_abort_from_a_subprocess(client: rt.Client) -> None:
     topic = f"cli-t-{uuid.uuid4().hex[:6]}"
     client.create_topic(topic, 1)
-    txn = client.new_transaction(timeout=120)
-    client.create_producer(topic).send(b"pending", txn=txn)
-    rows = run_json("txns", "list")
-    mine = [r for r in rows if r["txn"] == str(txn.id)]
-    assert mine and mine[0]["partitions"] == [[topic, 0]] and mine[0]["owner"] == client.owner
-    shown = run_json("txns", "show", f"{txn.id.tc_id},{txn.id.sequence}")
-    assert shown["state"] == "OPEN"
-    assert "ABORTED" in run("txns", "abort", f"{txn.id.tc_id},{txn.id.sequence}")
+    txn = hanging_txn(client, topic, "cli-sub")
+    time.sleep(2.0)
+    rows = {row["txn"]: row for row in cli_json("txns", "list", "--older-than", "2s")}
+    mine = rows[str(txn.id)]
+    assert mine["owner"] == client.owner and mine["state"] == "OPEN" and mine["age_ms"] >= 2000
+    assert mine["partitions"] == [[topic, 0]] and mine["subscriptions"] == [[topic, 0, "cli-sub"]]
+    assert str(txn.id) not in [row["txn"] for row in cli_json("txns", "list", "--older-than", "1h")]
+    bad = cli("txns", "list", "--older-than", "5x")
+    assert bad.returncode == 2 and "not a duration: '5x'" in bad.stdout, bad.stdout + bad.stderr
+    shown = cli_json("txns", "show", f"{txn.id.tc_id},{txn.id.sequence}")
+    assert shown["state"] == "OPEN" and shown["age_ms"] >= mine["age_ms"]
+    assert (shown["partitions"], shown["subscriptions"]) == (mine["partitions"], mine["subscriptions"])
+    aborted = cli("txns", "abort", str(txn.id))
+    assert aborted.returncode == 0 and f"{txn.id}: ABORTED" in aborted.stdout, aborted.stdout + aborted.stderr
+    with pytest.raises(TransactionAlreadyAborted):
+        txn.commit()
     assert run_json("txns", "show", str(txn.id))["state"] == "ABORTED"
     bad = runner.invoke(app, ["txns", "show", "nonsense"])
-    assert bad.exit_code == 2
+    assert bad.exit_code == 2 and "not a transaction id" in bad.output
     missing = runner.invoke(app, ["txns", "show", "0,999999"])
     assert missing.exit_code == 1 and "TransactionNotFound" in missing.output
+
+
+def test_hanging_transactions_through_the_client_api(client: rt.Client) -> None:
+    topic = f"api-t-{uuid.uuid4().hex[:6]}"
+    client.create_topic(topic, 1)
+    old = hanging_txn(client, topic, "api-sub")
+    time.sleep(1.5)
+    young = client.new_transaction(timeout=300)
+    listed = [row["txn"] for row in client.list_transactions(older_than="1s")]
+    assert str(old.id) in listed and str(young.id) not in listed
+    assert [row["txn"] for row in client.list_transactions(older_than=1.0)] == listed  # seconds as a number
+    everything = [row["txn"] for row in client.list_transactions()]
+    assert everything.index(str(old.id)) < everything.index(str(young.id))  # the oldest first
+    assert len(client.list_transactions(limit=1)) == 1
+    for bad in ({"older_than": "soon"}, {"older_than": -1}, {"limit": 0}):
+        with pytest.raises(InvalidArgument):
+            client.list_transactions(**bad)
+    described = client.describe_transaction(str(old.id))  # as it prints: txn(tc,seq)
+    assert described["subscriptions"] == [[topic, 0, "api-sub"]] and described["age_ms"] >= 1500
+    with pytest.raises(InvalidArgument):
+        client.describe_transaction("0-1")
+    with pytest.raises(TransactionNotFound):
+        client.describe_transaction("7,1")  # no coordinator 7
+    assert client.abort_transaction(old.id) == "ABORTED"
+    assert client.describe_transaction(old.id)["state"] == "ABORTED"
+    young.commit()
+    with pytest.raises(TransactionAlreadyCommitted):
+        client.abort_transaction(young.id)
 
 
 def test_stop_in_another_process_stops_the_engine_not_a_ray_it_did_not_start(client: rt.Client) -> None:
     """Last in the module: it stops the module's engine. `raytxn stop` runs as its own process
     attached to this session's Ray, which it did not start, so Ray must keep running."""
-    import subprocess
-    import sys
     import tempfile
-    from pathlib import Path
-
-    import ray
 
     from raytxn.ids import NAMESPACE
 
     if (Path(tempfile.gettempdir()) / "raytxn-started-ray").exists():
         pytest.skip("a Ray started by `raytxn start` runs on this machine: `raytxn stop` would stop it")
     address = ray.get_runtime_context().gcs_address
-    cli = str(Path(sys.executable).with_name("raytxn"))
-    done = subprocess.run([cli, "stop", "--address", address], capture_output=True, text=True, timeout=180,
-                          cwd=Path(__file__).resolve().parents[2])
+    done = subprocess.run([CLI, "stop", "--address", address], capture_output=True, text=True, timeout=180,
+                          cwd=ROOT)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "left running" in done.stdout
     for name in ("supervisor", "tc-0", "tc-1"):
@@ -99,12 +169,6 @@ def test_stop_in_another_process_stops_the_engine_not_a_ray_it_did_not_start(cli
 def test_start_in_another_process_starts_an_engine_with_auth(ray_session: object, tmp_path: object) -> None:
     """After the stop test: `raytxn start` as its own process. Ray runs already (this session's,
     named by RAY_ADDRESS), so it only starts the engine on it; with --auth-secret-file, auth on."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    import ray
-
     from raytxn.auth import create_token, new_secret
     from raytxn.cluster import stop_engine
     from raytxn.ids import NAMESPACE
@@ -112,12 +176,10 @@ def test_start_in_another_process_starts_an_engine_with_auth(ray_session: object
     secret = new_secret()
     key = Path(str(tmp_path)) / "engine.key"
     key.write_text(secret)
-    cli = str(Path(sys.executable).with_name("raytxn"))
     env = {**__import__("os").environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
-    done = subprocess.run([cli, "start", "--storage", f"file://{Path(str(tmp_path)) / 'data'}",
+    done = subprocess.run([CLI, "start", "--storage", f"file://{Path(str(tmp_path)) / 'data'}",
                            "--auth-secret-file", str(key), "--superuser", "ops"],
-                          capture_output=True, text=True, timeout=180, env=env,
-                          cwd=Path(__file__).resolve().parents[2])
+                          capture_output=True, text=True, timeout=180, env=env, cwd=ROOT)
     try:
         assert done.returncode == 0, done.stdout + done.stderr
         assert "raytxn running" in done.stdout and "auth on" in done.stdout

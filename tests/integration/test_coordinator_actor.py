@@ -16,6 +16,7 @@ from raytxn.cluster import start_coordinators, stop_actor
 from raytxn.config import CoordinatorConfig, EngineConfig
 from raytxn.errors import (
     Fenced,
+    InvalidArgument,
     NotAllowed,
     ParticipantEndFailed,
     TransactionAlreadyAborted,
@@ -65,7 +66,8 @@ class Env:
 def coordinators(ray_session: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineConfig]:
     """Two coordinators shared by the module's tests (each test uses its own topic)."""
     config = EngineConfig(storage_url=f"file://{tmp_path_factory.mktemp('coordinators')}",
-                          coordinator=CoordinatorConfig(num_coordinators=2, timer_tick_s=0.02))
+                          coordinator=CoordinatorConfig(num_coordinators=2, timer_tick_s=0.02,
+                                                        slow_txn_threshold_ms=1000))
     start_coordinators(config)
     try:
         yield config
@@ -298,6 +300,41 @@ def test_transactional_id_fencing(env: Env) -> None:
     other = 1 - home
     with pytest.raises(NotAllowed):
         env.client.ref(other).call("register_transactional_id", tid)
+
+
+def test_hanging_transactions_are_listed_by_age_with_participants_and_aborted(env: Env) -> None:
+    old = env.client.new_txn(timeout_ms=60_000)
+    env.client.add_partitions(old, [(env.topic, 0), (env.topic, 1)])
+    env.client.add_subscriptions(old, [(env.topic, 0, "sub")])
+    time.sleep(1.2)
+    young = env.client.new_txn(timeout_ms=60_000)
+    everything = [row["txn"] for row in env.client.list_txns()]
+    assert everything.index(str(old)) < everything.index(str(young))  # the oldest first, over both coordinators
+    hanging = {row["txn"]: row for row in env.client.list_txns(older_than_ms=1000)}
+    assert str(old) in hanging and str(young) not in hanging
+    row = hanging[str(old)]
+    assert (row["state"], row["owner"], row["tc_id"], row["sequence"]) == ("OPEN", "alice", old.tc_id, old.sequence)
+    assert 1000 <= row["age_ms"] < 30_000 and 30_000 < row["deadline_in_ms"] <= 59_000
+    assert row["partitions"] == [[env.topic, 0], [env.topic, 1]] and row["subscriptions"] == [[env.topic, 0, "sub"]]
+    assert len(env.client.list_txns(limit=1)) == 1
+    described = env.client.get_txn(old)
+    assert described["age_ms"] >= row["age_ms"] and described["partitions"] == row["partitions"]
+    assert env.client.stats()[old.tc_id]["slow_txns"] >= 1  # this module's threshold is 1 s
+    for bad in ((0, 0), (10, -1), (10, "1s")):
+        with pytest.raises(InvalidArgument):
+            env.client.ref(0).call("list_txns", *bad)
+    # An operator ends the hanging one: its participants get the abort, it leaves the list.
+    assert env.client.admin_abort(old) == "ABORTED"
+    for name in env.participants:
+        assert [(t, a) for t, a, _ in env.calls(name)] == [(old, "ABORT")]
+    assert str(old) not in [row["txn"] for row in env.client.list_txns()]
+    assert env.client.get_txn(old)["state"] == "ABORTED"
+    assert env.client.admin_abort(old) == "ABORTED"  # idempotent
+    assert env.client.end_txn(young, EndAction.COMMIT) == "COMMITTED"
+    with pytest.raises(TransactionAlreadyCommitted):
+        env.client.admin_abort(young)
+    with pytest.raises(TransactionNotFound):
+        env.client.admin_abort(TxnID(old.tc_id, 10**9))
 
 
 def test_batched_log_and_compaction(env: Env) -> None:

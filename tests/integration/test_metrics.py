@@ -101,9 +101,12 @@ class Traffic:
     timed_out: int
 
 
+SLOW_TXN_MS = 1000  # this module's engine counts a transaction as slow after a second
+
+
 @pytest.fixture(scope="module")
 def client(ray_session: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[rt.Client]:
-    yield from engine_client(tmp_path_factory)
+    yield from engine_client(tmp_path_factory, slow_txn_threshold_ms=SLOW_TXN_MS)
 
 
 @pytest.fixture(scope="module")
@@ -213,6 +216,29 @@ def test_max_read_lag_and_pending_ack_gauges(client: rt.Client) -> None:
                      f"no lag and no pending ack on {topic} after the commit")
     assert [m.value() for m in (consumer.receive(timeout=10) for _ in range(3))] == [b"held-0", b"held-1", b"held-2"]
     consumer.close()
+
+
+def test_slow_transactions_gauge_per_coordinator(client: rt.Client) -> None:
+    """A transaction left open past the threshold counts on its coordinator's gauge until it
+    ends. Its series is the one that rose (a dead worker of an earlier module may still export
+    an old value under the same tc_id)."""
+    topic = f"metrics-slow-{uuid.uuid4().hex[:8]}"
+    client.create_topic(topic, partitions=1)
+    before = scrape()
+    txn = client.new_transaction(timeout=120)
+    client.create_producer(topic).send(b"held", txn=txn)
+    tc_id = str(txn.id.tc_id)
+
+    def rose(samples: Scrape) -> set[tuple[tuple[str, str], ...]]:
+        return {key for key, value in select(samples, "ray_raytxn_slow_txns", tc_id=tc_id).items()
+                if value >= 1 and before.get(("ray_raytxn_slow_txns", key), 0.0) < 1}
+
+    series = rose(wait_for_metrics(lambda s: bool(rose(s)), f"the slow transaction on coordinator {tc_id}"))
+    assert client.coordinator_stats()[txn.id.tc_id]["slow_txns"] >= 1
+    assert [row["txn"] for row in client.list_transactions(older_than=SLOW_TXN_MS / 1000)] == [str(txn.id)]
+    txn.abort()
+    wait_for_metrics(lambda s: all(s.get(("ray_raytxn_slow_txns", key)) == 0 for key in series),
+                     f"no slow transaction on coordinator {tc_id} after the abort")
 
 
 def test_ledger_put_latency_and_recoveries(traffic: Traffic) -> None:

@@ -24,7 +24,7 @@ from raytxn.auth import (
     new_secret,
 )
 from raytxn.errors import AuthenticationFailed, InvalidArgument, NotAuthorized, TopicNotFound
-from raytxn.protocol.catalog import Catalog, decode_catalog, encode_catalog
+from raytxn.protocol.catalog import Catalog, EntryState, decode_catalog, encode_catalog
 from raytxn.protocol.coordinator_state import CoordinatorState
 
 SECRET = "s" * 32
@@ -145,7 +145,7 @@ def test_guarded_methods_check_the_token_and_hide_principal() -> None:
 
 
 def test_catalog_grants_replace_revoke_and_version() -> None:
-    catalog = Catalog().with_topic("orders", 2, 0)
+    catalog = Catalog().with_topic("orders", 2, 0).with_topic_state("orders", EntryState.ACTIVE)
     with pytest.raises(TopicNotFound):
         catalog.with_grant("nope", "alice", ["produce"])
     with pytest.raises(InvalidArgument):
@@ -158,10 +158,11 @@ def test_catalog_grants_replace_revoke_and_version() -> None:
     revoked = granted.without_grant("orders", "alice")
     assert revoked.topic_permissions("orders") == {} and revoked.permissions_version > granted.permissions_version
     assert decode_catalog(encode_catalog(granted)) == granted
-    gone = granted.without_topic("orders")
+    gone = granted.with_topic_state("orders", EntryState.DELETING).without_topic("orders")
     assert gone.permissions == {}
     # a topic created again under the name starts without grants
-    assert gone.with_topic("orders", 1, 5).topic_permissions("orders") == {}
+    again = gone.with_topic("orders", 1, 5).with_topic_state("orders", EntryState.ACTIVE)
+    assert again.topic_permissions("orders") == {}
 
 
 def test_catalog_from_before_permissions_still_decodes() -> None:

@@ -24,6 +24,7 @@ from raytxn.protocol.coordinator_state import (
     CoordinatorState,
     EndResult,
     TxnMeta,
+    describe_txn,
 )
 from raytxn.protocol.txnlog import (
     AbortReason,
@@ -782,12 +783,30 @@ def test_stats(h: Harness) -> None:
     assert stats["transactional_ids"] == 2 and stats["recent_outcomes"] == 3
     assert stats["next_deadline_ms"] == T0 + 5003
     assert stats["slowest_txns"] == [
-        {"txn": "txn(0,3)", "state": "OPEN", "owner": "alice", "age_ms": 97, "deadline_in_ms": 4903,
-         "partitions": [["t", 2]], "subscriptions": [], "transactional_id": "p1", "epoch": 0},
-        {"txn": "txn(0,4)", "state": "COMMITTING", "owner": "c", "age_ms": 96, "deadline_in_ms": 904,
-         "partitions": [["u", 0]], "subscriptions": [], "transactional_id": None, "epoch": None},
+        {"txn": "txn(0,3)", "tc_id": 0, "sequence": 3, "state": "OPEN", "owner": "alice", "start_ms": T0 + 3,
+         "age_ms": 97, "deadline_ms": T0 + 5003, "deadline_in_ms": 4903, "last_modified_ms": T0 + 7,
+         "partitions": [["t", 2]], "subscriptions": [], "transactional_id": "p1", "epoch": 0, "abort_reason": None},
+        {"txn": "txn(0,4)", "tc_id": 0, "sequence": 4, "state": "COMMITTING", "owner": "c", "start_ms": T0 + 4,
+         "age_ms": 96, "deadline_ms": T0 + 1004, "deadline_in_ms": 904, "last_modified_ms": T0 + 22,
+         "partitions": [["u", 0]], "subscriptions": [], "transactional_id": None, "epoch": None,
+         "abort_reason": None},
     ]
     assert msgspec.json.decode(msgspec.json.encode(stats)) == stats  # plain JSON-able data
+
+
+def test_older_than_finds_the_hanging_transactions_oldest_first(h: Harness) -> None:
+    txns = build_history(h)  # live: open (begun T0+3), committing (T0+4), aborting (T0+5)
+    live = [txns["open"], txns["committing"], txns["aborting"]]
+    assert [m.txn for m in h.state.older_than(T0 + 100)] == live
+    assert [m.txn for m in h.state.older_than(T0 + 100, 96)] == live[:2]  # ages 97, 96, 95
+    assert [m.txn for m in h.state.older_than(T0 + 100, 96, limit=1)] == live[:1]
+    assert h.state.older_than(T0 + 100, 98) == []
+    assert [h.state.count_older_than(T0 + 100, age) for age in (0, 95, 96, 97, 98)] == [3, 3, 2, 1, 0]
+    aborting = describe_txn(h.state.get(txns["aborting"]), T0 + 100)
+    assert (aborting["state"], aborting["age_ms"], aborting["abort_reason"]) == ("ABORTING", 95, "CLIENT")
+    for bad in ({"min_age_ms": -1}, {"min_age_ms": 1.5}, {"limit": 0}, {"limit": "3"}):
+        with pytest.raises(InvalidArgument):
+            h.state.older_than(T0, **bad)
 
 
 def test_invalid_configuration() -> None:

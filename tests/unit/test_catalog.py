@@ -1,0 +1,115 @@
+"""The catalog's entry states: CREATING -> ACTIVE -> DELETING -> removed, every transition checked,
+and only ACTIVE entries visible to clients."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from raytxn.errors import InvalidArgument, NotAllowed, TopicAlreadyExists, TopicNotFound
+from raytxn.protocol.catalog import (
+    VALID_PREVIOUS_STATES,
+    Catalog,
+    EntryState,
+    decode_catalog,
+    encode_catalog,
+)
+
+CREATING, ACTIVE, DELETING = EntryState.CREATING, EntryState.ACTIVE, EntryState.DELETING
+
+
+def active_topic(name: str = "orders", partitions: int = 2) -> Catalog:
+    return Catalog().with_topic(name, partitions, 1).with_topic_state(name, ACTIVE)
+
+
+def test_a_topic_is_invisible_until_active_and_once_deleting() -> None:
+    creating = Catalog().with_topic("orders", 2, 1)
+    assert creating.topic_entry("orders").state is CREATING
+    with pytest.raises(TopicNotFound, match="being created"):
+        creating.topic("orders")
+    active = creating.with_topic_state("orders", ACTIVE)
+    assert active.topic("orders").partitions == 2
+    deleting = active.with_topic_state("orders", DELETING)
+    with pytest.raises(TopicNotFound, match="being deleted"):
+        deleting.topic("orders")
+    assert [t.name for t in deleting.topics_in(DELETING)] == ["orders"]
+    assert deleting.without_topic("orders").topics == {}
+    with pytest.raises(TopicNotFound):
+        Catalog().topic_entry("orders")
+
+
+def test_every_topic_transition_is_checked() -> None:
+    catalogs = {CREATING: Catalog().with_topic("t", 1, 1)}
+    catalogs[ACTIVE] = catalogs[CREATING].with_topic_state("t", ACTIVE)
+    catalogs[DELETING] = catalogs[ACTIVE].with_topic_state("t", DELETING)
+    for old, catalog in catalogs.items():
+        for new in EntryState:
+            if old in VALID_PREVIOUS_STATES[new]:
+                assert catalog.with_topic_state("t", new).topic_entry("t").state is new
+            else:
+                with pytest.raises(NotAllowed, match=f"{old} -> {new} not allowed"):
+                    catalog.with_topic_state("t", new)
+                assert catalog.topic_entry("t").state is old  # unchanged
+        if old is not DELETING:
+            with pytest.raises(NotAllowed, match="only a DELETING topic"):
+                catalog.without_topic("t")
+
+
+def test_creating_again_is_refused_in_every_state() -> None:
+    catalog = Catalog().with_topic("t", 1, 1)
+    with pytest.raises(TopicAlreadyExists, match="exists with 1 partitions"):
+        catalog.with_topic("t", 1, 2)
+    deleting = catalog.with_topic_state("t", DELETING)
+    with pytest.raises(TopicAlreadyExists, match="being deleted"):
+        deleting.with_topic("t", 1, 2)
+    with pytest.raises(InvalidArgument):
+        Catalog().with_topic("t", 0, 1)
+
+
+def test_removing_a_topic_takes_its_subscriptions_and_permissions() -> None:
+    catalog = active_topic().with_subscription("orders", "billing", "earliest", 2).with_grant(
+        "orders", "alice", ["produce"])
+    version = catalog.permissions_version
+    gone = catalog.with_topic_state("orders", DELETING).without_topic("orders")
+    assert gone.subscriptions == {} and gone.permissions == {} and gone.permissions_version == version + 1
+
+
+def test_subscription_states() -> None:
+    catalog = active_topic().with_subscription("orders", "billing", "earliest", 2)
+    assert catalog.subscription_names("orders") == []  # CREATING: not listed yet
+    assert catalog.subscription_names("orders", (CREATING,)) == ["billing"]
+    assert catalog.with_subscription("orders", "billing", "latest", 3) is catalog  # subscribing again
+    active = catalog.with_subscription_state("orders", "billing", ACTIVE)
+    assert active.subscription_names("orders") == ["billing"]
+    with pytest.raises(NotAllowed, match="ACTIVE -> CREATING not allowed"):
+        active.with_subscription_state("orders", "billing", CREATING)
+    with pytest.raises(NotAllowed, match="only a DELETING one"):
+        active.without_subscription("orders", "billing")
+    deleting = active.with_subscription_state("orders", "billing", DELETING)
+    assert [s.name for s in deleting.subscriptions_in(DELETING)] == ["billing"]
+    assert deleting.subscription_names("orders") == []
+    with pytest.raises(NotAllowed, match="being deleted"):
+        deleting.with_subscription("orders", "billing", "latest", 3)
+    gone = deleting.without_subscription("orders", "billing")
+    assert gone.subscriptions["orders"] == {}
+    assert gone.without_subscription("orders", "billing") is gone  # gone already: nothing to do
+    with pytest.raises(NotAllowed, match="does not exist"):
+        gone.with_subscription_state("orders", "billing", ACTIVE)
+    with pytest.raises(TopicNotFound):  # no subscription on a topic that is not ACTIVE
+        Catalog().with_topic("new", 1, 1).with_subscription("new", "s", "latest", 1)
+
+
+def test_states_survive_encoding_and_old_catalogs_read_as_active() -> None:
+    catalog = active_topic().with_subscription("orders", "billing", "earliest", 2).with_topic("next", 1, 3)
+    assert decode_catalog(encode_catalog(catalog)) == catalog
+
+    class OldTopic(msgspec.Struct):  # the record before entries had a state
+        name: str
+        partitions: int
+        created_ms: int
+
+    class OldCatalog(msgspec.Struct):
+        topics: dict[str, OldTopic]
+
+    old = msgspec.msgpack.encode(OldCatalog({"orders": OldTopic("orders", 3, 1)}))
+    assert decode_catalog(old).topic("orders").state is ACTIVE

@@ -1,0 +1,35 @@
+"""What operators type: durations (``--older-than 30s``) and transaction ids (``0,42``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from raytxn.config import parse_duration
+from raytxn.errors import InvalidArgument
+from raytxn.ids import TxnID, parse_txn_id
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("30s", 30.0), ("5m", 300.0), ("1h", 3600.0), ("2d", 172800.0), ("250ms", 0.25), (" 1.5s ", 1.5),
+    ("0s", 0.0), ("45", 45.0), (10, 10.0), (0.5, 0.5),
+])
+def test_durations(text: object, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "5x", "s", "-1s", "1h30m", "1e3s", "thirty", None, True, -1, float("inf"),
+                                  float("nan"), [30]])
+def test_malformed_durations_are_invalid_argument(text: object) -> None:
+    with pytest.raises(InvalidArgument, match="duration"):
+        parse_duration(text)
+
+
+@pytest.mark.parametrize("text", ["txn(0,42)", "0,42", " 0 , 42 ", "txn( 0, 42 )", TxnID(0, 42)])
+def test_txn_ids(text: object) -> None:
+    assert parse_txn_id(text) == TxnID(0, 42)
+
+
+@pytest.mark.parametrize("text", ["", "42", "txn(0,42", "0,42)", "0;42", "-1,2", "a,b", "txn0,42", None, (0, 42)])
+def test_malformed_txn_ids_are_invalid_argument(text: object) -> None:
+    with pytest.raises(InvalidArgument, match="not a transaction id"):
+        parse_txn_id(text)
