@@ -30,7 +30,7 @@ from raytxn.auth import Access, AuthConfig, Authorizer, guarded
 from raytxn.config import PartitionConfig
 from raytxn.errors import CorruptLedger, InvalidArgument, MessageTooLarge
 from raytxn.faults import FaultPoints, FaultTarget
-from raytxn.ids import EARLIEST, Position, TxnID, partition_actor_name
+from raytxn.ids import EARLIEST, Position, TxnID, partition_actor_name, partition_stream
 from raytxn.ledger import Entry, ManagedLedger
 from raytxn.ledger.snapshots import join_segments, newest_complete, obsolete_segments, split_snapshot
 from raytxn.ledger.storage import ObjectExists, Storage
@@ -59,10 +59,6 @@ class AppendResult:
     position: Position | None     # None: a duplicate whose original entry is no longer known
     count: int
     duplicate: bool
-
-
-def partition_stream(topic: str, partition: int) -> str:
-    return f"topics/{topic}/{partition}"
 
 
 _snapshot_decoder = msgspec.msgpack.Decoder(TxnBufferSnapshot)

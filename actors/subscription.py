@@ -36,7 +36,7 @@ from raytxn.auth import Access, AuthConfig, Authorizer, guarded
 from raytxn.config import SubscriptionConfig
 from raytxn.errors import InvalidArgument, NotAllowed
 from raytxn.faults import FaultPoints, FaultTarget
-from raytxn.ids import EARLIEST, Position, TxnID, partition_actor_name, subscription_actor_name
+from raytxn.ids import EARLIEST, Position, TxnID, partition_actor_name, partition_stream, subscription_actor_name
 from raytxn.ledger import Entry, ManagedLedger
 from raytxn.ledger.storage import Storage
 from raytxn.metrics import SubscriptionMetrics
@@ -449,8 +449,6 @@ class Subscription(ActorShell, FaultTarget, TopicPermissions):
         return stats
 
     async def _partition_ledger_ends(self) -> list[tuple[int, int]]:
-        from raytxn.actors.partition import partition_stream
-
         if self._partition_ledger is None:
             self._partition_ledger = await ManagedLedger.open(
                 self.storage, partition_stream(self.topic, self.partition), writable=False)

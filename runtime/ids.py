@@ -112,5 +112,10 @@ def partition_actor_name(topic: str, partition: int) -> str:
     return f"partition-{topic}-{partition}"
 
 
+def partition_stream(topic: str, partition: int) -> str:
+    """The managed-ledger stream of partition ``partition`` of ``topic``."""
+    return f"topics/{topic}/{partition}"
+
+
 def subscription_actor_name(topic: str, partition: int, subscription: str) -> str:
     return f"sub-{topic}-{partition}-{subscription}"

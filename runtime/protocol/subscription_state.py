@@ -33,6 +33,7 @@ from raytxn.ids import EARLIEST, Position, TxnID
 from raytxn.protocol.cursor import Cursor, CursorSnapshot, gaps_between, next_position, position_before
 from raytxn.protocol.dispatch import ConsumerType, Dispatcher, MessageKey, QueuedMessage
 from raytxn.protocol.entry_format import decode_entry_header, decode_message
+from raytxn.protocol.lease import Lease, LeaseTable, RangePlan, plan_range
 from raytxn.protocol.pending_ack import (
     AbortRecord,
     Ack,
@@ -123,6 +124,7 @@ class SubscriptionState:
         self.generation = 0  # seeks so far: consumers drop what they prefetched before a seek
         self._txn_keys: dict[TxnID, list[MessageKey]] = {}  # outstanding messages a txn's acks took
         self._messages_per_entry = 1.0  # a moving average of the partition's batch sizes
+        self.leases = LeaseTable()  # volatile: a restart refuses old leases and grants the range again
 
     # --- delivery ----------------------------------------------------------------------------
 
@@ -198,6 +200,9 @@ class SubscriptionState:
     # --- consumers ---------------------------------------------------------------------------
 
     def add_consumer(self, consumer_id: str, name: str, consumer_type: ConsumerType | str, now: float) -> None:
+        if self.leases.current is not None:
+            raise NotAllowed(f"lease {self.leases.current.lease_id} is outstanding: consumers and leases do "
+                             "not mix on one subscription")
         self._rewind_to(self.dispatcher.add_consumer(consumer_id, name, consumer_type, now))
 
     def remove_consumer(self, consumer_id: str) -> None:
@@ -316,20 +321,41 @@ class SubscriptionState:
         self.applied_log_position = log_position
         if isinstance(record, AckRecord):
             if record.kind is AckKind.CUMULATIVE:
+                self.leases.on_cumulative_ack(record.txn, record.acks[0].position)
                 taken = self._settle_cumulative(record.acks[0])
             else:
                 taken = self._settle(record.acks)
             if taken:
                 self._txn_keys.setdefault(record.txn, []).extend(taken)
         elif isinstance(record, CommitRecord):
+            self.leases.on_txn_end(record.txn)
             self.dispatcher.forget_redeliveries(self._txn_keys.pop(record.txn, ()))
         elif isinstance(record, AbortRecord):
+            self.leases.on_txn_end(record.txn)
             self.dispatcher.count_redelivery(self._txn_keys.pop(record.txn, ()))
             assert redelivery is not None
             if redelivery.messages:
                 self.rewind(redelivery.messages[0][0])
             if redelivery.cumulative_through is not None:
                 self.rewind(self.cursor.acked_below)
+
+    # --- leases (the bulk path, see ``lease.py``) -----------------------------------------------
+
+    def grant_lease(self, holder: str, epoch: int, now_ms: int, plan: RangePlan, max_entries: int,
+                    timeout_ms: int) -> Lease | None:
+        """The holder's lease of the next range from the cursor (its standing one on a retry), or
+        None: another holder's lease stands, or nothing is readable past the cursor."""
+        if self.dispatcher.consumer_ids():
+            raise NotAllowed("consumers are attached: consumers and leases do not mix on one subscription")
+        decision = self.leases.prepare_grant(holder, epoch, now_ms)
+        if decision is not None:
+            return decision or None
+        planned = plan_range(plan, self.cursor.acked_below, max_entries)
+        if planned is None:
+            return None
+        lease = self.leases.grant(holder, epoch, *planned, plan.aborted, now_ms, timeout_ms)
+        self.delivered_through = max(self.delivered_through, lease.end)  # its end may now be acked in a txn
+        return lease
 
     # --- seek --------------------------------------------------------------------------------
 

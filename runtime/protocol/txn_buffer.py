@@ -236,6 +236,13 @@ class TransactionBuffer:
         entry = self._dedup.get(producer)
         return (entry.last_sequence, entry.position) if entry else None
 
+    def aborted_between(self, start: Position, end: Position) -> list[AbortedTxn]:
+        """The aborted txns whose hidden span ``first_position..marker_position`` meets
+        ``start..end``: all a range reader needs (``raytxn.ledger.ranges``) to hide their data."""
+        return sorted((entry for entry in self._aborted.values()
+                       if entry.first_position <= end and start <= entry.marker_position),
+                      key=lambda entry: entry.first_position)
+
     def is_visible(self, header: EntryHeader, position: Position) -> bool:
         """May a reader see the messages of the entry ``header`` at ``position``?"""
         if header.kind != "data" or position > self._max_read_position:

@@ -1,0 +1,195 @@
+"""Subscription leases, pure: the bulk path's handing out of ranges (DESIGN §6).
+
+A lease gives one holder the next committed range ``start..end`` of one subscription partition,
+at or below the partition's ``max_read_position``, without payloads; the holder reads it straight
+from storage (``raytxn.ledger.ranges``) with the aborted spans the lease carries. While the lease
+holds, the range counts as delivered to the holder alone, so acknowledging its end cumulatively
+inside a txn is legal.
+
+One lease at a time per subscription partition. Acks are cumulative: a second range could only be
+committed together with the first, so handing it to another reader would buy nothing and would let
+one txn ack another's range. (The bulk reader's parallelism is across partitions, as in Spark's
+Kafka source: one range per partition per batch.)
+
+States (one enum, every transition checked, ``coordinator_state`` style):
+
+    GRANTED --its end acked cumulatively in txn T--> ACKED(T)
+    ACKED(T) --T commits--> (gone: the cursor is past the range)
+    ACKED(T) --T aborts--> (gone: the range is handed out again, from the cursor, in order)
+    GRANTED --release, timeout, or the holder's newer epoch--> (gone: handed out again)
+
+An ACKED lease neither expires nor can be released: its txn ends it (and the txn's own timeout
+bounds that). Holders are fenced by epoch like transactional ids: a call under an older epoch than
+the holder's newest is ``Fenced``; a newer epoch takes over the holder's lease at once (a restarted
+driver need not wait out its zombie's timeout). Leases are volatile: after a restart of the
+subscription the table is empty, a holder's call naming its old lease is refused
+(``NotAllowed``), and the range is granted again from the cursor. An ack the old holder still
+makes meets the pending-ack rules (``TransactionConflict``), so a range is never committed twice.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import msgspec
+
+from raytxn.errors import Fenced, InvalidArgument, NotAllowed
+from raytxn.ids import Position, TxnID
+from raytxn.protocol.txn_buffer import AbortedTxn
+
+MAX_HOLDERS = 10_000  # newest epochs remembered (least recently used forgotten first)
+
+
+class LeaseStatus(enum.StrEnum):
+    GRANTED = "granted"
+    ACKED = "acked"  # its end is acked cumulatively in ``txn``, pending
+
+
+class Lease(msgspec.Struct, frozen=True):
+    """A range handed to ``holder``: entries ``start..end`` of the partition, inclusive, and the
+    aborted txn spans meeting it (what a range reader needs to hide aborted data)."""
+
+    lease_id: int
+    holder: str
+    epoch: int
+    start: Position
+    end: Position
+    aborted: tuple[AbortedTxn, ...]
+    expires_at_ms: int
+    status: LeaseStatus = LeaseStatus.GRANTED
+    txn: TxnID | None = None
+
+
+class RangePlan(msgspec.Struct, frozen=True):
+    """The partition's side of a grant: its readable end, the ``(ledger_id, last_entry_id)`` of
+    its ledgers (the open one's last written entry), and its aborted spans from the start on."""
+
+    max_read: Position
+    ledger_ends: tuple[tuple[int, int], ...]
+    aborted: tuple[AbortedTxn, ...]
+
+
+def plan_range(plan: RangePlan, start: Position, max_entries: int) -> tuple[Position, Position] | None:
+    """The first ``max_entries`` entries at or after ``start`` and at or below ``plan.max_read``,
+    as real entry positions ``(first, last)``; None when there is none."""
+    if max_entries < 1:
+        raise InvalidArgument("max_entries must be >= 1")
+    first: Position | None = None
+    remaining = max_entries
+    for ledger_id, last_entry_id in sorted(plan.ledger_ends):
+        if ledger_id < start.ledger_id or last_entry_id < 0:
+            continue
+        from_entry = max(start.entry_id, 0) if ledger_id == start.ledger_id else 0
+        to_entry = min(last_entry_id, from_entry + remaining - 1)
+        if ledger_id == plan.max_read.ledger_id:
+            to_entry = min(to_entry, plan.max_read.entry_id)
+        elif ledger_id > plan.max_read.ledger_id:
+            break
+        if to_entry < from_entry:
+            continue
+        first = first or Position(ledger_id, from_entry)
+        remaining -= to_entry - from_entry + 1
+        last = Position(ledger_id, to_entry)
+        if remaining == 0 or last >= plan.max_read:
+            break
+    return None if first is None else (first, last)
+
+
+class LeaseTable:
+    """The outstanding lease of one subscription partition and the holders' newest epochs."""
+
+    def __init__(self) -> None:
+        self.current: Lease | None = None
+        self._epochs: OrderedDict[str, int] = OrderedDict()
+        self._next_id = 0
+
+    # --- granting ----------------------------------------------------------------------------
+
+    def check_holder(self, holder: str, epoch: int) -> None:
+        """``Fenced`` for an epoch older than the holder's newest (remembers newer ones)."""
+        if not holder or type(epoch) is not int or epoch < 0:
+            raise InvalidArgument(f"a lease holder is a name and an epoch >= 0, got {holder!r}, {epoch!r}")
+        newest = self._epochs.pop(holder, -1)
+        self._epochs[holder] = max(newest, epoch)
+        while len(self._epochs) > MAX_HOLDERS:
+            self._epochs.popitem(last=False)
+        if epoch < newest:
+            raise Fenced(f"lease holder {holder!r}: epoch {epoch} is fenced by epoch {newest}")
+
+    def prepare_grant(self, holder: str, epoch: int, now_ms: int) -> Lease | bool | None:
+        """Before planning a range: the holder's own current lease (a retry: grant it again), False
+        when another holder's lease stands (nothing for this one now), or None: plan a new one.
+        Expired leases and the holder's older epoch's lease are dropped here."""
+        self.check_holder(holder, epoch)
+        lease = self.current
+        if lease is None:
+            return None
+        if lease.holder == holder and lease.epoch == epoch:
+            return lease
+        if lease.status is LeaseStatus.GRANTED and (lease.holder == holder or lease.expires_at_ms <= now_ms):
+            self.current = None  # superseded by the holder's newer epoch, or timed out
+            return None
+        return False
+
+    def grant(self, holder: str, epoch: int, first: Position, last: Position, aborted: Sequence[AbortedTxn],
+              now_ms: int, timeout_ms: int) -> Lease:
+        """Record the lease of ``first..last`` (after ``prepare_grant`` said None)."""
+        if self.current is not None:
+            raise NotAllowed(f"lease {self.current.lease_id} of {self.current.holder!r} is outstanding")
+        if last < first or timeout_ms <= 0:
+            raise InvalidArgument(f"invalid lease {first}..{last} for {timeout_ms} ms")
+        self._next_id += 1
+        spans = tuple(a for a in aborted if a.first_position <= last and first <= a.marker_position)
+        self.current = Lease(self._next_id, holder, epoch, first, last, spans, now_ms + timeout_ms)
+        return self.current
+
+    # --- holder calls ------------------------------------------------------------------------
+
+    def _held(self, lease_id: int, holder: str, epoch: int) -> Lease:
+        self.check_holder(holder, epoch)
+        lease = self.current
+        if lease is None or lease.lease_id != lease_id or lease.holder != holder or lease.epoch != epoch:
+            raise NotAllowed(f"lease {lease_id} of {holder!r} is not held: it ended, expired, or the "
+                             "subscription restarted; ask for a new one")
+        return lease
+
+    def release(self, lease_id: int, holder: str, epoch: int) -> Lease:
+        """Give the range back unread or unacked: it goes out again, in order."""
+        lease = self._held(lease_id, holder, epoch)
+        if lease.status is not LeaseStatus.GRANTED:
+            raise NotAllowed(f"lease {lease_id}: its end is acked in {lease.txn}; end that txn instead")
+        self.current = None
+        return lease
+
+    def renew(self, lease_id: int, holder: str, epoch: int, now_ms: int, timeout_ms: int) -> Lease:
+        lease = self._held(lease_id, holder, epoch)
+        self.current = msgspec.structs.replace(lease, expires_at_ms=max(lease.expires_at_ms, now_ms + timeout_ms))
+        return self.current
+
+    def expire(self, now_ms: int) -> Lease | None:
+        """Drop the lease when its time is up and no txn holds its end; returns it if dropped."""
+        lease = self.current
+        if lease is not None and lease.status is LeaseStatus.GRANTED and lease.expires_at_ms <= now_ms:
+            self.current = None
+            return lease
+        return None
+
+    # --- what the pending-ack log says (applied in log order) --------------------------------
+
+    def on_cumulative_ack(self, txn: TxnID, position: Position) -> None:
+        """A cumulative ack in ``txn`` up to ``position`` was logged: a lease whose range holds it
+        is now ended by that txn."""
+        lease = self.current
+        if lease is not None and lease.status is LeaseStatus.GRANTED and lease.start <= position <= lease.end:
+            self.current = msgspec.structs.replace(lease, status=LeaseStatus.ACKED, txn=txn)
+
+    def on_txn_end(self, txn: TxnID) -> Lease | None:
+        """``txn`` committed or aborted: the lease its ack held is over (committed: the cursor is
+        past it; aborted: the range goes out again). Returns the lease ended."""
+        lease = self.current
+        if lease is not None and lease.status is LeaseStatus.ACKED and lease.txn == txn:
+            self.current = None
+            return lease
+        return None

@@ -1,0 +1,140 @@
+"""The pure lease table and range planning (``raytxn.protocol.lease``)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from raytxn.errors import Fenced, InvalidArgument, NotAllowed
+from raytxn.ids import Position, TxnID
+from raytxn.protocol.lease import LeaseStatus, LeaseTable, RangePlan, plan_range
+from raytxn.protocol.txn_buffer import AbortedTxn
+
+T1, T2 = TxnID(0, 1), TxnID(0, 2)
+P = Position
+
+
+def plan(max_read: Position, *ends: tuple[int, int], aborted: tuple[AbortedTxn, ...] = ()) -> RangePlan:
+    return RangePlan(max_read, tuple(ends), aborted)
+
+
+def test_plan_spans_ledgers_and_stops_at_max_read_and_max_entries() -> None:
+    two_ledgers = plan(P(3, 4), (1, 2), (3, 9))
+    assert plan_range(two_ledgers, P(1, 1), 100) == (P(1, 1), P(3, 4))
+    assert plan_range(two_ledgers, P(1, 1), 3) == (P(1, 1), P(3, 0))
+    assert plan_range(two_ledgers, P(1, 3), 2) == (P(3, 0), P(3, 1))  # past ledger 1's end: ledger 3
+    assert plan_range(two_ledgers, P(3, 5), 10) is None  # above max_read
+    assert plan_range(plan(P(1, 2), (1, 2), (3, 9)), P(1, 0), 10) == (P(1, 0), P(1, 2))
+    with pytest.raises(InvalidArgument):
+        plan_range(two_ledgers, P(1, 0), 0)
+
+
+@given(st.lists(st.integers(0, 6), min_size=1, max_size=5), st.integers(0, 40), st.integers(1, 12),
+       st.integers(0, 40))
+def test_plan_takes_exactly_the_next_entries_up_to_max_read(lengths: list[int], start_index: int,
+                                                            max_entries: int, max_read_index: int) -> None:
+    entries = [P(ledger, entry) for ledger, length in enumerate(lengths) for entry in range(length)]
+    ends = tuple((ledger, length - 1) for ledger, length in enumerate(lengths))
+    if not entries:
+        return
+    max_read = entries[min(max_read_index, len(entries) - 1)]
+    start = entries[start_index] if start_index < len(entries) else P(len(lengths), 0)
+    expected = [e for e in entries if start <= e <= max_read][:max_entries]
+    got = plan_range(plan(max_read, *ends), start, max_entries)
+    assert got == ((expected[0], expected[-1]) if expected else None)
+
+
+def test_one_lease_at_a_time_retry_gets_it_again_others_get_nothing() -> None:
+    table = LeaseTable()
+    assert table.prepare_grant("driver", 0, 1000) is None
+    spans = (AbortedTxn(T2, P(1, 1), P(1, 2)), AbortedTxn(TxnID(0, 9), P(2, 0), P(2, 1)))
+    lease = table.grant("driver", 0, P(1, 0), P(1, 5), spans, 1000, 500)
+    assert lease.aborted == spans[:1]  # only the spans meeting the range travel
+    assert table.prepare_grant("driver", 0, 1100) == lease  # a retried request
+    assert table.prepare_grant("other", 0, 1100) is False  # nobody else gets it
+    with pytest.raises(NotAllowed):
+        table.grant("other", 0, P(1, 0), P(1, 5), (), 1100, 500)
+    assert table.prepare_grant("other", 0, 1500) is None  # expired: the range goes out again
+    assert table.current is None
+
+
+def test_acked_lease_is_ended_by_its_txn_only() -> None:
+    table = LeaseTable()
+    lease = table.grant("driver", 0, P(1, 0), P(1, 5), (), 0, 100)
+    table.on_cumulative_ack(T1, P(1, 5))
+    assert table.current is not None and table.current.status is LeaseStatus.ACKED
+    assert table.expire(10_000) is None  # the txn holds it, not the clock
+    assert table.prepare_grant("other", 0, 10_000) is False
+    with pytest.raises(NotAllowed):
+        table.release(lease.lease_id, "driver", 0)
+    assert table.on_txn_end(T2) is None
+    ended = table.on_txn_end(T1)
+    assert ended is not None and ended.lease_id == lease.lease_id and table.current is None
+
+
+def test_release_renew_and_expiry() -> None:
+    table = LeaseTable()
+    lease = table.grant("driver", 0, P(1, 0), P(1, 5), (), 0, 100)
+    assert table.renew(lease.lease_id, "driver", 0, 50, 100).expires_at_ms == 150
+    assert table.expire(149) is None
+    assert table.expire(150) is not None and table.current is None
+    with pytest.raises(NotAllowed):  # gone: refused cleanly
+        table.release(lease.lease_id, "driver", 0)
+    lease = table.grant("driver", 0, P(1, 0), P(1, 5), (), 200, 100)
+    assert table.release(lease.lease_id, "driver", 0) == lease and table.current is None
+    table.on_cumulative_ack(T1, P(1, 3))  # no lease: nothing to end
+    assert table.current is None
+
+
+def test_epochs_fence_the_holder_and_a_newer_epoch_takes_over() -> None:
+    table = LeaseTable()
+    old = table.grant("driver", 1, P(1, 0), P(1, 5), (), 0, 10_000)
+    assert table.prepare_grant("driver", 2, 10) is None  # the old epoch's lease is dropped at once
+    new = table.grant("driver", 2, P(1, 0), P(1, 5), (), 10, 10_000)
+    assert new.lease_id != old.lease_id
+    for call in (lambda: table.prepare_grant("driver", 1, 20), lambda: table.release(new.lease_id, "driver", 1),
+                 lambda: table.renew(old.lease_id, "driver", 1, 20, 100)):
+        with pytest.raises(Fenced):
+            call()
+    assert table.current == new
+    with pytest.raises(InvalidArgument):
+        table.prepare_grant("", 0, 0)
+
+
+# --- in the subscription state: leases meet the pending-ack log ---------------------------------
+
+
+def test_subscription_lease_ack_commit_moves_cursor_and_abort_hands_range_out_again() -> None:
+    from raytxn.protocol.cursor import Cursor
+    from raytxn.protocol.subscription_state import SubscriptionState
+    from raytxn.protocol.txnlog import EndAction
+
+    state = SubscriptionState(0, Cursor())
+    partition = plan(P(1, 9), (1, 9))
+    log = iter(P(5, i) for i in range(100))
+
+    def run_txn(txn: TxnID, end: Position, action: EndAction) -> None:
+        record = state.prepare_ack(txn, [(end, None, None)], cumulative=True)
+        assert record is not None
+        state.apply(record, next(log))
+        for ending in state.prepare_end(txn, action, None):
+            state.apply(ending, next(log))
+
+    lease = state.grant_lease("driver", 0, 0, partition, 4, 1000)
+    assert lease is not None and (lease.start, lease.end) == (P(1, 0), P(1, 3))
+    assert state.grant_lease("other", 0, 10, partition, 4, 1000) is None
+    with pytest.raises(NotAllowed):
+        state.add_consumer("c", "c", "Exclusive", 0.0)
+    run_txn(T1, lease.end, EndAction.ABORT)
+    again = state.grant_lease("other", 0, 20, partition, 4, 1000)  # aborted: the same range, to anyone
+    assert again is not None and (again.start, again.end) == (P(1, 0), P(1, 3))
+    run_txn(T2, again.end, EndAction.COMMIT)
+    assert state.cursor.acked_below == P(1, 4)
+    following = state.grant_lease("driver", 0, 30, partition, 100, 1000)
+    assert following is not None and (following.start, following.end) == (P(1, 4), P(1, 9))
+    assert state.leases.release(following.lease_id, "driver", 0) == following
+    assert state.grant_lease("driver", 0, 40, plan(P(1, 3), (1, 9)), 10, 1000) is None  # nothing readable
+    state.add_consumer("c", "c", "Exclusive", 0.0)
+    with pytest.raises(NotAllowed):
+        state.grant_lease("driver", 0, 50, partition, 4, 1000)
