@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from raytxn.client.transaction import UNENDED_STATES
 from raytxn.connectors.batches import BatchHandle, read_messages, to_arrow
 from raytxn.connectors.spark import write
 from raytxn.errors import Fenced, RaytxnError
@@ -109,7 +110,7 @@ class ExactlyOncePipeline:
             commit_s = time.perf_counter() - t_commit
             return BatchStats(batch, handle.count, rows_out, time.perf_counter() - t0, commit_s, str(txn.id), 0)
         except BaseException:
-            if txn.state in ("OPEN", "COMMITTING"):
+            if txn.state in UNENDED_STATES:
                 try:
                     txn.abort()
                 except RaytxnError:
