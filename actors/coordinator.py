@@ -201,12 +201,8 @@ class TransactionCoordinator(ActorShell, FaultTarget):
 
     @guarded(Access.AUTHENTICATED)
     async def register_transactional_id(self, transactional_id: str, caller: str | None = None) -> int:
-        """Bump the id's epoch durably, aborting its open txn: older epochs are fenced. Returns
-        once every txn of the id has ended at every participant (Kafka's initTransactions), so the
-        new incarnation may at once redo what the old one held (``ParticipantEndFailed``, the
-        epoch bumped all the same, when a participant refuses that abort: a retry drives it
-        again). With auth on, the id belongs to the principal that registered it first: others
-        get NotAuthorized."""
+        """Bump the id's epoch durably, aborting its open txn: older epochs are fenced. With auth
+        on, the id belongs to the principal that registered it first: others get NotAuthorized."""
         self._check_tid_owner(transactional_id)
         async with self._lock(("tid", transactional_id)):
             await self._writable()
@@ -223,9 +219,8 @@ class TransactionCoordinator(ActorShell, FaultTarget):
             finally:
                 for lock in locks:
                     lock.release()
-        ending = [meta.txn for meta in self.state.live_txns()
-                  if meta.transactional_id == transactional_id and meta.state is not TxnState.OPEN]
-        await asyncio.shield(asyncio.gather(*(self._drive(txn) for txn in ending)))
+        for record in records[:-1]:
+            self._drive(record.txn)  # the fenced txn's abort goes on in the background
         return records[-1].epoch
 
     @guarded(Access.AUTHENTICATED)

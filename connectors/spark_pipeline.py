@@ -21,7 +21,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from raytxn.client.transaction import UNENDED_STATES
 from raytxn.connectors.batches import BatchHandle, read_messages, to_arrow
 from raytxn.connectors.spark import write
 from raytxn.errors import Fenced, RaytxnError
@@ -110,7 +109,7 @@ class ExactlyOncePipeline:
             commit_s = time.perf_counter() - t_commit
             return BatchStats(batch, handle.count, rows_out, time.perf_counter() - t0, commit_s, str(txn.id), 0)
         except BaseException:
-            if txn.state in UNENDED_STATES:
+            if txn.state in ("OPEN", "COMMITTING"):
                 try:
                     txn.abort()
                 except RaytxnError:
