@@ -92,10 +92,10 @@ class ActorShell(AuthTarget):
         self._serving = False
         self._stopped: BaseException | None = None  # what every call raises once stopped
 
-    async def _start(self) -> None:
-        """Open the ledgers and rebuild the state from them, from scratch (it may run again after
-        a retriable failure)."""
-        raise NotImplementedError
+    # Each actor defines it: open the ledgers and rebuild the state from them, from scratch (it
+    # may run again after a retriable failure). Declared, not defined, so an actor that forgot it
+    # fails at its first call with AttributeError naming it, not with a placeholder's error.
+    _start: Callable[[], Awaitable[None]]
 
     # --- start -----------------------------------------------------------------------------
 
