@@ -16,6 +16,7 @@ import asyncio
 import concurrent.futures
 import enum
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from raytxn.errors import InvalidTxnState, RaytxnError, TransactionAlreadyAborted, TransactionAlreadyCommitted
@@ -195,14 +196,7 @@ class Transaction:
             failure = self._failure
             self.abort()
             raise failure
-        try:
-            self._client.coordinators.end_txn(self.id, EndAction.COMMIT, self.epoch)
-        except TransactionAlreadyCommitted:
-            pass
-        except RaytxnError:
-            self._machine.transition_to(TxnClientState.ERROR)
-            raise
-        self._machine.transition_to(TxnClientState.COMMITTED)
+        self._end_at_coordinator(EndAction.COMMIT, TransactionAlreadyCommitted, TxnClientState.COMMITTED)
 
     def abort(self) -> None:
         """Wait for outstanding sends and acks (their errors do not matter here), then abort.
@@ -210,15 +204,23 @@ class Transaction:
         if self.state is TxnClientState.ABORTED:
             return
         self._machine.transition_to(TxnClientState.ABORTING)
+        self._end_at_coordinator(EndAction.ABORT, TransactionAlreadyAborted, TxnClientState.ABORTED,
+                                 before=lambda: self._wait_outstanding(ignore_errors=True))
+
+    def _end_at_coordinator(self, action: EndAction, already_ended: type[RaytxnError], final: TxnClientState,
+                            before: Callable[[], None] | None = None) -> None:
+        """Run ``before``, end the txn at its coordinator (ended that way already counts as done),
+        then move to ``final``; any other failure leaves the txn in ERROR."""
         try:
-            self._wait_outstanding(ignore_errors=True)
-            self._client.coordinators.end_txn(self.id, EndAction.ABORT, self.epoch)
-        except TransactionAlreadyAborted:
+            if before is not None:
+                before()
+            self._client.coordinators.end_txn(self.id, action, self.epoch)
+        except already_ended:
             pass
         except RaytxnError:
             self._machine.transition_to(TxnClientState.ERROR)
             raise
-        self._machine.transition_to(TxnClientState.ABORTED)
+        self._machine.transition_to(final)
 
     def _wait_outstanding(self, ignore_errors: bool = False) -> None:
         with self._lock:
