@@ -201,8 +201,12 @@ class TransactionCoordinator(ActorShell, FaultTarget):
 
     @guarded(Access.AUTHENTICATED)
     async def register_transactional_id(self, transactional_id: str, caller: str | None = None) -> int:
-        """Bump the id's epoch durably, aborting its open txn: older epochs are fenced. With auth
-        on, the id belongs to the principal that registered it first: others get NotAuthorized."""
+        """Bump the id's epoch durably, aborting its open txn: older epochs are fenced. Returns
+        once every txn of the id has ended at every participant (Kafka's initTransactions), so the
+        new incarnation may at once redo what the old one held (``ParticipantEndFailed``, the
+        epoch bumped all the same, when a participant refuses that abort: a retry drives it
+        again). With auth on, the id belongs to the principal that registered it first: others
+        get NotAuthorized."""
         self._check_tid_owner(transactional_id)
         async with self._lock(("tid", transactional_id)):
             await self._writable()
@@ -219,8 +223,9 @@ class TransactionCoordinator(ActorShell, FaultTarget):
             finally:
                 for lock in locks:
                     lock.release()
-        for record in records[:-1]:
-            self._drive(record.txn)  # the fenced txn's abort goes on in the background
+        ending = [meta.txn for meta in self.state.live_txns()
+                  if meta.transactional_id == transactional_id and meta.state is not TxnState.OPEN]
+        await asyncio.shield(asyncio.gather(*(self._drive(txn) for txn in ending)))
         return records[-1].epoch
 
     @guarded(Access.AUTHENTICATED)
@@ -245,18 +250,19 @@ class TransactionCoordinator(ActorShell, FaultTarget):
 
     @guarded(Access.AUTHENTICATED)
     async def end_txn(self, txn: TxnID, action: EndAction, owner: str, epoch: int | None = None,
-                      caller: str | None = None) -> str:
+                      transactional_id: str | None = None, caller: str | None = None) -> str:
         """Commit or abort; returns the final state (COMMITTED or ABORTED) once every participant
-        has it. Idempotent for the same action."""
-        return await self._end_txn(txn, action, owner, epoch, caller)
+        has it. Idempotent for the same action; ``Fenced`` for a stale epoch of
+        ``transactional_id``."""
+        return await self._end_txn(txn, action, owner, epoch, caller, transactional_id)
 
     async def _end_txn(self, txn: TxnID, action: EndAction, owner: str, epoch: int | None,
-                       caller: str | None) -> str:
+                       caller: str | None, transactional_id: str | None = None) -> str:
         requested = self.clock.monotonic()
         async with self._lock(txn):
             await self._writable()
             owner = self._acting_owner(txn, owner, caller)
-            result = self.state.prepare_end(txn, action, owner, self.clock.now_ms(), epoch)
+            result = self.state.prepare_end(txn, action, owner, self.clock.now_ms(), epoch, transactional_id)
             if result.record is not None:
                 await self._log([result.record])
             elif result.finished:

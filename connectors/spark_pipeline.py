@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from raytxn.client.transaction import UNENDED_STATES
 from raytxn.connectors.batches import BatchHandle, read_messages, to_arrow
 from raytxn.connectors.spark import write
 from raytxn.errors import Fenced, RaytxnError
@@ -79,13 +80,19 @@ class ExactlyOncePipeline:
     before_commit: Callable[[int], None] | None = None  # called with the batch number (tests, demos)
     exactly_once: bool = True  # False: plain sends and acks, at-least-once (for comparison only)
     stats: list[BatchStats] = field(default_factory=list)
+    # The transactional id's epoch, registered once (fencing every older incarnation) and kept:
+    # a retried batch reuses it, as a Kafka producer keeps its epoch after an abortable error.
+    # Registering again per batch would let a woken zombie fence its successor in turn.
+    epoch: int | None = field(default=None, init=False)
 
     def run_batch(self, batch: int) -> BatchStats | None:
         """One micro-batch in one transaction; None when there was no input."""
         t0 = time.perf_counter()
         if not self.exactly_once:
             return self._run_batch_at_least_once(batch, t0)
-        epoch = self.client.register_transactional_id(self.pipeline_id)  # fences any zombie
+        if self.epoch is None:
+            self.epoch = self.client.register_transactional_id(self.pipeline_id)  # fences any zombie
+        epoch = self.epoch
         txn = self.client.new_transaction(self.txn_timeout_s, transactional_id=self.pipeline_id, epoch=epoch)
         handle = None
         try:
@@ -109,7 +116,7 @@ class ExactlyOncePipeline:
             commit_s = time.perf_counter() - t_commit
             return BatchStats(batch, handle.count, rows_out, time.perf_counter() - t0, commit_s, str(txn.id), 0)
         except BaseException:
-            if txn.state in ("OPEN", "COMMITTING"):
+            if txn.state in UNENDED_STATES:
                 try:
                     txn.abort()
                 except RaytxnError:

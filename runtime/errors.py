@@ -78,11 +78,15 @@ class TransactionNotFound(RaytxnError):
 
 
 class TransactionTimedOut(RaytxnError):
-    """The transaction passed its deadline and was aborted by the coordinator."""
+    """The transaction passed its timeout: its coordinator aborts it. The client knows without
+    asking (its clock starts before the coordinator's): sends and acks with it raise this at
+    once, and its commit raises this once it is aborted."""
 
 
 class InvalidTxnState(RaytxnError):
-    """A transition that the transaction's current state does not allow."""
+    """A transition that the transaction's current state does not allow, e.g. a send or ack
+    with a transaction that is abort-only (an earlier one failed: chained as the cause),
+    committing or ended."""
 
 
 class TransactionAlreadyCommitted(InvalidTxnState):

@@ -38,6 +38,24 @@ def partition_ref(topic: str, p: int = 0) -> ActorRef:
     return ActorRef(partition_actor_name(topic, p))
 
 
+def restart_actor(name: str, deadline_s: float = 60.0) -> dict[str, Any]:
+    """Kill the named actor's process; Ray restarts it and it recovers from storage. Returns the
+    new incarnation's ``ready`` facts."""
+    import ray
+
+    from raytxn.ids import NAMESPACE
+
+    before = ActorRef(name).call("ready", deadline_s=deadline_s)["incarnation"]
+    ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=False)
+    deadline = time.monotonic() + deadline_s
+    while True:  # the kill lands asynchronously: the old process may still answer for a moment
+        info = ActorRef(name).call("ready", deadline_s=deadline_s)
+        if info["incarnation"] > before:
+            return info
+        assert time.monotonic() < deadline, f"{name} did not restart"
+        time.sleep(0.05)
+
+
 def visible_values(topic: str, partitions: Iterable[int] = (0,), deadline_s: float = 60.0,
                    token: str | None = None) -> list[bytes]:
     """Every readable message value of the given partitions (in order per partition), read through

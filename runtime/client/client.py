@@ -13,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import fields, replace
@@ -271,8 +272,10 @@ class Client:
                         epoch: int | None = None) -> Transaction:
         """Begin a transaction (``timeout`` in seconds). With a ``transactional_id``, pass the
         ``epoch`` that ``register_transactional_id`` returned (older epochs are fenced)."""
-        txn_id = self.coordinators.new_txn(_timeout_ms(timeout), transactional_id, epoch)
-        return Transaction(self, txn_id, timeout, transactional_id, epoch)
+        timeout_ms = _timeout_ms(timeout)
+        began_at = time.monotonic()  # before the coordinator's start: the client's deadline is never later
+        txn_id = self.coordinators.new_txn(timeout_ms, transactional_id, epoch)
+        return Transaction(self, txn_id, timeout, transactional_id, epoch, began_at)
 
     def new_transaction_async(self, timeout: float = 60.0, transactional_id: str | None = None,
                               epoch: int | None = None) -> concurrent.futures.Future[Transaction]:
@@ -282,8 +285,9 @@ class Client:
         timeout_ms = _timeout_ms(timeout)
 
         async def begin() -> Transaction:
+            began_at = time.monotonic()
             txn_id = await self.coordinators.new_txn_async(timeout_ms, transactional_id, epoch)
-            return Transaction(self, txn_id, timeout, transactional_id, epoch)
+            return Transaction(self, txn_id, timeout, transactional_id, epoch, began_at)
 
         return self.loop.submit(begin())
 

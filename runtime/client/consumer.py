@@ -212,24 +212,20 @@ class Consumer:
         """Ack one message. Plain acks return at once (grouped, sent within milliseconds); with a
         ``txn`` this waits until the ack is in the subscription's pending-ack log and raises
         ``TransactionConflict`` / ``NotAllowed`` as the rules say."""
-        future = self._ack(message, False, txn, send_now=txn is not None)
-        if txn is not None:
-            future.result()
+        self._ack(message, False, txn, wait=True)
 
     def acknowledge_async(self, message: Message | MessageId,
                           txn: Transaction | None = None) -> concurrent.futures.Future:
         """Ack one message; the future resolves once the subscription applied (or logged) it."""
-        return self._ack(message, False, txn)
+        return self._ack(message, False, txn, wait=False)
 
     def acknowledge_cumulative(self, message: Message | MessageId, txn: Transaction | None = None) -> None:
         """Ack every message of the message's partition up to it (Exclusive and Failover only)."""
-        future = self._ack(message, True, txn, send_now=txn is not None)
-        if txn is not None:
-            future.result()
+        self._ack(message, True, txn, wait=True)
 
     def acknowledge_cumulative_async(self, message: Message | MessageId,
                                      txn: Transaction | None = None) -> concurrent.futures.Future:
-        return self._ack(message, True, txn)
+        return self._ack(message, True, txn, wait=False)
 
     def negative_acknowledge(self, message: Message | MessageId) -> None:
         """Have the message delivered again after ``negative_ack_redelivery_delay_s``."""
@@ -250,7 +246,20 @@ class Consumer:
         self._client.loop.run(self._call_all("redeliver", self.consumer_id, None))
 
     def _ack(self, message: Message | MessageId, cumulative: bool, txn: Transaction | None,
-             send_now: bool = False) -> concurrent.futures.Future:
+             wait: bool) -> concurrent.futures.Future:
+        """Queue an ack; with a ``txn`` and ``wait``, send it at once and wait until it is logged.
+        An ack with a ``txn`` is refused unless the txn is open, and any error raised for it here
+        makes the txn abort-only (an error that comes later through the future does too)."""
+        if txn is None:
+            return self._queue_ack(message, cumulative, None)
+        with txn.operation():
+            future = self._queue_ack(message, cumulative, txn, send_now=wait)
+            if wait:
+                future.result()
+            return future
+
+    def _queue_ack(self, message: Message | MessageId, cumulative: bool, txn: Transaction | None,
+                   send_now: bool = False) -> concurrent.futures.Future:
         """Queue an ack in its group; ``send_now`` for a caller that waits for it.
 
         Async acks in a txn of batch messages are held until the txn acked every message of the
@@ -260,8 +269,6 @@ class Consumer:
         message_id, batch_size = self._id_and_size(message)
         if cumulative and self.consumer_type in (ConsumerType.Shared, ConsumerType.KeyShared):
             raise NotAllowed(f"cumulative acks are not allowed on a {self.consumer_type} subscription")
-        if txn is not None:
-            txn.check_open()
         future: concurrent.futures.Future = concurrent.futures.Future()
         ack: tuple[Position, int | None, int] = (message_id.position, message_id.batch_index, batch_size)
         futures = [future]

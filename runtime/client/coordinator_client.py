@@ -67,8 +67,10 @@ class CoordinatorClient:
         await self._refs[txn.tc_id].call_async("add_subscriptions", txn, subscriptions, self.owner, epoch,
                                                deadline_s=self.deadline_s)
 
-    def end_txn(self, txn: TxnID, action: EndAction, epoch: int | None = None) -> str:
-        return self._refs[txn.tc_id].call("end_txn", txn, action, self.owner, epoch, deadline_s=self.deadline_s)
+    def end_txn(self, txn: TxnID, action: EndAction, epoch: int | None = None,
+                transactional_id: str | None = None) -> str:
+        return self._refs[txn.tc_id].call("end_txn", txn, action, self.owner, epoch, transactional_id,
+                                          deadline_s=self.deadline_s)
 
     def get_txn(self, txn: TxnID) -> dict[str, Any]:
         return self._refs[txn.tc_id].call("get_txn", txn, deadline_s=self.deadline_s)

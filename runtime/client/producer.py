@@ -207,6 +207,16 @@ class Producer:
 
     def _accumulate(self, value: bytes, key: str | None, properties: dict[str, str] | None,
                     event_time: int | None, txn: Transaction | None) -> tuple[SendFuture, _Batch]:
+        """Queue one message. With a ``txn``: refused unless it is open, and any error raised here
+        (``MessageTooLarge``, ``ProducerQueueFull``, a bad argument) makes it abort-only, so the
+        messages sent before in it never commit without this one (Kafka's abortable error)."""
+        if txn is None:
+            return self._enqueue(value, key, properties, event_time, None)
+        with txn.operation():
+            return self._enqueue(value, key, properties, event_time, txn)
+
+    def _enqueue(self, value: bytes, key: str | None, properties: dict[str, str] | None,
+                 event_time: int | None, txn: Transaction | None) -> tuple[SendFuture, _Batch]:
         if self._closed:
             raise InvalidArgument(f"producer {self.producer_name} is closed")
         if not isinstance(value, (bytes, bytearray, memoryview)):
@@ -216,8 +226,6 @@ class Producer:
             raise MessageTooLarge(f"message of {len(value)} bytes exceeds {self.max_message_bytes}")
         if key is not None and not isinstance(key, str):
             raise InvalidArgument(f"key must be a str, not {type(key).__name__}")
-        if txn is not None:
-            txn.check_open()
         record = encode_message(MessageRecord(value, key, dict(properties) if properties else {}, event_time))
         if txn is not None:
             txn.hold(self)  # commit flushes this producer's batches of the txn and waits

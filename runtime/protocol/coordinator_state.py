@@ -240,12 +240,20 @@ class CoordinatorState:
         return AddSubscriptions(txn, added, now_ms) if added else None
 
     def prepare_end(self, txn: TxnID, action: EndAction | str, owner: str, now_ms: int,
-                    epoch: int | None = None) -> EndResult:
-        """Start committing or aborting ``txn``, or answer a repeated end (see ``EndResult``)."""
+                    epoch: int | None = None, transactional_id: str | None = None) -> EndResult:
+        """Start committing or aborting ``txn``, or answer a repeated end (see ``EndResult``).
+
+        ``transactional_id`` (with ``epoch``) is the caller's own: once ``txn`` is forgotten, only
+        its outcome is left, and the id tells a zombie's end (its epoch no longer current) from
+        a retried one, so a zombie learns it is fenced even after its txn timed out and ended."""
         action = end_action(action)
         check_ms(now_ms, "now_ms")
         found = self._lookup(txn)
         if isinstance(found, Outcome):
+            if transactional_id is not None and epoch is not None:
+                current = self._epochs.get(check_tid(transactional_id))
+                if current != epoch:
+                    raise Fenced(f"{txn}: epoch {epoch} of {transactional_id!r} is fenced by {current}")
             final = TxnState.COMMITTED if found is Outcome.COMMITTED else TxnState.ABORTED
             return self._repeated_end(txn, action, found, final)
         self._check_caller(found, owner, epoch)
@@ -545,9 +553,11 @@ class CoordinatorState:
 
     @staticmethod
     def _repeated_end(txn: TxnID, action: EndAction, outcome: Outcome, state: TxnState) -> EndResult:
-        """A repeated end is success when it asks for what happens anyway, else an error."""
+        """A repeated end is success when it asks for what happens anyway, else an error. A txn
+        fenced by its transactional id refuses every end as ``Fenced``, even an abort (Kafka's
+        EndTxn with a stale epoch): its caller is a zombie and must learn so."""
         committed = outcome is Outcome.COMMITTED
-        if committed == (action is EndAction.COMMIT):
+        if committed == (action is EndAction.COMMIT) and outcome is not Outcome.FENCED:
             return EndResult(None, state)
         raise ended_error(txn, outcome, ending=state not in FINAL_STATES)
 

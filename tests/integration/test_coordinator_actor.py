@@ -337,6 +337,27 @@ def test_hanging_transactions_are_listed_by_age_with_participants_and_aborted(en
         env.client.admin_abort(TxnID(old.tc_id, 10**9))
 
 
+@pytest.mark.parametrize("fault", ["delay", "crash"])
+def test_registering_a_transactional_id_returns_once_the_fenced_txn_ended_everywhere(env: Env, fault: str) -> None:
+    """Kafka's initTransactions: the new incarnation gets its epoch only once the zombie's open
+    txn is aborted at every participant (also when the coordinator is slow to tell them, or
+    crashes in between and re-drives the abort after its restart), so it may at once redo what
+    the zombie held."""
+    tid = f"pipeline-{uuid.uuid4().hex[:6]}"
+    home = coordinator_for(tid, 2)
+    zombie = env.client.new_txn(transactional_id=tid, epoch=env.client.register_transactional_id(tid))
+    env.client.add_partitions(zombie, [(env.topic, 0)])
+    env.client.add_subscriptions(zombie, [(env.topic, 0, "sub")])
+    before = env.wait_ready(home)
+    ray.get(env.tc(home).arm_fault.remote("coordinator.after_log_aborting", fault, match={"txn": zombie},
+                                          delay_s=2.0))
+    env.client.register_transactional_id(tid)
+    for name in (partition_actor_name(env.topic, 0), subscription_actor_name(env.topic, 0, "sub")):
+        assert [(t, a) for t, a, _ in env.calls(name)] == [(zombie, "ABORT")], name
+    assert env.client.get_txn(zombie)["state"] == "ABORTED"
+    assert (env.wait_ready(home)["incarnation"] > before["incarnation"]) == (fault == "crash")
+
+
 def test_batched_log_and_compaction(env: Env) -> None:
     config = env.config
     handle = env.tc(0)

@@ -14,10 +14,19 @@ import pytest
 
 import raytxn as rt
 from raytxn.client.message import MessageId
-from raytxn.errors import Fenced, InvalidArgument, ProducerQueueFull
+from raytxn.client.transaction import TxnClientState
+from raytxn.errors import (
+    Fenced,
+    InvalidArgument,
+    InvalidTxnState,
+    MessageTooLarge,
+    ProducerQueueFull,
+    TransactionTimedOut,
+)
 from raytxn.hashing import partition_for
+from raytxn.ids import partition_actor_name
 from raytxn.protocol.entry_format import MessageRecord, encode_message
-from tests.engine import engine_client, new_topic, partition_ref, visible_values
+from tests.engine import engine_client, new_topic, partition_ref, restart_actor, visible_values
 
 pytestmark = pytest.mark.ray
 
@@ -241,3 +250,73 @@ def test_new_transaction_async_begins_in_the_background(client: rt.Client) -> No
     accepted.abort()
     with pytest.raises(InvalidArgument):
         client.new_transaction_async(timeout=0)
+
+
+@pytest.mark.parametrize("failing_send", ["send", "send_async"])
+def test_a_send_refused_at_once_makes_its_transaction_abort_only(client: rt.Client, failing_send: str) -> None:
+    """Kafka's abortable error: a send that raised right in the caller's thread (the caller
+    caught it and went on) dooms the txn. Its other messages, durable on the partition, never
+    become visible: commit raises that error and aborts, also after the partition restarted."""
+    topic = new_topic(client)
+    producer = client.create_producer(topic, max_message_bytes=100)
+    txn = client.new_transaction()
+    producer.send(b"kept back", txn=txn)
+    with pytest.raises(MessageTooLarge):
+        getattr(producer, failing_send)(b"x" * 101, txn=txn)
+    assert txn.state is TxnClientState.ABORT_ONLY
+    with pytest.raises(InvalidTxnState, match="earlier one failed") as refused:
+        producer.send_async(b"more", txn=txn)
+    assert isinstance(refused.value.__cause__, MessageTooLarge)
+    restart_actor(partition_actor_name(topic, 0))
+    with pytest.raises(MessageTooLarge):
+        txn.commit()
+    assert txn.state is TxnClientState.ABORTED
+    assert client.coordinators.get_txn(txn.id)["state"] == "ABORTED"
+    producer.send(b"after")  # the aborted txn holds nothing back
+    assert visible_values(topic) == [b"after"]
+    restart_actor(partition_actor_name(topic, 0))
+    assert visible_values(topic) == [b"after"]
+
+
+def test_a_timed_out_transaction_refuses_sends_without_a_round_trip(client: rt.Client) -> None:
+    """Past its timeout a txn reads TIMED_OUT with no call made; a send with it raises
+    TransactionTimedOut in the caller's thread (a refusal from the partition or the coordinator
+    would come through the future) and never reaches the partition; commit raises it too."""
+    topic = new_topic(client)
+    producer = client.create_producer(topic)
+    txn = client.new_transaction(timeout=1.0)
+    producer.send(b"in time", txn=txn)
+    # Any append of this txn reaching the partition from now on would use this fault up.
+    client.faults.arm("partition.before_append", "raise", match={"txn": txn.id}, topic=topic)
+    time.sleep(1.05)
+    assert txn.state is TxnClientState.TIMED_OUT
+    for send in (producer.send_async, producer.send):
+        with pytest.raises(TransactionTimedOut):
+            send(b"late", txn=txn)
+    assert txn.state is TxnClientState.TIMED_OUT  # refused, not failed: still timed out
+    armed = client.faults.list(topic)[partition_actor_name(topic, 0)]
+    assert [fault["point"] for fault in armed] == ["partition.before_append"]
+    with pytest.raises(TransactionTimedOut):
+        txn.commit()
+    assert txn.state is TxnClientState.ABORTED
+    client.faults.disarm(topic=topic)
+    assert visible_values(topic) == []
+
+
+def test_a_fenced_commit_of_a_timed_out_transaction_raises_fenced(client: rt.Client) -> None:
+    """A zombie wakes up past its txn's timeout after a successor took its transactional id: the
+    commit's abort is refused as Fenced, and Fenced is what commit raises (the timeout is its
+    cause), so a caller that retries on timeouts still stops, as on Kafka's ProducerFenced."""
+    topic = new_topic(client)
+    producer = client.create_producer(topic)
+    tid = f"zombie-{topic}"
+    stale = client.register_transactional_id(tid)
+    txn = client.new_transaction(timeout=1.0, transactional_id=tid, epoch=stale)
+    producer.send(b"zombie", txn=txn)
+    time.sleep(1.05)
+    assert txn.state is TxnClientState.TIMED_OUT
+    client.register_transactional_id(tid)  # the successor
+    with pytest.raises(Fenced) as stopped:
+        txn.commit()
+    assert isinstance(stopped.value.__cause__, TransactionTimedOut)
+    assert visible_values(topic) == []

@@ -19,6 +19,8 @@ from raytxn.client.rpc import ActorRef
 from raytxn.client.transaction import TxnClientState
 from raytxn.config import SubscriptionConfig
 from raytxn.errors import (
+    InvalidArgument,
+    InvalidTxnState,
     NotAllowed,
     TransactionAlreadyAborted,
     TransactionConflict,
@@ -128,11 +130,11 @@ def test_two_txns_acking_one_message_conflict(client: rt.Client) -> None:
     assert txn2.state is TxnClientState.ABORTED
     txn1.commit()
     consumer.acknowledge_async(second).result()  # plain
-    txn3 = client.new_transaction()
     for message in (first, second):  # acked already (in a txn, then plainly)
+        txn3 = client.new_transaction()
         with pytest.raises(TransactionConflict, match="already acked"):
             consumer.acknowledge(message, txn3)
-    txn3.abort()
+        txn3.abort()
     assert stats(topic)["pending_ack"]["txns"] == []
     consumer.close()
 
@@ -204,12 +206,12 @@ def test_acking_a_message_never_delivered_is_refused(client: rt.Client) -> None:
     ids = send(client, topic, 5)
     first = consumer.receive(timeout=15)
     assert first.message_id() == ids[0]
-    txn = client.new_transaction()
-    with pytest.raises(NotAllowed, match="never delivered"):
-        consumer.acknowledge(ids[4], txn)  # the receiver queue holds one: not dispatched yet
-    with pytest.raises(NotAllowed, match="never delivered"):
-        consumer.acknowledge(rt.MessageId(topic, 0, ids[0].ledger_id + 5, 0), txn)
-    txn.abort()
+    for never_delivered in (ids[4],  # the receiver queue holds one: not dispatched yet
+                            rt.MessageId(topic, 0, ids[0].ledger_id + 5, 0)):
+        txn = client.new_transaction()
+        with pytest.raises(NotAllowed, match="never delivered"):
+            consumer.acknowledge(never_delivered, txn)
+        txn.abort()
     consumer.close()
 
 
@@ -475,3 +477,79 @@ def test_exactly_once_move_between_topics(client: rt.Client) -> None:
     assert stats(source, "mover")["backlog_entries"] == 0
     consumer.close()
     checker.close()
+
+
+def test_an_ack_refused_at_once_makes_its_transaction_abort_only(client: rt.Client) -> None:
+    """Pulsar's testCommitFailure for acks: an ack that raised in the caller's thread (a message
+    of another topic), caught and ignored, dooms the txn. Its other ack never takes effect:
+    commit raises that error and aborts, also after the subscription restarted, and the message
+    comes back."""
+    topic, consumer, ids, (first, second) = received(client, 2)
+    txn = client.new_transaction()
+    consumer.acknowledge(first, txn)
+    with pytest.raises(InvalidArgument, match="not a message of"):
+        consumer.acknowledge(rt.MessageId("elsewhere", 0, 0, 0), txn)
+    assert txn.state is TxnClientState.ABORT_ONLY
+    with pytest.raises(InvalidTxnState, match="earlier one failed"):
+        consumer.acknowledge_async(second, txn)
+    restart(topic)
+    with pytest.raises(InvalidArgument, match="not a message of"):
+        txn.commit()
+    assert txn.state is TxnClientState.ABORTED
+    assert client.coordinators.get_txn(txn.id)["state"] == "ABORTED"
+    after = stats(topic)
+    assert after["pending_ack"]["txns"] == [] and after["mark_delete_position"] != str(ids[0].position)
+    consumer = fresh_consumer(client, consumer, topic)
+    assert [m.message_id() for m in receive_all(consumer, 2)] == ids  # both come back
+    consumer.close()
+
+
+def test_a_timed_out_transaction_refuses_acks_without_a_round_trip(client: rt.Client) -> None:
+    """Past its timeout a txn reads TIMED_OUT with no call made; an ack with it raises
+    TransactionTimedOut in the caller's thread (the subscription, which had the abort, would
+    answer TransactionAlreadyAborted, and through the future); commit raises it too."""
+    _topic, consumer, _ids, (first, second) = received(client, 2)
+    txn = client.new_transaction(timeout=1.0)
+    consumer.acknowledge(first, txn)
+    time.sleep(1.05)
+    assert txn.state is TxnClientState.TIMED_OUT
+    with pytest.raises(TransactionTimedOut):
+        consumer.acknowledge_async(second, txn)
+    with pytest.raises(TransactionTimedOut):
+        consumer.acknowledge(second, txn)
+    assert txn.state is TxnClientState.TIMED_OUT
+    with pytest.raises(TransactionTimedOut):
+        txn.commit()
+    assert txn.state is TxnClientState.ABORTED
+    with client.transaction() as other:  # nothing of the timed-out txn is left in the way
+        consumer.acknowledge(first, other)
+        consumer.acknowledge(second, other)
+    consumer.close()
+
+
+@pytest.mark.parametrize("fault", ["delay", "crash"])
+def test_a_commit_the_coordinator_timed_out_returns_once_every_subscription_has_the_abort(
+        client: rt.Client, fault: str) -> None:
+    """Pulsar: acks become available again once the abort completes. The coordinator times the
+    txn out and is slow to tell the subscriptions (or crashes and re-drives the abort after its
+    restart); the commit raises TransactionTimedOut only once both have the abort, so another
+    txn may at once ack what it held, with no conflict."""
+    topic = new_topic(client)
+    consumers = {sub: client.subscribe(topic, sub, consumer_type=rt.ConsumerType.Shared) for sub in ("a", "b")}
+    send(client, topic, 1)
+    messages = {sub: consumer.receive(timeout=15) for sub, consumer in consumers.items()}
+    txn = client.new_transaction(timeout=1.0)
+    for sub, consumer in consumers.items():
+        consumer.acknowledge(messages[sub], txn)
+    client.faults.arm("coordinator.after_log_aborting", fault, match={"txn": txn.id}, delay_s=3.0)
+    time.sleep(1.2)  # the coordinator's timer has logged the abort by now
+    with pytest.raises(TransactionTimedOut):
+        txn.commit()
+    assert txn.state is TxnClientState.ABORTED
+    retry = client.new_transaction()
+    for sub, consumer in consumers.items():
+        consumer.acknowledge(messages[sub], retry)
+    retry.commit()
+    for sub, consumer in consumers.items():
+        assert stats(topic, sub)["pending_ack"]["txns"] == []
+        consumer.close()

@@ -4,28 +4,43 @@ one is refused with a specific error and changes nothing. No Ray: the machine is
 from __future__ import annotations
 
 import itertools
+import time
 
 import pytest
 
 from raytxn.client.transaction import (
+    UNENDED_STATES,
     VALID_PREVIOUS_STATES,
     Transaction,
     TxnClientState,
     TxnStateMachine,
 )
-from raytxn.errors import InvalidTxnState, TransactionAlreadyAborted, TransactionAlreadyCommitted
+from raytxn.errors import (
+    InvalidArgument,
+    InvalidTxnState,
+    MessageTooLarge,
+    TransactionAlreadyAborted,
+    TransactionAlreadyCommitted,
+    TransactionConflict,
+    TransactionTimedOut,
+)
 from raytxn.ids import TxnID
 
 S = TxnClientState
 TXN = TxnID(0, 7)
 
-# Written out apart from the table: what commit and abort do (see Transaction.commit/abort).
+# Written out apart from the table: what commit, abort and failures do (see Transaction).
 ALLOWED = {
+    (S.OPEN, S.ABORT_ONLY),  # a send or ack made with it failed
+    (S.COMMITTING, S.ABORT_ONLY),  # ... one the commit was waiting for
+    (S.OPEN, S.TIMED_OUT),  # its timeout passed
     (S.OPEN, S.COMMITTING),  # commit
     (S.COMMITTING, S.COMMITTED),  # the coordinator committed it
     (S.COMMITTING, S.ERROR),  # the coordinator refused the commit
     (S.OPEN, S.ABORTING),  # abort
-    (S.COMMITTING, S.ABORTING),  # a send or ack of the committing txn failed
+    (S.ABORT_ONLY, S.ABORTING),  # commit or abort of an abort-only txn
+    (S.TIMED_OUT, S.ABORTING),  # commit or abort of a timed-out txn
+    (S.COMMITTING, S.ABORTING),  # abort while a commit waits, or the coordinator timed it out or aborted it
     (S.ABORTING, S.ABORTING),  # abort again after one interrupted before its answer
     (S.ERROR, S.ABORTING),  # abort after a refused end
     (S.ABORTING, S.ABORTED),
@@ -35,18 +50,26 @@ ALLOWED = {
 # A way to each state from a new machine, through allowed transitions only.
 PATHS = {
     S.OPEN: [],
+    S.ABORT_ONLY: [S.ABORT_ONLY],
+    S.TIMED_OUT: [S.TIMED_OUT],
     S.COMMITTING: [S.COMMITTING],
     S.COMMITTED: [S.COMMITTING, S.COMMITTED],
     S.ABORTING: [S.ABORTING],
     S.ABORTED: [S.ABORTING, S.ABORTED],
     S.ERROR: [S.COMMITTING, S.ERROR],
 }
+FAILURE = MessageTooLarge("too large")
+
+
+def move(machine: TxnStateMachine, target: TxnClientState, **options: object) -> bool:
+    """``transition_to``, with the cause a move to ABORT_ONLY needs."""
+    return machine.transition_to(target, cause=FAILURE if target is S.ABORT_ONLY else None, **options)
 
 
 def machine_in(state: TxnClientState) -> TxnStateMachine:
     machine = TxnStateMachine(TXN)
     for step in PATHS[state]:
-        machine.transition_to(step)
+        move(machine, step)
     assert machine.state is state
     return machine
 
@@ -61,7 +84,7 @@ def test_the_table_is_the_written_out_one() -> None:
 @pytest.mark.parametrize(("current", "target"), sorted(ALLOWED))
 def test_every_valid_transition_is_allowed(current: TxnClientState, target: TxnClientState) -> None:
     machine = machine_in(current)
-    machine.transition_to(target)
+    assert move(machine, target) is True
     assert machine.state is target
 
 
@@ -73,19 +96,97 @@ def test_every_invalid_transition_is_refused_and_changes_nothing(current: TxnCli
     expected = {S.COMMITTED: TransactionAlreadyCommitted, S.ABORTED: TransactionAlreadyAborted}.get(
         current, InvalidTxnState)
     with pytest.raises(InvalidTxnState, match=f"{current} -> {target} not allowed") as refused:
-        machine.transition_to(target)
+        move(machine, target)
     assert type(refused.value) is expected
+    assert machine.state is current
+    assert move(machine, target, if_allowed=True) is False  # the quiet form: no error, no change
     assert machine.state is current
     onward = sorted(t for c, t in ALLOWED if c is current)
     if onward:  # the refusal left it usable from where it was
-        machine.transition_to(onward[0])
+        move(machine, onward[0])
         assert machine.state is onward[0]
 
 
-def test_a_transactions_state_changes_only_through_its_machine() -> None:
-    txn = Transaction(None, TXN, 1.0)  # type: ignore[arg-type]  # the client is only used to register and end
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_an_open_machine_reads_timed_out_once_its_deadline_passed() -> None:
+    clock = FakeClock()
+    machine = TxnStateMachine(TXN, deadline=110.0, clock=clock)
+    clock.now = 109.999
+    assert machine.state is S.OPEN
+    clock.now = 110.0
+    assert machine.state is S.TIMED_OUT  # read, no call made
+    with pytest.raises(InvalidTxnState, match="TIMED_OUT -> COMMITTING"):
+        machine.transition_to(S.COMMITTING)
+    assert machine.state is S.TIMED_OUT
+
+
+def test_a_transition_past_the_deadline_finds_the_machine_timed_out_first() -> None:
+    clock = FakeClock()
+    machine = TxnStateMachine(TXN, deadline=110.0, clock=clock)
+    clock.now = 111.0  # nobody read the state since
+    assert machine.transition_to(S.COMMITTING, if_allowed=True) is False
+    assert machine.state is S.TIMED_OUT
+    machine.transition_to(S.ABORTING)
+    assert machine.state is S.ABORTING
+
+
+@pytest.mark.parametrize("state", [S.ABORT_ONLY, S.COMMITTING, S.ABORTING, S.ERROR])
+def test_only_an_open_machine_times_out(state: TxnClientState) -> None:
+    clock = FakeClock()
+    machine = TxnStateMachine(TXN, deadline=110.0, clock=clock)
+    for step in PATHS[state]:
+        move(machine, step)
+    clock.now = 200.0
+    assert machine.state is state
+
+
+def test_abort_only_keeps_its_first_cause_and_needs_one() -> None:
+    machine = TxnStateMachine(TXN)
+    with pytest.raises(InvalidArgument):
+        machine.transition_to(S.ABORT_ONLY)
+    with pytest.raises(InvalidArgument):
+        machine.transition_to(S.COMMITTING, cause=FAILURE)
+    assert machine.state is S.OPEN and machine.cause is None
+    first, second = MessageTooLarge("first"), TransactionConflict("second")
+    assert machine.transition_to(S.ABORT_ONLY, cause=first) is True
+    assert machine.transition_to(S.ABORT_ONLY, cause=second, if_allowed=True) is False
+    assert machine.state is S.ABORT_ONLY and machine.cause is first
+
+
+def test_a_transactions_state_changes_only_through_its_machine_and_reads_timed_out_by_itself() -> None:
+    txn = Transaction(None, TXN, 0.2)  # type: ignore[arg-type]  # the client is only used to register and end
     assert txn.state is S.OPEN
     with pytest.raises(AttributeError):
         txn.state = S.COMMITTED  # type: ignore[misc]
-    assert txn.state is S.OPEN
     txn.check_open()
+    time.sleep(0.25)
+    assert txn.state is S.TIMED_OUT
+    with pytest.raises(TransactionTimedOut):
+        txn.check_open()
+    with pytest.raises(TransactionTimedOut), txn.operation():
+        pass  # never entered
+    assert txn.state is S.TIMED_OUT  # a refused operation does not poison
+
+
+def test_a_failure_inside_an_operation_makes_the_transaction_abort_only() -> None:
+    txn = Transaction(None, TXN, 60.0)  # type: ignore[arg-type]
+    with pytest.raises(MessageTooLarge), txn.operation():
+        raise FAILURE
+    assert txn.state is S.ABORT_ONLY
+    with pytest.raises(InvalidTxnState, match="earlier one failed") as refused, txn.operation():
+        pass
+    assert refused.value.__cause__ is FAILURE
+    txn.fail(TransactionConflict("later"))
+    assert txn.state is S.ABORT_ONLY
+
+
+def test_with_aborts_exactly_the_unended_states() -> None:
+    assert UNENDED_STATES == {S.OPEN, S.ABORT_ONLY, S.TIMED_OUT, S.COMMITTING}
+    assert all(state in VALID_PREVIOUS_STATES[S.ABORTING] for state in UNENDED_STATES)

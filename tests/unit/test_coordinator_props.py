@@ -109,7 +109,7 @@ class Model:
             if txn.tid is not None and (txn.epoch if epoch is None else epoch) != self.epochs[txn.tid]:
                 return Fenced
         if txn.state is not TxnState.OPEN:
-            if end is not None and (end is EndAction.COMMIT) == txn.committed:
+            if end is not None and (end is EndAction.COMMIT) == txn.committed and txn.reason is not AbortReason.FENCED:
                 return EndResult(None, txn.state)
             return txn.ended_error()
         if now >= txn.deadline and end is not EndAction.ABORT:

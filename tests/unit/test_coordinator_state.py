@@ -585,7 +585,8 @@ def test_registering_again_aborts_the_open_txn_and_fences_the_zombie(h: Harness)
         h.state.prepare_end(zombie, COMMIT, "worker-1", T0 + 3)
     with pytest.raises(Fenced):
         h.state.prepare_add_partitions(zombie, [("a", 0)], "worker-1", T0 + 3)
-    assert h.end(zombie, ABORT, owner="worker-1") == EndResult(None, TxnState.ABORTED)
+    with pytest.raises(Fenced):  # even an abort: the zombie must learn it is one (Kafka's EndTxn)
+        h.state.prepare_end(zombie, ABORT, "worker-1", T0 + 3)
     assert h.state.stats(T0)["fenced_total"] == 1
     h.state.check_invariants()
 
@@ -814,3 +815,23 @@ def test_invalid_configuration() -> None:
         CoordinatorState(TC, max_timeout_ms=0)
     with pytest.raises(InvalidArgument):
         CoordinatorState(TC, max_recent_outcomes=-1)
+
+
+def test_a_zombie_ending_its_forgotten_txn_is_fenced(h: Harness) -> None:
+    """The zombie's txn timed out and ended before its id was registered again, so only its
+    outcome is left: its end, given the id and its stale epoch, is Fenced, while the same end
+    from the current epoch (a retried abort) is the usual success."""
+    epoch = h.register("p1")
+    txn = h.new(tid="p1", epoch=epoch, timeout=100)
+    assert h.fire_timeouts(T0 + 100) == [txn]
+    h.complete(txn, now=T0 + 101)
+    assert h.state.outcome(txn) is Outcome.TIMED_OUT
+    retried = h.state.prepare_end(txn, ABORT, "alice", T0 + 102, epoch, "p1")
+    assert retried == EndResult(None, TxnState.ABORTED)
+    h.register("p1")
+    for action in (ABORT, COMMIT):
+        with pytest.raises(Fenced, match="fenced by 1"):
+            h.state.prepare_end(txn, action, "alice", T0 + 103, epoch, "p1")
+    with pytest.raises(InvalidArgument):
+        h.state.prepare_end(txn, ABORT, "alice", T0 + 103, epoch, "")
+    h.state.check_invariants()
