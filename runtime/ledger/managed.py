@@ -29,7 +29,7 @@ import asyncio
 import itertools
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -120,6 +120,7 @@ class ManagedLedger:
         self._closed = False
         self.faults: Any = None  # the owning actor's FaultPoints: "ledger.before_put" fires there
         self._metrics = LedgerMetrics(stream)
+        self._swept_below: int | None = None  # ledgers below it are deleted (None: not known yet)
         current = meta.ledgers[-1] if writable else None
         self._current = current
         self._next_entry_id = 0
@@ -398,14 +399,19 @@ class ManagedLedger:
         return below
 
     async def _delete_ledgers_below(self, first_kept: int) -> None:
-        """Delete the objects of every ledger below ``first_kept``: those just trimmed, those a
-        crash between a trim's metadata update and its deletes left behind, and empty ledgers
-        that reopening dropped from the metadata."""
-        root = f"streams/{self.stream}/ledgers"
-        for folder in await self.storage.list_folders(root):
-            name = folder.rsplit("/", 1)[1]
-            if name.isdigit() and int(name) < first_kept:
-                await self.storage.delete(await self.storage.list(folder))
+        """Delete the objects of every ledger below ``first_kept``: those just trimmed, and those
+        an interrupted trim (metadata updated, objects not yet deleted) or a reopening that
+        dropped an empty ledger left. The first trim of a writer looks at every ledger folder
+        (earlier writers' leftovers); later ones at the ledger ids passed since."""
+        if self._swept_below is None:
+            folders = await self.storage.list_folders(f"streams/{self.stream}/ledgers")
+            ids: Iterable[int] = sorted(int(f.rsplit("/", 1)[1]) for f in folders if f.rsplit("/", 1)[1].isdigit())
+        else:
+            ids = range(self._swept_below, first_kept)
+        for ledger_id in ids:
+            if ledger_id < first_kept:
+                await self.storage.delete(await self.storage.list(ledger_prefix(self.stream, ledger_id)))
+        self._swept_below = first_kept
 
     async def stored_objects(self) -> list[StoredChunk]:
         """The objects of the stream's ledgers, in position order: the entries each holds, its
