@@ -46,6 +46,7 @@ class RetentionPolicy(msgspec.Struct, frozen=True):
 
 
 NO_RETENTION_POLICY = RetentionPolicy()
+_FIRST = Position(0, 0)  # the first position a ledger can hold: nothing lies below it
 
 
 def check_retention(retention_bytes: object, retention_s: object) -> RetentionPolicy:
@@ -90,7 +91,7 @@ def retention_cut(trimmed_below: Position, readable_end: Position, marks: Sequen
         if not policy.is_set:
             return trimmed_below  # nobody subscribed, nothing says the data may go
         bound = readable_end
-    if bound <= trimmed_below:
+    if bound <= max(trimmed_below, _FIRST):
         return trimmed_below
     if not policy.is_set:
         return bound

@@ -172,6 +172,7 @@ def test_a_later_subscription_at_earliest_starts_at_the_first_retained_entry(cli
     wait_until(lambda: trimmed_below(topic) == ids[12].position, "the acked entries are trimmed")
     late = client.subscribe(topic, "late", initial_position="earliest")
     assert [m.message_id() for m in receive_all(late, 8)] == ids[12:]
+    assert partition_ref(topic).call("last_message_id") == ids[-1].position  # it scans back to the trim
     restart_partition(topic)
     later = client.subscribe(topic, "later", initial_position="earliest")
     assert [m.message_id() for m in receive_all(later, 8)] == ids[12:]
