@@ -127,6 +127,19 @@ def test_a_slow_subscription_holds_its_unacked_data_across_restarts(client: rt.C
     wait_until(lambda: stored_bytes(client, topic, ledgers_only=True) < 5 * len(PAYLOAD), "the ledgers shrink")
 
 
+def test_a_deleted_subscription_holds_nothing_back(client: rt.Client) -> None:
+    topic = new_topic(client)
+    fast = client.subscribe(topic, "fast", initial_position="earliest")
+    idle = client.subscribe(topic, "idle", initial_position="earliest")
+    ids = send(client.create_producer(topic, batching_max_messages=1), 10)
+    for message in receive_all(fast, 10):
+        fast.acknowledge(message)
+    partition_ref(topic).call("apply_retention")
+    assert trimmed_below(topic) <= ids[0].position  # idle acked nothing
+    idle.unsubscribe()
+    wait_until(lambda: trimmed_below(topic) > ids[-1].position, "the rest is trimmed")
+
+
 def test_aborted_txn_state_is_pruned_with_the_trimmed_markers(client: rt.Client) -> None:
     topic = new_topic(client)
     producer = client.create_producer(topic, batching_max_messages=1)
