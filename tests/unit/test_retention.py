@@ -4,7 +4,6 @@ policy's place in the catalog."""
 
 from __future__ import annotations
 
-import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -139,20 +138,8 @@ def test_check_retention_rejects_bad_limits() -> None:
             check_retention(bad_bytes, bad_s)
 
 
-def test_the_catalog_keeps_the_policy_and_decodes_catalogs_written_before_it() -> None:
+def test_the_catalog_keeps_the_policy() -> None:
     catalog = Catalog().with_topic("kept", 1, 0, RetentionPolicy(1 << 20, 60.0)).with_topic("plain", 2, 0)
     again = decode_catalog(encode_catalog(catalog))
     assert again.topics["kept"].retention == RetentionPolicy(1 << 20, 60.0)
-    assert again.topics["plain"].retention == NO_RETENTION_POLICY
-
-    class OldTopicInfo(msgspec.Struct, frozen=True):
-        name: str
-        partitions: int
-        created_ms: int
-
-    class OldCatalog(msgspec.Struct):
-        topics: dict[str, OldTopicInfo]
-
-    old = msgspec.msgpack.encode(OldCatalog({"t": OldTopicInfo("t", 3, 7)}))
-    decoded = decode_catalog(old)
-    assert decoded.topics["t"].partitions == 3 and decoded.topics["t"].retention == NO_RETENTION_POLICY
+    assert again.topics["plain"].retention == NO_RETENTION_POLICY  # (old catalogs: tests/unit/test_catalog.py)
