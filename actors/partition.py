@@ -12,11 +12,17 @@ aborted data, and always say where to continue, so no reader is ever stuck behin
 Recovery: open the ledger (sealing the previous incarnation's), restore the newest complete
 snapshot, replay the entries after it, prune aborted txns whose ledgers were trimmed, then abort
 dangling txns at or below the known low watermarks.
+
+Retention: every ``retention_check_s`` the partition reads its subscriptions' persisted cursors
+and its topic's retention policy from storage (``actors/retention.py``), lets
+``protocol.retention`` decide how far it may trim, and trims there (never past its newest
+snapshot, written first if needed), forgetting aborted txns whose markers went with it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,17 +30,19 @@ import msgspec
 import psutil
 import ray
 
+from raytxn.actors.retention import topic_and_marks
 from raytxn.actors.shell import ActorRefs, ActorShell, Clock, replay
 from raytxn.actors.topic_permissions import TopicPermissions
 from raytxn.auth import Access, AuthConfig, Authorizer, guarded
 from raytxn.config import PartitionConfig
-from raytxn.errors import CorruptLedger, InvalidArgument, MessageTooLarge
+from raytxn.errors import CorruptLedger, InvalidArgument, MessageTooLarge, PositionTrimmed
 from raytxn.faults import FaultPoints, FaultTarget
 from raytxn.ids import EARLIEST, Position, TxnID, partition_actor_name, partition_stream
 from raytxn.ledger import Entry, ManagedLedger
 from raytxn.ledger.snapshots import join_segments, newest_complete, obsolete_segments, split_snapshot
 from raytxn.ledger.storage import ObjectExists, Storage
 from raytxn.metrics import PartitionMetrics
+from raytxn.protocol.cursor import next_position
 from raytxn.protocol.entry_format import (
     EntryHeader,
     decode_header,
@@ -42,6 +50,7 @@ from raytxn.protocol.entry_format import (
     encode_entry,
     entry_records,
 )
+from raytxn.protocol.retention import StoredObject, acked_bound, retention_cut
 from raytxn.protocol.txn_buffer import TransactionBuffer, TxnBufferSnapshot
 from raytxn.protocol.txnlog import EndAction
 
@@ -61,6 +70,7 @@ class AppendResult:
     duplicate: bool
 
 
+log = logging.getLogger(__name__)
 _snapshot_decoder = msgspec.msgpack.Decoder(TxnBufferSnapshot)
 _encoder = msgspec.msgpack.Encoder()
 
@@ -88,8 +98,10 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
         self._changed_since_snapshot = False
         self._snapshotting: asyncio.Task | None = None
         self._timers: list[asyncio.Task] = []
+        self._trim_lock = asyncio.Lock()
         self.info: dict[str, Any] = {"topic": topic, "partition": partition, "snapshots_written": 0,
-                                     "appends": 0, "duplicates": 0, "markers": 0, "bytes_in": 0}
+                                     "appends": 0, "duplicates": 0, "markers": 0, "bytes_in": 0,
+                                     "trims": 0, "aborted_pruned": 0}
         self.metrics = PartitionMetrics(topic, partition)
 
     # --- start and recovery ----------------------------------------------------------------
@@ -126,7 +138,8 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
                          recovered_from_snapshot=snapshot_id)
         self.metrics.max_read_lag(self.buffer.lag_entries)
         loop = asyncio.get_running_loop()
-        self._timers = [loop.create_task(self._snapshot_timer()), loop.create_task(self._dangling_timer())]
+        self._timers = [loop.create_task(self._snapshot_timer()), loop.create_task(self._dangling_timer()),
+                        loop.create_task(self._retention_timer())]
 
     @guarded(Access.PUBLIC)
     async def ready(self) -> dict[str, Any]:
@@ -234,8 +247,7 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
         await self._started()
         assert self._ledger is not None
         max_entries = min(max_entries, self.config.max_read_entries)
-        if start < self._ledger.trimmed_below:
-            start = self._ledger.trimmed_below
+        start = max(start, self._ledger.trimmed_below)
         deadline = self.clock.monotonic() + max_wait_s
         while self.buffer.max_read_position < start and self.clock.monotonic() < deadline:
             async with self._advanced:
@@ -246,7 +258,7 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
         max_read = self.buffer.max_read_position
         if max_read < start:
             return {"entries": [], "next": start, "max_read": max_read}
-        scanned = await self._ledger.read(start, max_entries=max_entries, end=max_read)
+        start, scanned = await self._read_retained(start, max_entries, max_read)
         visible = []
         for entry in scanned:
             header = decode_header(entry.records[0], f"{self.stream}@{entry.position}")
@@ -257,6 +269,19 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
             last = scanned[-1].position
             nxt = Position(last.ledger_id, last.entry_id + 1)
         return {"entries": visible, "next": nxt, "max_read": max_read}
+
+    async def _read_retained(self, start: Position, max_entries: int, end: Position) -> tuple[Position, list[Entry]]:
+        """Ledger entries from ``start``, or from the trim point once retention passed ``start``
+        (also while the read runs); returns where the read began and the entries."""
+        assert self._ledger is not None
+        while True:
+            start = max(start, self._ledger.trimmed_below)
+            try:
+                return start, await self._ledger.read(start, max_entries=max_entries, end=end)
+            except PositionTrimmed:
+                if self._ledger.trimmed_below <= start:
+                    raise
+                # The trim point moved past `start` meanwhile: read on from there (it only grows).
 
     @guarded(Access.PRODUCE)
     async def last_sequence(self, producer: str) -> int:
@@ -274,7 +299,7 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
         end = max_read
         while end >= max(self._ledger.trimmed_below, Position(0, 0)):
             window_start = Position(end.ledger_id, max(0, end.entry_id - 256))
-            entries = await self._ledger.read(window_start, max_entries=257, end=end)
+            window_start, entries = await self._read_retained(window_start, 257, end)
             for entry in reversed(entries):
                 header = decode_header(entry.records[0], f"{self.stream}@{entry.position}")
                 if not header.is_marker and self.buffer.is_visible(header, entry.position):
@@ -336,20 +361,78 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
 
     @guarded(Access.SUPERUSER)
     async def trim(self, below: Position) -> str:
-        """Delete entries below ``below`` (never past the newest snapshot or max_read_position);
-        aborted txns whose marker was deleted are forgotten."""
+        """Delete entries below ``below``, but never what a subscription has not acked (by its
+        persisted cursor), nor past the newest snapshot or max_read_position; aborted txns whose
+        marker was deleted are forgotten. Returns the trim point."""
         await self._started()
+        if not isinstance(below, Position):
+            raise InvalidArgument(f"trim takes a Position, got {below!r}")
+        _info, marks = await topic_and_marks(self.storage, self.topic, self.partition)
+        bound = acked_bound(marks, self._readable_end())
+        return str(await self._trim_to(below if bound is None else min(below, bound)))
+
+    @guarded(Access.SUPERUSER)
+    async def apply_retention(self) -> dict[str, Any]:
+        """Trim as far as the subscriptions and the topic's retention policy allow, now (it also
+        happens every ``retention_check_s``). Returns what was decided."""
+        await self._started()
+        return await self._apply_retention()
+
+    async def _apply_retention(self) -> dict[str, Any]:
         assert self._ledger is not None
-        await self._snapshot_now()
+        topic, marks = await topic_and_marks(self.storage, self.topic, self.partition)
+        if topic is None:  # not (or no longer) in the catalog: nothing says what may go
+            return {"trimmed_below": str(self._ledger.trimmed_below), "topic_known": False}
+        policy = topic.retention
+        objects = ([StoredObject(*chunk) for chunk in await self._ledger.stored_objects()]
+                   if policy.is_set else [])
+        cut = retention_cut(self._ledger.trimmed_below, self._readable_end(), marks, policy, objects,
+                            self.clock.now_ms())
+        trimmed = await self._trim_to(cut)
+        result = {"trimmed_below": str(trimmed), "topic_known": True, "subscriptions": len(marks),
+                  "slowest": None if not marks or None in marks else str(min(marks)),
+                  "time_ms": self.clock.now_ms()}
+        self.info["last_retention"] = result
+        return result
+
+    async def _retention_timer(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.retention_check_s)
+            try:
+                await self._apply_retention()
+            except Exception:  # a storage hiccup: the next check tries again
+                log.warning("retention of %s failed", self.stream, exc_info=True)
+
+    def _readable_end(self) -> Position:
+        """Everything below it is readable: nothing at or above it may be trimmed."""
+        return next_position(self.buffer.max_read_position)
+
+    async def _trim_to(self, cut: Position) -> Position:
+        """Trim below ``cut``, bounded by the newest snapshot (recovery replays from there; one is
+        written first when the newest does not reach ``cut``) and the readable end."""
+        assert self._ledger is not None
+        async with self._trim_lock:
+            cut = min(cut, self._readable_end())
+            if cut <= self._ledger.trimmed_below:
+                return self._ledger.trimmed_below
+            covered = await self._snapshot_covers()
+            if covered < cut:
+                await self._snapshot_now()
+                covered = await self._snapshot_covers()
+            trimmed = await self._write(self._ledger.trim(min(cut, covered)))
+            pruned = self.buffer.prune_aborted(trimmed)
+            self._changed_since_snapshot |= pruned > 0  # the next snapshot is smaller
+            self.info["trims"] += 1
+            self.info["aborted_pruned"] += pruned
+            return trimmed
+
+    async def _snapshot_covers(self) -> Position:
+        """The newest complete snapshot holds the state of every entry below this."""
         newest = newest_complete(await self.storage.list(self.snapshot_prefix))
-        limit = self.buffer.max_read_position
-        if newest is not None:
-            sid = newest[0]
-            limit = min(limit, Position(sid >> 32, sid & 0xFFFFFFFF))
-        cut = min(below, Position(limit.ledger_id, limit.entry_id + 1))
-        trimmed = await self._write(self._ledger.trim(cut))
-        self.buffer.prune_aborted(trimmed)
-        return str(trimmed)
+        if newest is None or newest[0] == 0:  # id 0 is also the snapshot of nothing: trust it with nothing
+            return EARLIEST
+        sid = newest[0]
+        return next_position(Position(sid >> 32, sid & 0xFFFFFFFF))
 
     # --- introspection and faults ----------------------------------------------------------
 

@@ -16,6 +16,7 @@ import asyncio
 import logging
 from typing import Any
 
+import msgspec
 import ray
 
 from raytxn.actors.shell import ActorRefs, ActorShell, Clock
@@ -40,6 +41,7 @@ from raytxn.protocol.catalog import (
     decode_catalog,
     encode_catalog,
 )
+from raytxn.protocol.retention import check_retention
 
 # Each step of creating or deleting a topic or subscription (the context names ``kind``,
 # ``topic`` and, for subscriptions, ``subscription``).
@@ -162,21 +164,25 @@ class Supervisor(ActorShell, FaultTarget):
     # --- admin -------------------------------------------------------------------------------
 
     @guarded(Access.SUPERUSER)
-    async def create_topic(self, name: str, partitions: int = 1) -> dict[str, Any]:
+    async def create_topic(self, name: str, partitions: int = 1, retention_bytes: int | None = None,
+                           retention_s: float | None = None) -> dict[str, Any]:
         """Save the topic CREATING, start its actors, save it ACTIVE. A retried create of a topic
-        still CREATING with the same partitions finishes it."""
+        still CREATING with the same partitions and retention finishes it. ``retention_bytes`` /
+        ``retention_s``: keep acked data that long (protocol/retention.py)."""
         await self._started()
+        retention = check_retention(retention_bytes, retention_s)
         context = {"kind": "topic", "topic": name}
         async with self._lock:
             entry = self.catalog.topics.get(name)
-            if entry is None or entry.state is not EntryState.CREATING or entry.partitions != partitions:
-                await self._save(self.catalog.with_topic(name, partitions, self.clock.now_ms()))
+            if (entry is None or entry.state is not EntryState.CREATING or entry.partitions != partitions
+                    or entry.retention != retention):
+                await self._save(self.catalog.with_topic(name, partitions, self.clock.now_ms(), retention))
         await self.faults.hit("supervisor.after_save_creating", **context)
         await self._ensure_topic_actors(name)
         await self.faults.hit("supervisor.after_create_actors", **context)
         await self._activate_topic(name)
         await self.faults.hit("supervisor.after_activate", **context)
-        return {"name": name, "partitions": partitions}
+        return {"name": name, "partitions": partitions, **msgspec.structs.asdict(retention)}
 
     async def _activate_topic(self, name: str) -> None:
         async with self._lock:
@@ -210,7 +216,7 @@ class Supervisor(ActorShell, FaultTarget):
     def _topic_row(self, name: str) -> dict[str, Any]:
         info = self.catalog.topic(name)
         return {"name": info.name, "partitions": info.partitions, "created_ms": info.created_ms,
-                "subscriptions": self.catalog.subscription_names(name)}
+                "subscriptions": self.catalog.subscription_names(name), **msgspec.structs.asdict(info.retention)}
 
     @guarded(Access.AUTHENTICATED)
     async def create_subscription(self, topic: str, name: str, initial_position: str = "latest",

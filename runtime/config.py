@@ -63,6 +63,7 @@ class PartitionConfig:
     snapshot_interval_s: float = 60.0            # ...or this long after a change
     snapshot_segment_bytes: int = 256 << 10      # larger snapshots are split into segments
     dangling_check_s: float = 5.0                # re-check ongoing txns against watermarks
+    retention_check_s: float = 60.0              # trim below the subscriptions' cursors this often
     max_read_entries: int = 1000
 
 

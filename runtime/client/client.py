@@ -137,24 +137,30 @@ class Client:
 
     # --- admin -------------------------------------------------------------------------------
 
-    def create_topic(self, name: str, partitions: int = 1) -> dict[str, Any]:
-        """Create the topic. A retry after the supervisor died mid-call that finds the topic with
+    def create_topic(self, name: str, partitions: int = 1, retention_bytes: int | None = None,
+                     retention_s: float | None = None) -> dict[str, Any]:
+        """Create the topic. Data every subscription acked is deleted, unless ``retention_bytes``
+        / ``retention_s`` keep it (a partition keeps at least that many bytes, or data younger
+        than that; either limit lets older data go); without subscriptions data stays unless one
+        of them is set. A retry after the supervisor died mid-call that finds the topic with
         these partitions means the first attempt made it (the supervisor's recovery finishes a
         create it began): success, not ``TopicAlreadyExists``."""
         retries: list[None] = []
         try:
-            return self.supervisor.call("create_topic", name, partitions, deadline_s=self.deadline_s,
-                                        on_retry=lambda: retries.append(None))
+            return self.supervisor.call("create_topic", name, partitions, retention_bytes, retention_s,
+                                        deadline_s=self.deadline_s, on_retry=lambda: retries.append(None))
         except TopicAlreadyExists:
             if not retries:
                 raise
             try:
-                made = self.get_topic(name)["partitions"] == partitions
+                wanted = {"partitions": partitions, "retention_bytes": retention_bytes, "retention_s": retention_s}
+                found = self.get_topic(name)
+                made = all(found[key] == value for key, value in wanted.items())
             except TopicNotFound:
                 made = False  # being deleted
             if not made:
                 raise
-            return {"name": name, "partitions": partitions}
+            return {"name": name, **wanted}
 
     def delete_topic(self, name: str) -> None:
         """Delete the topic. A retry after the supervisor died mid-call that finds no topic means

@@ -29,9 +29,9 @@ import asyncio
 import itertools
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 from sortedcontainers import SortedDict
@@ -40,7 +40,7 @@ from raytxn.errors import CorruptLedger, Fenced, InvalidArgument, MessageTooLarg
 from raytxn.ids import EARLIEST, Position, check_stream_name
 from raytxn.ledger.framing import FrameKind, decode_frames, decode_records, encode_frame, encode_records
 from raytxn.ledger.metadata import LedgerInfo, StreamMetadata, compare_and_set, read_metadata
-from raytxn.ledger.storage import ObjectExists, Storage
+from raytxn.ledger.storage import ObjectExists, ObjectInfo, Storage
 from raytxn.metrics import LedgerMetrics
 
 
@@ -78,6 +78,18 @@ def _first_of(path: str) -> int:
     return int(path.rsplit("/", 1)[1])
 
 
+_LEDGER_END = 1 << 62  # the end of a ledger another writer still has open: unknown
+
+
+class StoredChunk(NamedTuple):
+    """One object of a ledger: entries ``[start, end)``, its size, and when it was written."""
+
+    start: Position
+    end: Position
+    size: int
+    written_ms: int
+
+
 class _Pending(msgspec.Struct):
     records: list[bytes]
     payload: bytes
@@ -108,6 +120,7 @@ class ManagedLedger:
         self._closed = False
         self.faults: Any = None  # the owning actor's FaultPoints: "ledger.before_put" fires there
         self._metrics = LedgerMetrics(stream)
+        self._swept_below: int | None = None  # ledgers below it are deleted (None: not known yet)
         current = meta.ledgers[-1] if writable else None
         self._current = current
         self._next_entry_id = 0
@@ -370,9 +383,8 @@ class ManagedLedger:
                                               trimmed_below=below)
             self._meta = await compare_and_set(self.storage, self.stream, updated)
         for info in gone:
-            paths = await self.storage.list(ledger_prefix(self.stream, info.ledger_id))
-            await self.storage.delete(paths)
             self._chunks.pop(info.ledger_id, None)
+        await self._delete_ledgers_below(kept[0].ledger_id)
         # Objects of the ledger holding `below` that end before it.
         if any(info.ledger_id == below.ledger_id for info in kept):
             index = await self._chunk_index(below.ledger_id)
@@ -385,6 +397,41 @@ class ManagedLedger:
         for key in [k for k in self._cache if Position(k[0], k[1]) < below and k[0] != below.ledger_id]:
             self._cache_drop(key)
         return below
+
+    async def _delete_ledgers_below(self, first_kept: int) -> None:
+        """Delete the objects of every ledger below ``first_kept``: those just trimmed, and those
+        an interrupted trim (metadata updated, objects not yet deleted) or a reopening that
+        dropped an empty ledger left. The first trim of a writer looks at every ledger folder
+        (earlier writers' leftovers); later ones at the ledger ids passed since."""
+        if self._swept_below is None:
+            folders = await self.storage.list_folders(f"streams/{self.stream}/ledgers")
+            ids: Iterable[int] = sorted(int(f.rsplit("/", 1)[1]) for f in folders if f.rsplit("/", 1)[1].isdigit())
+        else:
+            ids = range(self._swept_below, first_kept)
+        for ledger_id in ids:
+            if ledger_id < first_kept:
+                await self.storage.delete(await self.storage.list(ledger_prefix(self.stream, ledger_id)))
+        self._swept_below = first_kept
+
+    async def stored_objects(self) -> list[StoredChunk]:
+        """The objects of the stream's ledgers, in position order: the entries each holds, its
+        size and when it was written (the store's clock). A SEAL object holds no entries."""
+        by_ledger: dict[int, list[ObjectInfo]] = {}
+        for info in await self.storage.list_info(f"streams/{self.stream}/ledgers"):
+            ledger_id, first = info.path.rsplit("/", 2)[1:]
+            if ledger_id.isdigit() and first.isdigit():
+                by_ledger.setdefault(int(ledger_id), []).append(info)
+        chunks: list[StoredChunk] = []
+        for ledger in self._meta.ledgers:
+            objects = by_ledger.get(ledger.ledger_id, [])
+            last = self._known_last(ledger)
+            ends = [_first_of(o.path) for o in objects[1:]] + [_LEDGER_END if last is None else last + 1]
+            for stored, end in zip(objects, ends, strict=True):
+                first = _first_of(stored.path)
+                chunks.append(StoredChunk(Position(ledger.ledger_id, first),
+                                          Position(ledger.ledger_id, max(first, end)), stored.size,
+                                          stored.modified_ms))
+        return chunks
 
     async def close(self) -> None:
         """Flush, seal the current ledger and record it closed. The stream can be reopened."""
@@ -425,7 +472,13 @@ class ManagedLedger:
                 break
             from_entry = start.entry_id if info.ledger_id == start.ledger_id else 0
             from_entry = max(from_entry, self._first_readable(info.ledger_id))
-            await self._read_ledger(info, from_entry, end, max_entries, out)
+            try:
+                await self._read_ledger(info, from_entry, end, max_entries, out)
+            except CorruptLedger:
+                if start < self._meta.trimmed_below:  # a trim overtook this read: not corruption
+                    raise PositionTrimmed(f"{self.stream}: {start} was trimmed during the read (now "
+                                          f"below {self._meta.trimmed_below})") from None
+                raise
             if len(out) >= max_entries:
                 break
         return out

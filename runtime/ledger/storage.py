@@ -19,6 +19,7 @@ import asyncio
 import os
 from datetime import timedelta
 from pathlib import Path
+from typing import NamedTuple
 from urllib.parse import urlparse
 
 import obstore
@@ -47,6 +48,12 @@ _S3_ENV = {
 
 class ObjectExists(Exception):
     """A conditional create found the object already there."""
+
+
+class ObjectInfo(NamedTuple):
+    path: str
+    size: int
+    modified_ms: int  # the store's clock
 
 
 class Storage:
@@ -143,13 +150,28 @@ class Storage:
 
     async def list(self, prefix: str) -> list[str]:
         """Every object path under ``prefix`` (a folder), sorted."""
+        return [info.path for info in await self.list_info(prefix)]
+
+    async def list_info(self, prefix: str) -> list[ObjectInfo]:
+        """Every object under ``prefix`` (a folder) with its size and modification time, by path."""
         try:
             chunks = await obstore.list(self.store, prefix.rstrip("/") + "/").collect_async()
         except (FileNotFoundError, NotFoundError):
             return []
         except (BaseError, OSError) as e:
             raise StorageUnavailable(f"list {prefix}: {_short(e)}") from e
-        return sorted(meta["path"] for meta in chunks)
+        return sorted(ObjectInfo(meta["path"], meta["size"], int(meta["last_modified"].timestamp() * 1000))
+                      for meta in chunks)
+
+    async def list_folders(self, prefix: str) -> list[str]:
+        """The folders right under ``prefix`` (their full paths), sorted."""
+        try:
+            listing = await obstore.list_with_delimiter_async(self.store, prefix.rstrip("/") + "/")
+        except (FileNotFoundError, NotFoundError):
+            return []
+        except (BaseError, OSError) as e:
+            raise StorageUnavailable(f"list {prefix}: {_short(e)}") from e
+        return sorted(folder.rstrip("/") for folder in listing["common_prefixes"])
 
     async def delete(self, paths: list[str]) -> None:
         """Delete objects; missing ones are fine (deletes are retried after crashes)."""

@@ -20,6 +20,7 @@ import msgspec
 
 from raytxn.errors import InvalidArgument, NotAllowed, TopicAlreadyExists, TopicNotFound
 from raytxn.ids import check_actions, check_name, check_principal
+from raytxn.protocol.retention import NO_RETENTION_POLICY, RetentionPolicy
 
 MAX_PARTITIONS = 1024
 CATALOG_STREAM = "catalog"
@@ -57,6 +58,13 @@ class TopicInfo(msgspec.Struct, frozen=True):
     partitions: int
     created_ms: int
     state: EntryState = EntryState.ACTIVE  # the default reads catalogs written before states
+    # The retention policy (see protocol/retention.py); absent in catalogs written before it.
+    retention_bytes: int | None = None
+    retention_s: float | None = None
+
+    @property
+    def retention(self) -> RetentionPolicy:
+        return RetentionPolicy(self.retention_bytes, self.retention_s)
 
 
 class SubscriptionInfo(msgspec.Struct, frozen=True):
@@ -90,8 +98,9 @@ class Catalog(msgspec.Struct):
             raise TopicNotFound(f"topic {name!r} does not exist")
         return info
 
-    def with_topic(self, name: str, partitions: int, now_ms: int) -> Catalog:
-        """A new topic, CREATING."""
+    def with_topic(self, name: str, partitions: int, now_ms: int,
+                   retention: RetentionPolicy = NO_RETENTION_POLICY) -> Catalog:
+        """A new topic, CREATING. ``retention``: checked already (``check_retention``)."""
         check_name(name, "topic")
         if not isinstance(partitions, int) or not 1 <= partitions <= MAX_PARTITIONS:
             raise InvalidArgument(f"partitions must be 1..{MAX_PARTITIONS}, got {partitions!r}")
@@ -100,7 +109,8 @@ class Catalog(msgspec.Struct):
             if existing.state is EntryState.DELETING:  # as Kafka's "marked for deletion"
                 raise TopicAlreadyExists(f"topic {name!r} is being deleted; create it again once it is gone")
             raise TopicAlreadyExists(f"topic {name!r} exists with {existing.partitions} partitions")
-        info = TopicInfo(name, partitions, now_ms, EntryState.CREATING)
+        info = TopicInfo(name, partitions, now_ms, EntryState.CREATING, retention.retention_bytes,
+                         retention.retention_s)
         return msgspec.structs.replace(self, topics={**self.topics, name: info})
 
     def with_topic_state(self, name: str, state: EntryState) -> Catalog:

@@ -176,9 +176,13 @@ def status(address: Address = "auto", as_json: Json = False) -> None:
 
 @topics_app.command("create")
 def topics_create(name: str, partitions: Annotated[int, typer.Option("--partitions", "-p")] = 1,
+                  retention_bytes: Annotated[int | None, typer.Option(
+                      help="keep at least this many bytes of acked data per partition")] = None,
+                  retention_s: Annotated[float | None, typer.Option(
+                      help="keep acked data this many seconds")] = None,
                   address: Address = "auto") -> None:
     with _client(address) as client:
-        client.create_topic(name, partitions)
+        client.create_topic(name, partitions, retention_bytes=retention_bytes, retention_s=retention_s)
     console.print(f"created {name} with {partitions} partition(s)")
 
 

@@ -194,6 +194,53 @@ def test_roll_over_and_trim(storage_url: tuple[str, dict]) -> None:
     run(go())
 
 
+def test_stored_objects_and_trim_deleting_every_ledger_below_the_kept_ones(storage_url: tuple[str, dict]) -> None:
+    """Retention reads the objects (entries, size, time) and trims; a trim also deletes what an
+    interrupted trim (metadata updated, objects not yet deleted) and dropped empty ledgers left."""
+    async def go() -> None:
+        storage, stream = storage_of(storage_url), "t/objects"
+        ml = await ManagedLedger.open(storage, stream, LedgerConfig(max_entries_per_ledger=5, group_commit=False))
+        positions = [await ml.append([b"x" * 100]) for _ in range(12)]  # ledgers 0 and 1 full, 2 open
+        objects = await ml.stored_objects()
+        holding = [o for o in objects if o.start < o.end]
+        assert [(o.start, o.end) for o in holding] == [(p, Position(p.ledger_id, p.entry_id + 1)) for p in positions]
+        assert [o.start for o in objects if o.start == o.end] == [Position(0, 5), Position(1, 5)]  # the SEALs
+        assert all(o.size > 100 and o.written_ms > 0 for o in holding)
+        await ml.trim(positions[3])  # inside ledger 0: its first three objects go
+        await storage.create(chunk_path(stream, 0, 0), b"left behind by a crash")  # as if never deleted
+        await ml.close()
+        for _ in range(2):  # a reopened writer that appends nothing leaves an empty ledger behind
+            await (await ManagedLedger.open(storage, stream)).close()
+        ml = await ManagedLedger.open(storage, stream)
+        assert [i.ledger_id for i in ml.ledgers] == [0, 1, 2, 5]  # 3 and 4 were empty: dropped
+        newest = await ml.append([b"new"])
+        await ml.trim(newest)
+        assert await storage.list(f"streams/{stream}/ledgers") == [chunk_path(stream, 5, 0)]
+        assert [e.position for e in await ml.read(newest)] == [newest]
+
+    run(go())
+
+
+def test_a_read_overtaken_by_a_trim_is_position_trimmed_not_corruption(storage_url: tuple[str, dict]) -> None:
+    """Retention trims while readers read: a read whose objects vanish under it because the trim
+    point passed its start says so (the reader goes on from the trim point)."""
+    async def go() -> None:
+        storage = storage_of(storage_url)
+        for attempt in range(5):
+            ml = await ManagedLedger.open(storage, f"t/race{attempt}", LedgerConfig(group_commit=False, cache_bytes=1))
+            positions = [await ml.append([b"x" * 100]) for _ in range(20)]
+            read = asyncio.ensure_future(ml.read(positions[0], max_entries=20))
+            await asyncio.sleep(0)  # the read starts, then waits for its first object
+            await ml.trim(positions[15])
+            try:
+                assert [e.position for e in await read] == positions  # it finished first
+            except PositionTrimmed:
+                pass
+            assert [e.position for e in await ml.read(ml.trimmed_below)] == positions[15:]
+
+    run(go())
+
+
 def test_corruption_is_named_never_skipped(storage_url: tuple[str, dict]) -> None:
     async def go() -> None:
         storage = storage_of(storage_url)

@@ -30,7 +30,7 @@ from raytxn.ids import NAMESPACE, Position, partition_actor_name
 from raytxn.ledger import ManagedLedger
 from raytxn.ledger.storage import Storage
 from raytxn.protocol.entry_format import MessageRecord, encode_message
-from tests.engine import engine_client, new_topic, partition_ref, visible_values
+from tests.engine import engine_client, new_topic, partition_ref, restart_actor, visible_values
 
 pytestmark = pytest.mark.ray
 
@@ -51,15 +51,7 @@ def stats(topic: str, p: int = 0) -> dict:
 
 def restart_partition(topic: str, p: int = 0) -> dict:
     """Kill the partition actor's process; Ray restarts it and it recovers from storage."""
-    old = partition_ref(topic, p).call("ready")["incarnation"]
-    ray.kill(ray.get_actor(partition_actor_name(topic, p), namespace=NAMESPACE), no_restart=False)
-    deadline = time.monotonic() + 30
-    while True:  # the kill lands asynchronously: wait for the new incarnation
-        info = partition_ref(topic, p).call("ready")
-        if info["incarnation"] > old:
-            return info
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    return restart_actor(partition_actor_name(topic, p))
 
 
 # --- topics --------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from raytxn.protocol.catalog import (
     decode_catalog,
     encode_catalog,
 )
+from raytxn.protocol.retention import NO_RETENTION_POLICY
 
 CREATING, ACTIVE, DELETING = EntryState.CREATING, EntryState.ACTIVE, EntryState.DELETING
 
@@ -113,3 +114,4 @@ def test_states_survive_encoding_and_old_catalogs_read_as_active() -> None:
 
     old = msgspec.msgpack.encode(OldCatalog({"orders": OldTopic("orders", 3, 1)}))
     assert decode_catalog(old).topic("orders").state is ACTIVE
+    assert decode_catalog(old).topic("orders").retention == NO_RETENTION_POLICY  # no policy
