@@ -51,6 +51,7 @@ class SubscriptionLeases:
     _partition: ActorRef
 
     if TYPE_CHECKING:  # the Subscription's own (defining them here would shadow them)
+        def _changed(self) -> None: ...
         async def _started(self) -> None: ...
         async def _log(self, record: Any) -> Any: ...
         def _pending_ack_changed(self) -> None: ...
@@ -76,16 +77,22 @@ class SubscriptionLeases:
             return granted
 
     @guarded(Access.CONSUME)
-    async def ack_lease(self, lease_id: int, holder: str, epoch: int, txn: TxnID,
+    async def ack_lease(self, lease_id: int, holder: str, epoch: int, txn: TxnID | None,
                         request_id: str | None = None) -> None:
         """Acknowledge the leased range in ``txn`` (one cumulative ack of its end, logged before
         this returns); the lease then ends with ``txn``: commit moves the cursor past it, abort
-        hands it out again. ``NotAllowed`` when the lease is not held (any more)."""
+        hands it out again. ``txn=None``: a plain cumulative ack, and the lease ends at once
+        (at-least-once readers). ``NotAllowed`` when the lease is not held (any more)."""
         await self._started()
-        if not isinstance(txn, TxnID):
-            raise InvalidArgument(f"a lease is acknowledged in a transaction, got {txn!r}")
+        if txn is not None and not isinstance(txn, TxnID):
+            raise InvalidArgument(f"not a transaction id: {txn!r}")
         async with self._lock:
             lease = self.state.leases.held(lease_id, holder, epoch)
+            if txn is None:
+                self.state.leases.release(lease_id, holder, epoch)  # NotAllowed once acked in a txn
+                self.state.ack([(lease.end, None, None)], cumulative=True)
+                self._changed()
+                return
             record = self.state.prepare_ack(txn, [(lease.end, None, None)], cumulative=True, request=request_id)
             if record is not None:
                 await self._log(record)

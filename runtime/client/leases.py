@@ -136,6 +136,11 @@ class LeaseSet:
                                     f"{request}-{lease.lease_id}", deadline_s=self._client.deadline_s)
             for p, lease in self.leases.items()))
 
+    def acknowledge_plain(self) -> None:
+        """Acknowledge every leased range at once, outside any transaction (at-least-once: a
+        crash after this and before the output is durable loses nothing but may repeat it)."""
+        self._client.loop.run(self._each("ack_lease", None))
+
     def release(self) -> None:
         """Give every range back unacknowledged (the next lease starts at it again)."""
         self._client.loop.run(self._each("release_lease"))
