@@ -127,9 +127,10 @@ def test_executor_killed_mid_run(client: rt.Client, spark) -> None:
     assert total_counts(client, sink, "check") == expected_counts(lines)
 
 
-def _driver(address: str, pipeline_id: str, source: str, sink: str, pause: float) -> subprocess.Popen:
+def _driver(address: str, pipeline_id: str, source: str, sink: str, pause: float, *flags: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, str(Path(__file__).with_name("driver_run.py")), "--address", address,
-                             "--pipeline", pipeline_id, "--source", source, "--sink", sink, "--pause", str(pause)],
+                             "--pipeline", pipeline_id, "--source", source, "--sink", sink, "--pause", str(pause),
+                             *flags],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
 
@@ -174,4 +175,20 @@ def test_driver_stopped_replaced_fenced_and_killed(client: rt.Client) -> None:
             if proc.poll() is None:
                 os.kill(proc.pid, signal.SIGCONT)
                 proc.kill()
+    assert total_counts(client, sink, "check") == expected_counts(lines)
+
+
+def test_a_pipeline_whose_spark_holds_every_ray_cpu_finishes(client: rt.Client) -> None:
+    """Spark's executor takes every free Ray CPU: the read path needs none (tasks read storage,
+    writes call actors), so the pipeline runs to the end instead of waiting for a slot."""
+    lines = sample_lines(120)
+    source, sink = setup_topics(client, lines)
+    driver = _driver(ray.get_runtime_context().gcs_address, f"wc-cpus-{source}", source, sink, 0.0, "--all-cpus")
+    try:
+        assert float(_wait_line(driver, "FREE_CPUS").split()[1]) == 0.0
+        assert _wait_line(driver, "DONE").startswith("DONE")
+        assert driver.wait(timeout=120) == 0
+    finally:
+        if driver.poll() is None:
+            driver.kill()
     assert total_counts(client, sink, "check") == expected_counts(lines)
