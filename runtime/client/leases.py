@@ -107,8 +107,11 @@ class LeaseSet:
         needed to make ``min_chunks`` of them (a task each: Spark's or Ray's parallelism)."""
         if min_chunks < 1:
             raise InvalidArgument("min_chunks must be >= 1")
-        per_chunk = max(1, min(max_entries, math.ceil(self.entries / min_chunks))) if self.entries else max_entries
         config = self._client.config
+        if config.storage_url.startswith("memory://"):
+            raise InvalidArgument(f"range reads need a store every process reaches (file://, s3://, ...); "
+                                  f"{config.storage_url} lives in one process's memory")
+        per_chunk = max(1, min(max_entries, math.ceil(self.entries / min_chunks))) if self.entries else max_entries
         chunks = []
         for partition, lease in sorted(self.leases.items()):
             for start, end, entries in cut_spans(lease.spans, per_chunk):
