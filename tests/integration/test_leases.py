@@ -41,6 +41,14 @@ def produce(client: rt.Client, topic: str, count: int, prefix: str = "m", txn: r
     producer.flush()
 
 
+def produce_keyed(client: rt.Client, topic: str, count: int, prefix: str) -> None:
+    """``count`` messages keyed by their number, over the topic's partitions."""
+    producer = client.create_producer(topic)
+    for i in range(count):
+        producer.send(f"{prefix}{i}".encode(), key=str(i))
+    producer.flush()
+
+
 def test_a_lease_reads_committed_data_and_stops_at_an_open_txn(client: rt.Client) -> None:
     """Markers and aborted data are skipped, committed txn data and plain data are read, and the
     range stops below an open txn (max_read_position)."""
@@ -70,10 +78,8 @@ def test_a_lease_reads_committed_data_and_stops_at_an_open_txn(client: rt.Client
 
 def test_abort_hands_the_range_out_again_and_commit_moves_past_it(client: rt.Client) -> None:
     topic = new_topic(client, partitions=3)
+    produce_keyed(client, topic, 60, "v")
     producer = client.create_producer(topic)
-    for i in range(60):
-        producer.send(f"v{i}".encode(), key=str(i))
-    producer.flush()
     first = client.lease_ranges(topic, "s", "reader")
     assert len(first.leases) == 3
     read = sorted(values(first, min_chunks=7))
@@ -200,10 +206,7 @@ def test_consumers_and_leases_do_not_mix_on_one_subscription(client: rt.Client) 
 
 def test_two_readers_on_two_subscriptions_each_get_every_message(client: rt.Client) -> None:
     topic = new_topic(client, partitions=2)
-    producer = client.create_producer(topic)
-    for i in range(20):
-        producer.send(f"x{i}".encode(), key=str(i))
-    producer.flush()
+    produce_keyed(client, topic, 20, "x")
     for subscription in ("left", "right"):
         leases = client.lease_ranges(topic, subscription, f"reader-{subscription}")
         assert sorted(values(leases)) == sorted(f"x{i}".encode() for i in range(20))
