@@ -192,3 +192,45 @@ def test_a_pipeline_whose_spark_holds_every_ray_cpu_finishes(client: rt.Client) 
         if driver.poll() is None:
             driver.kill()
     assert total_counts(client, sink, "check") == expected_counts(lines)
+
+
+def test_two_pipelines_on_two_subscriptions_of_one_topic(client: rt.Client, spark) -> None:
+    lines = sample_lines(100)
+    source, sink = setup_topics(client, lines)
+    other_sink = f"{sink}-other"
+    client.create_topic(other_sink, 2)
+    first = ExactlyOncePipeline(spark, client, source, "wc-a", sink, wordcount, f"a-{source}", batch_max_messages=40)
+    second = ExactlyOncePipeline(spark, client, source, "wc-b", other_sink, wordcount, f"b-{source}",
+                                 batch_max_messages=60)
+    first.run(max_batches=1, progress=False)
+    second.run(until_idle=True, progress=False)  # interleaved: each subscription keeps its own cursor
+    first.run(until_idle=True, progress=False)
+    for pipeline, out in ((first, sink), (second, other_sink)):
+        assert sum(s.rows_in for s in pipeline.stats) == 100
+        assert total_counts(client, out, "check") == expected_counts(lines)
+
+
+def test_a_stalled_pipelines_lease_expires_and_its_range_is_committed_once(client: rt.Client, spark) -> None:
+    """Pipeline A stalls while transforming its first batch, past its lease's timeout; pipeline
+    B on the same subscription gets the range and commits it. A's acknowledge is refused, so its
+    commit fails, and on retry it goes on from where B left off: every line counted once."""
+    lines = sample_lines(100)
+    source, sink = setup_topics(client, lines)
+    stalled: list[int] = []
+
+    def stall_once(df):
+        if not stalled:
+            stalled.append(1)
+            time.sleep(2.0)  # past A's lease timeout
+            other.run(until_idle=True, progress=False)  # B takes the range over and commits everything
+        return wordcount(df)
+
+    other = ExactlyOncePipeline(spark, client, source, "wc", sink, wordcount, f"b-{source}", batch_max_messages=30,
+                                lease_timeout_s=30)
+    stuck = ExactlyOncePipeline(spark, client, source, "wc", sink, stall_once, f"a-{source}", batch_max_messages=30,
+                                lease_timeout_s=1.0)
+    stuck.run(until_idle=True, progress=False)
+    assert stalled and sum(s.rows_in for s in other.stats) == 100 and stuck.stats == []
+    # A wrote its batch's counts in its txn before its acknowledge was refused: had it committed,
+    # they would be counted twice.
+    assert total_counts(client, sink, "check") == expected_counts(lines)
