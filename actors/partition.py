@@ -50,6 +50,7 @@ from raytxn.protocol.entry_format import (
     encode_entry,
     entry_records,
 )
+from raytxn.protocol.lease import RangePlan
 from raytxn.protocol.retention import StoredObject, acked_bound, retention_cut
 from raytxn.protocol.txn_buffer import TransactionBuffer, TxnBufferSnapshot
 from raytxn.protocol.txnlog import EndAction
@@ -282,6 +283,52 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
                 if self._ledger.trimmed_below <= start:
                     raise
                 # The trim point moved past `start` meanwhile: read on from there (it only grows).
+
+    @guarded(Access.CONSUME)
+    async def range_plan(self, start: Position, max_messages: int | None = None,
+                         max_bytes: int | None = None) -> RangePlan:
+        """What a subscription needs to lease the range from ``start`` (the bulk path, no
+        payloads go out): the readable end, the ledgers' ends, the trim point and the aborted
+        spans. With ``max_messages``/``max_bytes`` the end is the last entry within those bounds
+        from ``start`` (at least one entry), counting every entry's messages and record bytes."""
+        await self._started()
+        assert self._ledger is not None
+        for bound, what in ((max_messages, "max_messages"), (max_bytes, "max_bytes")):
+            if bound is not None and (type(bound) is not int or bound < 1):
+                raise InvalidArgument(f"{what} must be a positive int, got {bound!r}")
+        ledger = self._ledger
+        start = max(start, ledger.trimmed_below, Position(0, 0))
+        end = self.buffer.max_read_position
+        if (max_messages is not None or max_bytes is not None) and end >= start:
+            end = await self._bounded_end(start, end, max_messages, max_bytes)
+        last = ledger.last_position
+        ends = tuple((info.ledger_id, info.last_entry_id if info.closed or info.ledger_id != last.ledger_id
+                      else last.entry_id) for info in ledger.ledgers)
+        return RangePlan(end, ends, tuple(self.buffer.aborted_between(start, end)), start)
+
+    async def _bounded_end(self, start: Position, end: Position, max_messages: int | None,
+                           max_bytes: int | None) -> Position:
+        """The last entry in ``start..end`` within the bounds (the first entry even when it alone
+        passes them); reads entry headers, at most ``max_read_entries`` per read."""
+        messages = size = 0
+        position, last = start, None
+        while position <= end:
+            position, entries = await self._read_retained(position, self.config.max_read_entries, end)
+            if not entries:
+                break
+            for entry in entries:
+                header = decode_header(entry.records[0], f"{self.stream}@{entry.position}")
+                messages += header.count
+                size += sum(len(record) for record in entry.records[1:])
+                over = (max_messages is not None and messages > max_messages) or (
+                    max_bytes is not None and size > max_bytes)
+                if over and last is not None:
+                    return last
+                last = entry.position
+                if over:
+                    return last
+            position = Position(last.ledger_id, last.entry_id + 1)
+        return end if last is None else last
 
     @guarded(Access.PRODUCE)
     async def last_sequence(self, producer: str) -> int:

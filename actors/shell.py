@@ -79,7 +79,7 @@ class ActorShell(AuthTarget):
     have an ``info`` dict (this incarnation's facts, which ``ready`` returns)."""
 
     actor_kind: ClassVar[str]          # "coordinator", "partition", ...: logs and metrics
-    STOP_EXIT_S: ClassVar[float] = 0.05          # long enough for the stopping call's reply to go out
+    STOP_EXIT_S: ClassVar[float] = 0.5           # long enough for the stopping call's reply to go out, under load too
     FAILED_START_EXIT_S: ClassVar[float] = 5.0   # a start that keeps failing restarts at most this often
     info: dict[str, Any]
 

@@ -31,6 +31,7 @@ from typing import Any
 import ray
 
 from raytxn.actors.shell import ActorRefs, ActorShell, Clock, replay
+from raytxn.actors.subscription_leases import SubscriptionLeases
 from raytxn.actors.topic_permissions import TopicPermissions
 from raytxn.auth import Access, AuthConfig, Authorizer, guarded
 from raytxn.config import SubscriptionConfig
@@ -42,6 +43,7 @@ from raytxn.ledger.storage import Storage
 from raytxn.metrics import SubscriptionMetrics
 from raytxn.protocol.cursor import Cursor, next_position
 from raytxn.protocol.entry_format import decode_header
+from raytxn.protocol.lease import LeaseTable
 from raytxn.protocol.pending_ack import Record, decode_record, encode_record
 from raytxn.protocol.subscription_state import (
     AckTuple,
@@ -71,7 +73,7 @@ def pending_ack_stream(topic: str, partition: int, subscription: str) -> str:
     return f"subscriptions/{topic}/{partition}/{subscription}/pending-ack"
 
 
-class Subscription(ActorShell, FaultTarget, TopicPermissions):
+class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions):
     actor_kind = "subscription"
 
     def __init__(self, topic: str, partition: int, name: str, initial_position: str = "latest",
@@ -116,6 +118,7 @@ class Subscription(ActorShell, FaultTarget, TopicPermissions):
         else:  # a new subscription: earliest, or everything up to now counts as acked
             cursor = Cursor() if self.initial_position == "earliest" else Cursor(readable_end)
         state = SubscriptionState(self.partition, cursor, self.config.max_index_lag)
+        state.leases = LeaseTable(first_id=ledger.incarnation << 32)  # ids never repeat across restarts
         included = persisted.log_position if persisted is not None else EARLIEST
         replayed = 0
 
@@ -406,6 +409,7 @@ class Subscription(ActorShell, FaultTarget, TopicPermissions):
                             self.info["consumers_dropped"] += 1
                     self._changed()
                 self.state.dispatcher.prune_redeliveries(self.state.cursor.acked_below)
+                self.expire_leases()
                 if now - self._last_trim >= config.trim_interval_s:
                     await self._trim_log()
                 elif now - self._last_persist >= config.cursor_snapshot_interval_s:

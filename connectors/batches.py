@@ -1,114 +1,103 @@
-"""Reading a deterministic batch of a subscription, shared by the Spark and Ray Data connectors.
+"""A deterministic batch of a subscription on the bulk path, shared by the Spark and Ray Data
+connectors (DESIGN §6, Spark's Kafka-source model).
 
-``read_messages`` attaches an Exclusive consumer to the subscription, which starts at the
-subscription's cursor, and takes up to ``max_messages`` (or everything available): per partition
-a contiguous range from the first unacknowledged message. It returns them as rows (dicts with the
-columns of ``BATCH_ARROW_SCHEMA``) and a ``BatchHandle`` that acknowledges exactly that range,
-cumulatively per partition, inside a transaction. The consumer stays attached until the handle is
-closed, so nobody else takes the range meanwhile; an aborted batch is read again, in order, from
-the same cursor.
+``lease_batch`` leases the subscription's next committed range of every partition to a holder
+(``Client.lease_ranges``: no payload moves) and cuts the ranges into chunks, one per reader task.
+The tasks read the chunks straight from the ledger objects as Arrow (``RangeChunk.read``), so no
+row passes through the driver. The returned ``BatchHandle`` acknowledges exactly the leased
+ranges, cumulatively per partition, inside a transaction: its commit moves the cursors past them,
+its abort (or the lease's timeout, or ``close`` before any ack) hands them out again, in order.
+
+Every read of a chunk returns the same rows in the same order (committed data below
+``max_read_position`` never changes), so a retried task meets what the failed attempt met.
 """
 
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-from raytxn.client.message import Message
-from raytxn.errors import NotAllowed, RaytxnError, Timeout
+from raytxn.errors import NotAllowed
 
-FIRST_DELIVERY_PATIENCE_S = 10.0
-
-
-def batch_arrow_schema() -> Any:
-    """The batch's columns. ``properties`` is a JSON object in a string column: map columns do not
-    survive RayDP's Ray -> Spark conversion with pandas 3 (pyspark's convert_map asserts dict values)."""
+if TYPE_CHECKING:
     import pyarrow as pa
 
-    return pa.schema([
-        ("key", pa.string()), ("value", pa.binary()), ("properties", pa.string()),
-        ("event_time", pa.int64()), ("publish_time", pa.int64()), ("topic", pa.string()),
-        ("partition", pa.int32()), ("message_id", pa.string())])
+    from raytxn.client.client import Client
+    from raytxn.client.leases import LeaseSet, RangeChunk
+
+# The columns of a batch, in order; `properties` is a JSON object in a string column: map columns
+# do not survive RayDP's Ray -> Spark conversion with pandas 3 (pyspark's convert_map asserts dict values).
+BATCH_COLUMNS = ("key", "value", "properties", "event_time", "publish_time", "topic", "partition", "message_id")
+DEFAULT_LEASE_TIMEOUT_S = 120.0
+POLL_S = 0.05
+
+
+def batch_arrow_schema() -> pa.Schema:
+    """The batch's Arrow schema (``raytxn.ledger.ranges``' columns ``BATCH_COLUMNS``)."""
+    from raytxn.ledger.ranges import range_schema
+
+    return range_schema(BATCH_COLUMNS)
 
 
 @dataclass
 class BatchHandle:
-    """The messages of one batch, and how to acknowledge exactly them in a transaction."""
+    """The leased ranges of one batch, their chunks, and how to acknowledge exactly them."""
 
-    consumer: Any
-    last_per_partition: dict[int, Message]
-    count: int
+    leases: LeaseSet | None
+    chunks: list[RangeChunk] = field(default_factory=list)
+    acknowledged: bool = False
+    # The rows the chunks' readers read so far (set by the connector that reads them).
+    rows_read: Callable[[], int] = lambda: 0
+
+    @property
+    def count(self) -> int:
+        """Entries leased (0: the batch is empty). Rows are known once the chunks are read."""
+        return 0 if self.leases is None else self.leases.entries
 
     def acknowledge(self, txn: Any) -> None:
-        """Cumulatively acknowledge each partition's range inside ``txn`` (``None``: plain acks)."""
-        for message in self.last_per_partition.values():
-            self.consumer.acknowledge_cumulative(message, txn=txn)
+        """Acknowledge the batch's ranges inside ``txn`` (``None``: plain cumulative acks, at
+        once: at-least-once)."""
+        if self.leases:
+            if txn is None:
+                self.leases.acknowledge_plain()
+            else:
+                self.leases.acknowledge(txn)
+        self.acknowledged = True
 
     def close(self) -> None:
-        self.consumer.close()
+        """Give the ranges back if they were never acknowledged (a failed batch: the next one
+        starts at them at once instead of after the lease's timeout)."""
+        if self.leases and not self.acknowledged:
+            try:
+                self.leases.release()
+            except NotAllowed:
+                pass  # expired or taken over meanwhile: it went out again anyway
+
+    def read_all(self, columns: tuple[str, ...] = BATCH_COLUMNS) -> pa.Table:
+        """Every chunk read here, in the driver (tests, small batches)."""
+        import pyarrow as pa
+
+        tables = [chunk.read(columns) for chunk in self.chunks]
+        return pa.concat_tables(tables) if tables else batch_arrow_schema().empty_table()
 
 
-def attach(client: Any, topic: str, subscription: str, name: str, deadline_s: float) -> Any:
-    """An Exclusive consumer. While a dead driver's consumer is still attached the subscription
-    refuses a second one; keep trying until the dead one is dropped (``consumer_timeout_s``)."""
-    import raytxn as rt
-
-    deadline = time.monotonic() + deadline_s
+def lease_batch(client: Client, topic: str, subscription: str, holder: str, epoch: int = 0, *,
+                max_messages: int | None = None, max_bytes: int | None = None, max_entries: int = 100_000,
+                wait_s: float = 0.0, lease_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S, min_chunks: int = 1,
+                chunk_entries: int = 2_000) -> BatchHandle:
+    """The next batch of ``subscription`` leased to ``holder``: bounded by ``max_messages`` and
+    ``max_bytes`` over all partitions and ``max_entries`` per partition, cut into at least
+    ``min_chunks`` chunks (of at most ``chunk_entries`` entries). Waits up to ``wait_s`` for
+    something to read; an empty handle (``count == 0``) when nothing came."""
+    deadline = time.monotonic() + wait_s
     while True:
-        try:
-            return client.subscribe(topic, subscription, consumer_type=rt.ConsumerType.Exclusive,
-                                    initial_position=rt.InitialPosition.Earliest, consumer_name=name,
-                                    receiver_queue_size=1000)
-        except NotAllowed:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
-
-
-def read_messages(client: Any, topic: str, subscription: str, max_messages: int | None = 1000,
-                  until_caught_up: bool = False, idle_timeout_s: float = 1.0, consumer_name: str | None = None,
-                  attach_deadline_s: float = 120.0) -> tuple[list[dict[str, Any]], BatchHandle]:
-    """The next messages of ``subscription`` as rows, in delivery order, and the handle acknowledging them."""
-    if max_messages is None and not until_caught_up:
-        raise ValueError("give max_messages, or until_caught_up=True")
-    consumer = attach(client, topic, subscription, consumer_name or f"batch-{subscription}", attach_deadline_s)
-    messages: list[Message] = []
-    # A fresh consumer may wait a while for its first delivery (the subscription rewinds what a
-    # previous consumer had prefetched); nothing within idle_timeout_s is then no proof of an
-    # empty input. While the subscription reports a backlog, keep waiting, within a bound (a
-    # backlog of entries that are never delivered, e.g. aborted ones, must not block forever).
-    patience = time.monotonic() + max(idle_timeout_s, FIRST_DELIVERY_PATIENCE_S)
-    try:
-        while until_caught_up or len(messages) < (max_messages or 0):
-            want = 1000 if max_messages is None else min(1000, max_messages - len(messages))
-            got = consumer.batch_receive(want, timeout=idle_timeout_s)
-            if not got:
-                if not messages and time.monotonic() < patience and _has_backlog(consumer):
-                    continue
-                break  # caught up
-            messages.extend(got)
-    except (RaytxnError, Timeout):
-        consumer.close()
-        raise
-    last: dict[int, Message] = {}
-    for message in messages:
-        partition = message.message_id().partition
-        if partition not in last or message.message_id() > last[partition].message_id():
-            last[partition] = message
-    rows = [{"key": m.key(), "value": m.value(), "properties": json.dumps(m.properties()), "event_time": m.event_time(),
-             "publish_time": m.publish_time(), "topic": m.message_id().topic,
-             "partition": m.message_id().partition, "message_id": str(m.message_id())} for m in messages]
-    return rows, BatchHandle(consumer, last, len(messages))
-
-
-def _has_backlog(consumer: Any) -> bool:
-    return any(stats.get("backlog_entries", 0) > 0 for stats in consumer.stats())
-
-
-def to_arrow(rows: list[dict[str, Any]]) -> Any:
-    """The rows as one Arrow table with the batch's schema (also when there are none)."""
-    import pyarrow as pa
-
-    return pa.Table.from_pylist(rows, schema=batch_arrow_schema())
+        leases = client.lease_ranges(topic, subscription, holder, epoch, max_entries=max_entries,
+                                     max_messages=max_messages, max_bytes=max_bytes, timeout_s=lease_timeout_s)
+        if leases or time.monotonic() >= deadline:
+            break
+        time.sleep(min(POLL_S * 4, max(0.0, deadline - time.monotonic())))
+    if not leases:
+        return BatchHandle(None)
+    return BatchHandle(leases, leases.chunks(chunk_entries, min_chunks))

@@ -1,10 +1,13 @@
 """Ray Data reading from and writing to raytxn topics exactly once.
 
-- ``read_topic``: the next messages of a subscription (per partition a contiguous range from the
-  subscription's cursor, see ``raytxn.connectors.batches``) as a ``ray.data.Dataset``, plus the
-  ``BatchHandle`` that acknowledges exactly that range, cumulatively per partition, in a
-  transaction. Until the handle is closed its Exclusive consumer holds the subscription; an
-  aborted transaction leaves the range to be read again from the same cursor.
+- ``read_topic``: the next messages of a subscription as a lazy, streaming ``ray.data.Dataset``
+  over a real ``Datasource`` (``TopicRanges``), and the ``BatchHandle`` that acknowledges exactly
+  them. The driver leases each partition's next committed range (no payload moves) and cuts the
+  ranges into chunks; the Dataset has one read task per chunk, which reads it straight from the
+  ledger objects as Arrow. A retried read task meets the same rows (committed data below the
+  partition's ``max_read_position`` never changes). ``handle.acknowledge(txn)`` acks the ranges
+  cumulatively in a transaction, so its commit moves the cursors past them and an abort hands
+  them out again; ``handle.close()`` gives back ranges never acknowledged.
 - ``write_topic``: every row of a Dataset produced inside a transaction from Ray tasks (nothing
   goes through the driver). The dataset is materialized and each of its blocks is one slice,
   written by one retryable task as the producer ``<writer_id>-s<block index>`` whose sequence ids
@@ -15,30 +18,71 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import ray
+from ray.data.block import BlockMetadata
+from ray.data.datasource import Datasource, ReadTask
 
-from raytxn.connectors.batches import BatchHandle, read_messages, to_arrow
+from raytxn.connectors.batches import BATCH_COLUMNS, BatchHandle, batch_arrow_schema, lease_batch
 from raytxn.connectors.spark import WriteSpec, produce_slice, write_spec
 
-__all__ = ["BatchHandle", "read_topic", "write_topic"]
+__all__ = ["BatchHandle", "TopicRanges", "read_topic", "write_topic"]
 
 
-def read_topic(client: Any, topic: str, subscription: str, max_messages: int | None = None,
-               until_caught_up: bool = True, idle_timeout_s: float = 1.0, consumer_name: str | None = None,
-               attach_deadline_s: float = 120.0) -> tuple[ray.data.Dataset, BatchHandle]:
+class TopicRanges(Datasource):
+    """The chunks of leased ranges as a Datasource: one read task per chunk (fewer when Ray asks
+    for less parallelism: then a task reads several chunks in order)."""
+
+    def __init__(self, chunks: Sequence[Any], columns: Sequence[str] = BATCH_COLUMNS) -> None:
+        self._chunks = list(chunks)
+        self._columns = tuple(columns)
+
+    def estimate_inmemory_data_size(self) -> int | None:
+        return None  # entries are known, their sizes are not (without reading them)
+
+    def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
+                       data_context: Any = None) -> list[ReadTask]:
+        if not self._chunks:
+            return []
+        groups = max(1, min(parallelism, len(self._chunks))) if parallelism > 0 else len(self._chunks)
+        size = -(-len(self._chunks) // groups)
+        schema = batch_arrow_schema() if self._columns == BATCH_COLUMNS else None
+        tasks = []
+        for first in range(0, len(self._chunks), size):
+            group = self._chunks[first:first + size]
+            metadata = BlockMetadata(num_rows=None, size_bytes=None, exec_stats=None, input_files=None)
+            tasks.append(ReadTask(_reader(group, self._columns), metadata, schema=schema,
+                                  per_task_row_limit=per_task_row_limit))
+        return tasks
+
+    def get_name(self) -> str:
+        return "RaytxnTopic"
+
+
+def _reader(chunks: list[Any], columns: tuple[str, ...]) -> Callable[[], Iterable[Any]]:
+    def read() -> Iterable[Any]:
+        for chunk in chunks:
+            yield chunk.read(columns)
+    return read
+
+
+def read_topic(client: Any, topic: str, subscription: str, max_messages: int | None = None, *,
+               max_bytes: int | None = None, holder: str | None = None, epoch: int = 0, wait_s: float = 1.0,
+               lease_timeout_s: float = 120.0, chunk_entries: int = 2_000, min_chunks: int = 1,
+               columns: Sequence[str] = BATCH_COLUMNS) -> tuple[ray.data.Dataset, BatchHandle]:
     """A Dataset (columns: key, value, properties (a JSON object string), event_time,
-    publish_time, topic, partition, message_id) of the next messages of ``subscription``, in
-    delivery order, and the handle that acknowledges exactly them: ``handle.acknowledge(txn)``,
-    then ``handle.close()`` once the txn ended. By default everything available is read
-    (``until_caught_up``); ``max_messages`` caps the batch."""
-    if max_messages is not None and until_caught_up:
-        until_caught_up = False  # a cap was asked for: stop there
-    rows, handle = read_messages(client, topic, subscription, max_messages, until_caught_up, idle_timeout_s,
-                                 consumer_name or f"ray-data-{subscription}", attach_deadline_s)
-    return ray.data.from_arrow(to_arrow(rows)), handle
+    publish_time, topic, partition, message_id, or ``columns``) of the next messages of
+    ``subscription``, per partition in append order, and the handle that acknowledges exactly
+    them: ``handle.acknowledge(txn)``, then ``handle.close()``. Everything readable is leased
+    unless ``max_messages``/``max_bytes`` bound it; ``wait_s``: how long to wait for input."""
+    handle = lease_batch(client, topic, subscription, holder or f"ray-data-{subscription}", epoch,
+                         max_messages=max_messages, max_bytes=max_bytes, wait_s=wait_s,
+                         lease_timeout_s=lease_timeout_s, min_chunks=min_chunks, chunk_entries=chunk_entries)
+    if not handle.chunks:
+        return ray.data.from_arrow(batch_arrow_schema().empty_table()), handle
+    return ray.data.read_datasource(TopicRanges(handle.chunks, columns)), handle
 
 
 def write_topic(ds: ray.data.Dataset, client: Any, topic: str, txn: Any, key_col: str | None = None,

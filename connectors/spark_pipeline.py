@@ -1,17 +1,23 @@
 """Exactly-once micro-batches from raytxn topics through Spark (on Ray, via RayDP) to raytxn topics.
 
-``read_batch`` takes the next batch of the subscription (``raytxn.connectors.batches.read_messages``: per
-partition a contiguous range from the subscription's cursor) and returns it as a Spark DataFrame
-(moved Ray -> Spark with ``Dataset.to_spark``) and a handle that acknowledges exactly that range,
-cumulatively per partition, inside a transaction. The consumer is closed after the batch ends, so
-an aborted batch is read again, in order, from the same cursor.
+``read_batch`` leases the subscription's next committed range of every partition
+(``raytxn.connectors.batches.lease_batch``), cuts the ranges into chunks, and returns a DataFrame
+whose Spark tasks read the chunks straight from the ledger objects as Arrow (``mapInArrow``), and
+the handle that acknowledges exactly those ranges, cumulatively per partition, inside a
+transaction. No row passes through the driver: it plans, acknowledges and commits. The read
+needs no Ray CPU slot beyond Spark's own executors (the tasks reach storage, not Ray), so Spark
+may hold every CPU.
 
-``ExactlyOncePipeline`` runs micro-batches: register ``pipeline_id`` as a transactional id (a
+``ExactlyOncePipeline`` runs micro-batches: register ``pipeline_id`` as a transactional id once (a
 zombie of the same pipeline, e.g. a driver that was thought dead, is fenced and its open
-transaction aborted), begin a transaction, read a batch, transform it, write the result from the
-Spark tasks inside the transaction, acknowledge the input in it, commit. An exception aborts the
-transaction and the batch is tried again; a restarted pipeline resumes where the last commit left
-off, because the input's cursor only moves when a batch commits.
+transaction aborted) and hold its leases under that id's epoch, so the zombie's leases pass to the
+new incarnation at once. Per batch: begin a transaction, lease and read a batch, transform it,
+write the result from the Spark tasks inside the transaction, acknowledge the input in it,
+commit. An exception aborts the transaction and the batch is tried again from the same ranges; a
+restarted pipeline resumes where the last commit left off, because the input's cursors move only
+when a batch commits. Batches are sized by rows (``batch_max_messages``), bytes
+(``batch_max_bytes``) and time (``trigger_interval``: at most one batch per interval), or run
+back to back (``continuous=True``).
 """
 
 from __future__ import annotations
@@ -21,10 +27,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pyspark.accumulators import AccumulatorParam
+
 from raytxn.client.transaction import UNENDED_STATES
-from raytxn.connectors.batches import BatchHandle, read_messages, to_arrow
+from raytxn.connectors.batches import BATCH_COLUMNS, BatchHandle, lease_batch
 from raytxn.connectors.spark import write
 from raytxn.errors import Fenced, RaytxnError
+
+POLL_S = 0.2             # how long a batch waits for input before it counts as none
+POLL_CONTINUOUS_S = 0.05
 
 __all__ = ["BATCH_SCHEMA", "BatchHandle", "BatchStats", "ExactlyOncePipeline", "read_batch"]
 
@@ -33,23 +44,55 @@ BATCH_SCHEMA = ("key string, value binary, properties string, event_time long, "
                 "publish_time long, topic string, partition int, message_id string")
 
 
-def read_batch(spark: Any, client: Any, topic: str, subscription: str, max_messages: int | None = 1000,
-               until_caught_up: bool = False, idle_timeout_s: float = 1.0, consumer_name: str | None = None,
-               attach_deadline_s: float = 120.0) -> tuple[Any, BatchHandle]:
+def read_batch(spark: Any, client: Any, topic: str, subscription: str, max_messages: int | None = 1000, *,
+               max_bytes: int | None = None, holder: str | None = None, epoch: int = 0, wait_s: float = 1.0,
+               lease_timeout_s: float = 120.0, chunk_entries: int = 2_000) -> tuple[Any, BatchHandle]:
     """A DataFrame (columns: key, value, properties, event_time, publish_time, topic, partition,
-    message_id) of the next messages of ``subscription`` and the handle acknowledging them."""
-    rows, handle = read_messages(client, topic, subscription, max_messages, until_caught_up, idle_timeout_s,
-                                 consumer_name, attach_deadline_s)
-    return _to_spark(spark, rows), handle
+    message_id) of the next messages of ``subscription``, read by Spark tasks, and the handle
+    acknowledging them (``handle.rows_read()``: the rows the tasks read so far). ``holder`` and
+    ``epoch`` hold the leases (default ``batch-<subscription>``, 0); ``wait_s``: how long to wait
+    for input (an empty DataFrame and ``handle.count == 0`` when none came)."""
+    handle = lease_batch(client, topic, subscription, holder or f"batch-{subscription}", epoch,
+                         max_messages=max_messages, max_bytes=max_bytes, wait_s=wait_s,
+                         lease_timeout_s=lease_timeout_s, min_chunks=spark.sparkContext.defaultParallelism,
+                         chunk_entries=chunk_entries)
+    df, rows_read = chunks_to_spark(spark, handle.chunks)
+    handle.rows_read = rows_read
+    return df, handle
 
 
-def _to_spark(spark: Any, rows: list[dict[str, Any]]) -> Any:
-    """Ray -> Spark: the batch becomes a Ray Dataset (one Arrow block) and then a DataFrame."""
-    import ray
+class _RowCounts(AccumulatorParam):  # type: ignore[misc,valid-type]
+    """Rows read per chunk index: a retried or recomputed task sets its chunk's count again
+    instead of adding it twice, so the total is exact."""
 
-    if not rows:
-        return spark.createDataFrame([], BATCH_SCHEMA)
-    return ray.data.from_arrow(to_arrow(rows)).to_spark(spark)
+    def zero(self, value: dict[int, int]) -> dict[int, int]:
+        return {}
+
+    def addInPlace(self, counts: dict[int, int], more: dict[int, int]) -> dict[int, int]:
+        counts.update(more)
+        return counts
+
+
+def chunks_to_spark(spark: Any, chunks: list[Any]) -> tuple[Any, Callable[[], int]]:
+    """A DataFrame of the chunks' messages (one Spark partition per chunk, each read by its task
+    straight from storage), and a function returning how many rows the tasks read."""
+    import pickle
+
+    if not chunks:
+        return spark.createDataFrame([], BATCH_SCHEMA), lambda: 0
+    counts = spark.sparkContext.accumulator({}, _RowCounts())
+    descriptors = spark.sparkContext.parallelize(
+        [(index, pickle.dumps(chunk)) for index, chunk in enumerate(chunks)], len(chunks))
+
+    def read_chunks(batches: Any) -> Any:  # runs in Spark's Python workers
+        for batch in batches:
+            for index, raw in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True):
+                table = pickle.loads(raw).read(BATCH_COLUMNS)
+                counts.add({index: table.num_rows})
+                yield from table.to_batches()
+
+    df = descriptors.toDF("chunk int, descriptor binary").mapInArrow(read_chunks, BATCH_SCHEMA)
+    return df, lambda: sum(counts.value.values())
 
 
 @dataclass
@@ -72,9 +115,12 @@ class ExactlyOncePipeline:
     sink: str
     transform: Callable[[Any], Any]
     pipeline_id: str
-    batch_max_messages: int = 1000
-    trigger_interval: float = 0.0
+    batch_max_messages: int | None = 1000  # rows per batch, over all partitions (None: no bound)
+    batch_max_bytes: int | None = None     # message bytes per batch (None: no bound)
+    trigger_interval: float = 0.0          # at most one batch per this many seconds (0: back to back)
+    continuous: bool = False               # poll for input every 50 ms instead of every 200 ms when idle
     txn_timeout_s: float = 120.0
+    lease_timeout_s: float = 120.0         # a stalled pipeline's input goes to its successor after this
     max_attempts: int = 5
     write_fault: Callable[[int, int, int], None] | None = None  # passed to ``write`` (tests)
     before_commit: Callable[[int], None] | None = None  # called with the batch number (tests, demos)
@@ -82,25 +128,33 @@ class ExactlyOncePipeline:
     stats: list[BatchStats] = field(default_factory=list)
     # The transactional id's epoch, registered once (fencing every older incarnation) and kept:
     # a retried batch reuses it, as a Kafka producer keeps its epoch after an abortable error.
-    # Registering again per batch would let a woken zombie fence its successor in turn.
+    # Registering again per batch would let a woken zombie fence its successor in turn. The
+    # leases are held under it too.
     epoch: int | None = field(default=None, init=False)
+
+    def _read(self, epoch: int) -> tuple[Any, BatchHandle]:
+        return read_batch(self.spark, self.client, self.source, self.subscription, self.batch_max_messages,
+                          max_bytes=self.batch_max_bytes, holder=self.pipeline_id, epoch=epoch,
+                          wait_s=POLL_CONTINUOUS_S if self.continuous else POLL_S,
+                          lease_timeout_s=self.lease_timeout_s)
 
     def run_batch(self, batch: int) -> BatchStats | None:
         """One micro-batch in one transaction; None when there was no input."""
         t0 = time.perf_counter()
-        if not self.exactly_once:
-            return self._run_batch_at_least_once(batch, t0)
         if self.epoch is None:
             self.epoch = self.client.register_transactional_id(self.pipeline_id)  # fences any zombie
         epoch = self.epoch
-        txn = self.client.new_transaction(self.txn_timeout_s, transactional_id=self.pipeline_id, epoch=epoch)
-        handle = None
+        if not self.exactly_once:
+            return self._run_batch_at_least_once(batch, t0, epoch)
+        df, handle = self._read(epoch)  # leases first: an idle poll begins no transaction
+        if handle.count == 0:
+            return None
         try:
-            df, handle = read_batch(self.spark, self.client, self.source, self.subscription,
-                                    self.batch_max_messages, consumer_name=f"{self.pipeline_id}")
-            if handle.count == 0:
-                txn.abort()
-                return None
+            txn = self.client.new_transaction(self.txn_timeout_s, transactional_id=self.pipeline_id, epoch=epoch)
+        except BaseException:
+            handle.close()
+            raise
+        try:
             out = self.transform(df)
             columns = set(out.columns)
             if "value" not in columns:
@@ -114,7 +168,7 @@ class ExactlyOncePipeline:
             t_commit = time.perf_counter()
             txn.commit()
             commit_s = time.perf_counter() - t_commit
-            return BatchStats(batch, handle.count, rows_out, time.perf_counter() - t0, commit_s, str(txn.id), 0)
+            return BatchStats(batch, handle.rows_read(), rows_out, time.perf_counter() - t0, commit_s, str(txn.id), 0)
         except BaseException:
             if txn.state in UNENDED_STATES:
                 try:
@@ -123,12 +177,10 @@ class ExactlyOncePipeline:
                     pass  # it times out instead
             raise
         finally:
-            if handle is not None:
-                handle.close()
+            handle.close()
 
-    def _run_batch_at_least_once(self, batch: int, t0: float) -> BatchStats | None:
-        df, handle = read_batch(self.spark, self.client, self.source, self.subscription, self.batch_max_messages,
-                                consumer_name=f"{self.pipeline_id}")
+    def _run_batch_at_least_once(self, batch: int, t0: float, epoch: int) -> BatchStats | None:
+        df, handle = self._read(epoch)
         try:
             if handle.count == 0:
                 return None
@@ -136,7 +188,7 @@ class ExactlyOncePipeline:
             rows_out = write(out, self.client, self.sink, None, key_col="key" if "key" in out.columns else None,
                              writer_id=f"{self.pipeline_id}-b{batch}")
             handle.acknowledge(None)
-            return BatchStats(batch, handle.count, rows_out, time.perf_counter() - t0, 0.0, "-", 0)
+            return BatchStats(batch, handle.rows_read(), rows_out, time.perf_counter() - t0, 0.0, "-", 0)
         finally:
             handle.close()
 
@@ -149,28 +201,33 @@ class ExactlyOncePipeline:
         with Progress(disable=not progress, transient=True) as bar:
             task = bar.add_task(f"pipeline {self.pipeline_id}", total=max_batches)
             while max_batches is None or batch < max_batches:
-                attempt = 0
-                while True:
-                    try:
-                        result = self.run_batch(batch)
-                        break
-                    except Fenced:
-                        raise  # a newer incarnation of this pipeline runs: this one must stop
-                    except Exception:
-                        attempt += 1
-                        if attempt >= self.max_attempts:
-                            raise
-                        time.sleep(min(2.0, 0.2 * attempt))
+                started = time.monotonic()
+                result = self._run_with_retries(batch)
                 if result is None:
                     if until_idle:
                         break
-                    time.sleep(max(self.trigger_interval, 0.2))
+                    time.sleep(max(self.trigger_interval - (time.monotonic() - started), 0.0))
                     continue
-                result.attempt = attempt
                 self.stats.append(result)
                 bar.update(task, advance=1, description=(
                     f"batch {batch}: {result.rows_in} in, {result.rows_out} out, {result.batch_s:.2f}s"))
                 batch += 1
-                if self.trigger_interval:
-                    time.sleep(self.trigger_interval)
+                time.sleep(max(self.trigger_interval - (time.monotonic() - started), 0.0))
         return self.stats
+
+    def _run_with_retries(self, batch: int) -> BatchStats | None:
+        """``run_batch``, tried again (up to ``max_attempts``) after any failure but ``Fenced``."""
+        for attempt in range(self.max_attempts):
+            try:
+                result = self.run_batch(batch)
+            except Fenced:
+                raise  # a newer incarnation of this pipeline runs: this one must stop
+            except Exception:
+                if attempt + 1 >= self.max_attempts:
+                    raise
+                time.sleep(min(2.0, 0.2 * (attempt + 1)))
+                continue
+            if result is not None:
+                result.attempt = attempt
+            return result
+        raise AssertionError("unreachable: the last attempt returns or raises")

@@ -32,17 +32,20 @@ _EXPORTS = {
     "Message": "raytxn.client.message",
     "MessageId": "raytxn.client.message",
     "Transaction": "raytxn.client.transaction",
+    "LeaseSet": "raytxn.client.leases",
+    "RangeChunk": "raytxn.client.leases",
 }
 _SUBMODULES = frozenset({"errors", "ids", "hashing", "config", "auth", "metrics", "faults", "cluster",
                          "protocol", "ledger", "client", "tools", "actors", "connectors"})
 
-__all__ = ["Client", "ConsumerType", "InitialPosition", "Message", "MessageId", "Transaction", "connect",
-           "shutdown"]
+__all__ = ["Client", "ConsumerType", "InitialPosition", "LeaseSet", "Message", "MessageId", "RangeChunk",
+           "Transaction", "connect", "shutdown"]
 assert sorted(__all__) == sorted(_EXPORTS)
 
 if TYPE_CHECKING:
     from raytxn.client.client import Client, connect, shutdown
     from raytxn.client.consumer import ConsumerType, InitialPosition
+    from raytxn.client.leases import LeaseSet, RangeChunk
     from raytxn.client.message import Message, MessageId
     from raytxn.client.transaction import Transaction
 

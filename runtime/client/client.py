@@ -25,6 +25,7 @@ from raytxn.auth import AuthConfig
 from raytxn.client.consumer import Consumer, ConsumerType, InitialPosition
 from raytxn.client.coordinator_client import CoordinatorClient
 from raytxn.client.faults import Faults
+from raytxn.client.leases import LeaseSet, lease_partitions
 from raytxn.client.loop import BackgroundLoop
 from raytxn.client.producer import Producer
 from raytxn.client.rpc import ActorRef
@@ -271,6 +272,33 @@ class Client:
                             receiver_queue_size, ack_timeout_s, negative_ack_redelivery_delay_s)
         self._consumers.append(consumer)
         return consumer
+
+    def lease_ranges(self, topic: str, subscription: str, holder: str, epoch: int = 0, *,
+                     max_entries: int = 10_000, max_messages: int | None = None, max_bytes: int | None = None,
+                     timeout_s: float = 60.0,
+                     initial_position: InitialPosition | str = InitialPosition.Earliest) -> LeaseSet:
+        """Lease the next committed range of every partition of ``subscription`` (created at
+        ``initial_position`` unless it exists) to ``holder``: the bulk path (see
+        ``raytxn.client.leases``). ``max_messages`` and ``max_bytes`` bound the whole set (split
+        evenly over the partitions), ``max_entries`` each partition's range. Partitions with
+        nothing readable, or another holder's lease standing, are left out. A subscription with
+        consumers attached refuses leases (``NotAllowed``)."""
+        for bound in (max_messages, max_bytes):  # checked before the subscription is created
+            if bound is not None and (type(bound) is not int or bound < 1):
+                raise InvalidArgument(f"max_messages and max_bytes must be positive ints, got {bound!r}")
+        if type(max_entries) is not int or max_entries < 1 or not 0 < timeout_s:
+            raise InvalidArgument(f"max_entries must be a positive int and timeout_s > 0, got {max_entries!r}, "
+                                  f"{timeout_s!r}")
+        info = self.supervisor.call("create_subscription", topic, subscription, str(InitialPosition(initial_position)),
+                                    deadline_s=self.deadline_s)
+        partitions = info["partitions"]
+
+        def per_partition(bound: int | None) -> int | None:
+            return None if bound is None else -(-bound // partitions)
+
+        leases = self.loop.run(lease_partitions(self, topic, subscription, partitions, holder, epoch, max_entries,
+                                                per_partition(max_messages), per_partition(max_bytes), timeout_s))
+        return LeaseSet(self, topic, subscription, holder, epoch, leases)
 
     # --- transactions ------------------------------------------------------------------------
 

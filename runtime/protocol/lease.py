@@ -60,15 +60,21 @@ class Lease(msgspec.Struct, frozen=True):
     expires_at_ms: int
     status: LeaseStatus = LeaseStatus.GRANTED
     txn: TxnID | None = None
+    # ``start..end`` as ``(ledger_id, first_entry_id, last_entry_id)`` per ledger crossed; every
+    # id in a span exists, so a reader may cut spans anywhere into chunks (``ledger_spans``).
+    spans: tuple[tuple[int, int, int], ...] = ()
 
 
 class RangePlan(msgspec.Struct, frozen=True):
-    """The partition's side of a grant: its readable end, the ``(ledger_id, last_entry_id)`` of
-    its ledgers (the open one's last written entry), and its aborted spans from the start on."""
+    """The partition's side of a grant: the end of what a lease may hold (its
+    ``max_read_position``, or less when a message or byte bound cut it), the ``(ledger_id,
+    last_entry_id)`` of its ledgers (the open one's last written entry), its aborted spans from
+    the start on, and its first entry not trimmed (a cursor below it starts there)."""
 
     max_read: Position
     ledger_ends: tuple[tuple[int, int], ...]
     aborted: tuple[AbortedTxn, ...]
+    first_readable: Position = Position(0, 0)
 
 
 def plan_range(plan: RangePlan, start: Position, max_entries: int) -> tuple[Position, Position] | None:
@@ -97,13 +103,30 @@ def plan_range(plan: RangePlan, start: Position, max_entries: int) -> tuple[Posi
     return None if first is None else (first, last)
 
 
+def ledger_spans(plan: RangePlan, first: Position, last: Position) -> tuple[tuple[int, int, int], ...]:
+    """The range ``first..last`` as ``(ledger_id, first_entry_id, last_entry_id)`` spans, one per
+    ledger it crosses: every entry id in a span exists, so a reader may cut a span anywhere into
+    chunks whose ends are real entries (``raytxn.ledger.ranges`` wants that)."""
+    spans = []
+    for ledger_id, last_entry_id in sorted(plan.ledger_ends):
+        if ledger_id < first.ledger_id or ledger_id > last.ledger_id or last_entry_id < 0:
+            continue
+        lo = first.entry_id if ledger_id == first.ledger_id else 0
+        hi = min(last_entry_id, last.entry_id) if ledger_id == last.ledger_id else last_entry_id
+        if lo <= hi:
+            spans.append((ledger_id, lo, hi))
+    return tuple(spans)
+
+
 class LeaseTable:
     """The outstanding lease of one subscription partition and the holders' newest epochs."""
 
-    def __init__(self) -> None:
+    def __init__(self, first_id: int = 0) -> None:
+        """``first_id``: lease ids start above it; an actor passes one unique to its incarnation,
+        so a lease id of an earlier incarnation never names a lease of this one."""
         self.current: Lease | None = None
         self._epochs: OrderedDict[str, int] = OrderedDict()
-        self._next_id = 0
+        self._next_id = first_id
 
     # --- granting ----------------------------------------------------------------------------
 
@@ -134,20 +157,20 @@ class LeaseTable:
         return False
 
     def grant(self, holder: str, epoch: int, first: Position, last: Position, aborted: Sequence[AbortedTxn],
-              now_ms: int, timeout_ms: int) -> Lease:
+              now_ms: int, timeout_ms: int, spans: tuple[tuple[int, int, int], ...] = ()) -> Lease:
         """Record the lease of ``first..last`` (after ``prepare_grant`` said None)."""
         if self.current is not None:
             raise NotAllowed(f"lease {self.current.lease_id} of {self.current.holder!r} is outstanding")
         if last < first or timeout_ms <= 0:
             raise InvalidArgument(f"invalid lease {first}..{last} for {timeout_ms} ms")
         self._next_id += 1
-        spans = tuple(a for a in aborted if a.first_position <= last and first <= a.marker_position)
-        self.current = Lease(self._next_id, holder, epoch, first, last, spans, now_ms + timeout_ms)
+        hidden = tuple(a for a in aborted if a.first_position <= last and first <= a.marker_position)
+        self.current = Lease(self._next_id, holder, epoch, first, last, hidden, now_ms + timeout_ms, spans=spans)
         return self.current
 
     # --- holder calls ------------------------------------------------------------------------
 
-    def _held(self, lease_id: int, holder: str, epoch: int) -> Lease:
+    def held(self, lease_id: int, holder: str, epoch: int) -> Lease:
         self.check_holder(holder, epoch)
         lease = self.current
         if lease is None or lease.lease_id != lease_id or lease.holder != holder or lease.epoch != epoch:
@@ -157,14 +180,14 @@ class LeaseTable:
 
     def release(self, lease_id: int, holder: str, epoch: int) -> Lease:
         """Give the range back unread or unacked: it goes out again, in order."""
-        lease = self._held(lease_id, holder, epoch)
+        lease = self.held(lease_id, holder, epoch)
         if lease.status is not LeaseStatus.GRANTED:
             raise NotAllowed(f"lease {lease_id}: its end is acked in {lease.txn}; end that txn instead")
         self.current = None
         return lease
 
     def renew(self, lease_id: int, holder: str, epoch: int, now_ms: int, timeout_ms: int) -> Lease:
-        lease = self._held(lease_id, holder, epoch)
+        lease = self.held(lease_id, holder, epoch)
         self.current = msgspec.structs.replace(lease, expires_at_ms=max(lease.expires_at_ms, now_ms + timeout_ms))
         return self.current
 

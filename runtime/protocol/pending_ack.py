@@ -210,6 +210,11 @@ class PendingAck:
             return None
         return self._holder(position, batch_index, except_txn=None)
 
+    @property
+    def cumulative_through(self) -> Position | None:
+        """The highest entry a pending cumulative ack covers (None: no cumulative ack pending)."""
+        return None if self._cumulative is None else self._cumulative[1]
+
     def pending_txns(self) -> list[TxnID]:
         return sorted(self._txns)
 

@@ -33,7 +33,7 @@ from raytxn.ids import EARLIEST, Position, TxnID
 from raytxn.protocol.cursor import Cursor, CursorSnapshot, gaps_between, next_position, position_before
 from raytxn.protocol.dispatch import ConsumerType, Dispatcher, MessageKey, QueuedMessage
 from raytxn.protocol.entry_format import decode_entry_header, decode_message
-from raytxn.protocol.lease import Lease, LeaseTable, RangePlan, plan_range
+from raytxn.protocol.lease import Lease, LeaseTable, RangePlan, ledger_spans, plan_range
 from raytxn.protocol.pending_ack import (
     AbortRecord,
     Ack,
@@ -341,6 +341,14 @@ class SubscriptionState:
 
     # --- leases (the bulk path, see ``lease.py``) -----------------------------------------------
 
+    def lease_start(self) -> Position:
+        """Where the next lease begins: the cursor, or past a pending cumulative ack (after a
+        restart forgot the lease it ended, its range must not go out again while the txn may
+        still commit it; an abort rewinds the cursor's view and it goes out then)."""
+        pending = self.pending.cumulative_through
+        start = self.cursor.acked_below
+        return start if pending is None else max(start, Position(pending.ledger_id, pending.entry_id + 1))
+
     def grant_lease(self, holder: str, epoch: int, now_ms: int, plan: RangePlan, max_entries: int,
                     timeout_ms: int) -> Lease | None:
         """The holder's lease of the next range from the cursor (its standing one on a retry), or
@@ -350,10 +358,11 @@ class SubscriptionState:
         decision = self.leases.prepare_grant(holder, epoch, now_ms)
         if decision is not None:
             return decision or None
-        planned = plan_range(plan, self.cursor.acked_below, max_entries)
+        planned = plan_range(plan, max(self.lease_start(), plan.first_readable), max_entries)
         if planned is None:
             return None
-        lease = self.leases.grant(holder, epoch, *planned, plan.aborted, now_ms, timeout_ms)
+        lease = self.leases.grant(holder, epoch, *planned, plan.aborted, now_ms, timeout_ms,
+                                  spans=ledger_spans(plan, *planned))
         self.delivered_through = max(self.delivered_through, lease.end)  # its end may now be acked in a txn
         return lease
 

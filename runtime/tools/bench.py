@@ -199,6 +199,7 @@ BENCHMARKS: dict[str, Callable[..., list[dict]]] = {
     "crash-recovery": _lazy("raytxn.tools.bench_produce", "bench_crash_recovery"),
     "subscription": _lazy("raytxn.tools.bench_subscription", "bench_subscription"),
     "spark": _lazy("raytxn.tools.bench_spark", "bench_spark_pipeline"),
+    "ray-data": _lazy("raytxn.tools.bench_ray_data", "bench_ray_data"),
     "auth": _lazy("raytxn.tools.bench_auth", "bench_auth"),
 }
 

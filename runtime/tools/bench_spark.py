@@ -1,6 +1,13 @@
-"""Benchmark of the Spark-on-Ray pipeline: rows/s exactly-once (a transaction per micro-batch)
-vs the same pipeline with plain sends and acks (at-least-once) on the same data, and batch
-latency p50/p99."""
+"""Benchmark of the Spark-on-Ray pipeline on the bulk path, every figure beside its ceiling from
+the same run: exactly-once word count rows/s next to
+
+* the same transform from a cached DataFrame of the same rows, written to parquet, batch by batch
+  (the Spark-only ceiling: no messaging at all);
+* the same pipeline at-least-once (plain sends and acks, no transaction);
+
+the driver's CPU seconds per batch at two batch sizes (it plans and commits, so it must not grow
+with the rows), and exactly-once scaling over 1, 2, 4 and 8 partitions. Modes are interleaved and
+each keeps its best of two rounds: other load on a 2-core machine swings single runs by 20%."""
 
 from __future__ import annotations
 
@@ -8,15 +15,102 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 import ray
 
 import raytxn as rt
 from raytxn.cluster import stop_engine
+from raytxn.connectors.wordcount import sample_lines, wordcount
+
+PARTITIONS = 4
 
 
-def _passthrough(df):
-    return df.select("key", "value")
+def run_figures(rows_in: list[int], batch_seconds: list[float], elapsed_s: float,
+                driver_cpu_s: float | None = None) -> dict:
+    """A run's figures from its batches' input rows and durations (and the driver's CPU)."""
+    latencies = sorted(batch_seconds)
+    figures = {"rows_per_s": round(sum(rows_in) / elapsed_s, 1), "batches": len(latencies),
+               "p50_batch_s": round(latencies[len(latencies) // 2], 3),
+               "p99_batch_s": round(latencies[int(len(latencies) * 0.99)], 3)}
+    if driver_cpu_s is not None:
+        figures["driver_cpu_s_per_batch"] = round(driver_cpu_s / max(1, len(latencies)), 4)
+    return figures
+
+
+def spark_rows(rows_total: int, batch: int, results: dict[str, dict], scaling: dict[int, dict] | None = None,
+               small_batch: tuple[int, dict] | None = None) -> list[dict]:
+    """A row per mode (its best run), one per partition count of the scaling runs, and the ratios:
+    exactly-once over the Spark-only ceiling and over at-least-once, and the driver's CPU per
+    batch at the small batch size over the large one (≈ 1: it does not grow with the rows)."""
+    rows = [{"bench": "spark_pipeline", "mode": mode, "partitions": PARTITIONS, "rows": rows_total,
+             "batch_rows": batch, **row} for mode, row in results.items()]
+    for partitions, row in sorted((scaling or {}).items()):
+        rows.append({"bench": "spark_pipeline", "mode": "exactly-once", "partitions": partitions,
+                     "rows": rows_total, "batch_rows": batch, **row})
+    eo = results["exactly-once"]
+    ratios = {"bench": "spark_pipeline", "mode": "ratios",
+              "eo_over_alo": round(eo["rows_per_s"] / results["at-least-once"]["rows_per_s"], 3)}
+    if "spark-only" in results:
+        ratios["eo_over_spark_only"] = round(eo["rows_per_s"] / results["spark-only"]["rows_per_s"], 3)
+    if small_batch is not None and "driver_cpu_s_per_batch" in eo:
+        small_rows, small = small_batch
+        rows.append({"bench": "spark_pipeline", "mode": "exactly-once", "partitions": PARTITIONS,
+                     "rows": rows_total, "batch_rows": small_rows, **small})
+        ratios["driver_cpu_per_batch_large_over_small"] = round(
+            eo["driver_cpu_s_per_batch"] / max(small["driver_cpu_s_per_batch"], 1e-9), 3)
+    return [*rows, ratios]
+
+
+class _Runner:
+    def __init__(self, client: rt.Client, spark: Any, lines: list[str]) -> None:
+        self.client = client
+        self.spark = spark
+        self.lines = lines
+
+    def topics(self, partitions: int) -> tuple[str, str]:
+        run = uuid.uuid4().hex[:6]
+        source, sink = f"bench-in-{run}", f"bench-out-{run}"
+        self.client.create_topic(source, partitions)
+        self.client.create_topic(sink, 2)
+        producer = self.client.create_producer(source)
+        for i, line in enumerate(self.lines):
+            producer.send_async(line.encode(), key=str(i))
+        producer.flush()
+        return source, sink
+
+    def pipeline(self, mode: str, batch: int, partitions: int = PARTITIONS) -> dict:
+        from raytxn.connectors import spark as sc
+
+        source, sink = self.topics(partitions)
+        pipeline = sc.ExactlyOncePipeline(self.spark, self.client, source, "bench", sink, wordcount,
+                                          f"bench-{source}", batch_max_messages=batch,
+                                          exactly_once=mode == "exactly-once")
+        cpu, start = time.process_time(), time.perf_counter()
+        stats = pipeline.run(until_idle=True, progress=False)
+        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+        assert sum(s.rows_in for s in stats) == len(self.lines), "the pipeline lost or repeated rows"
+        return run_figures([s.rows_in for s in stats], [s.batch_s for s in stats], elapsed, cpu)
+
+    def spark_only(self, batch: int, out_dir: str) -> dict:
+        """The same transform over the same rows from a cached DataFrame, each batch written to
+        parquet: what Spark alone does, with no messaging."""
+        from pyspark.sql import functions as F
+
+        df = self.spark.createDataFrame([(i, line.encode()) for i, line in enumerate(self.lines)],
+                                        "id long, value binary").repartition(PARTITIONS).cache()
+        df.count()
+        seconds = []
+        start = time.perf_counter()
+        for first in range(0, len(self.lines), batch):
+            t0 = time.perf_counter()
+            part = df.where(F.col("id").between(first, first + batch - 1))
+            wordcount(part).write.mode("overwrite").parquet(f"{out_dir}/batch-{first}")
+            seconds.append(time.perf_counter() - t0)
+        elapsed = time.perf_counter() - start
+        df.unpersist()
+        rows = [min(batch, len(self.lines) - first) for first in range(0, len(self.lines), batch)]
+        return run_figures(rows, seconds, elapsed)
 
 
 def bench_spark_pipeline(short: bool = False, progress: Callable[[str], None] = print) -> list[dict]:
@@ -26,49 +120,31 @@ def bench_spark_pipeline(short: bool = False, progress: Callable[[str], None] = 
         stop_engine()
     client = rt.connect(storage=f"file://{tempfile.mkdtemp(prefix='raytxn-bench-spark-')}")
     spark = sc.init_spark("raytxn-bench", **{"spark.sql.shuffle.partitions": "2"})
-    rows_total = 6_000 if short else 40_000
-    batch = 1_000 if short else 5_000
-    results = {}
+    rows_total, batch = (6_000, 2_000) if short else (60_000, 20_000)
+    runner = _Runner(client, spark, sample_lines(rows_total))
+    results: dict[str, dict] = {}
+
+    def keep_best(mode: str, row: dict) -> None:
+        progress(f"  {mode:14} {row}")
+        if mode not in results or row["rows_per_s"] > results[mode]["rows_per_s"]:
+            results[mode] = row
+
     try:
-        for mode in ("warm-up", "at-least-once", "exactly-once", "at-least-once", "exactly-once"):
-            run = uuid.uuid4().hex[:6]
-            source, sink = f"bench-in-{run}", f"bench-out-{run}"
-            client.create_topic(source, 2)
-            client.create_topic(sink, 2)
-            producer = client.create_producer(source)
-            for i in range(batch if mode == "warm-up" else rows_total):
-                producer.send_async(f"row-{i}".encode(), key=str(i))
-            producer.flush()
-            pipeline = sc.ExactlyOncePipeline(spark, client, source, "bench", sink, _passthrough, f"bench-{run}",
-                                              batch_max_messages=batch, exactly_once=mode == "exactly-once")
-            start = time.perf_counter()
-            stats = pipeline.run(until_idle=True, progress=False)
-            elapsed = time.perf_counter() - start
-            if mode == "warm-up":  # Spark's first jobs are slow: measure on a warm session
-                continue
-            row = run_figures([s.rows_in for s in stats], [s.batch_s for s in stats], elapsed)
-            # two interleaved rounds per mode: keep the better one (other load on 2 cores swings runs)
-            if mode not in results or row["rows_per_s"] > results[mode]["rows_per_s"]:
-                results[mode] = row
-            progress(f"  {mode:14} {row}")
+        with tempfile.TemporaryDirectory(prefix="raytxn-bench-parquet-") as out_dir:
+            runner.pipeline("exactly-once", batch)  # warm-up: Spark's first jobs are slow
+            runner.spark_only(batch, out_dir)
+            for _ in range(1 if short else 2):
+                keep_best("spark-only", runner.spark_only(batch, out_dir))
+                keep_best("at-least-once", runner.pipeline("at-least-once", batch))
+                keep_best("exactly-once", runner.pipeline("exactly-once", batch))
+        small = runner.pipeline("exactly-once", batch // 4)
+        progress(f"  small batches  {small}")
+        scaling = {}
+        for partitions in (1, 2) if short else (1, 2, 4, 8):
+            scaling[partitions] = runner.pipeline("exactly-once", batch, partitions)
+            progress(f"  {partitions} partitions   {scaling[partitions]}")
     finally:
         sc.stop_spark()
         client.close()
         stop_engine()
-    return spark_rows(rows_total, batch, results)
-
-
-def run_figures(rows_in: list[int], batch_seconds: list[float], elapsed_s: float) -> dict:
-    """A run's figures from its batches' input rows and durations."""
-    latencies = sorted(batch_seconds)
-    return {"rows_per_s": round(sum(rows_in) / elapsed_s, 1), "batches": len(latencies),
-            "p50_batch_s": round(latencies[len(latencies) // 2], 3),
-            "p99_batch_s": round(latencies[int(len(latencies) * 0.99)], 3)}
-
-
-def spark_rows(rows_total: int, batch: int, results: dict[str, dict]) -> list[dict]:
-    """A row per mode ("at-least-once", "exactly-once": its best run's figures) and their ratio."""
-    ratio = results["exactly-once"]["rows_per_s"] / results["at-least-once"]["rows_per_s"]
-    return [{"bench": "spark_pipeline", "mode": mode, "rows": rows_total, "batch_max_messages": batch, **row}
-            for mode, row in results.items()] + [{"bench": "spark_pipeline", "mode": "ratio",
-                                                  "eo_over_alo": round(ratio, 3)}]
+    return spark_rows(rows_total, batch, results, scaling, (batch // 4, small))

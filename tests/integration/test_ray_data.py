@@ -75,8 +75,8 @@ def test_task_failing_midway_is_retried_without_duplicates(client: rt.Client, tm
     assert duplicates(topic, 3) > 0, "the retried task never re-sent a batch: the failure was not midway"
 
 
-def produce(client: rt.Client, topic: str, n: int) -> None:
-    producer = client.create_producer(topic)
+def produce(client: rt.Client, topic: str, n: int, **options: int) -> None:
+    producer = client.create_producer(topic, **options)
     for i in range(n):
         producer.send_async(f"m{i}".encode(), key=f"k{i}", properties={"n": str(i)})
     producer.flush()
@@ -89,8 +89,9 @@ def test_read_topic_range_acked_in_committed_txn(client: rt.Client) -> None:
     produce(client, topic, 50)
     ds, handle = read_topic(client, topic, "sub")
     try:
-        assert ds.schema().names == COLUMNS and handle.count == 50
+        assert ds.schema().names == COLUMNS and handle.count >= 1
         rows = ds.take_all()
+        assert len(rows) == 50
         assert sorted(r["value"] for r in rows) == sorted(f"m{i}".encode() for i in range(50))
         assert all(json.loads(r["properties"]) == {"n": r["value"].decode()[1:]} for r in rows)
         assert {r["partition"] for r in rows} == {0, 1} and all(r["topic"] == topic for r in rows)
@@ -107,7 +108,7 @@ def test_read_topic_range_acked_in_committed_txn(client: rt.Client) -> None:
 def test_read_topic_max_messages_and_aborted_ack_reads_again(client: rt.Client) -> None:
     topic = f"rda-{uuid.uuid4().hex[:6]}"
     client.create_topic(topic, 1)
-    produce(client, topic, 30)
+    produce(client, topic, 30, batching_max_messages=1)  # bounds cut at entries: one message each
     ds, handle = read_topic(client, topic, "sub", max_messages=10)
     try:
         first = [r["value"] for r in ds.take_all()]

@@ -103,7 +103,8 @@ def fill(client: rt.Client, topic: str, subscription: str) -> None:
 def test_supervisor_crash_in_create_topic_leaves_the_whole_topic(client: rt.Client, point: str) -> None:
     topic = f"create-{uuid.uuid4().hex[:8]}"
     crash_at(client, point, kind="topic", topic=topic)
-    assert client.create_topic(topic, 2) == {"name": topic, "partitions": 2}
+    assert client.create_topic(topic, 2) == {"name": topic, "partitions": 2, "retention_bytes": None,
+                                             "retention_s": None}
     assert_crashed(client)
     assert client.get_topic(topic)["partitions"] == 2
     assert [t["name"] for t in client.list_topics()].count(topic) == 1

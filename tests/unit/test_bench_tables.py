@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 from rich.console import Console
 
-from raytxn.tools import bench, bench_auth, bench_produce, bench_spark, bench_subscription
+from raytxn.tools import bench, bench_auth, bench_produce, bench_ray_data, bench_spark, bench_subscription
 
 
 def _ledger() -> list[dict]:
@@ -27,9 +27,12 @@ def _coordinator() -> list[dict]:
 
 
 def _spark() -> list[dict]:
-    runs = {"at-least-once": bench_spark.run_figures([1000, 1000, 500], [0.8, 1.1, 0.4], 2.5),
-            "exactly-once": bench_spark.run_figures([1000, 1000, 500], [0.9, 1.3, 0.5], 3.0)}
-    return bench_spark.spark_rows(2500, 1000, runs)
+    runs = {"spark-only": bench_spark.run_figures([1000, 1000, 500], [0.3, 0.4, 0.2], 1.0),
+            "at-least-once": bench_spark.run_figures([1000, 1000, 500], [0.8, 1.1, 0.4], 2.5, 0.25),
+            "exactly-once": bench_spark.run_figures([1000, 1000, 500], [0.9, 1.3, 0.5], 3.0, 0.5)}
+    scaling = {p: bench_spark.run_figures([2500], [1.0 + p / 10], 1.5 + p / 10, 0.2) for p in (1, 2)}
+    small = bench_spark.run_figures([250] * 10, [0.3] * 10, 3.5, 1.5)
+    return bench_spark.spark_rows(2500, 1000, runs, scaling, (250, small))
 
 
 def _auth() -> list[dict]:
@@ -52,6 +55,7 @@ ROWS: dict[str, Callable[[], list[dict]]] = {
         bench_subscription.recovery_row(10_000, 950.25, 1.2345),
         bench_subscription.memory_row(10_000, 180_000_000, 100_000, 190_000_000, 1)],
     "spark": _spark,
+    "ray-data": lambda: bench_ray_data.ray_data_rows(50_000, {"read_topic": 400_000.5, "read_parquet": 900_000.25}),
     "auth": _auth,
 }
 

@@ -1,0 +1,173 @@
+"""The client's side of the bulk path: lease a subscription's next ranges, cut them into chunks
+that any task reads straight from storage, acknowledge them in a transaction (DESIGN §6).
+
+This is Spark's Kafka-source model on object storage. The driver plans: ``Client.lease_ranges``
+asks each partition's subscription for its next committed range (no payload moves), and
+``LeaseSet.chunks`` cuts the ranges into ``RangeChunk``s. Tasks read: ``RangeChunk.read`` returns an
+Arrow table of the chunk's committed, non-aborted messages, decoded in bulk from the ledger
+objects, in any process that reaches the storage (a Spark task, a Ray task, the driver). The
+driver ends: ``LeaseSet.acknowledge(txn)`` acks every range's end cumulatively in the
+transaction, so its commit moves the cursors past exactly what was read, and an abort, a
+``release`` or the lease's timeout hands the ranges out again, in order.
+
+A lease holder is a name and an epoch. A pipeline passes its transactional id and that id's
+epoch, so a restarted pipeline takes over its zombie's leases at once and the zombie's calls are
+``Fenced``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from raytxn.client.rpc import ActorRef
+from raytxn.errors import InvalidArgument
+from raytxn.ids import Position, subscription_actor_name
+from raytxn.protocol.lease import Lease
+from raytxn.protocol.txn_buffer import AbortedTxn
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from raytxn.client.client import Client
+    from raytxn.client.transaction import Transaction
+
+DEFAULT_CHUNK_ENTRIES = 2_000
+
+
+class RangeChunk(msgspec.Struct, frozen=True):
+    """Entries ``start..end`` (inclusive, real entries, at or below the partition's
+    ``max_read_position``) of one partition, and the aborted spans meeting them: everything a
+    task needs to read them. Picklable; holds the storage URL and options it reads from."""
+
+    topic: str
+    partition: int
+    start: Position
+    end: Position
+    entries: int
+    aborted: tuple[AbortedTxn, ...]
+    storage_url: str
+    storage_options: dict[str, Any] = {}
+
+    def read(self, columns: Sequence[str] | None = None) -> pa.Table:
+        """The chunk's visible messages as one Arrow table (``raytxn.ledger.ranges`` columns,
+        projected to ``columns``), in append order. Not from inside a running event loop."""
+        import pyarrow as pa
+
+        from raytxn.ledger.ranges import range_schema, read_range
+
+        batches = read_range(self.storage_url, self.storage_options, self.topic, self.partition, self.start,
+                             self.end, self.aborted, columns=columns)
+        return pa.Table.from_batches(batches, schema=range_schema(columns))
+
+
+def cut_spans(spans: Sequence[tuple[int, int, int]], max_entries: int) -> list[tuple[Position, Position, int]]:
+    """``(ledger_id, first, last)`` spans cut into ``(start, end, entries)`` pieces of at most
+    ``max_entries`` entries, each within one ledger."""
+    if max_entries < 1:
+        raise InvalidArgument("a chunk holds at least one entry")
+    pieces = []
+    for ledger_id, first, last in spans:
+        for lo in range(first, last + 1, max_entries):
+            hi = min(last, lo + max_entries - 1)
+            pieces.append((Position(ledger_id, lo), Position(ledger_id, hi), hi - lo + 1))
+    return pieces
+
+
+class LeaseSet:
+    """The leases one ``Client.lease_ranges`` call got, one per partition that had a range."""
+
+    def __init__(self, client: Client, topic: str, subscription: str, holder: str, epoch: int,
+                 leases: dict[int, Lease]) -> None:
+        self._client = client
+        self.topic = topic
+        self.subscription = subscription
+        self.holder = holder
+        self.epoch = epoch
+        self.leases = leases  # partition -> its lease
+
+    def __repr__(self) -> str:
+        ranges = ", ".join(f"{p}: {lease.start}..{lease.end}" for p, lease in sorted(self.leases.items()))
+        return f"LeaseSet({self.topic}/{self.subscription}, {{{ranges}}})"
+
+    @property
+    def entries(self) -> int:
+        """Entries leased over all partitions (markers and aborted entries included)."""
+        return sum(end - first + 1 for lease in self.leases.values() for _, first, end in lease.spans)
+
+    def __bool__(self) -> bool:
+        return bool(self.leases)
+
+    def chunks(self, max_entries: int = DEFAULT_CHUNK_ENTRIES, min_chunks: int = 1) -> list[RangeChunk]:
+        """The leased ranges cut into chunks of at most ``max_entries`` entries, smaller when
+        needed to make ``min_chunks`` of them (a task each: Spark's or Ray's parallelism)."""
+        if min_chunks < 1:
+            raise InvalidArgument("min_chunks must be >= 1")
+        config = self._client.config
+        if config.storage_url.startswith("memory://"):
+            raise InvalidArgument(f"range reads need a store every process reaches (file://, s3://, ...); "
+                                  f"{config.storage_url} lives in one process's memory")
+        per_chunk = max(1, min(max_entries, math.ceil(self.entries / min_chunks))) if self.entries else max_entries
+        chunks = []
+        for partition, lease in sorted(self.leases.items()):
+            for start, end, entries in cut_spans(lease.spans, per_chunk):
+                aborted = tuple(a for a in lease.aborted if a.first_position <= end and start <= a.marker_position)
+                chunks.append(RangeChunk(self.topic, partition, start, end, entries, aborted, config.storage_url,
+                                         dict(config.storage_options)))
+        return chunks
+
+    def _ref(self, partition: int) -> ActorRef:
+        return ActorRef(subscription_actor_name(self.topic, partition, self.subscription), self._client.token)
+
+    def acknowledge(self, txn: Transaction) -> None:
+        """Acknowledge every leased range in ``txn``, each as one cumulative ack of its end: the
+        commit moves the cursors past them, an abort hands them out again. A failure (e.g. a
+        lease that expired meanwhile: ``NotAllowed``) makes ``txn`` abort-only."""
+        with txn.operation():
+            self._client.loop.run(self._acknowledge(txn))
+
+    async def _acknowledge(self, txn: Transaction) -> None:
+        participants = [(self.topic, p, self.subscription) for p in sorted(self.leases)]
+        await txn.register_many("subscription", participants)
+        request = f"{txn.id}-{self.holder}-{self.epoch}"
+        await asyncio.gather(*(
+            self._ref(p).call_async("ack_lease", lease.lease_id, self.holder, self.epoch, txn.id,
+                                    f"{request}-{lease.lease_id}", deadline_s=self._client.deadline_s)
+            for p, lease in self.leases.items()))
+
+    def acknowledge_plain(self) -> None:
+        """Acknowledge every leased range at once, outside any transaction (at-least-once: a
+        crash after this and before the output is durable loses nothing but may repeat it)."""
+        self._client.loop.run(self._each("ack_lease", None))
+
+    def release(self) -> None:
+        """Give every range back unacknowledged (the next lease starts at it again)."""
+        self._client.loop.run(self._each("release_lease"))
+
+    def renew(self, timeout_s: float = 60.0) -> None:
+        """Keep every lease ``timeout_s`` longer from now."""
+        self._client.loop.run(self._each("renew_lease", timeout_s))
+
+    async def _each(self, method: str, *args: Any) -> None:
+        await asyncio.gather(*(
+            self._ref(p).call_async(method, lease.lease_id, self.holder, self.epoch, *args,
+                                    deadline_s=self._client.deadline_s)
+            for p, lease in self.leases.items()))
+
+
+async def lease_partitions(client: Client, topic: str, subscription: str, partitions: int, holder: str, epoch: int,
+                           max_entries: int, max_messages: int | None, max_bytes: int | None,
+                           timeout_s: float) -> dict[int, Lease]:
+    """Each partition's lease (``None`` ones left out), asked for concurrently."""
+
+    async def one(p: int) -> Lease | None:
+        ref = ActorRef(subscription_actor_name(topic, p, subscription), client.token)
+        return await ref.call_async("lease", holder, epoch, max_entries, max_messages, max_bytes, timeout_s,
+                                    deadline_s=client.deadline_s)
+
+    granted = await asyncio.gather(*(one(p) for p in range(partitions)))
+    return {p: lease for p, lease in enumerate(granted) if lease is not None}
