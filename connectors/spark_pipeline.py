@@ -81,8 +81,11 @@ def chunks_to_spark(spark: Any, chunks: list[Any]) -> tuple[Any, Callable[[], in
     if not chunks:
         return spark.createDataFrame([], BATCH_SCHEMA), lambda: 0
     counts = spark.sparkContext.accumulator({}, _RowCounts())
+    # One task per core, each reading its share of the chunks in order: a Python task costs
+    # Spark a fixed overhead that a chunk's read (milliseconds) does not pay back.
+    slices = max(1, min(len(chunks), spark.sparkContext.defaultParallelism))
     descriptors = spark.sparkContext.parallelize(
-        [(index, pickle.dumps(chunk)) for index, chunk in enumerate(chunks)], len(chunks))
+        [(index, pickle.dumps(chunk)) for index, chunk in enumerate(chunks)], slices)
 
     def read_chunks(batches: Any) -> Any:  # runs in Spark's Python workers
         for batch in batches:

@@ -273,6 +273,17 @@ class Client:
         self._consumers.append(consumer)
         return consumer
 
+    def create_subscription(self, topic: str, subscription: str,
+                            initial_position: InitialPosition | str = InitialPosition.Latest) -> dict[str, Any]:
+        """Create ``subscription`` on every partition of ``topic`` at ``initial_position`` (a no-op
+        when it exists), without attaching anything; returns the topic's facts."""
+        try:
+            position = InitialPosition(initial_position)
+        except ValueError:
+            raise InvalidArgument(f"initial_position must be latest or earliest, got {initial_position!r}") from None
+        return self.supervisor.call("create_subscription", topic, subscription, str(position),
+                                    deadline_s=self.deadline_s)
+
     def lease_ranges(self, topic: str, subscription: str, holder: str, epoch: int = 0, *,
                      max_entries: int = 10_000, max_messages: int | None = None, max_bytes: int | None = None,
                      timeout_s: float = 60.0,
@@ -289,9 +300,7 @@ class Client:
         if type(max_entries) is not int or max_entries < 1 or not 0 < timeout_s:
             raise InvalidArgument(f"max_entries must be a positive int and timeout_s > 0, got {max_entries!r}, "
                                   f"{timeout_s!r}")
-        info = self.supervisor.call("create_subscription", topic, subscription, str(InitialPosition(initial_position)),
-                                    deadline_s=self.deadline_s)
-        partitions = info["partitions"]
+        partitions = self.create_subscription(topic, subscription, initial_position)["partitions"]
 
         def per_partition(bound: int | None) -> int | None:
             return None if bound is None else -(-bound // partitions)

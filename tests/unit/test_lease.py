@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from raytxn.client.leases import LeaseSet, cut_spans
+from raytxn.config import EngineConfig
 from raytxn.errors import Fenced, InvalidArgument, NotAllowed
 from raytxn.ids import Position, TxnID
-from raytxn.protocol.lease import LeaseStatus, LeaseTable, RangePlan, plan_range
+from raytxn.protocol.lease import Lease, LeaseStatus, LeaseTable, RangePlan, ledger_spans, plan_range
 from raytxn.protocol.txn_buffer import AbortedTxn
 
 T1, T2 = TxnID(0, 1), TxnID(0, 2)
@@ -138,3 +142,34 @@ def test_subscription_lease_ack_commit_moves_cursor_and_abort_hands_range_out_ag
     state.add_consumer("c", "c", "Exclusive", 0.0)
     with pytest.raises(NotAllowed):
         state.grant_lease("driver", 0, 50, partition, 4, 1000)
+
+
+def test_ledger_spans_cover_the_range_with_existing_entries_only() -> None:
+    two_ledgers = plan(P(5, 3), (1, 2), (2, -1), (3, 9), (5, 20))  # ledger 2 is empty
+    assert ledger_spans(two_ledgers, P(1, 1), P(5, 3)) == ((1, 1, 2), (3, 0, 9), (5, 0, 3))
+    assert ledger_spans(two_ledgers, P(3, 4), P(3, 6)) == ((3, 4, 6),)
+
+
+@given(spans=st.lists(st.tuples(st.integers(0, 50), st.integers(0, 40)), min_size=1, max_size=6),
+       max_entries=st.integers(1, 17))
+def test_cut_spans_covers_every_entry_once_in_order_within_a_ledger(spans: list[tuple[int, int]],
+                                                                    max_entries: int) -> None:
+    ledgers = [(ledger_id, first, first + length) for ledger_id, (first, length) in enumerate(spans)]
+    pieces = cut_spans(ledgers, max_entries)
+    covered = [(start.ledger_id, e) for start, end, count in pieces for e in range(start.entry_id, end.entry_id + 1)]
+    assert covered == [(ledger_id, e) for ledger_id, first, last in ledgers for e in range(first, last + 1)]
+    for start, end, count in pieces:
+        assert start.ledger_id == end.ledger_id and 1 <= count == end.entry_id - start.entry_id + 1 <= max_entries
+
+
+def test_chunks_refuse_an_in_process_store_and_split_for_parallelism() -> None:
+    aborted = AbortedTxn(T1, P(1, 3), P(1, 5))
+    lease = Lease(1, "h", 0, P(1, 0), P(1, 9), (aborted,), 10_000, spans=((1, 0, 9),))
+    on_file = SimpleNamespace(config=EngineConfig(storage_url="file:///data"))
+    chunks = LeaseSet(on_file, "t", "s", "h", 0, {0: lease}).chunks(max_entries=100, min_chunks=4)
+    assert [(c.start, c.end) for c in chunks] == [(P(1, 0), P(1, 2)), (P(1, 3), P(1, 5)), (P(1, 6), P(1, 8)),
+                                                  (P(1, 9), P(1, 9))]
+    assert [c.aborted for c in chunks] == [(), (aborted,), (), ()]  # each chunk carries the spans meeting it
+    in_memory = SimpleNamespace(config=EngineConfig(storage_url="memory://x"))
+    with pytest.raises(InvalidArgument, match="every process"):
+        LeaseSet(in_memory, "t", "s", "h", 0, {0: lease}).chunks()
