@@ -193,6 +193,7 @@ def _lazy(module: str, name: str) -> Callable[..., list[dict]]:
 BENCHMARKS: dict[str, Callable[..., list[dict]]] = {
     "ledger": bench_ledger,
     "coordinator": bench_coordinator,
+    "ceiling": _lazy("raytxn.tools.bench_ceiling", "bench_ceiling"),
     "produce": _lazy("raytxn.tools.bench_produce", "bench_produce"),
     "recovery": _lazy("raytxn.tools.bench_produce", "bench_recovery"),
     "partition-memory": _lazy("raytxn.tools.bench_produce", "bench_partition_memory"),

@@ -18,6 +18,7 @@ from raytxn.cluster import stop_engine
 from raytxn.ids import NAMESPACE, TxnID, partition_actor_name
 from raytxn.protocol.entry_format import MessageRecord, encode_message
 from raytxn.protocol.txnlog import EndAction
+from raytxn.tools.bench_ceiling import measure_ceiling
 
 PAYLOAD = b"x" * 100
 
@@ -63,7 +64,8 @@ def _produce(client: rt.Client, topic: str, messages: int, transactional: bool) 
 
 def bench_produce(short: bool = False, progress: Callable[[str], None] = print) -> list[dict]:
     """Plain and transactional (commit every 100 ms) produce throughput of 100 B messages on 1 and
-    4 partitions, and their ratio.
+    4 partitions, their ratio, and each one's ratio to this machine's ceiling (``bench_ceiling``)
+    measured in every round.
 
     A run sends 600k messages (5-7 s), so the last commit's latency (~0.1 s, counted: the rate is
     of committed messages) weighs little. On a 2-core machine runs of the same mode still differ by
@@ -77,8 +79,9 @@ def bench_produce(short: bool = False, progress: Callable[[str], None] = print) 
     messages = 50_000 if short else 600_000
     try:
         for partitions in (1, 4):
-            rates: dict[str, list[float]] = {"plain": [], "txn": []}
+            rates: dict[str, list[float]] = {"plain": [], "txn": [], "ceiling": []}
             for round_ in range(rounds):
+                rates["ceiling"].append(measure_ceiling(messages))  # this round's ceiling, same load
                 for mode in ("plain", "txn") if round_ % 2 == 0 else ("txn", "plain"):
                     topic = f"bench-{mode}-{partitions}-{round_}"
                     client.create_topic(topic, partitions)
@@ -97,13 +100,20 @@ def bench_produce(short: bool = False, progress: Callable[[str], None] = print) 
 
 
 def produce_row(partitions: int, messages: int, rates: dict[str, list[float]]) -> dict:
-    """``rates``: msgs/s of every plain and txn run, round by round."""
-    ratio = statistics.median(t / p for t, p in zip(rates["txn"], rates["plain"], strict=True))
+    """``rates``: msgs/s of every plain and txn run, and of the ceiling probe
+    (``bench_ceiling``), round by round; ratios are medians of each round's own ratio."""
+
+    def per_round(mode: str, base: str) -> float:
+        return round(statistics.median(a / b for a, b in zip(rates[mode], rates[base], strict=True)), 3)
+
     return {"bench": "produce", "partitions": partitions, "message_bytes": len(PAYLOAD),
             "messages_per_run": messages, "rounds": len(rates["plain"]),
             "plain_msgs_per_s": round(statistics.median(rates["plain"]), 1),
-            "txn_msgs_per_s": round(statistics.median(rates["txn"]), 1), "txn_over_plain": round(ratio, 3),
-            "plain_runs": [round(r) for r in rates["plain"]], "txn_runs": [round(r) for r in rates["txn"]]}
+            "txn_msgs_per_s": round(statistics.median(rates["txn"]), 1), "txn_over_plain": per_round("txn", "plain"),
+            "ceiling_msgs_per_s": round(statistics.median(rates["ceiling"]), 1),
+            "plain_over_ceiling": per_round("plain", "ceiling"), "txn_over_ceiling": per_round("txn", "ceiling"),
+            "plain_runs": [round(r) for r in rates["plain"]], "txn_runs": [round(r) for r in rates["txn"]],
+            "ceiling_runs": [round(r) for r in rates["ceiling"]]}
 
 
 def _restart(ref: ActorRef, name: str) -> dict:

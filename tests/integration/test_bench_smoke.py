@@ -30,3 +30,15 @@ def test_bench_ledger_short_writes_json(tmp_path: Path) -> None:
     assert missing_figures(rows, proc.stdout) == [], proc.stdout
     chart = out.with_suffix(".png")  # the chart is written next to the JSON
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_ceiling_short_writes_json(tmp_path: Path) -> None:
+    """The ceiling probe that every produce figure is a ratio to: a bare actor fsyncing prebuilt
+    batches, three runs, the best kept."""
+    out = tmp_path / "ceiling.json"
+    proc = subprocess.run([sys.executable, "-m", "raytxn.tools.cli", "bench", "ceiling", "--short", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [row] = json.loads(out.read_text())["results"]
+    assert len(row["runs"]) == 3 and round(row["msgs_per_s"]) == max(row["runs"]) > 0
+    assert missing_figures([row], proc.stdout) == [], proc.stdout

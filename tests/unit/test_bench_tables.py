@@ -13,7 +13,15 @@ from collections.abc import Callable
 import pytest
 from rich.console import Console
 
-from raytxn.tools import bench, bench_auth, bench_produce, bench_ray_data, bench_spark, bench_subscription
+from raytxn.tools import (
+    bench,
+    bench_auth,
+    bench_ceiling,
+    bench_produce,
+    bench_ray_data,
+    bench_spark,
+    bench_subscription,
+)
 
 
 def _ledger() -> list[dict]:
@@ -44,7 +52,9 @@ ROWS: dict[str, Callable[[], list[dict]]] = {
     "ledger": _ledger,
     "coordinator": _coordinator,
     "produce": lambda: [bench_produce.produce_row(4, 50_000, {"plain": [90_000.4, 95_000.6],
-                                                             "txn": [80_000.2, 88_000.8]})],
+                                                             "txn": [80_000.2, 88_000.8],
+                                                             "ceiling": [900_000.5, 850_000.25]})],
+    "ceiling": lambda: [bench_ceiling.ceiling_row(100_000, [900_000.5, 850_000.25, 870_000.75])],
     "recovery": lambda: [bench_produce.recovery_row(1000, 812.5, 41.25)],
     "partition-memory": lambda: [bench_produce.partition_memory_row(
         10_000, 100_000, 150 * 2**20, {"rss_bytes": 160 * 2**20, "ongoing_txns": 0, "aborted_txns": 3})],
