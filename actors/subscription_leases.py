@@ -87,13 +87,11 @@ class SubscriptionLeases:
         if txn is not None and not isinstance(txn, TxnID):
             raise InvalidArgument(f"not a transaction id: {txn!r}")
         async with self._lock:
-            lease = self.state.leases.held(lease_id, holder, epoch)
             if txn is None:
-                self.state.leases.release(lease_id, holder, epoch)  # NotAllowed once acked in a txn
-                self.state.ack([(lease.end, None, None)], cumulative=True)
+                self.state.ack_lease_plain(lease_id, holder, epoch)
                 self._changed()
                 return
-            record = self.state.prepare_ack(txn, [(lease.end, None, None)], cumulative=True, request=request_id)
+            record = self.state.prepare_lease_ack(lease_id, holder, epoch, txn, request_id)
             if record is not None:
                 await self._log(record)
             self._pending_ack_changed()

@@ -78,6 +78,10 @@ def cut_spans(spans: Sequence[tuple[int, int, int]], max_entries: int) -> list[t
     return pieces
 
 
+def _subscription_ref(client: Client, topic: str, partition: int, subscription: str) -> ActorRef:
+    return ActorRef(subscription_actor_name(topic, partition, subscription), client.token)
+
+
 class LeaseSet:
     """The leases one ``Client.lease_ranges`` call got, one per partition that had a range."""
 
@@ -121,7 +125,7 @@ class LeaseSet:
         return chunks
 
     def _ref(self, partition: int) -> ActorRef:
-        return ActorRef(subscription_actor_name(self.topic, partition, self.subscription), self._client.token)
+        return _subscription_ref(self._client, self.topic, partition, self.subscription)
 
     def acknowledge(self, txn: Transaction) -> None:
         """Acknowledge every leased range in ``txn``, each as one cumulative ack of its end: the
@@ -165,7 +169,7 @@ async def lease_partitions(client: Client, topic: str, subscription: str, partit
     """Each partition's lease (``None`` ones left out), asked for concurrently."""
 
     async def one(p: int) -> Lease | None:
-        ref = ActorRef(subscription_actor_name(topic, p, subscription), client.token)
+        ref = _subscription_ref(client, topic, p, subscription)
         return await ref.call_async("lease", holder, epoch, max_entries, max_messages, max_bytes, timeout_s,
                                     deadline_s=client.deadline_s)
 

@@ -366,6 +366,19 @@ class SubscriptionState:
         self.delivered_through = max(self.delivered_through, lease.end)  # its end may now be acked in a txn
         return lease
 
+    def prepare_lease_ack(self, lease_id: int, holder: str, epoch: int, txn: TxnID,
+                          request: str | None = None) -> AckRecord | None:
+        """The record acknowledging a held lease's whole range in ``txn``: one cumulative ack of
+        its end (``NotAllowed`` when the lease is not held any more)."""
+        lease = self.leases.held(lease_id, holder, epoch)
+        return self.prepare_ack(txn, [(lease.end, None, None)], cumulative=True, request=request)
+
+    def ack_lease_plain(self, lease_id: int, holder: str, epoch: int) -> None:
+        """Acknowledge a held lease's range outside any txn: the lease ends and the cursor moves
+        past its end at once (``NotAllowed`` once it is not held, or acked in a txn)."""
+        lease = self.leases.release(lease_id, holder, epoch)
+        self.ack([(lease.end, None, None)], cumulative=True)
+
     # --- seek --------------------------------------------------------------------------------
 
     def seek(self, position: Position) -> None:
