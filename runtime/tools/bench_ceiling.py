@@ -57,7 +57,7 @@ def measure_ceiling(messages: int, batch_messages: int = BATCH_MESSAGES, in_flig
 
 def ceiling_row(messages: int, rates: list[float]) -> dict:
     return {"bench": "ceiling", "message_bytes": MESSAGE_BYTES, "batch_messages": BATCH_MESSAGES,
-            "in_flight": IN_FLIGHT, "messages_per_run": messages, "msgs_per_s": round(max(rates), 1),
+            "in_flight": IN_FLIGHT, "messages_per_run": messages, "msgs_per_s": max(round(r) for r in rates),
             "runs": [round(r) for r in rates]}
 
 
