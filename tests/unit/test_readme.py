@@ -1,6 +1,9 @@
-"""Every ```python block of the README runs, each in its own process (they start and stop their
-own local Ray), and the README keeps exactly two set-up commands."""
+"""Every ```python block of the README runs, each in its own process, and the README keeps exactly
+two set-up commands. The processes join the test session's Ray (``RAY_ADDRESS``) rather than each
+starting a local one: that start, not the snippet, was most of each run. Every snippet ends with
+``rt.shutdown()``, which stops the engine it started and leaves a Ray it joined running."""
 
+import os
 import re
 import subprocess
 import sys
@@ -14,9 +17,13 @@ BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
 
 
 @pytest.mark.parametrize("index", range(len(BLOCKS)))
-def test_readme_snippet_runs(index: int) -> None:
+def test_readme_snippet_runs(index: int, ray_session) -> None:
+    from raytxn.cluster import stop_engine
+
+    stop_engine()  # a snippet's rt.connect would attach to an engine left running, and its storage
+    address = ray_session.get_runtime_context().gcs_address
     proc = subprocess.run([sys.executable, "-c", BLOCKS[index]], capture_output=True, text=True, timeout=300,
-                          cwd=ROOT)
+                          cwd=ROOT, env={**os.environ, "RAY_ADDRESS": address})
     assert proc.returncode == 0, f"README python block {index} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
 
 
