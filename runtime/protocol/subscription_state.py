@@ -296,8 +296,8 @@ class SubscriptionState:
                                       f"{MAX_RANGE_ENTRIES} entries")
             start, end = Position(ledger_id, first), Position(ledger_id, last)
             if end > self.delivered_through:
-                raise NotAllowed(f"range ack {start}..{end} reaches past what was delivered on this subscription "
-                                 f"({self.delivered_through})")
+                raise NotAllowed(f"range ack {start}..{end} names entries never delivered on this subscription "
+                                 f"(delivered through {self.delivered_through})")
             checked.append((start, end))
         return checked
 
