@@ -46,6 +46,7 @@ from raytxn.protocol.entry_format import decode_header
 from raytxn.protocol.lease import LeaseTable
 from raytxn.protocol.pending_ack import Record, decode_record, encode_record
 from raytxn.protocol.subscription_state import (
+    AckRange,
     AckTuple,
     PersistedCursor,
     SubscriptionState,
@@ -167,8 +168,9 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
     @guarded(Access.CONSUME)
     async def fetch(self, consumer_id: str, max_messages: int, max_wait_s: float = 0.0) -> dict[str, Any]:
         """Up to ``max_messages`` messages for the consumer, waiting up to ``max_wait_s`` for the
-        first. A zero fetch is a ping. ``registered`` False: subscribe again (this incarnation
-        does not know the consumer, or dropped it)."""
+        first, as ``WireEntry``s (a run of messages of one entry each). A zero fetch is a ping.
+        ``registered`` False: subscribe again (this incarnation does not know the consumer, or
+        dropped it)."""
         await self._started()
         state = self.state
         if not state.dispatcher.has_consumer(consumer_id):
@@ -185,10 +187,11 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
                         await asyncio.wait_for(waiter.wait(), max_wait_s)
                     except TimeoutError:
                         pass
-            messages = state.take(consumer_id)
+            messages = state.take_entries(consumer_id)
         finally:
             state.dispatcher.touch(consumer_id, self.clock.monotonic(), fetching=-1)
-        self.metrics.dispatched(len(messages), sum(len(m[-1]) for m in messages))  # m[-1]: the encoded message
+        self.metrics.dispatched(sum(len(entry[4]) for entry in messages),  # entry[4]: batch indexes
+                                sum(len(record) for entry in messages for record in entry[6]))
         return {"registered": state.dispatcher.has_consumer(consumer_id), "generation": self._generation(),
                 "messages": messages}
 
@@ -230,17 +233,19 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
 
     @guarded(Access.CONSUME)
     async def ack(self, consumer_id: str, acks: list[AckTuple], cumulative: bool = False,
-                  txn: TxnID | None = None, request_id: str | None = None) -> None:
-        """Acks of ``(position, batch_index, batch_size)``. Plain ones change the cursor (which is
+                  txn: TxnID | None = None, request_id: str | None = None,
+                  ranges: list[AckRange] | None = None) -> None:
+        """Acks of ``(position, batch_index, batch_size)``, and of whole entries by ``ranges``
+        ``(ledger_id, first_entry_id, last_entry_id)``. Plain ones change the cursor (which is
         persisted later); transactional ones return once logged in the pending-ack log.
         ``request_id`` names a transactional call: sent again (a retry), it succeeds once logged."""
         await self._started()
         self.state.dispatcher.touch(consumer_id, self.clock.monotonic())
         async with self._lock:
             if txn is None:
-                self.state.ack(acks, cumulative)
+                self.state.ack(acks, cumulative, ranges or ())
             else:
-                record = self.state.prepare_ack(txn, acks, cumulative, request_id)
+                record = self.state.prepare_ack(txn, acks, cumulative, request_id, ranges or ())
                 if record is not None:
                     await self.faults.hit("subscription.before_pending_ack_log", txn=txn)
                     await self._log(record)

@@ -30,6 +30,7 @@ _EXPORTS = {
     "ConsumerType": "raytxn.client.consumer",
     "InitialPosition": "raytxn.client.consumer",
     "Message": "raytxn.client.message",
+    "MessageBatch": "raytxn.client.batch",
     "MessageId": "raytxn.client.message",
     "Transaction": "raytxn.client.transaction",
     "LeaseSet": "raytxn.client.leases",
@@ -38,11 +39,12 @@ _EXPORTS = {
 _SUBMODULES = frozenset({"errors", "ids", "hashing", "config", "auth", "metrics", "faults", "cluster",
                          "protocol", "ledger", "client", "tools", "actors", "connectors"})
 
-__all__ = ["Client", "ConsumerType", "InitialPosition", "LeaseSet", "Message", "MessageId", "RangeChunk",
-           "Transaction", "connect", "shutdown"]
+__all__ = ["Client", "ConsumerType", "InitialPosition", "LeaseSet", "Message", "MessageBatch", "MessageId",
+           "RangeChunk", "Transaction", "connect", "shutdown"]
 assert sorted(__all__) == sorted(_EXPORTS)
 
 if TYPE_CHECKING:
+    from raytxn.client.batch import MessageBatch
     from raytxn.client.client import Client, connect, shutdown
     from raytxn.client.consumer import ConsumerType, InitialPosition
     from raytxn.client.leases import LeaseSet, RangeChunk

@@ -37,18 +37,19 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from raytxn.client.batch import MessageBatch, Run, build_table
 from raytxn.client.message import Message, MessageId
 from raytxn.client.rpc import ActorRef
 from raytxn.client.transaction import Transaction
 from raytxn.errors import InvalidArgument, NotAllowed, Timeout
 from raytxn.ids import Position, TxnID, subscription_actor_name
 from raytxn.protocol.dispatch import ConsumerType
-from raytxn.protocol.entry_format import decode_message
+from raytxn.protocol.subscription_state import AckRange, WireEntry
 
 if TYPE_CHECKING:
     from raytxn.client.client import Client
 
-__all__ = ["Consumer", "ConsumerType", "InitialPosition"]
+__all__ = ["Consumer", "ConsumerType", "InitialPosition", "MessageBatch"]
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,7 @@ class _HeldBatch:
 class _AckGroup:
     txn: Transaction | None
     acks: list[tuple[Position, int | None, int]] = field(default_factory=list)
+    ranges: list[AckRange] = field(default_factory=list)  # whole entries (set when the group is sent)
     # Names the one ack call this group becomes: the subscription knows a retry of it by this.
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     futures: list[concurrent.futures.Future] = field(default_factory=list)
@@ -130,7 +132,9 @@ class Consumer:
         self._low_water = receiver_queue_size // 2
         self._feeds = [_Feed(p, ActorRef(subscription_actor_name(topic, p, subscription), client.token))
                        for p in range(partitions)]
-        self._queue: deque[tuple[_Feed, Message]] = deque()
+        self._queue: deque[tuple[_Feed, Run]] = deque()  # runs of messages of one entry, in order
+        self._queued = 0  # messages in ``_queue``; the front run's first ``_front_taken`` are received
+        self._front_taken = 0
         self._cond = threading.Condition()      # guards the queue and the feeds' counters
         self._acks_lock = threading.Lock()      # guards everything below
         self._ack_groups: dict[tuple[int, TxnID | None, bool], _AckGroup] = {}
@@ -155,7 +159,7 @@ class Consumer:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             self._check_open()
-            while not self._queue:
+            while not self._queued:
                 self._check_open()
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
@@ -165,6 +169,51 @@ class Consumer:
         self._track_received([message])
         return message
 
+    def receive_batch(self, max_messages: int = 10_000, timeout_s: float = 0.1) -> MessageBatch:
+        """Up to ``max_messages`` messages as one ``MessageBatch``: an Arrow table (``.table``,
+        columns value, key, properties, event_time, publish_time, partition, ledger_id, entry_id,
+        batch_index, redelivery_count) and one ack handle (``.ack(txn=None)``). Returns as soon
+        as any message is there, waiting up to ``timeout_s`` for the first (then possibly
+        none); what is queued already is taken up to ``max_messages``."""
+        if type(max_messages) is not int or max_messages < 1:
+            raise InvalidArgument(f"max_messages must be an int >= 1, got {max_messages!r}")
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            self._check_open()
+            while not self._queued:
+                self._check_open()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+            runs = self._take_runs_locked(max_messages)
+        if self.ack_timeout_s is not None or any(run.batch_size > 1 for run in runs):
+            self._track_received_runs(runs)
+        return MessageBatch(self, runs, build_table(runs))
+
+    def _take_runs_locked(self, max_messages: int) -> list[Run]:
+        runs: list[Run] = []
+        room = max_messages
+        while room and self._queue:
+            feed, run = self._queue[0]
+            if self._front_taken:  # receive() took some of it: the rest is ours
+                run = run.split(self._front_taken)[1]
+                self._front_taken = 0
+                self._queue[0] = (feed, run)
+            count = len(run.indexes)
+            if count > room:
+                run, rest = run.split(room)
+                self._queue[0] = (feed, rest)
+                count = room
+            else:
+                self._queue.popleft()
+            runs.append(run)
+            room -= count
+            self._queued -= count
+            feed.queued -= count
+            self._signal_room_locked(feed)
+        return runs
+
     def batch_receive(self, max_messages: int = 100, timeout: float = 0.1) -> list[Message]:
         """Up to ``max_messages`` messages: returns when that many are there or ``timeout``
         seconds passed (then possibly none)."""
@@ -173,32 +222,61 @@ class Consumer:
         deadline = time.monotonic() + timeout
         with self._cond:
             self._check_open()
-            while len(self._queue) < max_messages:
+            while self._queued < max_messages:
                 self._check_open()
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
                 self._cond.wait(remaining)
-            messages = [self._pop_locked() for _ in range(min(max_messages, len(self._queue)))]
+            messages = [self._pop_locked() for _ in range(min(max_messages, self._queued))]
         self._track_received(messages)
         return messages
 
     def _pop_locked(self) -> Message:
-        feed, message = self._queue.popleft()
+        feed, run = self._queue[0]
+        at = self._front_taken
+        message = Message(MessageId(self.topic, run.partition, run.ledger_id, run.entry_id, run.indexes[at]),
+                          run.records[at], run.publish_time_ms, run.counts[at] if run.counts else 0, run.batch_size)
+        if at + 1 == len(run.indexes):
+            self._queue.popleft()
+            self._front_taken = 0
+        else:
+            self._front_taken = at + 1
+        self._queued -= 1
         feed.queued -= 1
+        self._signal_room_locked(feed)
+        return message
+
+    def _signal_room_locked(self, feed: _Feed) -> None:
         if feed.waiting and not feed.signalled and feed.queued <= self._low_water:
             feed.signalled = True
             self._client.loop.call_soon(feed.room.set)
-        return message
 
     def _track_received(self, messages: list[Message]) -> None:
+        """Remember batch sizes (acks by ``MessageId`` look them up) and ack deadlines."""
         deadline = time.monotonic() + self.ack_timeout_s if self.ack_timeout_s is not None else None
+        if deadline is None and all(message.batch_size == 1 for message in messages):
+            return  # a MessageId of a single message acks without a known batch size
         with self._acks_lock:
             for message in messages:
                 message_id = message.message_id()
-                self._batch_sizes[(message_id.partition, message_id.position)] = message.batch_size
+                if message.batch_size > 1:
+                    self._batch_sizes[(message_id.partition, message_id.position)] = message.batch_size
                 if deadline is not None:
                     self._unacked[message_id] = deadline
+            while len(self._batch_sizes) > REMEMBERED_BATCH_SIZES:
+                self._batch_sizes.popitem(last=False)
+
+    def _track_received_runs(self, runs: list[Run]) -> None:
+        deadline = time.monotonic() + self.ack_timeout_s if self.ack_timeout_s is not None else None
+        with self._acks_lock:
+            for run in runs:
+                if run.batch_size > 1:
+                    self._batch_sizes[(run.partition, run.position)] = run.batch_size
+                if deadline is not None:
+                    for index in run.indexes:
+                        self._unacked[MessageId(self.topic, run.partition, run.ledger_id, run.entry_id, index)] = \
+                            deadline
             while len(self._batch_sizes) > REMEMBERED_BATCH_SIZES:
                 self._batch_sizes.popitem(last=False)
 
@@ -212,12 +290,41 @@ class Consumer:
         """Ack one message. Plain acks return at once (grouped, sent within milliseconds); with a
         ``txn`` this waits until the ack is in the subscription's pending-ack log and raises
         ``TransactionConflict`` / ``NotAllowed`` as the rules say."""
-        self._ack(message, False, txn, wait=True)
+        if txn is None:
+            self._ack_plain(message)
+        else:
+            self._ack(message, False, txn, wait=True)
 
     def acknowledge_async(self, message: Message | MessageId,
                           txn: Transaction | None = None) -> concurrent.futures.Future:
-        """Ack one message; the future resolves once the subscription applied (or logged) it."""
+        """Ack one message; the future resolves once the subscription applied (or logged) it.
+        (Plain acks of one group share one future.)"""
+        if txn is None:
+            return self._ack_plain(message)
         return self._ack(message, False, txn, wait=False)
+
+    def _ack_plain(self, message: Message | MessageId) -> concurrent.futures.Future:
+        """A plain individual ack, the hot path: into its partition's group, nothing per message
+        but the tuple (the group's one future stands for all of its acks)."""
+        self._check_open()
+        message_id, batch_size = self._id_and_size(message)
+        ack = (message_id.position, message_id.batch_index, batch_size)
+        with self._acks_lock:
+            if self._unacked:
+                self._unacked.pop(message_id, None)
+            group = self._ack_groups.get((message_id.partition, None, False))
+            if group is None:
+                group = self._ack_groups[(message_id.partition, None, False)] = _AckGroup(None)
+            group.acks.append(ack)
+            flush_now = len(group.acks) >= ACK_GROUP_MAX
+            flush_later = not flush_now and ACK_GROUP_DELAY_S < self._flush_due_in
+            if flush_later:
+                self._flush_due_in = ACK_GROUP_DELAY_S
+        if flush_now:
+            self._client.loop.call_soon(self._flush)
+        elif flush_later:
+            self._client.loop.call_soon(self._flush_later, ACK_GROUP_DELAY_S)
+        return group.sent
 
     def acknowledge_cumulative(self, message: Message | MessageId, txn: Transaction | None = None) -> None:
         """Ack every message of the message's partition up to it (Exclusive and Failover only)."""
@@ -241,6 +348,7 @@ class Consumer:
             self._unacked.clear()
         with self._cond:
             self._queue.clear()
+            self._queued = self._front_taken = 0
             for feed in self._feeds:
                 feed.queued = 0
         self._client.loop.run(self._call_all("redeliver", self.consumer_id, None))
@@ -357,6 +465,55 @@ class Consumer:
             txn.track(group.sent)
         self._client.loop.call_soon(self._flush)
 
+    def _ack_runs(self, runs: list[Run], txn: Transaction | None, wait: bool) -> concurrent.futures.Future:
+        """Acknowledge received runs (``MessageBatch.ack``): one ack call per partition, now,
+        with the whole entries as ranges. With a ``txn`` and ``wait``, wait until logged."""
+        self._check_open()
+        per_partition: dict[int, list[tuple[Position, int | None, int]]] = {}
+        for run in runs:
+            acks = per_partition.setdefault(run.partition, [])
+            if len(run.indexes) == run.batch_size:
+                acks.append((run.position, None, run.batch_size))
+            else:
+                acks += [(run.position, index, run.batch_size) for index in run.indexes]
+        if self._unacked:
+            with self._acks_lock:
+                for run in runs:
+                    for index in run.indexes:
+                        self._unacked.pop(MessageId(self.topic, run.partition, run.ledger_id, run.entry_id, index),
+                                          None)
+        groups = []
+        for partition, acks in per_partition.items():
+            group = _AckGroup(txn)
+            group.ranges, group.acks = coalesce_acks(acks)
+            groups.append((partition, group))
+        if txn is None:
+            for partition, group in groups:
+                self._client.loop.call_soon(self._send_group, partition, group)
+            return _all_of([group.sent for _, group in groups])
+        with txn.operation():
+            for partition, group in groups:
+                txn.track(group.sent)
+                self._client.loop.call_soon(self._send_group, partition, group)
+            future = _all_of([group.sent for _, group in groups])
+            if wait:
+                future.result()
+            return future
+
+    def _send_group(self, partition: int, group: _AckGroup) -> None:
+        task = asyncio.get_running_loop().create_task(self._send_acks(partition, False, group))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    def _negative_ack_runs(self, runs: list[Run]) -> None:
+        due = time.monotonic() + self.negative_ack_redelivery_delay_s
+        with self._acks_lock:
+            for run in runs:
+                for index in run.indexes:
+                    message_id = MessageId(self.topic, run.partition, run.ledger_id, run.entry_id, index)
+                    self._unacked.pop(message_id, None)
+                    self._nacked.append((due, message_id))
+
     # --- seek, unsubscribe, close ----------------------------------------------------------
 
     def seek(self, target: MessageId | int) -> None:
@@ -443,7 +600,10 @@ class Consumer:
         """A newer generation: what was prefetched under an older one is dropped (redelivered)."""
         if generation > feed.generation:
             if feed.queued:
+                if self._queue and self._queue[0][0] is feed and self._front_taken:
+                    self._front_taken = 0  # the front run goes: the next one starts fresh
                 self._queue = deque(item for item in self._queue if item[0] is not feed)
+                self._queued -= feed.queued
                 feed.queued = 0
             feed.generation = generation
 
@@ -497,16 +657,18 @@ class Consumer:
             feed.waiting = False
         return True
 
-    def _deliver(self, feed: _Feed, generation: tuple[int, int], wire: list[tuple]) -> None:
-        messages = [Message(MessageId(self.topic, feed.partition, ledger_id, entry_id, batch_index),
-                            decode_message(record), publish_time_ms, redeliveries, batch_size)
-                    for ledger_id, entry_id, batch_index, batch_size, publish_time_ms, redeliveries, record in wire]
+    def _deliver(self, feed: _Feed, generation: tuple[int, int], wire: list[WireEntry]) -> None:
+        """Queue a fetch's runs as they came: records stay encoded until a message is used."""
+        partition = feed.partition
+        runs = [(feed, Run(partition, *entry)) for entry in wire]
+        count = sum(len(entry[4]) for entry in wire)
         with self._cond:
             if generation < feed.generation:
                 return  # handed out before a seek we know of; the actor forgot them
             self._move_to_generation_locked(feed, generation)
-            self._queue.extend((feed, message) for message in messages)
-            feed.queued += len(messages)
+            self._queue.extend(runs)
+            feed.queued += count
+            self._queued += count
             self._cond.notify_all()
 
     def _flush_later(self, delay: float) -> None:
@@ -518,7 +680,7 @@ class Consumer:
             self._flush_due_in = math.inf
         for (partition, _, cumulative), group in groups.items():
             if not cumulative:
-                group.acks = _whole_entries(group.acks)
+                group.ranges, group.acks = coalesce_acks(group.acks)
             task = asyncio.get_running_loop().create_task(self._send_acks(partition, cumulative, group))
             self._sending.add(task)
             task.add_done_callback(self._sending.discard)
@@ -531,7 +693,7 @@ class Consumer:
                 await txn.register("subscription", (self.topic, partition, self.subscription))
             await feed.ref.call_async("ack", self.consumer_id, group.acks, cumulative,
                                       txn.id if txn is not None else None, deadline_s=self._client.deadline_s,
-                                      request_id=group.request_id)
+                                      request_id=group.request_id, ranges=group.ranges or None)
         except BaseException as error:  # every ack of the group learns why
             if txn is None:
                 log.warning("acks on %s failed: %r", feed.ref.name, error)
@@ -587,17 +749,60 @@ class Consumer:
                                for feed in self._feeds), return_exceptions=True)
 
 
-def _whole_entries(acks: list[tuple[Position, int | None, int]]) -> list[tuple[Position, int | None, int]]:
-    """The acks, with every batch entry whose indexes are all there as one whole-entry ack (much
-    less work for the subscription than one ack per index)."""
+def _all_of(futures: list[concurrent.futures.Future]) -> concurrent.futures.Future:
+    """A future that resolves when all of ``futures`` did (with the first error, if any)."""
+    if len(futures) == 1:
+        return futures[0]
+    combined: concurrent.futures.Future = concurrent.futures.Future()
+    remaining = [len(futures)]
+    lock = threading.Lock()
+
+    def done(future: concurrent.futures.Future) -> None:
+        error = future.exception()
+        with lock:
+            remaining[0] -= 1
+            last = remaining[0] == 0
+            if combined.done():
+                return
+            if error is not None:
+                combined.set_exception(error)
+            elif last:
+                combined.set_result(None)
+
+    if not futures:
+        combined.set_result(None)
+    for future in futures:
+        future.add_done_callback(done)
+    return combined
+
+
+def coalesce_acks(acks: list[tuple[Position, int | None, int]]
+                  ) -> tuple[list[AckRange], list[tuple[Position, int | None, int]]]:
+    """Individual acks as (ranges of whole entries, acks of single batch indexes): an entry acked
+    whole, as a single message, or by every one of its batch indexes is whole; contiguous whole
+    entries of a ledger make one range ``(ledger_id, first_entry_id, last_entry_id)``. Much less
+    work for the subscription than one ack per message (a range is one cursor update)."""
+    whole: set[Position] = set()
     indexes: dict[Position, set[int]] = {}
     sizes: dict[Position, int] = {}
     for position, batch_index, batch_size in acks:
-        if batch_index is not None and batch_size > 1:
+        if batch_index is None or batch_size == 1:
+            whole.add(position)
+        else:
             indexes.setdefault(position, set()).add(batch_index)
             sizes[position] = batch_size
-    complete = {position for position, seen in indexes.items() if len(seen) == sizes[position]}
-    if not complete:
-        return acks
-    partial = [ack for ack in acks if ack[0] not in complete]
-    return partial + [(position, None, sizes[position]) for position in complete]
+    partial: list[tuple[Position, int | None, int]] = []
+    for position, seen in indexes.items():
+        if position in whole:
+            continue
+        if len(seen) == sizes[position]:
+            whole.add(position)
+        else:
+            partial += [(position, index, sizes[position]) for index in sorted(seen)]
+    ranges: list[AckRange] = []
+    for position in sorted(whole):
+        if ranges and ranges[-1][0] == position.ledger_id and ranges[-1][2] + 1 == position.entry_id:
+            ranges[-1] = (position.ledger_id, ranges[-1][1], position.entry_id)
+        else:
+            ranges.append((position.ledger_id, position.entry_id, position.entry_id))
+    return ranges, partial

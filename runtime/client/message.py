@@ -8,7 +8,7 @@ import msgspec
 
 from raytxn.errors import InvalidArgument
 from raytxn.ids import Position
-from raytxn.protocol.entry_format import MessageRecord
+from raytxn.protocol.entry_format import MessageRecord, decode_message
 
 
 class MessageId(msgspec.Struct, frozen=True, order=True, array_like=True):
@@ -48,28 +48,35 @@ class Message:
 
     __slots__ = ("_batch_size", "_id", "_publish_time_ms", "_record", "_redelivery_count")
 
-    def __init__(self, message_id: MessageId, record: MessageRecord, publish_time_ms: int,
+    def __init__(self, message_id: MessageId, record: MessageRecord | bytes, publish_time_ms: int,
                  redelivery_count: int = 0, batch_size: int = 1) -> None:
         self._id = message_id
-        self._record = record
+        self._record = record  # the encoded record until a field is asked for (decoded lazily)
         self._publish_time_ms = publish_time_ms
         self._redelivery_count = redelivery_count
         self._batch_size = batch_size
 
+    @property
+    def _decoded(self) -> MessageRecord:
+        record = self._record
+        if type(record) is bytes:
+            record = self._record = decode_message(record, str(self._id))
+        return record  # type: ignore[return-value]
+
     def value(self) -> bytes:
-        return self._record.value
+        return self._decoded.value
 
     def data(self) -> bytes:
-        return self._record.value
+        return self._decoded.value
 
     def key(self) -> str | None:
-        return self._record.key
+        return self._decoded.key
 
     def partition_key(self) -> str | None:
-        return self._record.key
+        return self._decoded.key
 
     def properties(self) -> dict[str, str]:
-        return dict(self._record.properties)
+        return dict(self._decoded.properties)
 
     def message_id(self) -> MessageId:
         return self._id
@@ -79,7 +86,7 @@ class Message:
 
     def event_time(self) -> int | None:
         """Event time in ms since the epoch, as the producer set it (None if not set)."""
-        return self._record.event_time_ms
+        return self._decoded.event_time_ms
 
     def publish_time(self) -> int:
         """When the partition stored the message, ms since the epoch."""

@@ -166,9 +166,9 @@ class Cursor:
 
     def is_acked(self, position: Position, batch_index: int | None = None) -> bool:
         """Whether the entry (``batch_index`` None) or that batch index of it is acked."""
-        if position < self._acked_below or self._in_range(position):
+        if position < self._acked_below or (self._ranges and self._in_range(position)):
             return True
-        if batch_index is None:
+        if batch_index is None or not self._batches:
             return False
         partial = self._batches.get(position)
         return partial is not None and not partial[1] >> batch_index & 1

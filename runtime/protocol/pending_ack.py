@@ -211,6 +211,16 @@ class PendingAck:
         return self._holder(position, batch_index, except_txn=None)
 
     @property
+    def holds_any(self) -> bool:
+        """Whether any transaction holds a pending ack (when not, ``held_by`` is None for all)."""
+        return bool(self._holds) or self._cumulative is not None
+
+    def held_positions(self, first: Position, last: Position) -> list[Position]:
+        """The entries in ``first..last`` (inclusive) with an individual ack (whole, or of some
+        batch index) pending in a txn, ascending."""
+        return list(self._holds.irange(first, last))
+
+    @property
     def cumulative_through(self) -> Position | None:
         """The highest entry a pending cumulative ack covers (None: no cumulative ack pending)."""
         return None if self._cumulative is None else self._cumulative[1]

@@ -51,9 +51,20 @@ from raytxn.protocol.txnlog import EndAction, end_action
 # say (0, 1).
 AckTuple = tuple[Position, int | None, int | None]
 
-# What a fetch returns per message (cheap to pickle; the consumer decodes the record):
+# One message as ``take`` returns it:
 # (ledger_id, entry_id, batch_index, batch_size, publish_time_ms, redelivery_count, record bytes)
 WireMessage = tuple[int, int, int, int, int, int, bytes]
+
+# What a fetch returns: the messages handed out, one tuple per run of messages of one entry, the
+# records opaque (encoded ``MessageRecord``s as the partition stored them; the consumer decodes
+# them lazily): (ledger_id, entry_id, batch_size, publish_time_ms, batch indexes, redelivery
+# counts (None: all 0), records). Far fewer objects to pickle than a tuple per message.
+WireEntry = tuple[int, int, int, int, list[int], list[int] | None, list[bytes]]
+
+# A plain or transactional range ack: every entry ``first_entry_id..last_entry_id`` (inclusive)
+# of one ledger, whole. Consumers coalesce their individual acks of contiguous entries into these.
+AckRange = tuple[int, int, int]
+MAX_RANGE_ENTRIES = 1 << 20  # one range never names more entries than this
 
 
 class PersistedCursor(msgspec.Struct, frozen=True):
@@ -130,7 +141,9 @@ class SubscriptionState:
 
     def deliverable(self, position: Position, batch_index: int, batch_size: int) -> bool:
         index = None if batch_size == 1 else batch_index
-        return not self.cursor.is_acked(position, index) and self.pending.held_by(position, index) is None
+        if self.cursor.is_acked(position, index):
+            return False
+        return not self.pending.holds_any or self.pending.held_by(position, index) is None
 
     def _settled(self, position: Position, batch_index: int, batch_size: int) -> bool:
         return not self.deliverable(position, batch_index, batch_size)
@@ -197,6 +210,29 @@ class SubscriptionState:
         return [(m.position.ledger_id, m.position.entry_id, m.batch_index, m.batch_size, m.publish_time_ms,
                  redeliveries, m.record) for m, redeliveries in self.dispatcher.take(consumer_id)]
 
+    def take_entries(self, consumer_id: str) -> list[WireEntry]:
+        """``take``, grouped: one ``WireEntry`` per run of handed-out messages of one entry (in
+        the order they were handed out)."""
+        entries: list[WireEntry] = []
+        position = None
+        indexes: list[int] = []
+        counts: list[int] | None = None
+        records: list[bytes] = []
+        for message, redeliveries in self.dispatcher.take(consumer_id):
+            if message.position != position:
+                position = message.position
+                indexes, counts, records = [], None, []
+                entries.append((position.ledger_id, position.entry_id, message.batch_size,
+                                message.publish_time_ms, indexes, counts, records))
+            if redeliveries and counts is None:
+                counts = [0] * len(indexes)
+                entries[-1] = (*entries[-1][:5], counts, records)
+            indexes.append(message.batch_index)
+            records.append(message.record)
+            if counts is not None:
+                counts.append(redeliveries)
+        return entries
+
     # --- consumers ---------------------------------------------------------------------------
 
     def add_consumer(self, consumer_id: str, name: str, consumer_type: ConsumerType | str, now: float) -> None:
@@ -221,21 +257,73 @@ class SubscriptionState:
 
     # --- plain acks --------------------------------------------------------------------------
 
-    def ack(self, acks: Sequence[AckTuple], cumulative: bool = False) -> None:
-        """Plain acks: straight to the cursor (messages held by a txn are skipped)."""
+    def ack(self, acks: Sequence[AckTuple], cumulative: bool = False, ranges: Sequence[AckRange] = ()) -> None:
+        """Plain acks: straight to the cursor (messages held by a txn are skipped). ``ranges``:
+        whole entries, a range at a time (individual acks only; ``NotAllowed`` for a range
+        reaching past what was delivered)."""
         normalized = [normalize_ack(ack) for ack in acks]
+        if ranges:
+            if cumulative:
+                raise InvalidArgument("range acks are individual acks, not cumulative")
+            checked = self._check_ranges(ranges)
+            for start, last in checked:  # every range is valid: now apply them all
+                self._ack_range_plain(start, last)
         if cumulative:
             self._check_cumulative_allowed()
             for ack in normalized:
                 self._ack_cumulative(ack)
             return
         settled = []
+        holds_any = self.pending.holds_any
         for ack in normalized:
-            if self.pending.held_by(ack.position, ack.batch_index) is not None:
+            if holds_any and self.pending.held_by(ack.position, ack.batch_index) is not None:
                 continue  # Pulsar ignores a plain ack of a message pending in a txn
             self.cursor.ack(ack.position, ack.batch_index, ack.batch_size)
             settled.append(ack)
         self.dispatcher.forget_redeliveries(self._settle(settled))
+
+    def _check_ranges(self, ranges: Sequence[AckRange]) -> list[tuple[Position, Position]]:
+        """``(first, last)`` entry of each range; ``InvalidArgument`` for a malformed one,
+        ``NotAllowed`` for one reaching past what was delivered on this subscription."""
+        checked = []
+        for ack_range in ranges:
+            if (not isinstance(ack_range, tuple | list) or len(ack_range) != 3
+                    or any(type(part) is not int for part in ack_range)):
+                raise InvalidArgument(f"a range ack is (ledger_id, first_entry_id, last_entry_id), got {ack_range!r}")
+            ledger_id, first, last = ack_range
+            if not 0 <= first <= last or last - first >= MAX_RANGE_ENTRIES:
+                raise InvalidArgument(f"bad range ack {ack_range!r}: need 0 <= first <= last, at most "
+                                      f"{MAX_RANGE_ENTRIES} entries")
+            start, end = Position(ledger_id, first), Position(ledger_id, last)
+            if end > self.delivered_through:
+                raise NotAllowed(f"range ack {start}..{end} names entries never delivered on this subscription "
+                                 f"(delivered through {self.delivered_through})")
+            checked.append((start, end))
+        return checked
+
+    def _ack_range_plain(self, start: Position, last: Position) -> None:
+        """A plain ack of entries ``start..last``: the cursor takes the stretches no txn holds
+        (as for a single plain ack, entries pending in a txn are skipped), in one ``ack_range``
+        each; what was outstanding of them is settled."""
+        pending = self.pending
+        cover = pending.cumulative_through
+        if cover is not None and cover >= start:
+            start = next_position(cover)  # held by the pending cumulative ack up to ``cover``
+        if last < start:
+            return
+        stretches = []
+        for held in pending.held_positions(start, last):
+            if start < held:
+                stretches.append((start, held))
+            start = next_position(held)
+        if start <= last:
+            stretches.append((start, next_position(last)))
+        settled: list[MessageKey] = []
+        for stretch_start, stretch_end in stretches:
+            self.cursor.ack_range(stretch_start, stretch_end)
+            for entry_id in range(stretch_start.entry_id, stretch_end.entry_id):
+                settled += self.dispatcher.settle_entry(Position(stretch_start.ledger_id, entry_id))
+        self.dispatcher.forget_redeliveries(settled)
 
     def _settle(self, acks: Sequence[Ack]) -> list[MessageKey]:
         """The acked messages are no longer outstanding or queued; returns those that were
@@ -286,10 +374,18 @@ class SubscriptionState:
     # --- transactional acks and ends ---------------------------------------------------------
 
     def prepare_ack(self, txn: TxnID, acks: Sequence[AckTuple], cumulative: bool = False,
-                    request: str | None = None) -> AckRecord | None:
+                    request: str | None = None, ranges: Sequence[AckRange] = ()) -> AckRecord | None:
         """The record to log for one ack call made in ``txn`` (None: nothing to log, success:
-        it holds them all already, or ``request``, the call's id, is a retry of a logged call)."""
+        it holds them all already, or ``request``, the call's id, is a retry of a logged call).
+        ``ranges``: whole entries a range at a time (individual acks only); the record names
+        each entry, so that the pending-ack rules, the log and its replay stay as they are."""
         normalized = [normalize_ack(ack) for ack in acks]
+        if ranges:
+            if cumulative:
+                raise InvalidArgument("range acks are individual acks, not cumulative")
+            normalized += [Ack(Position(start.ledger_id, entry_id))
+                           for start, last in self._check_ranges(ranges)
+                           for entry_id in range(start.entry_id, last.entry_id + 1)]
         delivered = self.delivered_through
         if not cumulative:
             for ack in normalized:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from raytxn.client.consumer import _whole_entries
+from raytxn.client.consumer import coalesce_acks
 from raytxn.errors import InvalidArgument, NotAllowed, TransactionConflict
 from raytxn.ids import Position, TxnID
 from raytxn.protocol.cursor import Cursor
@@ -421,7 +421,9 @@ def test_counting_entries_for_the_backlog() -> None:
     assert state.backlog_entries(ledgers) == 5 + 5 - 1
 
 
-def test_whole_batches_are_acked_as_entries() -> None:
-    acks = [(P(0, 1), 1, 2), (P(0, 2), None, None), (P(0, 1), 0, 2), (P(0, 3), 0, 3)]
-    assert _whole_entries(acks) == [(P(0, 2), None, None), (P(0, 3), 0, 3), (P(0, 1), None, 2)]
-    assert _whole_entries(acks[1:]) == acks[1:]
+def test_whole_batches_are_acked_as_entries_and_contiguous_entries_as_ranges() -> None:
+    acks = [(P(0, 1), 1, 2), (P(0, 2), None, None), (P(0, 1), 0, 2), (P(0, 3), 0, 3), (P(0, 4), 0, 1),
+            (P(1, 0), None, None)]
+    assert coalesce_acks(acks) == ([(0, 1, 2), (0, 4, 4), (1, 0, 0)], [(P(0, 3), 0, 3)])
+    assert coalesce_acks(acks[3:4]) == ([], [(P(0, 3), 0, 3)])
+    assert coalesce_acks([]) == ([], [])
