@@ -55,7 +55,10 @@ def ray_session() -> Iterator[object]:
     if not ray.is_initialized():
         ray.init(address="local", namespace="raytxn", num_cpus=8, include_dashboard=False, logging_level="WARNING",
                  log_to_driver=False,  # actors log to /tmp/ray/session_*/logs, not into the test output
-                 runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+                 runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
+                 # Metrics reach Prometheus every 2 s rather than Ray's 10: the metrics tests poll
+                 # the endpoint until what they did shows, so each waited up to 10 s per check.
+                 _system_config={"metrics_report_interval_ms": 2000})
     try:
         yield ray
     finally:
