@@ -159,10 +159,12 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
 
     @guarded(Access.PRODUCE)
     async def append(self, producer: str, first_sequence: int, messages: list[bytes],
-                     txn: TxnID | None = None) -> AppendResult:
+                     txn: TxnID | None = None, previous_sequence: int = -1) -> AppendResult:
         """Append one producer batch (one ledger entry) of encoded ``MessageRecord``s. Idempotent
         by (producer, sequence): a retried batch is not stored again and gets the original
-        position when known."""
+        position when known. ``previous_sequence``: the last sequence id of the producer's batch
+        this one follows, still unacknowledged (-1: none); a batch arriving before it is refused
+        with ``OutOfOrderSequence`` (the buffer's sequence rule)."""
         await self._started()
         if not messages:
             raise InvalidArgument("empty batch")
@@ -177,7 +179,7 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
                              len(messages), self.clock.now_ms())
         await self.faults.hit("partition.before_append", txn=txn, producer=producer)
         while True:
-            decision = self.buffer.prepare_append(header)
+            decision = self.buffer.prepare_append(header, previous_sequence)
             if not (decision.duplicate and decision.in_flight):
                 break
             await asyncio.sleep(0.002)  # the original is being written: answer with its outcome
