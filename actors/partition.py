@@ -35,7 +35,7 @@ from raytxn.actors.shell import ActorRefs, ActorShell, Clock, replay
 from raytxn.actors.topic_permissions import TopicPermissions
 from raytxn.auth import Access, AuthConfig, Authorizer, guarded
 from raytxn.config import PartitionConfig
-from raytxn.errors import CorruptLedger, InvalidArgument, MessageTooLarge, PositionTrimmed
+from raytxn.errors import CorruptLedger, InvalidArgument, MessageTooLarge, OutOfOrderSequence, PositionTrimmed
 from raytxn.faults import FaultPoints, FaultTarget
 from raytxn.ids import EARLIEST, Position, TxnID, partition_actor_name, partition_stream
 from raytxn.ledger import Entry, ManagedLedger
@@ -101,7 +101,8 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
         self._timers: list[asyncio.Task] = []
         self._trim_lock = asyncio.Lock()
         self.info: dict[str, Any] = {"topic": topic, "partition": partition, "snapshots_written": 0,
-                                     "appends": 0, "duplicates": 0, "markers": 0, "bytes_in": 0,
+                                     "appends": 0, "duplicates": 0, "out_of_order": 0, "markers": 0,
+                                     "bytes_in": 0,
                                      "trims": 0, "aborted_pruned": 0}
         self.metrics = PartitionMetrics(topic, partition)
 
@@ -179,7 +180,11 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
                              len(messages), self.clock.now_ms())
         await self.faults.hit("partition.before_append", txn=txn, producer=producer)
         while True:
-            decision = self.buffer.prepare_append(header, previous_sequence)
+            try:
+                decision = self.buffer.prepare_append(header, previous_sequence)
+            except OutOfOrderSequence:
+                self.info["out_of_order"] += 1  # its predecessor is still on its way: resent in order
+                raise
             if not (decision.duplicate and decision.in_flight):
                 break
             await asyncio.sleep(0.002)  # the original is being written: answer with its outcome

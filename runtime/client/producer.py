@@ -409,18 +409,40 @@ class Producer:
         if txn is not None:
             txn.hold(self)
         touched: list[int] = []
+        keyless_chunks = self._chunks(records, keyless)
         with self._lock:
             if self._pending_messages and (self._pending_messages + count > self.max_pending_messages
                                            or self._pending_bytes + total > self.max_pending_bytes):
                 self._wait_for_room(count, total)
             self._pending_messages += count
             self._pending_bytes += total
+            for chunk in keyless_chunks:  # whole batches, round-robin
+                partition = self._keyless_partition
+                self._keyless_partition = (partition + 1) % self.partitions
+                if partition in keyed:
+                    keyed[partition] = sorted(keyed[partition] + chunk)  # the partition gets input order
+                else:
+                    keyed[partition] = chunk
             for partition, indexes in keyed.items():
-                self._queue_chunks_locked(partition, txn, records, indexes, collector, touched, False)
-            if keyless:
-                self._queue_chunks_locked(-1, txn, records, keyless, collector, touched, True)
+                self._queue_chunks_locked(partition, txn, records, indexes, collector, touched)
         self._client.loop.call_soon(self._batches_queued, txn, touched)
         return collector.future
+
+    def _chunks(self, records: list[bytes], indexes: list[int]) -> list[list[int]]:
+        """``indexes`` cut into runs within the batch limits (a record alone always makes one)."""
+        chunks: list[list[int]] = []
+        start = 0
+        while start < len(indexes):
+            end, size = start, 0
+            while end < len(indexes) and end - start < self.max_messages:
+                record_size = len(records[indexes[end]])
+                if end > start and size + record_size > self.max_bytes:
+                    break
+                size += record_size
+                end += 1
+            chunks.append(indexes[start:end])
+            start = end
+        return chunks
 
     def _encode_all(self, values: list[bytes], keys: list[str | None] | None,
                     properties: Sequence[dict[str, str] | None] | None) -> list[bytes]:
@@ -444,29 +466,18 @@ class Producer:
         return records
 
     def _queue_chunks_locked(self, partition: int, txn: Transaction | None, records: list[bytes],
-                             indexes: list[int], collector: _Collector, touched: list[int], keyless: bool) -> None:
-        """Under the lock: cut ``indexes`` into sealed batches of ``partition`` (the keyless one of
-        the moment, batch by batch, when ``keyless``) and queue them behind the open batch of the
-        same (partition, txn), which is sealed first."""
-        start = 0
-        while start < len(indexes):
-            end, size = start, 0
-            while end < len(indexes) and end - start < self.max_messages:
-                record_size = len(records[indexes[end]])
-                if end > start and size + record_size > self.max_bytes:
-                    break
-                size += record_size
-                end += 1
-            target = self._keyless_partition if keyless else partition
-            batch = _Batch(target, txn, [records[i] for i in indexes[start:end]], [], size=size,
-                           collector=collector, indexes=indexes[start:end])
-            open_batch = self._open.get(batch.key)
-            if open_batch is not None:
-                self._seal_locked(open_batch)
-            self._queue_sealed_locked(batch)
-            if target not in touched:
-                touched.append(target)
-            start = end
+                             indexes: list[int], collector: _Collector, touched: list[int]) -> None:
+        """Under the lock: cut ``indexes`` into sealed batches of ``partition`` and queue them
+        behind the open batch of the same (partition, txn), which is sealed first."""
+        open_batch = self._open.get(_batch_key(partition, txn))
+        if open_batch is not None:
+            self._seal_locked(open_batch)
+        queue = self._sealed[partition]
+        for chunk in self._chunks(records, indexes):
+            batch_records = [records[i] for i in chunk]
+            queue.append(_Batch(partition, txn, batch_records, [], size=sum(map(len, batch_records)), sealed=True,
+                                collector=collector, indexes=chunk))
+        touched.append(partition)
 
     def _wait_for_room(self, count: int, size: int) -> None:
         """Under the lock: block while ``count`` more messages of ``size`` bytes would pass the
