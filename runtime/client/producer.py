@@ -231,6 +231,7 @@ class Producer:
         self.max_in_flight = max_in_flight
         self._refs = [ActorRef(partition_actor_name(topic, p), client.token) for p in range(partitions)]
         self._partition_of: dict[str, int] = {}
+        self._holding: set[Transaction] = set()  # txns told (``hold``) that this producer has their work
         # Shared by callers' threads and the client loop: open and sealed batches, the keyless
         # partition, and the pending byte count.
         self._lock = threading.Lock()
@@ -296,6 +297,7 @@ class Producer:
 
     def flush_txn(self, txn: Transaction) -> None:
         """Send everything queued so far in ``txn`` and wait until it is durable."""
+        self._holding.discard(txn)  # before the release: a send racing it holds again
         self._client.loop.run(self._flush(txn))
         txn.release(self)
 
@@ -320,6 +322,14 @@ class Producer:
             return self._enqueue(value, key, properties, event_time, None)
         with txn.operation():
             return self._enqueue(value, key, properties, event_time, txn)
+
+    def _hold(self, txn: Transaction) -> None:
+        """Tell ``txn`` this producer has work of it (its commit flushes it here and waits), once
+        until it is flushed: ``hold`` takes the txn's lock, a cost per message otherwise."""
+        if len(self._holding) >= 256:  # txns never ended stay in it: a bound, holding again is harmless
+            self._holding.clear()
+        self._holding.add(txn)
+        txn.hold(self)
 
     def _partition(self, key: str) -> int:
         partition = self._partition_of.get(key)
@@ -350,8 +360,8 @@ class Producer:
         else:
             record = encode_message(MessageRecord(value, key, dict(properties) if properties else {}, event_time))
         size = len(record)
-        if txn is not None:
-            txn.hold(self)  # commit flushes this producer's batches of the txn and waits
+        if txn is not None and txn not in self._holding:
+            self._hold(txn)
         with self._lock:
             if self._pending_messages and (self._pending_messages >= self.max_pending_messages
                                            or self._pending_bytes + size > self.max_pending_bytes):
@@ -406,8 +416,8 @@ class Producer:
                     keyless.append(index)
                 else:
                     keyed.setdefault(partition_of(key), []).append(index)
-        if txn is not None:
-            txn.hold(self)
+        if txn is not None and txn not in self._holding:
+            self._hold(txn)
         touched: list[int] = []
         keyless_chunks = self._chunks(records, keyless)
         with self._lock:
