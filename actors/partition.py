@@ -64,6 +64,11 @@ FAULT_POINTS = (
 )
 
 
+# How long an append that arrived before the batch it follows waits for it (Ray's delivery to an
+# async actor can reorder one caller's calls by a few ms) before it is refused as out of order.
+OUT_OF_ORDER_WAIT_S = 0.05
+
+
 @dataclass
 class AppendResult:
     position: Position | None     # None: a duplicate whose original entry is no longer known
@@ -95,6 +100,7 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
         self.faults = FaultPoints()
         self._ledger: ManagedLedger | None = None
         self._advanced = asyncio.Condition()
+        self._sequence_waiters: list[asyncio.Future] = []  # appends waiting for the batch they follow
         self._ended_since_snapshot = 0
         self._changed_since_snapshot = False
         self._snapshotting: asyncio.Task | None = None
@@ -179,15 +185,25 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
         header = EntryHeader("data", txn, producer, first_sequence, first_sequence + len(messages) - 1,
                              len(messages), self.clock.now_ms())
         await self.faults.hit("partition.before_append", txn=txn, producer=producer)
+        wait_until = None
         while True:
             try:
                 decision = self.buffer.prepare_append(header, previous_sequence)
             except OutOfOrderSequence:
-                self.info["out_of_order"] += 1  # its predecessor is still on its way: resent in order
-                raise
+                # Ray may hand an async actor one caller's calls out of order: give the batch it
+                # follows a moment to arrive before refusing (then the producer resends in order).
+                now = self.clock.monotonic()
+                wait_until = now + OUT_OF_ORDER_WAIT_S if wait_until is None else wait_until
+                if now >= wait_until:
+                    self.info["out_of_order"] += 1
+                    raise
+                await self._next_prepared(wait_until - now)
+                continue
             if not (decision.duplicate and decision.in_flight):
                 break
             await asyncio.sleep(0.002)  # the original is being written: answer with its outcome
+        if not decision.duplicate:
+            self._wake_sequence_waiters()  # no await: its ledger append is queued before they run
         if decision.duplicate:
             self.info["duplicates"] += 1
             return AppendResult(decision.position, len(messages), True)
@@ -203,6 +219,24 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
         await self._notify()
         await self.faults.hit("partition.after_append_before_reply", txn=txn, producer=producer)
         return AppendResult(position, len(messages), False)
+
+    async def _next_prepared(self, timeout_s: float) -> None:
+        """Wait until another append is prepared here (or ``timeout_s`` passed)."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._sequence_waiters.append(waiter)
+        try:
+            await asyncio.wait_for(waiter, timeout_s)
+        except TimeoutError:
+            pass
+        finally:
+            if waiter in self._sequence_waiters:
+                self._sequence_waiters.remove(waiter)
+
+    def _wake_sequence_waiters(self) -> None:
+        waiters, self._sequence_waiters = self._sequence_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     async def _ledger_append(self, records: list[bytes], header: EntryHeader) -> Position:
         """Append one entry; a failed write stops this incarnation (see the actor shell)."""
