@@ -320,8 +320,12 @@ class Producer:
         messages sent before in it never commit without this one (Kafka's abortable error)."""
         if txn is None:
             return self._enqueue(value, key, properties, event_time, None)
-        with txn.operation():
+        txn.check_open()  # what ``txn.operation()`` does, without an object per message
+        try:
             return self._enqueue(value, key, properties, event_time, txn)
+        except BaseException as error:
+            txn.fail(error)
+            raise
 
     def _hold(self, txn: Transaction) -> None:
         """Tell ``txn`` this producer has work of it (its commit flushes it here and waits), once
