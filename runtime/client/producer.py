@@ -245,6 +245,7 @@ class Producer:
         self._sending: list[asyncio.Task | None] = [None] * partitions
         self._window: list[deque[_Flight]] = [deque() for _ in range(partitions)]  # in sequence order
         self._recovering = [False] * partitions  # a batch in flight failed: resend in order first
+        self._launching: list[_Batch | None] = [None] * partitions  # waiting for its txn's registration
         self._wake: list[asyncio.Event | None] = [None] * partitions
         self._next_sequence = [0] * partitions
         self._registering: set[asyncio.Task] = set()
@@ -613,6 +614,7 @@ class Producer:
                     self._seal_locked(batch)
             waiting = [b for queue in self._sealed for b in queue if txn is None or b.txn is txn]
         waiting += [f.batch for window in self._window for f in window if txn is None or f.batch.txn is txn]
+        waiting += [b for b in self._launching if b is not None and (txn is None or b.txn is txn)]
         for partition in range(self.partitions):
             self._kick(partition)
         for batch in waiting:
@@ -648,11 +650,14 @@ class Producer:
         sequence order."""
         txn = batch.txn
         if txn is not None:
+            self._launching[partition] = batch  # a flush meanwhile waits for it too
             try:
                 await txn.register("partition", (self.topic, partition))
             except Exception as error:  # noqa: BLE001 - the batch's futures carry it
                 self._fail(batch, error)
                 return
+            finally:
+                self._launching[partition] = None
             if self._recovering[partition]:  # something failed meanwhile: this one waits its turn
                 with self._lock:
                     self._sealed[partition].appendleft(batch)
