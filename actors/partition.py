@@ -35,7 +35,7 @@ from raytxn.actors.shell import ActorRefs, ActorShell, Clock, replay
 from raytxn.actors.topic_permissions import TopicPermissions
 from raytxn.auth import Access, AuthConfig, Authorizer, guarded
 from raytxn.config import PartitionConfig
-from raytxn.errors import CorruptLedger, InvalidArgument, MessageTooLarge, PositionTrimmed
+from raytxn.errors import CorruptLedger, InvalidArgument, MessageTooLarge, OutOfOrderSequence, PositionTrimmed
 from raytxn.faults import FaultPoints, FaultTarget
 from raytxn.ids import EARLIEST, Position, TxnID, partition_actor_name, partition_stream
 from raytxn.ledger import Entry, ManagedLedger
@@ -62,6 +62,11 @@ FAULT_POINTS = (
     "partition.after_marker",
     "partition.before_snapshot",
 )
+
+
+# How long an append that arrived before the batch it follows waits for it (Ray's delivery to an
+# async actor can reorder one caller's calls by a few ms) before it is refused as out of order.
+OUT_OF_ORDER_WAIT_S = 0.05
 
 
 @dataclass
@@ -95,13 +100,15 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
         self.faults = FaultPoints()
         self._ledger: ManagedLedger | None = None
         self._advanced = asyncio.Condition()
+        self._sequence_waiters: list[asyncio.Future] = []  # appends waiting for the batch they follow
         self._ended_since_snapshot = 0
         self._changed_since_snapshot = False
         self._snapshotting: asyncio.Task | None = None
         self._timers: list[asyncio.Task] = []
         self._trim_lock = asyncio.Lock()
         self.info: dict[str, Any] = {"topic": topic, "partition": partition, "snapshots_written": 0,
-                                     "appends": 0, "duplicates": 0, "markers": 0, "bytes_in": 0,
+                                     "appends": 0, "duplicates": 0, "out_of_order": 0, "markers": 0,
+                                     "bytes_in": 0,
                                      "trims": 0, "aborted_pruned": 0}
         self.metrics = PartitionMetrics(topic, partition)
 
@@ -159,10 +166,12 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
 
     @guarded(Access.PRODUCE)
     async def append(self, producer: str, first_sequence: int, messages: list[bytes],
-                     txn: TxnID | None = None) -> AppendResult:
+                     txn: TxnID | None = None, previous_sequence: int = -1) -> AppendResult:
         """Append one producer batch (one ledger entry) of encoded ``MessageRecord``s. Idempotent
         by (producer, sequence): a retried batch is not stored again and gets the original
-        position when known."""
+        position when known. ``previous_sequence``: the last sequence id of the producer's batch
+        this one follows, still unacknowledged (-1: none); a batch arriving before it is refused
+        with ``OutOfOrderSequence`` (the buffer's sequence rule)."""
         await self._started()
         if not messages:
             raise InvalidArgument("empty batch")
@@ -176,11 +185,25 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
         header = EntryHeader("data", txn, producer, first_sequence, first_sequence + len(messages) - 1,
                              len(messages), self.clock.now_ms())
         await self.faults.hit("partition.before_append", txn=txn, producer=producer)
+        wait_until = None
         while True:
-            decision = self.buffer.prepare_append(header)
+            try:
+                decision = self.buffer.prepare_append(header, previous_sequence)
+            except OutOfOrderSequence:
+                # Ray may hand an async actor one caller's calls out of order: give the batch it
+                # follows a moment to arrive before refusing (then the producer resends in order).
+                now = self.clock.monotonic()
+                wait_until = now + OUT_OF_ORDER_WAIT_S if wait_until is None else wait_until
+                if now >= wait_until:
+                    self.info["out_of_order"] += 1
+                    raise
+                await self._next_prepared(wait_until - now)
+                continue
             if not (decision.duplicate and decision.in_flight):
                 break
             await asyncio.sleep(0.002)  # the original is being written: answer with its outcome
+        if not decision.duplicate:
+            self._wake_sequence_waiters()  # no await: its ledger append is queued before they run
         if decision.duplicate:
             self.info["duplicates"] += 1
             return AppendResult(decision.position, len(messages), True)
@@ -196,6 +219,24 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
         await self._notify()
         await self.faults.hit("partition.after_append_before_reply", txn=txn, producer=producer)
         return AppendResult(position, len(messages), False)
+
+    async def _next_prepared(self, timeout_s: float) -> None:
+        """Wait until another append is prepared here (or ``timeout_s`` passed)."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._sequence_waiters.append(waiter)
+        try:
+            await asyncio.wait_for(waiter, timeout_s)
+        except TimeoutError:
+            pass
+        finally:
+            if waiter in self._sequence_waiters:
+                self._sequence_waiters.remove(waiter)
+
+    def _wake_sequence_waiters(self) -> None:
+        waiters, self._sequence_waiters = self._sequence_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     async def _ledger_append(self, records: list[bytes], header: EntryHeader) -> Position:
         """Append one entry; a failed write stops this incarnation (see the actor shell)."""

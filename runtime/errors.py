@@ -63,6 +63,15 @@ class MessageTooLarge(RaytxnError):
     """A message (or record) above the configured size limit; nothing was written."""
 
 
+class OutOfOrderSequence(RaytxnError):
+    """A producer batch reached its partition before the batch it follows (``previous_sequence``
+    is neither stored nor being stored there): nothing was written. The producer sends again, in
+    order, with the same sequence ids (Kafka's OUT_OF_ORDER_SEQUENCE_NUMBER with idempotence).
+    Retriable: the batch it waited for is in flight or is being resent."""
+
+    retriable = True
+
+
 class ProducerQueueFull(RaytxnError):
     """A producer's unsent messages stayed above its ``max_pending_bytes`` for the whole send
     timeout (the partitions are not keeping up); this message was not queued."""

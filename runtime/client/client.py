@@ -252,7 +252,8 @@ class Client:
 
     def create_producer(self, topic: str, producer_name: str | None = None, **options: Any) -> Producer:
         """A producer for ``topic``. Options: batching_max_messages, batching_max_bytes,
-        batching_max_delay_ms, send_timeout_s, max_pending_messages, max_pending_bytes (see
+        batching_max_delay_ms, send_timeout_s, max_pending_messages, max_pending_bytes,
+        max_in_flight (appends in flight per partition, 5 by default; see
         runtime/client/producer.py)."""
         info = self.get_topic(topic)
         options.setdefault("max_message_bytes", self.config.partition.max_message_bytes)

@@ -1,4 +1,4 @@
-"""Producers: batching, key routing, idempotent retries, transactional sends, flow control.
+"""Producers: batching, key routing, idempotent pipelined appends, transactional sends, flow control.
 
 Routing: a message with a key goes to ``murmur2(key) % partitions`` (Kafka's default
 partitioner, so the same key lands where a Kafka producer would put it); without a key, messages
@@ -10,26 +10,46 @@ producer's lock. The client loop hears of a batch only when it opens (to arm its
 and to register the partition with the txn's coordinator while the batch fills) and when it is
 sealed, so a message costs a lock and two list appends, not a wake-up of another thread.
 
-Batching: a batch is sealed when it reaches ``batching_max_messages`` or ``batching_max_bytes``,
-or once ``batching_max_delay_ms`` has passed and its partition has no append in flight; while one
-is in flight it keeps filling up to the limits, so a busy partition gets fewer, larger appends.
-A batch is one ledger entry and its messages get batch indexes 0..n-1. The byte limit defaults to
-90 KiB, not Pulsar's 128 KiB: Ray passes a call's arguments up to 100 KiB inside the call and
-larger ones through the object store, and an append of 1,000 100 B messages (107 KB) took 5.3 ms
-where one of 920 took 3.4 ms.
+Columnar sends: ``send_batch`` takes a whole list (or Arrow array) of values, validates all of it
+first, encodes it in bulk, cuts it into sealed batches (keyed messages by partition, keyless ones
+as whole batches round-robin) and returns one future for the call, resolving to the list of
+``MessageId`` in input order. A call's messages never join ``send_async``'s open batches: the open
+batch of a (partition, transaction) is sealed first, so a partition still gets the producer's
+messages in the order they were handed over.
 
-Idempotence: every batch gets its sequence ids (per producer and partition, contiguous) when it is
-sent, and one batch per partition is in flight at a time, strictly in order. A batch retried
-after the partition actor died carries the same producer name and sequence ids, so the partition
-stores it once. A producer re-created with the same name continues above the highest sequence id
-each partition holds for it.
+Batching: a batch is sealed when it reaches ``batching_max_messages`` or ``batching_max_bytes``,
+on ``flush`` (and commit), or once ``batching_max_delay_ms`` has passed and its partition has no
+append in flight; while one is in flight a lingering batch keeps filling up to the limits, so a
+busy partition gets fewer, larger appends. A batch is one ledger entry and its messages get batch
+indexes 0..n-1. The byte limit defaults to 90 KiB, not Pulsar's 128 KiB: Ray passes a call's
+arguments up to 100 KiB inside the call and larger ones through the object store, and an append
+of 1,000 100 B messages (107 KB) took 5.3 ms where one of 920 took 3.4 ms.
+
+Pipelining and idempotence (Kafka's ``max.in.flight.requests.per.connection`` with idempotence):
+up to ``max_in_flight`` sealed batches per partition are in flight at once (1: one at a time, in
+order). Each gets its sequence ids (per producer and partition, contiguous) when it is sent, and
+names the batch it follows (``previous_sequence``: the last sequence of the producer's batch sent
+there before it and not acknowledged yet, -1 if none). The calls leave in sequence order from the
+client loop; the partition refuses a batch whose predecessor is neither stored nor being stored
+with ``OutOfOrderSequence`` (``raytxn.protocol.txn_buffer``'s sequence rule), so nothing lands
+out of order. On any failure of a batch in flight (an actor that died, a refusal), the partition's
+sender stops sending new batches, waits until every batch in flight has its answer, then resends
+the ones that did not succeed one at a time, oldest first, with the same sequence ids: a batch
+that did land is acknowledged as a duplicate, one that did not is stored now, in order. A batch
+that fails for good (a final error, or retries past ``send_timeout_s``) fails its futures and its
+sequence range is never reused (the partition accepts the gap: the next batch follows nothing
+unacknowledged). A producer re-created with the same name continues above the highest sequence
+id each partition holds for it. A duplicate acknowledged for a batch that is not the producer's
+latest there has no known position: its ids carry ledger and entry -1.
 
 Flow control: at most ``max_pending_messages`` (10,000) messages holding at most
 ``max_pending_bytes`` (64 MiB, Pulsar's client memory limit) wait to be durable. Past either,
-``send_async`` blocks until appends complete (Kafka's ``max.block.ms`` behaviour), and raises
-``ProducerQueueFull`` if there is still no room after ``send_timeout_s``. Besides bounding memory
-this keeps a tight send loop from starving the client loop of the GIL: the sender sleeps while
-the loop drains.
+``send_async`` and ``send_batch`` block until appends complete (Kafka's ``max.block.ms``
+behaviour), and raise ``ProducerQueueFull`` if there is still no room after ``send_timeout_s``.
+A ``send_batch`` call takes room for all its messages at once (all queued or none); one larger
+than the limits goes when nothing else is pending, as one large message does. Besides bounding
+memory this keeps a tight send loop from starving the client loop of the GIL: the sender sleeps
+while the loop drains.
 """
 
 from __future__ import annotations
@@ -40,12 +60,13 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Sequence
 from concurrent.futures import _base as futures_base
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from raytxn.client.message import MessageId
-from raytxn.client.rpc import ActorRef
+from raytxn.client.rpc import ActorRef, retriable, retry_async, unwrap
 from raytxn.client.transaction import Transaction
 from raytxn.errors import InvalidArgument, MessageTooLarge, ProducerQueueFull
 from raytxn.hashing import partition_for
@@ -54,6 +75,19 @@ from raytxn.protocol.entry_format import MessageRecord, encode_message
 
 if TYPE_CHECKING:
     from raytxn.client.client import Client
+
+_KEY_CACHE_SIZE = 65_536  # key -> partition memo (murmur2 in Python costs ~4 us a key)
+# A message with only a value (< 256 bytes) encoded without building a MessageRecord: the same
+# bytes as ``encode_message(MessageRecord(value))`` (tag "m1", bin8 value, no key, no properties,
+# no event time), checked by tests/unit/test_producer_encoding.py.
+_PLAIN_SMALL = b"\x95\xa2m1\xc4%c%s\xc0\x80\xc0"
+
+
+def encode_plain(value: bytes) -> bytes:
+    """``encode_message(MessageRecord(value))``, faster for small values."""
+    if len(value) < 256:
+        return _PLAIN_SMALL % (len(value), value)
+    return encode_message(MessageRecord(value))
 
 
 class SendFuture(concurrent.futures.Future):
@@ -101,17 +135,52 @@ def _settle(futures: list[SendFuture], condition: threading.Condition, results: 
         future._invoke_callbacks()
 
 
+class BatchSendFuture(concurrent.futures.Future):
+    """What ``send_batch`` returns: a ``concurrent.futures.Future`` of the list of ``MessageId``
+    of the call's messages, in input order, or of the first error of any of its batches (the
+    others may still have been stored). Like a ``SendFuture`` it cannot be cancelled."""
+
+    def cancel(self) -> bool:
+        return False
+
+
+class _Collector:
+    """Gathers the ids of one ``send_batch`` call's batches (on the client loop only)."""
+
+    __slots__ = ("future", "ids", "remaining")
+
+    def __init__(self, count: int) -> None:
+        self.future = BatchSendFuture()
+        self.ids: list[MessageId | None] = [None] * count
+        self.remaining = count
+
+    def deliver(self, indexes: Sequence[int], ids: list[MessageId]) -> None:
+        if self.future.done():
+            return
+        for index, message_id in zip(indexes, ids, strict=True):
+            self.ids[index] = message_id
+        self.remaining -= len(ids)
+        if self.remaining == 0:
+            self.future.set_result(self.ids)  # type: ignore[arg-type]
+
+    def fail(self, error: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
+
+
 @dataclass(eq=False)
 class _Batch:
     partition: int
     txn: Transaction | None
     records: list[bytes] = field(default_factory=list)  # encoded MessageRecords
-    futures: list[SendFuture] = field(default_factory=list)
+    futures: list[SendFuture] = field(default_factory=list)  # send_async's, one per record
     condition: threading.Condition = field(default_factory=threading.Condition)  # its futures' lock
     size: int = 0
     lingered: bool = False  # its delay has passed: seal as soon as the partition is free
     sealed: bool = False
-    durable: asyncio.Event = field(default_factory=asyncio.Event)  # set when every future is
+    durable: asyncio.Event = field(default_factory=asyncio.Event)  # set once it has its outcome
+    collector: _Collector | None = None  # send_batch's: the call's future, and where its ids go
+    indexes: Sequence[int] = ()  # the call's input index of each record
 
     @property
     def key(self) -> tuple[int, TxnID | None]:
@@ -123,16 +192,31 @@ def _batch_key(partition: int, txn: Transaction | None) -> tuple[int, TxnID | No
     return partition, txn.id if txn is not None else None
 
 
+class _Flight:
+    """A batch sent to its partition, with its sequence ids, until it has its outcome."""
+
+    __slots__ = ("batch", "error", "first", "last", "replied")
+
+    def __init__(self, batch: _Batch, first: int) -> None:
+        self.batch = batch
+        self.first = first
+        self.last = first + len(batch.records) - 1
+        self.replied = False
+        self.error: BaseException | None = None
+
+
 class Producer:
     def __init__(self, client: Client, topic: str, partitions: int, producer_name: str | None = None,
                  batching_max_messages: int = 1000, batching_max_bytes: int = 90 << 10,
                  batching_max_delay_ms: float = 1.0, send_timeout_s: float = 60.0,
                  max_message_bytes: int = 5 << 20, max_pending_messages: int = 10_000,
-                 max_pending_bytes: int = 64 << 20) -> None:
+                 max_pending_bytes: int = 64 << 20, max_in_flight: int = 5) -> None:
         if batching_max_messages < 1 or batching_max_bytes < 1 or batching_max_delay_ms < 0:
             raise InvalidArgument("batching limits must be positive")
         if max_pending_messages < 1 or max_pending_bytes < 1 or send_timeout_s <= 0:
             raise InvalidArgument("max_pending_messages, max_pending_bytes and send_timeout_s must be positive")
+        if type(max_in_flight) is not int or max_in_flight < 1:
+            raise InvalidArgument(f"max_in_flight must be an int >= 1, got {max_in_flight!r}")
         self._client = client
         self.topic = topic
         self.partitions = partitions
@@ -144,7 +228,10 @@ class Producer:
         self.max_message_bytes = max_message_bytes
         self.max_pending_messages = max_pending_messages
         self.max_pending_bytes = max_pending_bytes
+        self.max_in_flight = max_in_flight
         self._refs = [ActorRef(partition_actor_name(topic, p), client.token) for p in range(partitions)]
+        self._partition_of: dict[str, int] = {}
+        self._holding: set[Transaction] = set()  # txns told (``hold``) that this producer has their work
         # Shared by callers' threads and the client loop: open and sealed batches, the keyless
         # partition, and the pending byte count.
         self._lock = threading.Lock()
@@ -156,9 +243,13 @@ class Producer:
         self._keyless_partition = 0
         # Client loop only.
         self._sending: list[asyncio.Task | None] = [None] * partitions
-        self._in_flight: list[_Batch | None] = [None] * partitions
+        self._window: list[deque[_Flight]] = [deque() for _ in range(partitions)]  # in sequence order
+        self._recovering = [False] * partitions  # a batch in flight failed: resend in order first
+        self._launching: list[_Batch | None] = [None] * partitions  # waiting for its txn's registration
+        self._wake: list[asyncio.Event | None] = [None] * partitions
         self._next_sequence = [0] * partitions
         self._registering: set[asyncio.Task] = set()
+        self._replies: set[asyncio.Task] = set()
         # The partitions the latest transaction sent to (see _register_early).
         self._working_set: tuple[TxnID | None, set[int]] = (None, set())
         self._closed = False
@@ -184,12 +275,30 @@ class Producer:
         producer's pending messages are at ``max_pending_messages`` or ``max_pending_bytes``."""
         return self._accumulate(value, key, properties, event_time, txn)[0]
 
+    def send_batch(self, values: Any, keys: Any = None, properties: Sequence[dict[str, str] | None] | None = None,
+                   txn: Transaction | None = None) -> BatchSendFuture:
+        """Queue many messages at once; one future for the call, resolving to their ``MessageId``
+        list in input order once all are durable (or to the first error).
+
+        ``values``: a list of bytes, or a pyarrow ``BinaryArray``/``LargeBinaryArray``/
+        ``ChunkedArray`` of them (no nulls). ``keys``: None, a list of ``str``/None, or an Arrow
+        string array (null: no key); routed as ``send_async`` routes. ``properties``: None or a
+        list of ``dict[str, str]``/None, one per value. Everything is checked before anything is
+        queued: bad input raises ``InvalidArgument`` (``MessageTooLarge`` for a value past
+        ``max_message_bytes``) and queues nothing; with a ``txn`` it also makes the txn
+        abort-only, as a failed ``send_async`` does. Blocks for room as ``send_async`` does."""
+        if txn is None:
+            return self._send_batch(values, keys, properties, None)
+        with txn.operation():
+            return self._send_batch(values, keys, properties, txn)
+
     def flush(self) -> None:
         """Send everything queued so far and wait until it is durable."""
         self._client.loop.run(self._flush(None))
 
     def flush_txn(self, txn: Transaction) -> None:
         """Send everything queued so far in ``txn`` and wait until it is durable."""
+        self._holding.discard(txn)  # before the release: a send racing it holds again
         self._client.loop.run(self._flush(txn))
         txn.release(self)
 
@@ -212,27 +321,59 @@ class Producer:
         messages sent before in it never commit without this one (Kafka's abortable error)."""
         if txn is None:
             return self._enqueue(value, key, properties, event_time, None)
-        with txn.operation():
+        txn.check_open()  # what ``txn.operation()`` does, without an object per message
+        try:
             return self._enqueue(value, key, properties, event_time, txn)
+        except BaseException as error:
+            txn.fail(error)
+            raise
+
+    def _hold(self, txn: Transaction) -> None:
+        """Tell ``txn`` this producer has work of it (its commit flushes it here and waits), once
+        until it is flushed: ``hold`` takes the txn's lock, a cost per message otherwise."""
+        if len(self._holding) >= 256:  # txns never ended stay in it: a bound, holding again is harmless
+            self._holding.clear()
+        self._holding.add(txn)
+        txn.hold(self)
+
+    def _partition(self, key: str) -> int:
+        partition = self._partition_of.get(key)
+        if partition is None:
+            if len(self._partition_of) >= _KEY_CACHE_SIZE:
+                self._partition_of.clear()  # a bound, not an LRU: refilling costs one hash a key
+            partition = self._partition_of[key] = partition_for(key, self.partitions)
+        return partition
 
     def _enqueue(self, value: bytes, key: str | None, properties: dict[str, str] | None,
                  event_time: int | None, txn: Transaction | None) -> tuple[SendFuture, _Batch]:
         if self._closed:
             raise InvalidArgument(f"producer {self.producer_name} is closed")
-        if not isinstance(value, (bytes, bytearray, memoryview)):
-            raise InvalidArgument(f"value must be bytes, not {type(value).__name__}")
-        value = bytes(value)
+        if type(value) is not bytes:
+            if not isinstance(value, (bytes, bytearray, memoryview)):
+                raise InvalidArgument(f"value must be bytes, not {type(value).__name__}")
+            value = bytes(value)
         if len(value) > self.max_message_bytes:
             raise MessageTooLarge(f"message of {len(value)} bytes exceeds {self.max_message_bytes}")
-        if key is not None and not isinstance(key, str):
+        if key is None:
+            partition = -1
+        elif type(key) is str:
+            partition = self._partition(key)
+        else:
             raise InvalidArgument(f"key must be a str, not {type(key).__name__}")
-        record = encode_message(MessageRecord(value, key, dict(properties) if properties else {}, event_time))
-        if txn is not None:
-            txn.hold(self)  # commit flushes this producer's batches of the txn and waits
+        if key is None and not properties and event_time is None:
+            record = encode_plain(value)
+        else:
+            record = encode_message(MessageRecord(value, key, dict(properties) if properties else {}, event_time))
+        size = len(record)
+        if txn is not None and txn not in self._holding:
+            self._hold(txn)
         with self._lock:
-            self._wait_for_room(len(record))
-            partition = partition_for(key, self.partitions) if key is not None else self._keyless_partition
-            batch_key = _batch_key(partition, txn)
+            if self._pending_messages and (self._pending_messages >= self.max_pending_messages
+                                           or self._pending_bytes + size > self.max_pending_bytes):
+                self._wait_for_room(1, size)
+            if partition < 0:
+                partition = self._keyless_partition
+            batch_key = (partition, txn.id if txn is not None else None)
             batch = self._open.get(batch_key)
             opened = batch is None
             if batch is None:
@@ -240,9 +381,9 @@ class Producer:
             future = SendFuture(batch.condition)
             batch.records.append(record)
             batch.futures.append(future)
-            batch.size += len(record)
+            batch.size += size
             self._pending_messages += 1
-            self._pending_bytes += len(record)
+            self._pending_bytes += size
             full = len(batch.records) >= self.max_messages or batch.size >= self.max_bytes
             if full:
                 self._seal_locked(batch)
@@ -250,19 +391,123 @@ class Producer:
             self._client.loop.call_soon(self._batch_event, batch, opened)
         return future, batch
 
-    def _full_for(self, size: int) -> bool:
-        # One message alone always fits, or a large message could never be sent.
-        return self._pending_messages > 0 and (self._pending_messages >= self.max_pending_messages
-                                               or self._pending_bytes + size > self.max_pending_bytes)
+    def _send_batch(self, values: Any, keys: Any, properties: Sequence[dict[str, str] | None] | None,
+                    txn: Transaction | None) -> BatchSendFuture:
+        if self._closed:
+            raise InvalidArgument(f"producer {self.producer_name} is closed")
+        value_list = _value_list(values)
+        count = len(value_list)
+        key_list = _key_list(keys, count)
+        if properties is not None and (not isinstance(properties, Sequence) or len(properties) != count):
+            raise InvalidArgument(f"properties must be None or a list of {count} dicts (or None)")
+        for index, value in enumerate(value_list):
+            if len(value) > self.max_message_bytes:
+                raise MessageTooLarge(f"message {index} of {len(value)} bytes exceeds {self.max_message_bytes}")
+        records = self._encode_all(value_list, key_list, properties)
+        collector = _Collector(count)
+        if count == 0:
+            collector.future.set_result([])
+            return collector.future
+        total = sum(map(len, records))
+        # Keyed messages by partition, input order kept; keyless ones go as whole batches.
+        keyed: dict[int, list[int]] = {}
+        keyless: list[int] = []
+        if key_list is None:
+            keyless = list(range(count))
+        else:
+            partition_of = self._partition
+            for index, key in enumerate(key_list):
+                if key is None:
+                    keyless.append(index)
+                else:
+                    keyed.setdefault(partition_of(key), []).append(index)
+        if txn is not None and txn not in self._holding:
+            self._hold(txn)
+        touched: list[int] = []
+        keyless_chunks = self._chunks(records, keyless)
+        with self._lock:
+            if self._pending_messages and (self._pending_messages + count > self.max_pending_messages
+                                           or self._pending_bytes + total > self.max_pending_bytes):
+                self._wait_for_room(count, total)
+            self._pending_messages += count
+            self._pending_bytes += total
+            for chunk in keyless_chunks:  # whole batches, round-robin
+                partition = self._keyless_partition
+                self._keyless_partition = (partition + 1) % self.partitions
+                if partition in keyed:
+                    keyed[partition] = sorted(keyed[partition] + chunk)  # the partition gets input order
+                else:
+                    keyed[partition] = chunk
+            for partition, indexes in keyed.items():
+                self._queue_chunks_locked(partition, txn, records, indexes, collector, touched)
+        self._client.loop.call_soon(self._batches_queued, txn, touched)
+        return collector.future
 
-    def _wait_for_room(self, size: int) -> None:
-        """Under the lock: block while one more message of ``size`` bytes would pass the limits."""
-        if not self._full_for(size):
+    def _chunks(self, records: list[bytes], indexes: list[int]) -> list[list[int]]:
+        """``indexes`` cut into runs within the batch limits (a record alone always makes one)."""
+        chunks: list[list[int]] = []
+        start = 0
+        while start < len(indexes):
+            end, size = start, 0
+            while end < len(indexes) and end - start < self.max_messages:
+                record_size = len(records[indexes[end]])
+                if end > start and size + record_size > self.max_bytes:
+                    break
+                size += record_size
+                end += 1
+            chunks.append(indexes[start:end])
+            start = end
+        return chunks
+
+    def _encode_all(self, values: list[bytes], keys: list[str | None] | None,
+                    properties: Sequence[dict[str, str] | None] | None) -> list[bytes]:
+        """Every record of a ``send_batch`` call, checking the properties on the way."""
+        if keys is None and properties is None:
+            return [_PLAIN_SMALL % (len(v), v) if len(v) < 256 else encode_message(MessageRecord(v))
+                    for v in values]
+        records = []
+        for index, value in enumerate(values):
+            key = keys[index] if keys is not None else None
+            props = properties[index] if properties is not None else None
+            if props:
+                if not isinstance(props, dict) or not all(type(k) is str and type(v) is str for k, v in props.items()):
+                    raise InvalidArgument(f"properties of message {index} must be a dict of str to str, "
+                                          f"got {props!r}")
+                records.append(encode_message(MessageRecord(value, key, dict(props))))
+            elif props is None or isinstance(props, dict):
+                records.append(encode_plain(value) if key is None else encode_message(MessageRecord(value, key)))
+            else:
+                raise InvalidArgument(f"properties of message {index} must be a dict, got {type(props).__name__}")
+        return records
+
+    def _queue_chunks_locked(self, partition: int, txn: Transaction | None, records: list[bytes],
+                             indexes: list[int], collector: _Collector, touched: list[int]) -> None:
+        """Under the lock: cut ``indexes`` into sealed batches of ``partition`` and queue them
+        behind the open batch of the same (partition, txn), which is sealed first."""
+        open_batch = self._open.get(_batch_key(partition, txn))
+        if open_batch is not None:
+            self._seal_locked(open_batch)
+        queue = self._sealed[partition]
+        for chunk in self._chunks(records, indexes):
+            batch_records = [records[i] for i in chunk]
+            queue.append(_Batch(partition, txn, batch_records, [], size=sum(map(len, batch_records)), sealed=True,
+                                collector=collector, indexes=chunk))
+        touched.append(partition)
+
+    def _wait_for_room(self, count: int, size: int) -> None:
+        """Under the lock: block while ``count`` more messages of ``size`` bytes would pass the
+        limits (never while nothing is pending: one message, or call, larger than them goes)."""
+        def full() -> bool:
+            return self._pending_messages > 0 and (
+                self._pending_messages + count > self.max_pending_messages
+                or self._pending_bytes + size > self.max_pending_bytes)
+
+        if not full():
             return
         if self._client.loop.in_loop():  # the loop frees the room: it must never wait for it
             raise ProducerQueueFull(f"producer {self.producer_name}: {self._pending_messages} messages pending")
         deadline = time.monotonic() + self.send_timeout_s
-        while self._full_for(size):
+        while full():
             left = deadline - time.monotonic()
             if left <= 0:
                 raise ProducerQueueFull(
@@ -274,6 +519,9 @@ class Producer:
     def _seal_locked(self, batch: _Batch) -> None:
         """Under the lock: close ``batch`` to new messages and queue it for its partition."""
         del self._open[batch.key]
+        self._queue_sealed_locked(batch)
+
+    def _queue_sealed_locked(self, batch: _Batch) -> None:
         batch.sealed = True
         self._sealed[batch.partition].append(batch)
         if batch.partition == self._keyless_partition:  # keyless traffic moves on, batch by batch
@@ -284,28 +532,34 @@ class Producer:
     def _batch_event(self, batch: _Batch, opened: bool) -> None:
         if opened:
             if batch.txn is not None:
-                self._register_early(batch.txn, batch.partition)
+                self._register_early(batch.txn, [batch.partition])
             if not batch.sealed:
                 asyncio.get_running_loop().call_later(self.max_delay_s, self._linger_passed, batch)
         self._kick(batch.partition)
 
-    def _register_early(self, txn: Transaction, partition: int) -> None:
-        """Register ``partition`` with the txn's coordinator while its batch fills, not when it is
-        sent. A txn's first batch also registers, in the same call, every partition the previous
-        txn sent to if that was more than one: a steady stream of transactions (a pipeline
-        committing every N ms) touches the same partitions each time, and each partition's first
-        append would otherwise wait for a registration of its own. A guess that is wrong costs
-        little: a commit reaching a partition the txn never wrote to writes nothing there, an abort
-        one marker."""
+    def _batches_queued(self, txn: Transaction | None, partitions: list[int]) -> None:
+        if txn is not None:
+            self._register_early(txn, partitions)
+        for partition in partitions:
+            self._kick(partition)
+
+    def _register_early(self, txn: Transaction, partitions: list[int]) -> None:
+        """Register ``partitions`` with the txn's coordinator while their batches fill, not when
+        they are sent. A txn's first batch also registers, in the same call, every partition the
+        previous txn sent to if that was more than one: a steady stream of transactions (a
+        pipeline committing every N ms) touches the same partitions each time, and each
+        partition's first append would otherwise wait for a registration of its own. A guess that
+        is wrong costs little: a commit reaching a partition the txn never wrote to writes nothing
+        there, an abort one marker."""
         working_txn, working_set = self._working_set
-        partitions = [partition]
+        wanted = list(partitions)
         if working_txn != txn.id:
             if len(working_set) > 1:
-                partitions += sorted(working_set - {partition})
-            self._working_set = (txn.id, {partition})
+                wanted += sorted(working_set - set(partitions))
+            self._working_set = (txn.id, set(partitions))
         else:
-            working_set.add(partition)
-        task = asyncio.get_running_loop().create_task(self._register(txn, partitions))
+            working_set.update(partitions)
+        task = asyncio.get_running_loop().create_task(self._register(txn, wanted))
         self._registering.add(task)
         task.add_done_callback(self._registering.discard)
 
@@ -315,12 +569,15 @@ class Producer:
         except BaseException:  # noqa: BLE001 - the batch's own send registers again and reports it
             pass
 
+    def _busy(self, partition: int) -> bool:
+        return bool(self._window[partition]) or self._recovering[partition]
+
     def _linger_passed(self, batch: _Batch) -> None:
         with self._lock:
             if batch.sealed:
                 return
             batch.lingered = True
-            if self._sending[batch.partition] is None:
+            if not self._busy(batch.partition):
                 self._seal_locked(batch)
         self._kick(batch.partition)
 
@@ -331,13 +588,19 @@ class Producer:
         self._kick(batch.partition)
 
     def _kick(self, partition: int) -> None:
-        if self._sending[partition] is None and self._sealed[partition]:
-            self._sending[partition] = asyncio.get_running_loop().create_task(self._send_loop(partition))
+        if self._sending[partition] is None:
+            if self._sealed[partition]:
+                self._sending[partition] = asyncio.get_running_loop().create_task(self._send_loop(partition))
+        else:
+            wake = self._wake[partition]
+            if wake is not None:
+                wake.set()
 
     def _next_batch(self, partition: int) -> _Batch | None:
-        """Under the lock: the partition's next batch to send, sealing any that have lingered."""
+        """Under the lock: the partition's next batch to send, sealing any that have lingered
+        when nothing is in flight there."""
         queue = self._sealed[partition]
-        if not queue:
+        if not queue and not self._busy(partition):
             for batch in [b for b in self._open.values() if b.partition == partition and b.lingered]:
                 self._seal_locked(batch)
         return queue.popleft() if queue else None
@@ -350,55 +613,199 @@ class Producer:
                 if txn is None or batch.txn is txn:
                     self._seal_locked(batch)
             waiting = [b for queue in self._sealed for b in queue if txn is None or b.txn is txn]
-        waiting += [b for b in self._in_flight if b is not None and (txn is None or b.txn is txn)]
+        waiting += [f.batch for window in self._window for f in window if txn is None or f.batch.txn is txn]
+        waiting += [b for b in self._launching if b is not None and (txn is None or b.txn is txn)]
         for partition in range(self.partitions):
             self._kick(partition)
         for batch in waiting:
             await batch.durable.wait()
 
     async def _send_loop(self, partition: int) -> None:
+        """The partition's sender: keeps up to ``max_in_flight`` batches in flight, in sequence
+        order; after a failure, resends in order before anything new goes."""
+        wake = self._wake[partition] = self._wake[partition] or asyncio.Event()
+        window = self._window[partition]
         try:
             while True:
-                with self._lock:
-                    batch = self._next_batch(partition)
-                if batch is None:
-                    return
-                first = self._next_sequence[partition]
-                self._next_sequence[partition] += len(batch.records)
-                self._in_flight[partition] = batch
-                try:
-                    await self._send_batch(batch, first)
-                finally:
-                    self._in_flight[partition] = None
+                wake.clear()
+                if self._recovering[partition]:
+                    if all(f.replied for f in window):
+                        await self._recover(partition)
+                        continue
+                elif len(window) < self.max_in_flight:
                     with self._lock:
-                        self._pending_messages -= len(batch.records)
-                        self._pending_bytes -= batch.size
-                        self._room.notify_all()
-                    batch.durable.set()
+                        batch = self._next_batch(partition)
+                    if batch is not None:
+                        await self._launch(partition, batch)
+                        continue
+                if not window and not self._recovering[partition]:
+                    return
+                await wake.wait()
         finally:
             self._sending[partition] = None
 
-    async def _send_batch(self, batch: _Batch, first_sequence: int) -> None:
+    async def _launch(self, partition: int, batch: _Batch) -> None:
+        """Register the batch's partition with its txn (usually done already), then give it its
+        sequence ids and send it. No await between numbering and sending, so calls leave in
+        sequence order."""
         txn = batch.txn
+        if txn is not None:
+            self._launching[partition] = batch  # a flush meanwhile waits for it too
+            try:
+                await txn.register("partition", (self.topic, partition))
+            except Exception as error:  # noqa: BLE001 - the batch's futures carry it
+                self._fail(batch, error)
+                return
+            finally:
+                self._launching[partition] = None
+            if self._recovering[partition]:  # something failed meanwhile: this one waits its turn
+                with self._lock:
+                    self._sealed[partition].appendleft(batch)
+                return
+        window = self._window[partition]
+        flight = _Flight(batch, self._next_sequence[partition])
+        self._next_sequence[partition] = flight.last + 1
+        previous = window[-1].last if window else -1
+        window.append(flight)
         try:
-            if txn is not None:
-                await txn.register("partition", (self.topic, batch.partition))
-            result = await self._refs[batch.partition].call_async(
-                "append", self.producer_name, first_sequence, batch.records, txn.id if txn else None,
-                deadline_s=self.send_timeout_s)
-        except BaseException as e:  # every message of the batch learns why
-            if txn is not None:
-                txn.fail(e)  # the txn can no longer commit: its writes would be partial
-            _settle(batch.futures, batch.condition, None, e)
-            if not isinstance(e, Exception):
-                raise
+            reply = self._refs[partition].submit("append", self.producer_name, flight.first, batch.records,
+                                                 txn.id if txn else None, previous)
+        except Exception as error:  # noqa: BLE001 - e.g. ActorNotFound: sorted out by the recovery
+            self._flight_failed(partition, flight, error)
             return
+        task = asyncio.ensure_future(self._await_reply(partition, flight, reply))
+        self._replies.add(task)
+        task.add_done_callback(self._replies.discard)
+
+    async def _await_reply(self, partition: int, flight: _Flight, reply: Any) -> None:
+        try:
+            result = await reply
+        except Exception as raw:  # noqa: BLE001 - sorted out by the recovery
+            self._flight_failed(partition, flight, raw)
+            return
+        flight.replied = True
+        self._window[partition].remove(flight)
+        self._complete(flight.batch, result)
+        self._kick(partition)
+
+    def _flight_failed(self, partition: int, flight: _Flight, raw: BaseException) -> None:
+        error = unwrap(raw)
+        if retriable(error):
+            self._refs[partition].forget()  # it may have been replaced
+        flight.replied = True
+        flight.error = error
+        self._recovering[partition] = True
+        self._kick(partition)
+
+    async def _recover(self, partition: int) -> None:
+        """Every batch in flight has its answer and some failed: resend those that did not
+        succeed, oldest first, one at a time, with their sequence ids (a duplicate is acknowledged
+        with the original's outcome). Each follows nothing unacknowledged (``previous`` -1): every
+        batch before it is stored, or failed for good."""
+        window = self._window[partition]
+        ref = self._refs[partition]
+        while window:
+            flight = window[0]
+            batch = flight.batch
+            error = flight.error
+            if error is not None and retriable(error):
+                txn_id = batch.txn.id if batch.txn else None
+                try:
+                    result = await retry_async(
+                        lambda f=flight, t=txn_id: ref.attempt_async("append", self.producer_name, f.first,
+                                                                     f.batch.records, t, -1),
+                        self.send_timeout_s, what=f"{ref.name}.append")
+                except Exception as final:  # noqa: BLE001 - the batch's futures carry it
+                    error = final
+                else:
+                    error = None
+                    window.popleft()
+                    self._complete(batch, result)
+                    continue
+            window.popleft()
+            self._fail(batch, error if error is not None else RuntimeError("batch without outcome"))
+        self._recovering[partition] = False
+
+    def _finish(self, batch: _Batch) -> None:
+        with self._lock:
+            self._pending_messages -= len(batch.records)
+            self._pending_bytes -= batch.size
+            self._room.notify_all()
+        batch.durable.set()
+
+    def _complete(self, batch: _Batch, result: Any) -> None:
         position = result.position
         ledger_id, entry_id = (position.ledger_id, position.entry_id) if position else (-1, -1)
         topic, partition = self.topic, batch.partition
-        _settle(batch.futures, batch.condition,
-                [MessageId(topic, partition, ledger_id, entry_id, i) for i in range(len(batch.futures))], None)
+        ids = [MessageId(topic, partition, ledger_id, entry_id, i) for i in range(len(batch.records))]
+        if batch.collector is not None:
+            batch.collector.deliver(batch.indexes, ids)
+        else:
+            _settle(batch.futures, batch.condition, ids, None)
+        self._finish(batch)
+
+    def _fail(self, batch: _Batch, error: BaseException) -> None:
+        if batch.txn is not None:
+            batch.txn.fail(error)  # the txn can no longer commit: its writes would be partial
+        if batch.collector is not None:
+            batch.collector.fail(error)
+        else:
+            _settle(batch.futures, batch.condition, None, error)
+        self._finish(batch)
 
     def __repr__(self) -> str:
         return f"Producer({self.producer_name!r}, topic={self.topic!r})"
 
+
+def _value_list(values: Any) -> list[bytes]:
+    """``send_batch``'s values as a list of bytes; ``InvalidArgument`` for anything else."""
+    if isinstance(values, (list, tuple)):
+        converted = None
+        for index, value in enumerate(values):
+            if type(value) is not bytes:
+                if not isinstance(value, (bytes, bytearray, memoryview)):
+                    raise InvalidArgument(f"value {index} must be bytes, not {type(value).__name__}")
+                converted = converted or list(values)
+                converted[index] = bytes(value)
+        if converted is not None:
+            return converted
+        return values if isinstance(values, list) else list(values)
+    arrow = _arrow_list(values, ("binary", "large_binary"), "values")
+    if arrow is None:
+        raise InvalidArgument(f"values must be a list of bytes or an Arrow binary array, not {type(values).__name__}")
+    if None in arrow:
+        raise InvalidArgument(f"values must not be null (value {arrow.index(None)} is)")
+    return arrow
+
+
+def _key_list(keys: Any, count: int) -> list[str | None] | None:
+    if keys is None:
+        return None
+    if isinstance(keys, (list, tuple)):
+        key_list = list(keys)
+        for index, key in enumerate(key_list):
+            if key is not None and type(key) is not str:
+                raise InvalidArgument(f"key {index} must be a str or None, not {type(key).__name__}")
+    else:
+        key_list = _arrow_list(keys, ("string", "large_string"), "keys")  # type: ignore[assignment]
+        if key_list is None:
+            raise InvalidArgument(f"keys must be None, a list of str or an Arrow string array, "
+                                  f"not {type(keys).__name__}")
+    if len(key_list) != count:
+        raise InvalidArgument(f"{len(key_list)} keys for {count} values")
+    if all(key is None for key in key_list):
+        return None
+    return key_list
+
+
+def _arrow_list(column: Any, type_names: tuple[str, ...], what: str) -> list | None:
+    """A pyarrow Array or ChunkedArray of one of ``type_names`` as a Python list; None when
+    ``column`` is not Arrow (pyarrow is imported only if it is loaded already)."""
+    import sys
+
+    pa = sys.modules.get("pyarrow")
+    if pa is None or not isinstance(column, (pa.Array, pa.ChunkedArray)):
+        return None
+    if str(column.type) not in type_names:
+        raise InvalidArgument(f"{what} must be an Arrow array of {' or '.join(type_names)}, not {column.type}")
+    return column.to_pylist()

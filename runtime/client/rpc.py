@@ -80,6 +80,12 @@ class ActorRef:
         return await retry_async(lambda: self.attempt_async(method, *args, **kwargs), deadline_s,
                                  what=f"{self.name}.{method}")
 
+    def submit(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Submit one call of ``method`` now and return its ``ray.ObjectRef`` (awaitable), not
+        retried: calls submitted one after another from one thread reach the actor in that order
+        (a producer's pipelined appends). ``ActorNotFound`` when the actor cannot be looked up."""
+        return getattr(self.handle(), method).remote(*args, **self._with_auth(kwargs))
+
     async def attempt_async(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """One call of ``method``, not retried: for callers with their own retry loop (one whose
         arguments change between attempts). After a retriable failure the actor is looked up

@@ -40,6 +40,24 @@ Contract for the caller (the partition actor):
   entry that certainly was not handed to the ledger (rejected before queuing).
 * ``publish_time_ms`` of headers is stamped by the actor's clock; a txn's age is measured from the
   publish time of its first entry here, so replay restores it.
+
+Sequence rule (a producer may have several appends in flight per partition, Kafka's
+``max.in.flight`` with idempotence). A producer numbers its batches for this partition
+contiguously and says, with each append, ``previous_sequence``: the last sequence id of the batch
+it sent here just before this one and has not yet seen acknowledged (-1 when every earlier batch
+is acknowledged, or given up after a final error). Let ``highest`` be the producer's highest
+sequence id stored or prepared here (-1 when unknown). Then, in this order:
+
+1. ``last_sequence <= highest``: a DUPLICATE (a retry); acknowledged with the original position
+   when it is the producer's latest entry. Also after the txn of the original ended.
+2. ``first_sequence <= highest``: overlaps what was written: ``InvalidArgument``.
+3. ``previous_sequence > highest``: the batch it follows has not arrived (it is in flight behind
+   this one, or failed and is being resent): ``OutOfOrderSequence`` (retriable), nothing changes.
+   The producer resends in order, with the same sequence ids, so a stored batch is never followed
+   by one sent before it, and no sequence id is stored twice.
+4. otherwise OK. A gap (``first_sequence > highest + 1`` with ``previous_sequence <= highest``) is
+   allowed: the range of a batch that failed for good is never reused, and a producer whose entry
+   the LRU-bounded dedup table evicted continues where it was.
 """
 
 from __future__ import annotations
@@ -54,6 +72,7 @@ from raytxn.errors import (
     InvalidArgument,
     InvalidTxnState,
     NotAllowed,
+    OutOfOrderSequence,
     TransactionAlreadyAborted,
 )
 from raytxn.ids import EARLIEST, Position, TxnID
@@ -254,11 +273,16 @@ class TransactionBuffer:
 
     # --- appends ---------------------------------------------------------------------------
 
-    def prepare_append(self, header: EntryHeader) -> AppendDecision:
+    def prepare_append(self, header: EntryHeader, previous_sequence: int = -1) -> AppendDecision:
         """Decide on a DATA entry: OK (then write it and ``apply`` it), DUPLICATE, or raise
-        ``NotAllowed`` (txn ended, ending, or at/below its coordinator's low watermark) or
-        ``InvalidArgument`` (malformed, or sequences overlapping what was written)."""
+        ``NotAllowed`` (txn ended, ending, or at/below its coordinator's low watermark),
+        ``InvalidArgument`` (malformed, or sequences overlapping what was written) or
+        ``OutOfOrderSequence`` (``previous_sequence``, the batch it follows, is not here yet; see
+        the sequence rule above)."""
         _check_data_header(header)
+        if type(previous_sequence) is not int or not -1 <= previous_sequence < header.first_sequence:
+            raise InvalidArgument(f"previous_sequence must be an int in -1..{header.first_sequence - 1}, "
+                                  f"got {previous_sequence!r}")
         known = self._dedup.get(header.producer)
         persisted = known.last_sequence if known else -1
         pending = self._pending_sequences.get(header.producer)
@@ -270,10 +294,14 @@ class TransactionBuffer:
             return AppendDecision(AppendStatus.DUPLICATE, position)
         if header.last_sequence <= highest_pending:
             return AppendDecision(AppendStatus.DUPLICATE, None, in_flight=True)
-        if header.first_sequence <= max(persisted, highest_pending):
+        highest = max(persisted, highest_pending)
+        if header.first_sequence <= highest:
             raise InvalidArgument(f"producer {header.producer!r}: sequences {header.first_sequence}.."
-                                  f"{header.last_sequence} overlap sequence {max(persisted, highest_pending)} "
-                                  "already written")
+                                  f"{header.last_sequence} overlap sequence {highest} already written")
+        if previous_sequence > highest:
+            raise OutOfOrderSequence(f"producer {header.producer!r}: sequences {header.first_sequence}.."
+                                     f"{header.last_sequence} follow {previous_sequence}, but the highest "
+                                     f"here is {highest}")
         txn = header.txn
         if txn is not None:
             if txn in self._ending:

@@ -29,27 +29,52 @@ def _engine(**config: object) -> rt.Client:
     return rt.connect(storage=f"file://{tempfile.mkdtemp(prefix='raytxn-bench-')}", **config)
 
 
-def _produce(client: rt.Client, topic: str, messages: int, transactional: bool) -> float:
-    """Send ``messages``; in txns, one per 100 ms, committed in the background while the next one
-    sends, and begun (``new_transaction_async``) while the previous one still sends, as a
-    pipeline would. Returns durable (committed) messages per second."""
+MODES = ("plain", "txn", "txn_sync", "batch")
+BATCH_CALL = 1000  # messages per send_batch call in the "batch" mode
+
+
+def _produce(client: rt.Client, topic: str, messages: int, transactional: bool = False,
+             mode: str | None = None) -> float:
+    """Send ``messages`` of 100 B in windows of 100 ms; returns durable (committed) msgs/s.
+
+    ``plain``: ``send_async`` in a loop, ``flush`` every window. ``txn``: one txn per window,
+    committed in the background while the next one sends, and begun (``new_transaction_async``)
+    while the previous one still sends, as a pipeline would. ``txn_sync``: the plain synchronous
+    pattern a new user writes: ``new_transaction()``, ``send_async`` in a loop, then ``commit()``
+    (which flushes) in the sender's thread, every window. ``batch``: ``send_batch`` of 1,000
+    messages a call, ``flush`` every window. Without a ``mode``: ``txn`` if ``transactional``,
+    else ``plain``."""
+    mode = mode or ("txn" if transactional else "plain")
     producer = client.create_producer(topic, batching_max_delay_ms=2)
     committer = concurrent.futures.ThreadPoolExecutor(1)
     commits: list[concurrent.futures.Future] = []
+    batch_values = [PAYLOAD] * BATCH_CALL
     start = time.perf_counter()
     sent = 0
-    next_txn = client.new_transaction_async(timeout=60) if transactional else None
+    next_txn = client.new_transaction_async(timeout=60) if mode == "txn" else None
     while sent < messages:
-        txn = next_txn.result() if next_txn is not None else None
-        if transactional:
+        txn = None
+        if mode == "txn":
+            assert next_txn is not None
+            txn = next_txn.result()
             next_txn = client.new_transaction_async(timeout=60)
-        window_end = time.perf_counter() + 0.1  # one transaction per 100 ms
-        futures = []
+        elif mode == "txn_sync":
+            txn = client.new_transaction(timeout=60)
+        window_end = time.perf_counter() + 0.1  # one transaction (or flush) per 100 ms
         while sent < messages and time.perf_counter() < window_end:
-            futures += [producer.send_async(PAYLOAD, txn=txn) for _ in range(200)]
-            sent += 200
-        if txn is not None:
+            if mode == "batch":
+                producer.send_batch(batch_values)
+                sent += BATCH_CALL
+            else:
+                for _ in range(200):
+                    producer.send_async(PAYLOAD, txn=txn)
+                sent += 200
+        if mode == "txn":
+            assert txn is not None
             commits.append(committer.submit(txn.commit))  # the next txn starts meanwhile
+        elif mode == "txn_sync":
+            assert txn is not None
+            txn.commit()
         else:
             producer.flush()
     producer.flush()
@@ -63,36 +88,39 @@ def _produce(client: rt.Client, topic: str, messages: int, transactional: bool) 
 
 
 def bench_produce(short: bool = False, progress: Callable[[str], None] = print) -> list[dict]:
-    """Plain and transactional (commit every 100 ms) produce throughput of 100 B messages on 1 and
-    4 partitions, their ratio, and each one's ratio to this machine's ceiling (``bench_ceiling``)
-    measured in every round.
+    """Produce throughput of 100 B messages on 1 and 4 partitions in four modes (``_produce``:
+    plain, txn, txn_sync, batch), their ratios (txn and txn_sync to plain), and each one's ratio
+    to this machine's ceiling (``bench_ceiling``) measured in every round.
 
     A run sends 600k messages (5-7 s), so the last commit's latency (~0.1 s, counted: the rate is
     of committed messages) weighs little. On a 2-core machine runs of the same mode still differ by
     up to 20% from minute to minute (the driver, the partition actors, the coordinators and Ray
-    share the cores), so plain and txn runs alternate, each on a fresh topic, the order flipped
-    every round, and ``txn_over_plain`` is the median over rounds of the ratio of a round's two
-    runs; the medians of each mode and every run are in the row too."""
+    share the cores), so the modes alternate, each on a fresh topic, the order rotated every
+    round, and a ratio is the median over rounds of the ratio of a round's two runs; the medians
+    of each mode and every run are in the row too."""
     client = _engine()
     rows = []
     rounds = 2 if short else 3
     messages = 50_000 if short else 600_000
     try:
         for partitions in (1, 4):
-            rates: dict[str, list[float]] = {"plain": [], "txn": [], "ceiling": []}
+            rates: dict[str, list[float]] = {mode: [] for mode in (*MODES, "ceiling")}
             for round_ in range(rounds):
                 rates["ceiling"].append(measure_ceiling(messages))  # this round's ceiling, same load
-                for mode in ("plain", "txn") if round_ % 2 == 0 else ("txn", "plain"):
-                    topic = f"bench-{mode}-{partitions}-{round_}"
+                order = MODES[round_ % len(MODES):] + MODES[:round_ % len(MODES)]
+                for mode in order if round_ % 2 == 0 else tuple(reversed(order)):
+                    topic = f"bench-{mode.replace('_', '-')}-{partitions}-{round_}"
                     client.create_topic(topic, partitions)
-                    rates[mode].append(_produce(client, topic, messages, mode == "txn"))
+                    rates[mode].append(_produce(client, topic, messages, mode=mode))
                     client.delete_topic(topic)  # its ledgers go: a full bench writes ~800 MB
-                progress(f"  {partitions} partition(s) round {round_ + 1}/{rounds}: plain "
-                         f"{rates['plain'][-1]:9.0f} msgs/s, txn {rates['txn'][-1]:9.0f} msgs/s")
+                progress(f"  {partitions} partition(s) round {round_ + 1}/{rounds}: "
+                         + ", ".join(f"{mode} {rates[mode][-1]:9.0f}" for mode in MODES) + " msgs/s, ceiling "
+                         f"{rates['ceiling'][-1]:9.0f}")
             row = produce_row(partitions, messages, rates)
             rows.append(row)
             progress(f"  {partitions} partition(s) median: plain {row['plain_msgs_per_s']:9.0f}, txn "
-                     f"{row['txn_msgs_per_s']:9.0f}, txn/plain per round {row['txn_over_plain']:.3f}")
+                     f"{row['txn_msgs_per_s']:9.0f}, txn/plain per round {row['txn_over_plain']:.3f}, "
+                     f"txn_sync/plain {row.get('txn_sync_over_plain')}, batch/ceiling {row.get('batch_over_ceiling')}")
     finally:
         client.close()
         stop_engine()
@@ -100,20 +128,27 @@ def bench_produce(short: bool = False, progress: Callable[[str], None] = print) 
 
 
 def produce_row(partitions: int, messages: int, rates: dict[str, list[float]]) -> dict:
-    """``rates``: msgs/s of every plain and txn run, and of the ceiling probe
-    (``bench_ceiling``), round by round; ratios are medians of each round's own ratio."""
+    """``rates``: msgs/s of every run of each mode (plain and txn, optionally txn_sync and batch),
+    and of the ceiling probe (``bench_ceiling``), round by round; ratios are medians of each
+    round's own ratio."""
 
     def per_round(mode: str, base: str) -> float:
         return round(statistics.median(a / b for a, b in zip(rates[mode], rates[base], strict=True)), 3)
 
-    return {"bench": "produce", "partitions": partitions, "message_bytes": len(PAYLOAD),
-            "messages_per_run": messages, "rounds": len(rates["plain"]),
-            "plain_msgs_per_s": round(statistics.median(rates["plain"]), 1),
-            "txn_msgs_per_s": round(statistics.median(rates["txn"]), 1), "txn_over_plain": per_round("txn", "plain"),
-            "ceiling_msgs_per_s": round(statistics.median(rates["ceiling"]), 1),
-            "plain_over_ceiling": per_round("plain", "ceiling"), "txn_over_ceiling": per_round("txn", "ceiling"),
-            "plain_runs": [round(r) for r in rates["plain"]], "txn_runs": [round(r) for r in rates["txn"]],
-            "ceiling_runs": [round(r) for r in rates["ceiling"]]}
+    modes = [mode for mode in MODES if rates.get(mode)]
+    row: dict = {"bench": "produce", "partitions": partitions, "message_bytes": len(PAYLOAD),
+                 "messages_per_run": messages, "rounds": len(rates["plain"])}
+    for mode in modes:
+        row[f"{mode}_msgs_per_s"] = round(statistics.median(rates[mode]), 1)
+    for mode in ("txn", "txn_sync"):
+        if mode in modes:
+            row[f"{mode}_over_plain"] = per_round(mode, "plain")
+    row["ceiling_msgs_per_s"] = round(statistics.median(rates["ceiling"]), 1)
+    for mode in modes:
+        row[f"{mode}_over_ceiling"] = per_round(mode, "ceiling")
+    for mode in (*modes, "ceiling"):
+        row[f"{mode}_runs"] = [round(r) for r in rates[mode]]
+    return row
 
 
 def _restart(ref: ActorRef, name: str) -> dict:

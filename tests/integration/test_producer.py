@@ -320,3 +320,169 @@ def test_a_fenced_commit_of_a_timed_out_transaction_raises_fenced(client: rt.Cli
         txn.commit()
     assert isinstance(stopped.value.__cause__, TransactionTimedOut)
     assert visible_values(topic) == []
+
+
+# --- send_batch -----------------------------------------------------------------------------
+
+
+def visible_records(topic: str, partitions: list[int]) -> dict[int, list[MessageRecord]]:
+    """Every readable message of each partition, in order, as stored (value, key, properties)."""
+    from raytxn.ids import Position
+    from raytxn.protocol.entry_format import decode_entry
+
+    records: dict[int, list[MessageRecord]] = {}
+    for p in partitions:
+        position, records[p] = Position(0, 0), []
+        while True:
+            result = partition_ref(topic, p).call("read", position, 1000)
+            for _pos, entry in result["entries"]:
+                records[p] += decode_entry(entry)[1]
+            if result["next"] == position:
+                break
+            position = result["next"]
+    return records
+
+
+def test_send_batch_routes_like_send_async_and_keeps_input_order(client: rt.Client) -> None:
+    import pyarrow as pa
+
+    topic = new_topic(client, 3)
+    producer = client.create_producer(topic, batching_max_messages=7)
+    keys = [None if i % 5 == 0 else f"k{i % 11}" for i in range(60)]
+    values = [f"v{i}".encode() for i in range(60)]
+    props = [{"i": str(i)} if i % 2 else None for i in range(60)]
+    ids = producer.send_batch(values, keys=keys, properties=props).result(timeout=30)
+    assert len(ids) == 60 and all(isinstance(m, MessageId) for m in ids)
+    probes = {key: producer.send_async(b"probe", key=key) for key in set(keys) - {None}}
+    for key, message_id in zip(keys, ids, strict=True):
+        if key is not None:  # where send_async puts it
+            assert message_id.partition == partition_for(key, 3) == probes[key].result(timeout=30).partition
+    keyless = [m for k, m in zip(keys, ids, strict=True) if k is None]
+    # 12 keyless messages, 7 a batch: two runs, round-robin on two partitions.
+    assert len({m.partition for m in keyless[:7]}) == len({m.partition for m in keyless[7:]}) == 1
+    assert keyless[0].partition != keyless[7].partition
+    stored = visible_records(topic, [0, 1, 2])
+    for p in range(3):
+        mine = [r for r in stored[p] if r.value != b"probe"]
+        expected = [i for i, m in enumerate(ids) if m.partition == p]
+        assert [r.value for r in mine] == [values[i] for i in expected]  # input order within a partition
+        assert [r.key for r in mine] == [keys[i] for i in expected]
+        assert [r.properties for r in mine] == [props[i] or {} for i in expected]
+    per_partition = {}
+    for message_id in ids:  # ids ascend per partition, as the messages were stored
+        assert per_partition.get(message_id.partition, message_id) <= message_id
+        per_partition[message_id.partition] = message_id
+
+    # Arrow inputs: binary, large_binary and chunked values; a string array of keys with nulls.
+    arrow_topic = new_topic(client, 3)
+    arrow_producer = client.create_producer(arrow_topic)
+    arrow_values = [f"a{i}".encode() for i in range(30)]
+    arrow_keys = [None if i % 3 == 0 else f"key-{i}" for i in range(30)]
+    for column in (pa.array(arrow_values, pa.binary()), pa.array(arrow_values, pa.large_binary()),
+                   pa.chunked_array([arrow_values[:10], arrow_values[10:]], pa.binary())):
+        got = arrow_producer.send_batch(column, keys=pa.array(arrow_keys, pa.string())).result(timeout=30)
+        for key, message_id in zip(arrow_keys, got, strict=True):
+            assert key is None or message_id.partition == partition_for(key, 3)
+    stored = visible_records(arrow_topic, [0, 1, 2])
+    assert sorted(r.value for p in stored for r in stored[p]) == sorted(arrow_values * 3)
+
+
+def test_send_batch_in_a_transaction(client: rt.Client) -> None:
+    topic = new_topic(client, 2)
+    producer = client.create_producer(topic)
+    committed = client.new_transaction()
+    future = producer.send_batch([b"c1", b"c2", b"c3"], keys=["x", "y", None], txn=committed)
+    aborted = client.new_transaction()
+    producer.send_batch([b"a1", b"a2"], txn=aborted)
+    future.result(timeout=30)
+    assert visible_values(topic, [0, 1]) == []  # open: not readable yet
+    committed.commit()
+    aborted.abort()
+    assert sorted(visible_values(topic, [0, 1])) == [b"c1", b"c2", b"c3"]
+
+
+def test_send_batch_checks_everything_before_queueing_anything(client: rt.Client) -> None:
+    import pyarrow as pa
+
+    topic = new_topic(client)
+    producer = client.create_producer(topic, max_message_bytes=100)
+    bad_calls = [
+        (MessageTooLarge, ([b"ok", b"x" * 101, b"ok"],), {}),
+        (InvalidArgument, ([b"ok", "text"],), {}),
+        (InvalidArgument, ([b"ok", b"ok"],), {"keys": ["one"]}),
+        (InvalidArgument, ([b"ok"],), {"keys": [b"bytes-key"]}),
+        (InvalidArgument, ([b"ok", b"ok"],), {"properties": [None, {"n": 1}]}),
+        (InvalidArgument, ([b"ok"],), {"properties": [{"a": "b"}, None]}),
+        (InvalidArgument, (pa.array(["text"]),), {}),
+        (InvalidArgument, (pa.array([b"ok", None]),), {}),
+        (InvalidArgument, (b"not a list",), {}),
+    ]
+    for error, args, kwargs in bad_calls:
+        with pytest.raises(error):
+            producer.send_batch(*args, **kwargs)
+        assert producer.pending == (0, 0)
+    txn = client.new_transaction()
+    producer.send_batch([b"kept back"], txn=txn).result(timeout=30)
+    with pytest.raises(MessageTooLarge):
+        producer.send_batch([b"fine", b"y" * 101], txn=txn)
+    assert txn.state is TxnClientState.ABORT_ONLY
+    with pytest.raises(MessageTooLarge):
+        txn.commit()
+    assert producer.send_batch([]).result(timeout=5) == []
+    producer.send_batch([b"after"]).result(timeout=30)
+    assert visible_values(topic) == [b"after"]  # nothing of the refused calls, nor of the doomed txn
+
+
+def test_send_batch_larger_than_the_pending_limits_still_goes(client: rt.Client) -> None:
+    topic = new_topic(client)
+    producer = client.create_producer(topic, max_pending_messages=10, batching_max_messages=8, send_timeout_s=20)
+    first = producer.send_batch([f"m{i}".encode() for i in range(50)])  # 5x the limit, nothing else pending
+    second = producer.send_batch([f"n{i}".encode() for i in range(3)])  # waits for room, then goes
+    assert len(first.result(timeout=30)) == 50 and len(second.result(timeout=30)) == 3
+    assert producer.pending == (0, 0)
+    assert visible_values(topic) == [f"m{i}".encode() for i in range(50)] + [f"n{i}".encode() for i in range(3)]
+
+
+# --- appends in flight ---------------------------------------------------------------------------
+
+
+def test_a_batch_overtaking_its_predecessor_is_refused_and_resent_in_order(client: rt.Client) -> None:
+    """The first append is held 0.5 s on the partition before it is prepared; the batches sent
+    behind it arrive first and are refused (OutOfOrderSequence), then resent in order."""
+    topic = new_topic(client)
+    producer = client.create_producer(topic, batching_max_messages=10, max_in_flight=4)
+    delay_appends(client, topic, 0.5)
+    futures = [producer.send_async(f"o{i}".encode()) for i in range(40)]  # 4 full batches at once
+    producer.flush()
+    ids = [f.result() for f in futures]
+    assert ids == sorted(ids) and len({(m.ledger_id, m.entry_id) for m in ids}) == 4
+    assert partition_ref(topic).call("stats")["out_of_order"] >= 1
+    assert visible_values(topic) == [f"o{i}".encode() for i in range(40)]
+
+
+def test_appends_in_flight_keep_order_and_dedup_across_a_partition_restart(client: rt.Client) -> None:
+    """max_in_flight 5, lost replies (the entry stored, the answer dropped) and a partition
+    restart mid-stream: every message is stored once, in send order, and acknowledged."""
+    topic = new_topic(client)
+    producer = client.create_producer(topic, batching_max_messages=25, max_in_flight=5)
+    client.faults.arm("partition.after_append_before_reply", "drop_reply", times=3, probability=0.2, topic=topic)
+    sent: list[concurrent.futures.Future] = []
+
+    def produce() -> None:
+        for i in range(3000):
+            sent.append(producer.send_async(f"s{i}".encode()))
+            if i % 500 == 499:
+                time.sleep(0.05)
+
+    thread = threading.Thread(target=produce)
+    thread.start()
+    time.sleep(0.1)
+    restart_actor(partition_actor_name(topic, 0))
+    thread.join(60)
+    producer.flush()
+    ids = [f.result(timeout=60) for f in sent]
+    assert len(ids) == 3000
+    known = [m for m in ids if m.entry_id >= 0]  # a duplicate of a batch that is not the latest has no position
+    assert known == sorted(known)
+    assert visible_values(topic) == [f"s{i}".encode() for i in range(3000)]
+    client.faults.disarm(topic=topic)

@@ -53,7 +53,11 @@ ROWS: dict[str, Callable[[], list[dict]]] = {
     "coordinator": _coordinator,
     "produce": lambda: [bench_produce.produce_row(4, 50_000, {"plain": [90_000.4, 95_000.6],
                                                              "txn": [80_000.2, 88_000.8],
-                                                             "ceiling": [900_000.5, 850_000.25]})],
+                                                             "txn_sync": [85_000.5, 86_000.25],
+                                                             "batch": [450_000.75, 500_000.5],
+                                                             "ceiling": [900_000.5, 850_000.25]}),
+                        bench_produce.produce_row(1, 50_000, {"plain": [90_000.4], "txn": [80_000.2],
+                                                             "ceiling": [900_000.5]})],
     "ceiling": lambda: [bench_ceiling.ceiling_row(100_000, [900_000.5, 850_000.25, 870_000.75])],
     "recovery": lambda: [bench_produce.recovery_row(1000, 812.5, 41.25)],
     "partition-memory": lambda: [bench_produce.partition_memory_row(
