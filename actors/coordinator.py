@@ -6,8 +6,12 @@ apply: the record is appended to the log, and the state machine applies it in th
 ``on_durable`` callback, in log order, before anyone is answered.
 
 end_txn: log COMMITTING/ABORTING, send the end (with the low watermark) to every participant in
-parallel, log COMMITTED/ABORTED. Recovery replays the log and re-drives every COMMITTING/ABORTING
-txn, so a crash at any step ends with the same outcome. Participants are called through
+parallel, answer the caller, log COMMITTED/ABORTED. The outcome is durable from the first record
+and every participant has it before the answer, so the last record is off the caller's path (one
+durable write less per commit); reads of this coordinator (``get_txn``, ``list_txns``, ``stats``)
+first wait for the last records of ends already answered, so a caller reads its own end.
+Recovery replays the log and re-drives every COMMITTING/ABORTING txn, so a crash at any step ends
+with the same outcome. Participants are called through
 ``ActorRef`` (``participants.py``), and their failures sorted by its one classification:
 
 * retriable (the actor restarting, or not found while it is re-created): retried with the shared
@@ -92,6 +96,9 @@ class TransactionCoordinator(ActorShell, FaultTarget):
         self._timer_task: asyncio.Task | None = None
         self._locks: dict[object, asyncio.Lock] = {}
         self._drivers: dict[TxnID, asyncio.Task] = {}
+        # Per drive: done once every participant applied the end (the caller is answered then;
+        # the COMMITTED/ABORTED record is logged after, off the caller's path).
+        self._applied: dict[TxnID, asyncio.Future] = {}
         self._timing_out: set[TxnID] = set()
         self._unapplied = 0                      # records logged but not applied yet
         self._writes_open = asyncio.Event()      # cleared while a compaction runs
@@ -200,6 +207,22 @@ class TransactionCoordinator(ActorShell, FaultTarget):
         return record.txn
 
     @guarded(Access.AUTHENTICATED)
+    async def begin_txn(self, timeout_ms: int | None, owner: str, partitions: list[tuple[str, int]],
+                        subscriptions: list[tuple[str, int, str]], caller: str | None = None) -> TxnID:
+        """Begin a transaction together with the registration of its first participants: one
+        log entry (NewTxn, then AddPartitions/AddSubscriptions), so a client that begins lazily
+        pays one round trip and one write where ``new_txn`` and ``add_*`` cost two of each."""
+        if caller is not None:
+            owner = caller
+        timeout_ms = self.config.default_timeout_ms if timeout_ms is None else timeout_ms
+        await self._writable()
+        records = self.state.prepare_begin(self.clock.now_ms(), timeout_ms, owner, partitions, subscriptions)
+        await self._log(records)
+        self.metrics.txn_begun()
+        await self.faults.hit("coordinator.after_log_new", txn=records[0].txn)
+        return records[0].txn
+
+    @guarded(Access.AUTHENTICATED)
     async def register_transactional_id(self, transactional_id: str, caller: str | None = None) -> int:
         """Bump the id's epoch durably, aborting its open txn: older epochs are fenced. Returns
         once every txn of the id has ended at every participant (Kafka's initTransactions), so the
@@ -267,13 +290,20 @@ class TransactionCoordinator(ActorShell, FaultTarget):
                 await self._log([result.record])
             elif result.finished:
                 return str(result.state)
-        await asyncio.shield(self._drive(txn))
-        outcome = self.state.outcome(txn)
-        assert outcome is not None, f"{txn} driven to its end without an outcome"
+        self._drive(txn)
+        await asyncio.shield(self._applied[txn])
+        meta = self.state.get(txn)
+        if meta is not None:  # every participant has it; the last record is on its way
+            assert meta.state in (TxnState.COMMITTING, TxnState.ABORTING), f"{txn} applied but {meta.state}"
+            committed = meta.state is TxnState.COMMITTING
+        else:
+            outcome = self.state.outcome(txn)
+            assert outcome is not None, f"{txn} driven to its end without an outcome"
+            committed = outcome == "COMMITTED"
         # Only the request that started the commit is timed: a retried end_txn would count it twice.
         if result.record is not None and result.record.new_state is TxnState.COMMITTING:
             self.metrics.commit_latency((self.clock.monotonic() - requested) * 1000)
-        return str(TxnState.COMMITTED if outcome == "COMMITTED" else TxnState.ABORTED)
+        return str(TxnState.COMMITTED if committed else TxnState.ABORTED)
 
     def _acting_owner(self, txn: TxnID, owner: str, principal: str | None) -> str:
         return self.state.acting_owner(txn, owner, principal, self.authorizer.is_superuser(principal))
@@ -290,19 +320,42 @@ class TransactionCoordinator(ActorShell, FaultTarget):
     # --- driving ends ----------------------------------------------------------------------
 
     def _drive(self, txn: TxnID) -> asyncio.Task:
+        """The task driving ``txn`` to its end (started unless running); ``_applied[txn]`` is done
+        once every participant has the end, or fails as the task does."""
         task = self._drivers.get(txn)
         if task is None:
-            task = asyncio.get_running_loop().create_task(self._run_end(txn))
+            loop = asyncio.get_running_loop()
+            applied = self._applied[txn] = loop.create_future()
+            task = loop.create_task(self._run_end(txn, applied))
             self._drivers[txn] = task
-            task.add_done_callback(lambda done: self._driven(txn, done))
+            task.add_done_callback(lambda done: self._driven(txn, done, applied))
         return task
 
-    def _driven(self, txn: TxnID, task: asyncio.Task) -> None:
+    def _driven(self, txn: TxnID, task: asyncio.Task, applied: asyncio.Future) -> None:
         self._drivers.pop(txn, None)
+        self._applied.pop(txn, None)
+        if not applied.done():
+            if task.cancelled():
+                applied.cancel()
+            elif task.exception() is not None:
+                applied.set_exception(task.exception())
+            else:
+                applied.set_result(None)  # nothing to drive: it had ended already
         if not task.cancelled():
             task.exception()  # a stalled end is logged and kept in _stalled; nobody may be waiting
+        if not applied.cancelled():
+            applied.exception()  # retrieved: waiters re-raise it through `await`
 
-    async def _run_end(self, txn: TxnID) -> None:
+    async def _answered_ends_logged(self) -> None:
+        """Wait for the last record of every end whose caller was answered (each is one write
+        away), so that a read after an answered end sees it ended. Ends still reaching their
+        participants are not waited for."""
+        completing = [task for txn, task in list(self._drivers.items())
+                      if (applied := self._applied.get(txn)) is not None and applied.done()]
+        if completing:
+            await asyncio.wait(completing)
+
+    async def _run_end(self, txn: TxnID, applied: asyncio.Future) -> None:
         meta = self.state.get(txn)
         if meta is None:
             return
@@ -322,6 +375,7 @@ class TransactionCoordinator(ActorShell, FaultTarget):
         if refused:
             raise refused[0]
         self._stalled.pop(txn, None)
+        applied.set_result(None)
         await self.faults.hit("coordinator.after_send_end", txn=txn)
         async with self._lock(txn):
             await self.faults.hit("coordinator.before_log_complete", txn=txn)
@@ -455,6 +509,7 @@ class TransactionCoordinator(ActorShell, FaultTarget):
         auth on, only its owner or a superuser may look."""
         await self._started()
         self._acting_owner(txn, "", caller)
+        await self._answered_ends_logged()
         meta = self.state.get(txn)
         if meta is not None:
             return describe_txn(meta, self.clock.now_ms())
@@ -469,6 +524,7 @@ class TransactionCoordinator(ActorShell, FaultTarget):
         """Live transactions begun ``older_than_ms`` or more ago, the oldest first, with their
         age and participants (for operators hunting hanging transactions)."""
         await self._started()
+        await self._answered_ends_logged()
         now = self.clock.now_ms()
         return [describe_txn(meta, now) for meta in self.state.older_than(now, older_than_ms, limit)]
 
@@ -483,6 +539,7 @@ class TransactionCoordinator(ActorShell, FaultTarget):
     @guarded(Access.AUTHENTICATED)
     async def stats(self) -> dict[str, Any]:
         await self._started()
+        await self._answered_ends_logged()
         assert self._ledger is not None
         stats = self.state.stats(self.clock.now_ms())
         stats.update(self.info)

@@ -321,10 +321,14 @@ class Client:
 
     def new_transaction(self, timeout: float = 60.0, transactional_id: str | None = None,
                         epoch: int | None = None) -> Transaction:
-        """Begin a transaction (``timeout`` in seconds). With a ``transactional_id``, pass the
-        ``epoch`` that ``register_transactional_id`` returned (older epochs are fenced)."""
-        timeout_ms = _timeout_ms(timeout)
+        """Begin a transaction (``timeout`` in seconds). Without a transactional id this makes no
+        call: the transaction begins at a coordinator with its first send or ack (Kafka's
+        ``beginTransaction``). With a ``transactional_id``, pass the ``epoch`` that
+        ``register_transactional_id`` returned (older epochs are fenced): it begins here."""
+        timeout_ms = self._txn_timeout_ms(timeout)
         began_at = time.monotonic()  # before the coordinator's start: the client's deadline is never later
+        if transactional_id is None and epoch is None:
+            return Transaction(self, None, timeout, None, None, began_at)  # begins with its first send or ack
         txn_id = self.coordinators.new_txn(timeout_ms, transactional_id, epoch)
         return Transaction(self, txn_id, timeout, transactional_id, epoch, began_at)
 
@@ -333,14 +337,25 @@ class Client:
         """``new_transaction`` without waiting (Pulsar's ``newTransaction()`` future): begin the
         next transaction while the current one still sends, so the coordinator round trip is off
         the sender's path. Errors (``Fenced``, an unreachable coordinator) come through the future."""
-        timeout_ms = _timeout_ms(timeout)
+        timeout_ms = self._txn_timeout_ms(timeout)
 
         async def begin() -> Transaction:
             began_at = time.monotonic()
+            if transactional_id is None and epoch is None:
+                return Transaction(self, None, timeout, None, None, began_at)
             txn_id = await self.coordinators.new_txn_async(timeout_ms, transactional_id, epoch)
             return Transaction(self, txn_id, timeout, transactional_id, epoch, began_at)
 
         return self.loop.submit(begin())
+
+    def _txn_timeout_ms(self, timeout: float) -> int:
+        """``timeout`` (s) in ms, checked here as the coordinator checks it: a lazy transaction
+        reaches its coordinator only with its first send."""
+        timeout_ms = _timeout_ms(timeout)
+        max_timeout_ms = self.config.coordinator.max_timeout_ms
+        if timeout_ms > max_timeout_ms:
+            raise InvalidArgument(f"timeout_ms must be in 1..{max_timeout_ms}, got {timeout_ms!r}")
+        return timeout_ms
 
     @contextlib.contextmanager
     def transaction(self, timeout: float = 60.0, transactional_id: str | None = None,

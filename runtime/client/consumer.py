@@ -42,7 +42,7 @@ from raytxn.client.message import Message, MessageId
 from raytxn.client.rpc import ActorRef
 from raytxn.client.transaction import Transaction
 from raytxn.errors import InvalidArgument, NotAllowed, Timeout
-from raytxn.ids import Position, TxnID, subscription_actor_name
+from raytxn.ids import Position, subscription_actor_name
 from raytxn.protocol.dispatch import ConsumerType
 from raytxn.protocol.subscription_state import AckRange, WireEntry
 
@@ -137,8 +137,8 @@ class Consumer:
         self._front_taken = 0
         self._cond = threading.Condition()      # guards the queue and the feeds' counters
         self._acks_lock = threading.Lock()      # guards everything below
-        self._ack_groups: dict[tuple[int, TxnID | None, bool], _AckGroup] = {}
-        self._held: dict[tuple[TxnID, int, Position], _HeldBatch] = {}  # (txn, partition, entry)
+        self._ack_groups: dict[tuple[int, Transaction | None, bool], _AckGroup] = {}
+        self._held: dict[tuple[Transaction, int, Position], _HeldBatch] = {}  # (txn, partition, entry)
         self._flush_due_in = math.inf  # the grouped acks are sent within this (a flush is scheduled)
         self._unacked: OrderedDict[MessageId, float] = OrderedDict()  # received -> ack deadline
         self._nacked: list[tuple[float, MessageId]] = []  # redeliver at
@@ -383,7 +383,7 @@ class Consumer:
         with self._acks_lock:
             self._untrack(message_id, cumulative)
             if txn is not None and batch_size > 1 and not cumulative and not send_now:
-                held_key = (txn.id, message_id.partition, message_id.position)
+                held_key = (txn, message_id.partition, message_id.position)
                 held = self._held.get(held_key)
                 if held is None:
                     held = self._held[held_key] = _HeldBatch(txn, batch_size)
@@ -416,7 +416,7 @@ class Consumer:
 
     def _group_locked(self, partition: int, txn: Transaction | None, cumulative: bool) -> tuple[_AckGroup, bool]:
         """The ack group of (partition, txn, kind), and whether it is new."""
-        key = (partition, txn.id if txn is not None else None, cumulative)
+        key = (partition, txn, cumulative)
         group = self._ack_groups.get(key)
         if group is not None:
             return group, False
@@ -453,7 +453,7 @@ class Consumer:
         txn.release(self)
         new_groups = []
         with self._acks_lock:
-            for held_key in [key for key in self._held if key[0] == txn.id]:
+            for held_key in [key for key in self._held if key[0] is txn]:
                 held = self._held.pop(held_key)
                 _, partition, position = held_key
                 group, new_group = self._group_locked(partition, txn, False)

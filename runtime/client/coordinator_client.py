@@ -45,6 +45,12 @@ class CoordinatorClient:
         return await self._begins(transactional_id).call_async("new_txn", timeout_ms, self.owner, transactional_id,
                                                                epoch, deadline_s=self.deadline_s)
 
+    async def begin_txn_async(self, timeout_ms: int, partitions: list[tuple[str, int]],
+                              subscriptions: list[tuple[str, int, str]]) -> TxnID:
+        """Begin a txn with its first participants registered, in one call (a lazy begin)."""
+        return await self._begins(None).call_async("begin_txn", timeout_ms, self.owner, partitions,
+                                                       subscriptions, deadline_s=self.deadline_s)
+
     def register_transactional_id(self, transactional_id: str) -> int:
         return self._refs[self.home_of(transactional_id)].call(
             "register_transactional_id", transactional_id, deadline_s=self.deadline_s)

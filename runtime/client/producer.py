@@ -70,7 +70,7 @@ from raytxn.client.rpc import ActorRef, retriable, retry_async, unwrap
 from raytxn.client.transaction import Transaction
 from raytxn.errors import InvalidArgument, MessageTooLarge, ProducerQueueFull
 from raytxn.hashing import partition_for
-from raytxn.ids import TxnID, partition_actor_name
+from raytxn.ids import partition_actor_name
 from raytxn.protocol.entry_format import MessageRecord, encode_message
 
 if TYPE_CHECKING:
@@ -183,13 +183,14 @@ class _Batch:
     indexes: Sequence[int] = ()  # the call's input index of each record
 
     @property
-    def key(self) -> tuple[int, TxnID | None]:
+    def key(self) -> tuple[int, Transaction | None]:
         return _batch_key(self.partition, self.txn)
 
 
-def _batch_key(partition: int, txn: Transaction | None) -> tuple[int, TxnID | None]:
-    """Messages of one (partition, transaction) share a batch."""
-    return partition, txn.id if txn is not None else None
+def _batch_key(partition: int, txn: Transaction | None) -> tuple[int, Transaction | None]:
+    """Messages of one (partition, transaction) share a batch. The key holds the transaction
+    itself, not its id: a lazily begun one has no id before its first registration."""
+    return partition, txn
 
 
 class _Flight:
@@ -238,7 +239,7 @@ class Producer:
         self._room = threading.Condition(self._lock)  # notified when pending messages complete
         self._pending_messages = 0
         self._pending_bytes = 0
-        self._open: dict[tuple[int, TxnID | None], _Batch] = {}
+        self._open: dict[tuple[int, Transaction | None], _Batch] = {}
         self._sealed: list[deque[_Batch]] = [deque() for _ in range(partitions)]
         self._keyless_partition = 0
         # Client loop only.
@@ -251,7 +252,7 @@ class Producer:
         self._registering: set[asyncio.Task] = set()
         self._replies: set[asyncio.Task] = set()
         # The partitions the latest transaction sent to (see _register_early).
-        self._working_set: tuple[TxnID | None, set[int]] = (None, set())
+        self._working_set: tuple[Transaction | None, set[int]] = (None, set())
         self._closed = False
         if producer_name is not None:  # continue above what the partitions hold for this name
             self._next_sequence = client.loop.run(self._last_sequences())
@@ -373,7 +374,7 @@ class Producer:
                 self._wait_for_room(1, size)
             if partition < 0:
                 partition = self._keyless_partition
-            batch_key = (partition, txn.id if txn is not None else None)
+            batch_key = (partition, txn)
             batch = self._open.get(batch_key)
             opened = batch is None
             if batch is None:
@@ -553,10 +554,10 @@ class Producer:
         there, an abort one marker."""
         working_txn, working_set = self._working_set
         wanted = list(partitions)
-        if working_txn != txn.id:
+        if working_txn is not txn:
             if len(working_set) > 1:
                 wanted += sorted(working_set - set(partitions))
-            self._working_set = (txn.id, set(partitions))
+            self._working_set = (txn, set(partitions))
         else:
             working_set.update(partitions)
         task = asyncio.get_running_loop().create_task(self._register(txn, wanted))

@@ -20,6 +20,14 @@ Two states say a transaction can no longer commit before any end was asked for:
 ``commit`` and ``abort`` return (or raise) only once every participant has applied the outcome:
 a commit that ends up aborting waits for the abort, so the caller may at once redo the work in
 another transaction without colliding with what this one held.
+
+A transaction without a transactional id begins lazily, as Kafka's ``beginTransaction`` does:
+``new_transaction`` makes no call, and its first registration (the first send or ack with it)
+begins it at a coordinator and registers those participants in the same call and log entry
+(``begin_txn``). Reading ``id`` before then begins it on the spot. One that ends without ever
+having begun ends here: nothing was written anywhere, so there is nothing to end elsewhere.
+A transaction with a transactional id begins at once, so that a fenced epoch or a second open
+transaction of the id is refused by ``new_transaction`` itself.
 """
 
 from __future__ import annotations
@@ -87,10 +95,11 @@ UNENDED_STATES = frozenset({_S.OPEN, _S.ABORT_ONLY, _S.TIMED_OUT, _S.COMMITTING}
 class TxnStateMachine:
     """The state of one client transaction; ``transition_to`` is its only mutator.
 
-    ``deadline`` is on ``clock`` (``time.monotonic`` by default): once it passed, an OPEN machine
-    is TIMED_OUT, whether its state is read or a transition asked for."""
+    ``txn_id`` names it in errors (None until a lazy transaction begins). ``deadline`` is on
+    ``clock`` (``time.monotonic`` by default): once it passed, an OPEN machine is TIMED_OUT,
+    whether its state is read or a transition asked for."""
 
-    def __init__(self, txn_id: TxnID, deadline: float = math.inf,
+    def __init__(self, txn_id: TxnID | None, deadline: float = math.inf,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.txn_id = txn_id
         self.deadline = deadline
@@ -156,12 +165,16 @@ class TxnFlusher(Protocol):
 
 
 class Transaction:
-    def __init__(self, client: Client, txn_id: TxnID, timeout_s: float, transactional_id: str | None = None,
+    def __init__(self, client: Client, txn_id: TxnID | None, timeout_s: float, transactional_id: str | None = None,
                  epoch: int | None = None, began_at: float | None = None) -> None:
-        """``began_at``: ``time.monotonic()`` taken before the coordinator was asked for the txn, so
-        the client's deadline never falls after the coordinator's (now when not given)."""
+        """``txn_id`` None: begin lazily (see the module docstring). ``began_at``:
+        ``time.monotonic()`` taken before the coordinator was asked for the txn, so the client's
+        deadline never falls after the coordinator's (now when not given)."""
+        if txn_id is None and transactional_id is not None:
+            raise InvalidArgument("a transaction with a transactional id begins at once: pass its id")
         self._client = client
-        self.id = txn_id
+        self._id = txn_id
+        self._begin: asyncio.Future | None = None  # the lazy begin's call, on the client loop
         self.timeout_s = timeout_s
         self.transactional_id = transactional_id
         self.epoch = epoch
@@ -174,7 +187,32 @@ class Transaction:
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
-        return f"Transaction({self.id}, {self.state})"
+        return f"Transaction({self._id or 'not begun'}, {self.state})"
+
+    @property
+    def id(self) -> TxnID:
+        """Its id at the coordinator. A lazy transaction not begun yet begins here (a blocking
+        call: not from the client's loop); ``InvalidTxnState`` for one that ended without ever
+        beginning (nothing was sent or acked with it, so no coordinator knows it)."""
+        txn_id = self._id
+        if txn_id is None:
+            txn_id = self._client.loop.run(self._begun())
+        return txn_id
+
+    @property
+    def _label(self) -> str:
+        return str(self._id) if self._id is not None else "a transaction not begun"
+
+    @property
+    def began(self) -> bool:
+        """Whether a coordinator knows it (always, with a transactional id)."""
+        return self._id is not None
+
+    async def _begun(self) -> TxnID:
+        if self._id is None:
+            await self.register_many("partition", [])
+        assert self._id is not None
+        return self._id
 
     @property
     def state(self) -> TxnClientState:
@@ -210,7 +248,7 @@ class Transaction:
             return
         if state is TxnClientState.TIMED_OUT:
             raise self._timed_out()
-        message = f"{self.id} is {state}; no more sends or acks"
+        message = f"{self._label} is {state}; no more sends or acks"
         if state is TxnClientState.ABORT_ONLY:
             cause = self._machine.cause
             raise InvalidTxnState(f"{message}: an earlier one failed ({cause!r})") from cause
@@ -221,7 +259,7 @@ class Transaction:
         raise InvalidTxnState(message)
 
     def _timed_out(self) -> TransactionTimedOut:
-        return TransactionTimedOut(f"{self.id} passed its timeout of {self.timeout_s}s; it is aborted")
+        return TransactionTimedOut(f"{self._label} passed its timeout of {self.timeout_s}s; it is aborted")
 
     async def register(self, kind: str, participant: tuple) -> None:
         """Register a partition (``kind="partition"``) or subscription with the coordinator,
@@ -237,7 +275,13 @@ class Transaction:
 
     async def register_many(self, kind: str, participants: list[tuple]) -> None:
         """Register those of ``participants`` not registered yet, in one coordinator call (one
-        log record); callers registering one of them meanwhile wait for that call."""
+        log record); callers registering one of them meanwhile wait for that call. The first
+        call of a lazy transaction begins it with them (``begin_txn``)."""
+        if self._id is None:
+            if self._begin is None:
+                await self._begin_with(kind, participants)
+                return
+            await asyncio.shield(self._begin)
         loop = asyncio.get_running_loop()
         new = [p for p in dict.fromkeys(participants) if (kind, p) not in self._registrations]
         if not new:
@@ -248,9 +292,9 @@ class Transaction:
         try:
             coordinators = self._client.coordinators
             if kind == "partition":
-                await coordinators.add_partitions_async(self.id, new, self.epoch)
+                await coordinators.add_partitions_async(self._id, new, self.epoch)
             else:
-                await coordinators.add_subscriptions_async(self.id, new, self.epoch)
+                await coordinators.add_subscriptions_async(self._id, new, self.epoch)
         except BaseException as e:
             for p, future in futures.items():
                 del self._registrations[(kind, p)]
@@ -259,6 +303,46 @@ class Transaction:
             raise
         for future in futures.values():
             future.set_result(None)
+
+    async def _begin_with(self, kind: str, participants: list[tuple]) -> None:
+        """Begin this lazy transaction at a coordinator with ``participants`` registered, in one
+        call; concurrent registrations wait for it. Refused once its end is under way (a send
+        racing the end must not begin a transaction nobody will end)."""
+        state = self.state
+        if state not in (TxnClientState.OPEN, TxnClientState.COMMITTING, TxnClientState.ABORT_ONLY):
+            if state is TxnClientState.TIMED_OUT:
+                raise self._timed_out()
+            raise InvalidTxnState(f"{self!r}: too late to begin it")
+        loop = asyncio.get_running_loop()
+        new = list(dict.fromkeys(participants))
+        begin = self._begin = loop.create_future()
+        futures = {p: loop.create_future() for p in new}
+        for p, future in futures.items():
+            self._registrations[(kind, p)] = future
+        timeout_ms = max(1, int(self.timeout_s * 1000))
+        try:
+            txn_id = await self._client.coordinators.begin_txn_async(
+                timeout_ms, new if kind == "partition" else [], new if kind != "partition" else [])
+        except BaseException as e:
+            self._begin = None  # a later registration tries again
+            for p, future in futures.items():
+                del self._registrations[(kind, p)]
+                future.set_exception(e)
+                future.exception()
+            begin.set_exception(e)
+            begin.exception()
+            raise
+        self._id = txn_id
+        self._machine.txn_id = txn_id
+        for future in futures.values():
+            future.set_result(None)
+        begin.set_result(txn_id)
+
+    async def _settle_begin(self) -> None:
+        """Wait for a lazy begin in flight (its failure is the sender's to report)."""
+        begin = self._begin
+        if begin is not None and self._id is None:
+            await asyncio.wait([begin])
 
     def fail(self, error: BaseException) -> None:
         """A send or ack made with this txn failed: it becomes abort-only (``commit`` aborts it and
@@ -325,7 +409,12 @@ class Transaction:
         try:
             if before is not None:
                 before()
-            self._client.coordinators.end_txn(self.id, action, self.epoch, self.transactional_id)
+            if self._id is None:
+                self._client.loop.run(self._settle_begin())
+            if self._id is None:  # never began: no coordinator or participant knows it
+                self._machine.transition_to(final)
+                return
+            self._client.coordinators.end_txn(self._id, action, self.epoch, self.transactional_id)
         except already_ended:
             pass
         except RaytxnError:
@@ -365,7 +454,7 @@ class Transaction:
             if future.exception() is not None:
                 self.fail(future.exception())
         if not_done:
-            self.fail(Timeout(f"{self.id}: {len(not_done)} sends or acks still outstanding after "
+            self.fail(Timeout(f"{self._label}: {len(not_done)} sends or acks still outstanding after "
                               f"{self.timeout_s}s"))
 
     def __enter__(self) -> Transaction:

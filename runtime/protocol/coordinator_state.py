@@ -221,6 +221,22 @@ class CoordinatorState:
         self._reserved_sequence = sequence + 1
         return NewTxn(TxnID(self.tc_id, sequence), owner, timeout_ms, now_ms, transactional_id, epoch)
 
+    def prepare_begin(self, now_ms: int, timeout_ms: int, owner: str, partitions: Iterable[Partition] = (),
+                      subscriptions: Iterable[Subscription] = (), transactional_id: str | None = None,
+                      epoch: int | None = None) -> list[Record]:
+        """A NewTxn followed by the registration of its first participants, to be logged as one
+        entry (a client's lazy begin: the transaction starts with its first send or ack, one
+        round trip and one log write instead of two of each). Checked as ``prepare_new_txn``."""
+        wanted_partitions = normalize_participants(partitions, 2, "partitions")
+        wanted_subscriptions = normalize_participants(subscriptions, 3, "subscriptions")
+        new = self.prepare_new_txn(now_ms, timeout_ms, owner, transactional_id, epoch)
+        records: list[Record] = [new]
+        if wanted_partitions:
+            records.append(AddPartitions(new.txn, wanted_partitions, now_ms))
+        if wanted_subscriptions:
+            records.append(AddSubscriptions(new.txn, wanted_subscriptions, now_ms))
+        return records
+
     def prepare_add_partitions(self, txn: TxnID, partitions: Iterable[Partition], owner: str,
                                now_ms: int, epoch: int | None = None) -> AddPartitions | None:
         """An AddPartitions of the partitions not registered yet, or None when all are."""

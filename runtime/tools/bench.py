@@ -195,6 +195,7 @@ BENCHMARKS: dict[str, Callable[..., list[dict]]] = {
     "coordinator": bench_coordinator,
     "ceiling": _lazy("raytxn.tools.bench_ceiling", "bench_ceiling"),
     "produce": _lazy("raytxn.tools.bench_produce", "bench_produce"),
+    "commit": _lazy("raytxn.tools.bench_commit", "bench_commit"),
     "recovery": _lazy("raytxn.tools.bench_produce", "bench_recovery"),
     "partition-memory": _lazy("raytxn.tools.bench_produce", "bench_partition_memory"),
     "crash-recovery": _lazy("raytxn.tools.bench_produce", "bench_crash_recovery"),

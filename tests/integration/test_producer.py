@@ -486,3 +486,77 @@ def test_appends_in_flight_keep_order_and_dedup_across_a_partition_restart(clien
     assert known == sorted(known)
     assert visible_values(topic) == [f"s{i}".encode() for i in range(3000)]
     client.faults.disarm(topic=topic)
+
+
+def _key_for(partition: int, partitions: int) -> str:
+    return next(f"k{i}" for i in range(1000) if partition_for(f"k{i}", partitions) == partition)
+
+
+def _coordinator_counts(client: rt.Client) -> tuple[int, list[int]]:
+    """(transactions begun on all coordinators, log entries written by each since compaction)."""
+    stats = client.coordinators.stats()
+    return sum(s["next_sequence"] for s in stats), [s["log"]["entries_since_compaction"] for s in stats]
+
+
+def test_a_transaction_begins_with_its_first_send_in_one_call_and_one_log_entry(client: rt.Client) -> None:
+    """Kafka's lazy beginTransaction: ``new_transaction`` makes no call; the first send begins the
+    txn at a coordinator with its partition registered, in one log entry."""
+    topic = new_topic(client, 2)
+    producer = client.create_producer(topic)
+    begun, entries = _coordinator_counts(client)
+    txn = client.new_transaction(timeout=30)
+    assert not txn.began and _coordinator_counts(client) == (begun, entries)
+    producer.send(b"first", key=_key_for(1, 2), txn=txn)
+    assert txn.began
+    described = client.coordinators.get_txn(txn.id)
+    assert described["state"] == "OPEN" and [tuple(p) for p in described["partitions"]] == [(topic, 1)]
+    begun_after, entries_after = _coordinator_counts(client)
+    assert begun_after == begun + 1
+    assert [after - before for after, before in zip(entries_after, entries, strict=True)] == \
+        [1 if tc == txn.id.tc_id else 0 for tc in range(len(entries))]
+    producer.send(b"second", key=_key_for(1, 2), txn=txn)
+    txn.commit()
+    assert visible_values(topic, [1]) == [b"first", b"second"]
+
+
+def test_a_transaction_that_sent_nothing_ends_without_a_call(client: rt.Client) -> None:
+    begun, entries = _coordinator_counts(client)
+    committed = client.new_transaction()
+    committed.commit()
+    aborted = client.new_transaction()
+    aborted.abort()
+    assert (committed.state, aborted.state) == (TxnClientState.COMMITTED, TxnClientState.ABORTED)
+    assert _coordinator_counts(client) == (begun, entries)
+    for ended in (committed, aborted):
+        with pytest.raises(InvalidTxnState):  # no coordinator knows it: it has no id
+            _ = ended.id
+    with pytest.raises(InvalidTxnState):  # and it cannot begin after its end
+        client.create_producer(new_topic(client)).send(b"late", txn=committed)
+    asked = client.new_transaction(timeout=30)
+    assert client.coordinators.get_txn(asked.id)["state"] == "OPEN"  # reading its id begins it
+    asked.commit()
+    assert client.coordinators.get_txn(asked.id)["state"] == "COMMITTED"
+    with pytest.raises(InvalidArgument):  # checked here, as the coordinator would at the first send
+        client.new_transaction(timeout=client.config.coordinator.max_timeout_ms / 1000 + 1)
+
+
+def test_first_sends_to_several_partitions_at_once_share_one_begin(client: rt.Client) -> None:
+    topic = new_topic(client, 4)
+    producer = client.create_producer(topic)
+    consumer = client.subscribe(topic, "lazy", initial_position="earliest")
+    for i in range(8):
+        producer.send(f"plain-{i}".encode(), key=_key_for(i % 4, 4))
+    begun, _ = _coordinator_counts(client)
+    txn = client.new_transaction(timeout=30)
+    futures = [producer.send_async(f"t-{i}".encode(), key=_key_for(i % 4, 4), txn=txn) for i in range(40)]
+    received = [consumer.receive(timeout=10) for _ in range(8)]
+    for message in received:
+        consumer.acknowledge(message, txn=txn)
+    txn.commit()
+    assert all(f.done() and f.exception() is None for f in futures)
+    assert _coordinator_counts(client)[0] == begun + 1
+    described = client.coordinators.get_txn(txn.id)
+    assert described["state"] == "COMMITTED"
+    assert sorted(visible_values(topic, range(4))) == sorted(
+        [f"plain-{i}".encode() for i in range(8)] + [f"t-{i}".encode() for i in range(40)])
+    consumer.close()

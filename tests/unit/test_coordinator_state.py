@@ -248,6 +248,30 @@ def test_add_subscriptions(h: Harness) -> None:
     assert h.state.get(txn).subscriptions == (("t", 0, "s1"), ("t", 1, "s1"), ("t", 0, "s2"))
 
 
+def test_begin_logs_the_new_txn_and_its_first_participants_in_one_entry(h: Harness) -> None:
+    """A lazy client's begin: NewTxn, AddPartitions, AddSubscriptions, applied in that order,
+    replayed alike, participants deduplicated as ``add_*`` does."""
+    records = h.state.prepare_begin(T0, 500, "alice", [("b", 1), ("a", 0), ("b", 1)], [("a", 0, "s")])
+    assert [type(r) for r in records] == [NewTxn, AddPartitions, AddSubscriptions]
+    txn = records[0].txn
+    assert records[1] == AddPartitions(txn, (("b", 1), ("a", 0)), T0)
+    assert h.state.get(txn) is None  # prepared, not applied
+    h.log_apply(*decode_batch(encode_batch(records)))
+    meta = h.state.get(txn)
+    assert (meta.state, meta.partitions, meta.subscriptions) == (TxnState.OPEN, (("b", 1), ("a", 0)), (("a", 0, "s"),))
+    assert h.state.prepare_begin(T0, 500, "alice", [], [])[1:] == []  # nothing to register: a NewTxn alone
+    assert snapshot(h.replayed()) == snapshot(h.state)
+
+
+@pytest.mark.parametrize("partitions, subscriptions", [("orders", []), ([("orders", -1)], []), ([], [("t", 0)]),
+                                                       ([], [("t", 0, "bad name")])])
+def test_a_bad_begin_reserves_no_sequence(h: Harness, partitions: object, subscriptions: object) -> None:
+    before = h.state.prepare_new_txn(T0, 500, "alice").txn.sequence
+    with pytest.raises(InvalidArgument):
+        h.state.prepare_begin(T0, 500, "alice", partitions, subscriptions)  # type: ignore[arg-type]
+    assert h.state.prepare_new_txn(T0, 500, "alice").txn.sequence == before + 1
+
+
 @pytest.mark.parametrize("partitions", ["orders", [("orders",)], [("orders", -1)], [("orders", "0")],
                                         [("orders", True)], [(5, 0)], 42])
 def test_bad_partitions_are_invalid_argument(h: Harness, partitions: object) -> None:

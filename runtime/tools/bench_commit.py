@@ -1,0 +1,98 @@
+"""Commit latency as a user sees it (``raytxn bench commit``): ``new_transaction()``, one
+synchronous ``send`` of 100 B, ``commit()``, one after another from one thread, on one partition.
+
+The anchor, measured in the same run, is the floor of that path on this machine: a bare Ray
+actor call from the driver that fsyncs a small file before answering (``FsyncEcho``). A lazy
+begin costs nothing, the send is one coordinator call (begin and register, one log write) and
+one append, and the commit one coordinator call that logs twice around a marker append on the
+partition: about three such calls on the client's path and three more between actors. Every
+latency is also reported as a multiple of the anchor's p50."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Callable
+
+import ray
+
+from raytxn.cluster import stop_engine
+from raytxn.tools.bench_produce import PAYLOAD, _engine
+
+
+@ray.remote(num_cpus=0)
+class FsyncEcho:
+    """Answers each call after writing and fsyncing a few bytes (a durable write's round trip)."""
+
+    def __init__(self, path: str) -> None:
+        self._file = open(path, "ab")
+
+    def write(self, data: bytes) -> int:
+        self._file.write(data)
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        return len(data)
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+def measure_fsync_round_trip(calls: int) -> list[float]:
+    """Sorted latencies (ms) of ``calls`` sequential durable-write calls to a bare actor."""
+    with tempfile.TemporaryDirectory(prefix="raytxn-commit-anchor-") as directory:
+        echo = FsyncEcho.remote(os.path.join(directory, "echo.bin"))
+        ray.get(echo.write.remote(b"warm"))
+        latencies = []
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            ray.get(echo.write.remote(PAYLOAD))
+            latencies.append((time.perf_counter() - t0) * 1000)
+        ray.kill(echo)
+    return sorted(latencies)
+
+
+def bench_commit(short: bool = False, progress: Callable[[str], None] = print) -> list[dict]:
+    """p50/p99 of (begin, 1 send, commit), and of its send and commit parts, beside the anchor."""
+    txns = 200 if short else 2000
+    client = _engine()
+    try:
+        client.create_topic("bench-commit", 1)
+        producer = client.create_producer("bench-commit", batching_max_delay_ms=0)
+        for _ in range(20):  # warm: actors started, refs looked up
+            with client.transaction(timeout=60) as txn:
+                producer.send(PAYLOAD, txn=txn)
+        anchor = measure_fsync_round_trip(txns)
+        whole, sends, commits = [], [], []
+        for _ in range(txns):
+            t0 = time.perf_counter()
+            txn = client.new_transaction(timeout=60)
+            producer.send(PAYLOAD, txn=txn)
+            t1 = time.perf_counter()
+            txn.commit()
+            t2 = time.perf_counter()
+            whole.append((t2 - t0) * 1000)
+            sends.append((t1 - t0) * 1000)
+            commits.append((t2 - t1) * 1000)
+        row = commit_row(txns, sorted(whole), sorted(sends), sorted(commits), anchor)
+        progress(f"  begin+send+commit p50 {row['p50_ms']} ms, p99 {row['p99_ms']} ms (send p50 "
+                 f"{row['send_p50_ms']}, commit p50 {row['commit_p50_ms']}); durable actor call p50 "
+                 f"{row['anchor_p50_ms']} ms: p50 = {row['p50_over_anchor']}x")
+    finally:
+        client.close()
+        stop_engine()
+    return [row]
+
+
+def commit_row(txns: int, whole: list[float], sends: list[float], commits: list[float],
+               anchor: list[float]) -> dict:
+    """All latency lists sorted, in ms."""
+    anchor_p50 = _percentile(anchor, 0.5)
+    return {"bench": "commit", "case": "new_transaction, 1 send of 100 B, commit", "txns": txns,
+            "p50_ms": round(_percentile(whole, 0.5), 3), "p99_ms": round(_percentile(whole, 0.99), 3),
+            "send_p50_ms": round(_percentile(sends, 0.5), 3), "commit_p50_ms": round(_percentile(commits, 0.5), 3),
+            "commit_p99_ms": round(_percentile(commits, 0.99), 3),
+            "anchor_p50_ms": round(anchor_p50, 3), "anchor_p99_ms": round(_percentile(anchor, 0.99), 3),
+            "p50_over_anchor": round(_percentile(whole, 0.5) / anchor_p50, 2),
+            "p99_over_anchor": round(_percentile(whole, 0.99) / anchor_p50, 2)}
