@@ -14,6 +14,7 @@ import pytest
 
 import raytxn as rt
 from raytxn.client.message import MessageId
+from raytxn.client.rpc import ActorRef
 from raytxn.client.transaction import TxnClientState
 from raytxn.errors import (
     Fenced,
@@ -24,7 +25,7 @@ from raytxn.errors import (
     TransactionTimedOut,
 )
 from raytxn.hashing import partition_for
-from raytxn.ids import partition_actor_name
+from raytxn.ids import coordinator_actor_name, partition_actor_name
 from raytxn.protocol.entry_format import MessageRecord, encode_message
 from tests.engine import engine_client, new_topic, partition_ref, restart_actor, visible_values
 
@@ -560,3 +561,36 @@ def test_first_sends_to_several_partitions_at_once_share_one_begin(client: rt.Cl
     assert sorted(visible_values(topic, range(4))) == sorted(
         [f"plain-{i}".encode() for i in range(8)] + [f"t-{i}".encode() for i in range(40)])
     consumer.close()
+
+
+def test_a_coordinator_crash_right_after_a_lazy_begin_is_logged_loses_nothing(client: rt.Client) -> None:
+    """The first send's begin is logged, then the coordinator dies before answering: the client
+    begins again on the restarted coordinator, the send lands once under that txn, the commit
+    holds, and the orphan begun first (a partition registered, no data) times out as an abort."""
+    topic = new_topic(client)
+    producer = client.create_producer(topic)
+    coordinators = [coordinator_actor_name(tc) for tc in range(client.config.coordinator.num_coordinators)]
+    def incarnations() -> list[int]:
+        return [ActorRef(name).call("ready")["incarnation"] for name in coordinators]
+
+    before = incarnations()
+    for name in coordinators:  # the begin goes round-robin: whichever it reaches dies
+        client.faults.arm("coordinator.after_log_new", "crash", actor=name)
+    try:
+        txn = client.new_transaction(timeout=5)
+        producer.send(b"once", txn=txn)
+        txn.commit()
+    finally:
+        for name in coordinators:
+            client.faults.disarm("coordinator.after_log_new", actor=name)
+    assert txn.state is TxnClientState.COMMITTED
+    assert sorted(after - was for after, was in zip(incarnations(), before, strict=True)) == \
+        [0] * (len(coordinators) - 1) + [1]  # the begin's coordinator died once
+    assert visible_values(topic) == [b"once"]
+    orphans = [t for t in client.list_transactions(older_than=0) if (topic, 0) in map(tuple, t["partitions"])]
+    deadline = time.monotonic() + 30
+    while orphans and time.monotonic() < deadline:  # the orphan times out (5 s) and is aborted
+        time.sleep(0.5)
+        orphans = [t for t in client.list_transactions(older_than=0) if (topic, 0) in map(tuple, t["partitions"])]
+    assert orphans == []
+    assert visible_values(topic) == [b"once"]
