@@ -8,7 +8,7 @@ apply: the record is appended to the log, and the state machine applies it in th
 end_txn: log COMMITTING/ABORTING, send the end (with the low watermark) to every participant in
 parallel, answer the caller, log COMMITTED/ABORTED. The outcome is durable from the first record
 and every participant has it before the answer, so the last record is off the caller's path (one
-durable write less per commit); reads of this coordinator (``get_txn``, ``list_txns``, ``stats``)
+durable write less per commit). ``get_txn``, ``list_txns``, ``stats``, ``ready`` and ``compact``
 first wait for the last records of ends already answered, so a caller reads its own end.
 Recovery replays the log and re-drives every COMMITTING/ABORTING txn, so a crash at any step ends
 with the same outcome. Participants are called through
@@ -144,8 +144,10 @@ class TransactionCoordinator(ActorShell, FaultTarget):
 
     @guarded(Access.PUBLIC)
     async def ready(self) -> dict[str, Any]:
-        """Wait for recovery; returns this incarnation's facts."""
+        """Wait for recovery (and for the last records of ends already answered); returns this
+        incarnation's facts."""
         await self._started()
+        await self._answered_ends_logged()
         return dict(self.info)
 
     # --- logging ---------------------------------------------------------------------------
@@ -478,6 +480,7 @@ class TransactionCoordinator(ActorShell, FaultTarget):
     async def compact(self) -> dict[str, Any]:
         """Write the live state anew and trim the log below it (also runs by itself)."""
         await self._started()
+        await self._answered_ends_logged()
         self._maybe_compact(force=True)
         if self._compaction is not None:
             await asyncio.shield(self._compaction)
