@@ -2,11 +2,11 @@
 synchronous ``send`` of 100 B, ``commit()``, one after another from one thread, on one partition.
 
 The anchor, measured in the same run, is the floor of that path on this machine: a bare Ray
-actor call from the driver that fsyncs a small file before answering (``FsyncEcho``). A lazy
-begin costs nothing, the send is one coordinator call (begin and register, one log write) and
-one append, and the commit one coordinator call that logs twice around a marker append on the
-partition: about three such calls on the client's path and three more between actors. Every
-latency is also reported as a multiple of the anchor's p50."""
+actor call from the driver that fsyncs a small file before answering (the ceiling's
+``CeilingSink`` with a one-message batch). A lazy begin costs nothing, the send is one
+coordinator call (begin and register, one log write) and one append, and the commit one
+coordinator call that logs COMMITTING and waits for the partition's marker (its last record is
+logged after the answer). Every latency is also reported as a multiple of the anchor's p50."""
 
 from __future__ import annotations
 
@@ -18,36 +18,20 @@ from collections.abc import Callable
 import ray
 
 from raytxn.cluster import stop_engine
+from raytxn.tools.bench import _percentile
+from raytxn.tools.bench_ceiling import CeilingSink
 from raytxn.tools.bench_produce import PAYLOAD, _engine
-
-
-@ray.remote(num_cpus=0)
-class FsyncEcho:
-    """Answers each call after writing and fsyncing a few bytes (a durable write's round trip)."""
-
-    def __init__(self, path: str) -> None:
-        self._file = open(path, "ab")
-
-    def write(self, data: bytes) -> int:
-        self._file.write(data)
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        return len(data)
-
-
-def _percentile(sorted_values: list[float], q: float) -> float:
-    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
 def measure_fsync_round_trip(calls: int) -> list[float]:
     """Sorted latencies (ms) of ``calls`` sequential durable-write calls to a bare actor."""
     with tempfile.TemporaryDirectory(prefix="raytxn-commit-anchor-") as directory:
-        echo = FsyncEcho.remote(os.path.join(directory, "echo.bin"))
-        ray.get(echo.write.remote(b"warm"))
+        echo = CeilingSink.remote(os.path.join(directory, "echo.bin"))  # fsyncs before answering
+        ray.get(echo.ingest.remote([b"warm"]))
         latencies = []
         for _ in range(calls):
             t0 = time.perf_counter()
-            ray.get(echo.write.remote(PAYLOAD))
+            ray.get(echo.ingest.remote([PAYLOAD]))
             latencies.append((time.perf_counter() - t0) * 1000)
         ray.kill(echo)
     return sorted(latencies)
