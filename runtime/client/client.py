@@ -34,6 +34,7 @@ from raytxn.config import CoordinatorConfig, EngineConfig, parse_duration
 from raytxn.errors import InvalidArgument, TopicAlreadyExists, TopicNotFound, TransactionNotFound
 from raytxn.ids import NAMESPACE, SUPERVISOR_NAME, TxnID, parse_txn_id, partition_actor_name
 from raytxn.ledger.storage import DEFAULT_URL
+from raytxn.protocol.coordinator_rules import check_timeout_ms
 
 
 def connect(storage: str | None = None, address: str | None = None, *, owner: str | None = None,
@@ -351,11 +352,7 @@ class Client:
     def _txn_timeout_ms(self, timeout: float) -> int:
         """``timeout`` (s) in ms, checked here as the coordinator checks it: a lazy transaction
         reaches its coordinator only with its first send."""
-        timeout_ms = _timeout_ms(timeout)
-        max_timeout_ms = self.config.coordinator.max_timeout_ms
-        if timeout_ms > max_timeout_ms:
-            raise InvalidArgument(f"timeout_ms must be in 1..{max_timeout_ms}, got {timeout_ms!r}")
-        return timeout_ms
+        return check_timeout_ms(_timeout_ms(timeout), self.config.coordinator.max_timeout_ms)
 
     @contextlib.contextmanager
     def transaction(self, timeout: float = 60.0, transactional_id: str | None = None,

@@ -48,8 +48,8 @@ class CoordinatorClient:
     async def begin_txn_async(self, timeout_ms: int, partitions: list[tuple[str, int]],
                               subscriptions: list[tuple[str, int, str]]) -> TxnID:
         """Begin a txn with its first participants registered, in one call (a lazy begin)."""
-        return await self._begins(None).call_async("begin_txn", timeout_ms, self.owner, partitions,
-                                                       subscriptions, deadline_s=self.deadline_s)
+        return await self._begins(None).call_async("begin_txn", timeout_ms, self.owner, partitions, subscriptions,
+                                                   deadline_s=self.deadline_s)
 
     def register_transactional_id(self, transactional_id: str) -> int:
         return self._refs[self.home_of(transactional_id)].call(

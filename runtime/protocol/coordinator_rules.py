@@ -93,6 +93,15 @@ def check_ms(value: object, what: str) -> int:
     return value
 
 
+def check_timeout_ms(timeout_ms: object, max_timeout_ms: int) -> int:
+    """``timeout_ms`` when it is an int in 1..``max_timeout_ms``, else InvalidArgument (the
+    coordinator's rule; the client checks it too, since a lazy begin reaches the coordinator only
+    with the first send)."""
+    if type(timeout_ms) is not int or not 0 < timeout_ms <= max_timeout_ms:
+        raise InvalidArgument(f"timeout_ms must be in 1..{max_timeout_ms}, got {timeout_ms!r}")
+    return timeout_ms
+
+
 def check_tid(transactional_id: object) -> str:
     """``transactional_id`` when it is a string of 1-255 characters, else InvalidArgument."""
     if not isinstance(transactional_id, str) or not 0 < len(transactional_id) <= 255:

@@ -46,6 +46,7 @@ from raytxn.protocol.coordinator_rules import (
     TxnMeta,
     check_ms,
     check_tid,
+    check_timeout_ms,
     describe_txn,
     ended_error,
     normalize_participants,
@@ -198,8 +199,7 @@ class CoordinatorState:
         check_ms(now_ms, "now_ms")
         if not isinstance(owner, str) or not owner:
             raise InvalidArgument(f"owner must be a non-empty string, got {owner!r}")
-        if type(timeout_ms) is not int or not 0 < timeout_ms <= self.max_timeout_ms:
-            raise InvalidArgument(f"timeout_ms must be in 1..{self.max_timeout_ms}, got {timeout_ms!r}")
+        check_timeout_ms(timeout_ms, self.max_timeout_ms)
         if transactional_id is None:
             if epoch is not None:
                 raise InvalidArgument("an epoch is only given with a transactional id")
