@@ -152,7 +152,20 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
     @guarded(Access.PUBLIC)
     async def ready(self) -> dict[str, Any]:
         await self._started()
-        return dict(self.info)
+        return self._ready_info()
+
+    def _passivation_blockers(self) -> list[str]:
+        # An open txn needs its marker here; an append waiting for the batch it follows needs it.
+        why = []
+        if open_txns := len(self.buffer.ongoing_txns()):
+            why.append(f"{open_txns} open txns")
+        if self._sequence_waiters:
+            why.append(f"{len(self._sequence_waiters)} appends waiting for their predecessors")
+        return why
+
+    async def _before_passivate(self) -> None:
+        if self._changed_since_snapshot or self._ended_since_snapshot:
+            await self._snapshot_now()  # the next incarnation replays nothing
 
     # --- appends ---------------------------------------------------------------------------
 

@@ -26,6 +26,17 @@ retriable and chained from the cause. ``MessageTooLarge`` is the caller's fault,
 anything was queued: it changes nothing and goes to the caller as it is, as do retriable errors
 (``StorageUnavailable``: the append may still land; a retry is idempotent).
 
+**Passivation.** An actor counts the calls it serves (every guarded method but the probes in
+``UNCOUNTED_CALLS``), so it knows how long it has been idle. ``passivate`` (the supervisor's call)
+stops an incarnation that has been idle long enough and that nothing holds up (the actor's
+``_passivation_blockers``: open txns, attached consumers, ...), after ``_before_passivate`` made
+recovery cheap (a final snapshot, a cursor persist). A passivated incarnation is stopped as above:
+callers get ``ActorUnavailable``, retry, find no actor once the supervisor killed it, and their
+``ActorRef`` asks the supervisor to activate it again. Nothing is lost by it: passivation is a
+crash chosen at a quiet moment, and every actor recovers from a crash. Should the supervisor die
+before its kill, the incarnation ends its process itself after ``PASSIVATED_EXIT_S`` (Ray then
+starts a fresh one), so no actor stays stopped for good.
+
 **Replay.** ``replay`` reads a ledger from a position in bounded chunks and applies each entry.
 
 **Clock and seams.** Actor code takes time only from ``self.clock`` (wall ``now_ms`` for stored and
@@ -43,7 +54,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, TypeVar
 
-from raytxn.auth import AuthTarget
+from raytxn.auth import Access, AuthTarget, guarded
 from raytxn.client.rpc import ActorRef, retriable, unwrap
 from raytxn.errors import ActorUnavailable, Fenced, MessageTooLarge
 from raytxn.ids import Position
@@ -56,6 +67,9 @@ log = logging.getLogger(__name__)
 EXIT_CODE = 3                 # a stopped incarnation's process ends with this code
 REPLAY_CHUNK_ENTRIES = 5000   # entries a replay holds in memory at once
 FIRST = Position(0, 0)
+# Calls that are not traffic: the supervisor's probes and passivation, process facts.
+UNCOUNTED_CALLS = frozenset({"ready", "passivate", "process_info"})
+PASSIVATED_EXIT_S = 30.0  # a passivated incarnation nobody killed ends this long after
 
 
 class Clock:
@@ -91,6 +105,8 @@ class ActorShell(AuthTarget):
         self._start_task: asyncio.Task | None = None
         self._serving = False
         self._stopped: BaseException | None = None  # what every call raises once stopped
+        self._calls_in_flight = 0
+        self._last_call_ended = self.clock.monotonic()
 
     # Each actor defines it: open the ledgers and rebuild the state from them, from scratch (it
     # may run again after a retriable failure). Declared, not defined, so an actor that forgot it
@@ -147,16 +163,71 @@ class ActorShell(AuthTarget):
         reply.__cause__ = cause
         return reply
 
-    def _stop(self, cause: BaseException, reply: BaseException, exit_after_s: float) -> BaseException:
+    def _stop(self, cause: BaseException, reply: BaseException, exit_after_s: float,
+              level: int = logging.ERROR) -> BaseException:
         """Stop serving: every call from now on raises ``reply``, and the process ends in
         ``exit_after_s`` (the first stop decides). Returns what to raise."""
         if self._stopped is None:
             self._stopped = reply
             self._serving = False
-            log.error("%s: this incarnation stops, its process ends in %.2fs: %r",
-                      self.actor_name, exit_after_s, cause)
+            log.log(level, "%s: this incarnation stops, its process ends in %.2fs: %r",
+                    self.actor_name, exit_after_s, cause)
             asyncio.get_running_loop().call_later(exit_after_s, self.exit_process, EXIT_CODE)
         return self._stopped.with_traceback(None)
+
+    # --- idleness and passivation ----------------------------------------------------------
+
+    def _call_began(self, method: str) -> bool:
+        if method in UNCOUNTED_CALLS:
+            return False
+        self._calls_in_flight += 1
+        return True
+
+    def _call_ended(self) -> None:
+        self._calls_in_flight -= 1
+        self._last_call_ended = self.clock.monotonic()
+
+    def idle_s(self) -> float:
+        """Seconds since the last counted call ended; 0 while one is being served."""
+        return 0.0 if self._calls_in_flight else self.clock.monotonic() - self._last_call_ended
+
+    def _passivation_blockers(self) -> list[str]:
+        """Why this incarnation may not be passivated now (empty: it may). Partitions and
+        subscriptions say what holds them; every other actor stays up."""
+        return [f"a {self.actor_kind} is never passivated"]
+
+    async def _before_passivate(self) -> None:
+        """Make the next incarnation's recovery cheap (a snapshot, a persisted cursor)."""
+
+    def _ready_info(self) -> dict[str, Any]:
+        """What ``ready`` answers: the incarnation's facts, its idleness and what holds it up."""
+        return {**self.info, "idle_s": round(self.idle_s(), 3),
+                "passivation_blockers": self._passivation_blockers()}
+
+    def _why_not_passivated(self, min_idle_s: float) -> list[str]:
+        why = self._passivation_blockers()
+        if self.idle_s() < min_idle_s:
+            why.append(f"idle {self.idle_s():.1f}s < {min_idle_s}s")
+        return why
+
+    @guarded(Access.SUPERUSER)
+    async def passivate(self, min_idle_s: float) -> dict[str, Any]:
+        """Stop this incarnation when it has been idle ``min_idle_s`` and nothing holds it (see
+        the module docstring); the supervisor kills it once this returns ``passivated``."""
+        await self._started()
+        if why := self._why_not_passivated(min_idle_s):
+            return {"passivated": False, "why": why}
+        last_call = self._last_call_ended
+        await self._before_passivate()
+        why = self._why_not_passivated(min_idle_s)
+        if self._last_call_ended != last_call:
+            why.append("a call came in meanwhile")
+        if why:
+            return {"passivated": False, "why": why}
+        # No await since the last check: no call can slip in between it and the stop.
+        reply = ActorUnavailable(f"{self.actor_name}: passivated while idle; the next call activates it again")
+        self._stop(reply, reply, PASSIVATED_EXIT_S, logging.INFO)
+        return {"passivated": True, "why": []}
 
     # --- other actors ----------------------------------------------------------------------
 

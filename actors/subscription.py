@@ -147,7 +147,22 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
     @guarded(Access.PUBLIC)
     async def ready(self) -> dict[str, Any]:
         await self._started()
-        return dict(self.info)
+        return self._ready_info()
+
+    def _passivation_blockers(self) -> list[str]:
+        # Attached consumers and a held lease are someone reading; acks pending in a txn wait
+        # for its end here.
+        why = []
+        if consumers := len(self.state.dispatcher.consumer_ids()):
+            why.append(f"{consumers} consumers attached")
+        if txns := len(self.state.pending.pending_txns()):
+            why.append(f"{txns} txns with pending acks")
+        if self.state.leases.current is not None:
+            why.append("a range lease is held")
+        return why
+
+    async def _before_passivate(self) -> None:
+        await self._trim_log()  # the cursor persisted and the log trimmed: the next start replays little
 
     def _generation(self) -> tuple[int, int]:
         """Changes with every incarnation and seek: consumers drop messages prefetched before."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import ray
@@ -22,7 +22,7 @@ import ray
 from raytxn.actors.shell import ActorRefs, ActorShell, Clock
 from raytxn.auth import Access, Authorizer, guarded
 from raytxn.config import EngineConfig
-from raytxn.errors import ActorUnavailable, NotAllowed, TopicNotFound
+from raytxn.errors import ActorUnavailable, CannotPlaceActor, NotAllowed, TopicNotFound
 from raytxn.faults import FaultPoints, FaultTarget
 from raytxn.ids import (
     NAMESPACE,
@@ -33,6 +33,7 @@ from raytxn.ids import (
 )
 from raytxn.ledger import ManagedLedger
 from raytxn.ledger.storage import Storage
+from raytxn.metrics import activated, actor_states, passivated
 from raytxn.protocol.catalog import (
     CATALOG_KEY,
     CATALOG_STREAM,
@@ -55,10 +56,24 @@ FAULT_POINTS = (
     "supervisor.after_remove_entry",      # the entry is gone, before the reply
 )
 _LIVE = (EntryState.CREATING, EntryState.ACTIVE)  # entries whose actors should run
+MIB = 1 << 20
+PLACEMENT_CHECK_S = 1.0   # a starting actor not ready this long: is there room for it at all?
+MAX_PASSIVATIONS = 16     # passivations under way at once
+BULK_DELETE_CONCURRENCY = 16  # topics a bulk delete clears at once
 # How long a delete waits for Ray to release the names of the actors it killed.
 STOP_ACTORS_TIMEOUT_S = 60.0
 
 log = logging.getLogger(__name__)
+
+
+class ActorSpec(NamedTuple):
+    """A partition or subscription actor the catalog implies."""
+
+    kind: str                  # "partition" | "subscription"
+    name: str
+    topic: str
+    partition: int
+    subscription: str | None   # for a subscription actor
 
 
 class Supervisor(ActorShell, FaultTarget):
@@ -78,11 +93,15 @@ class Supervisor(ActorShell, FaultTarget):
         self.info: dict[str, Any] = {}
         self.faults = FaultPoints()
         self._deletions: dict[tuple[str, ...], asyncio.Task] = {}  # ("topic", t) / ("subscription", t, s)
+        self._activations: dict[str, asyncio.Task] = {}   # actor name -> the task starting it
+        self._passivations: dict[str, asyncio.Task] = {}  # actor name -> the task passivating it
+        self._implied_cache: dict[str, ActorSpec] = {}
+        self._implied_for: Catalog | None = None
 
     async def _start(self) -> None:
         self._ledger = await ManagedLedger.open(self.storage, CATALOG_STREAM)
         self.catalog = decode_catalog(self._ledger.properties.get(CATALOG_KEY))
-        await asyncio.gather(*self._coordinator_refs())
+        await self._start_coordinators()
         await self._finish_interrupted_admin()
         self._watch_task = asyncio.get_running_loop().create_task(self._watch())
 
@@ -104,57 +123,96 @@ class Supervisor(ActorShell, FaultTarget):
 
     # --- actors ------------------------------------------------------------------------------
 
-    def _coordinator_refs(self) -> list[Any]:
+    def _actor_options(self, name: str) -> dict[str, Any]:
+        options: dict[str, Any] = {"name": name, "namespace": NAMESPACE, "lifetime": "detached",
+                                   "get_if_exists": True, "resources": self.config.actor_resources}
+        if self.config.actor_memory_mib:
+            options["memory"] = self.config.actor_memory_mib * MIB
+        return options
+
+    def _create_coordinator(self, tc_id: int) -> Any:
         from raytxn.actors.coordinator import CoordinatorActor
 
-        refs = []
-        for tc_id in range(self.config.coordinator.num_coordinators):
-            handle = CoordinatorActor.options(
-                name=coordinator_actor_name(tc_id), namespace=NAMESPACE, lifetime="detached",
-                get_if_exists=True, resources=self.config.actor_resources,
-            ).remote(tc_id, self.config.storage_url, self.config.storage_options, self.config.coordinator,
-                      auth=self.config.auth)
-            refs.append(handle.ready.remote())
-        return refs
+        return CoordinatorActor.options(**self._actor_options(coordinator_actor_name(tc_id))).remote(
+            tc_id, self.config.storage_url, self.config.storage_options, self.config.coordinator,
+            auth=self.config.auth)
 
-    async def _ensure_topic_actors(self, topic: str) -> None:
-        """Create (unless they run) the actors of ``topic`` and of its subscriptions, and wait for
-        them. Nothing is created for an entry being deleted: the state is read and the actors
-        created with no await in between, so a delete's kill finds every actor made before."""
+    def _create(self, spec: ActorSpec) -> Any:
+        """Create (unless it runs) the actor of ``spec`` and return its handle. Synchronous: the
+        caller checked the catalog with no await since, so a delete's kill finds it."""
         from raytxn.actors.partition import PartitionActor
+        from raytxn.actors.subscription import SubscriptionActor
 
-        info = self.catalog.topics.get(topic)
-        if info is None or info.state is EntryState.DELETING:
-            return
-        refs = []
-        for p in range(info.partitions):
-            handle = PartitionActor.options(
-                name=partition_actor_name(topic, p), namespace=NAMESPACE, lifetime="detached",
-                get_if_exists=True, resources=self.config.actor_resources,
-            ).remote(topic, p, self.config.storage_url, self.config.storage_options, self.config.partition,
-                      self.config.auth)
-            refs.append(handle.ready.remote())
-        for name in self.catalog.subscription_names(topic, _LIVE):
-            refs += self._subscription_refs(topic, name, info.partitions)
-        await asyncio.gather(*refs)
+        config = self.config
+        if spec.kind == "partition":
+            return PartitionActor.options(**self._actor_options(spec.name)).remote(
+                spec.topic, spec.partition, config.storage_url, config.storage_options, config.partition, config.auth)
+        sub = self.catalog.subscriptions[spec.topic][spec.subscription]
+        return SubscriptionActor.options(**self._actor_options(spec.name)).remote(
+            spec.topic, spec.partition, spec.subscription, sub.initial_position, config.storage_url,
+            config.storage_options, config.subscription, config.auth)
 
-    def _subscription_refs(self, topic: str, name: str, partitions: int) -> list[Any]:
-        try:
-            from raytxn.actors.subscription import SubscriptionActor
-        except ImportError:  # subscriptions arrive with their own actor module
-            return []
-        sub = self.catalog.subscriptions.get(topic, {}).get(name)
-        if sub is None or sub.state is EntryState.DELETING:
-            return []
-        refs = []
-        for p in range(partitions):
-            handle = SubscriptionActor.options(
-                name=subscription_actor_name(topic, p, name), namespace=NAMESPACE, lifetime="detached",
-                get_if_exists=True, resources=self.config.actor_resources,
-            ).remote(topic, p, name, sub.initial_position, self.config.storage_url, self.config.storage_options,
-                     self.config.subscription, self.config.auth)
-            refs.append(handle.ready.remote())
-        return refs
+    async def _placed(self, name: str, handle: Any) -> dict[str, Any]:
+        """Wait for the new actor's ``ready``. ``CannotPlaceActor`` (and the pending actor
+        removed) when Ray cannot place it, i.e. the resources it asks for are not free anywhere,
+        instead of waiting forever; ``ActorUnavailable`` (retriable) when it is only slow."""
+        ready = asyncio.ensure_future(asyncio.wrap_future(handle.ready.remote().future()))
+        deadline = self.clock.monotonic() + self.config.actor_start_timeout_s
+        while True:
+            done, _ = await asyncio.wait([ready], timeout=PLACEMENT_CHECK_S)
+            if done:
+                return ready.result()
+            if short := self._short_resources():
+                ready.cancel()
+                _kill(name)
+                raise CannotPlaceActor(
+                    f"cannot start actor {name!r}: the cluster has {short} free; passivate idle actors "
+                    "(passivate_idle_s), lower actor_memory_mib, or add a node")
+            if self.clock.monotonic() > deadline:
+                raise ActorUnavailable(f"actor {name!r} not started after {self.config.actor_start_timeout_s}s")
+
+    def _short_resources(self) -> str | None:
+        """What an engine actor asks for that no node has free now (None: it fits)."""
+        wanted = dict(self.config.actor_resources)
+        if self.config.actor_memory_mib:
+            wanted["memory"] = self.config.actor_memory_mib * MIB
+        free = ray.available_resources()
+        for resource, amount in wanted.items():
+            if free.get(resource, 0.0) < amount:
+                have = free.get(resource, 0.0)
+                return (f"{have / MIB:.0f} MiB of Ray memory (an actor reserves {amount / MIB:.0f} MiB)"
+                        if resource == "memory" else f"{have} of resource {resource!r} (an actor needs {amount})")
+        return None
+
+    async def _start_coordinators(self) -> None:
+        handles = [(coordinator_actor_name(i), self._create_coordinator(i))
+                   for i in range(self.config.coordinator.num_coordinators)]
+        await asyncio.gather(*(self._placed(name, handle) for name, handle in handles))
+
+    async def _start_actors(self, specs: list[ActorSpec]) -> None:
+        """Start the actors of ``specs`` now (not on first use) unless their entry is being deleted."""
+        live = self._implied()
+        handles = [(spec.name, self._create(spec)) for spec in specs if spec.name in live]
+        await asyncio.gather(*(self._placed(name, handle) for name, handle in handles))
+
+    def _implied(self) -> dict[str, ActorSpec]:
+        """Every partition and subscription actor the catalog implies (entries being deleted have
+        none: their actors are being stopped, never probed nor created), by name. Cached per
+        catalog: the catalog is replaced, never changed in place."""
+        if self._implied_for is not self.catalog:
+            specs: dict[str, ActorSpec] = {}
+            for info in self.catalog.topics.values():
+                if info.state is EntryState.DELETING:
+                    continue
+                subs = self.catalog.subscription_names(info.name, _LIVE)
+                for p in range(info.partitions):
+                    spec = ActorSpec("partition", partition_actor_name(info.name, p), info.name, p, None)
+                    specs[spec.name] = spec
+                    for sub in subs:
+                        spec = ActorSpec("subscription", subscription_actor_name(info.name, p, sub), info.name, p, sub)
+                        specs[spec.name] = spec
+            self._implied_cache, self._implied_for = specs, self.catalog
+        return self._implied_cache
 
     async def _save(self, catalog: Catalog) -> None:
         assert self._ledger is not None
@@ -166,9 +224,9 @@ class Supervisor(ActorShell, FaultTarget):
     @guarded(Access.SUPERUSER)
     async def create_topic(self, name: str, partitions: int = 1, retention_bytes: int | None = None,
                            retention_s: float | None = None) -> dict[str, Any]:
-        """Save the topic CREATING, start its actors, save it ACTIVE. A retried create of a topic
-        still CREATING with the same partitions and retention finishes it. ``retention_bytes`` /
-        ``retention_s``: keep acked data that long (protocol/retention.py)."""
+        """Save the topic CREATING, then ACTIVE: its partition actors start on first use. A
+        retried create of a topic still CREATING with the same partitions and retention finishes
+        it. ``retention_bytes`` / ``retention_s``: keep acked data that long (protocol/retention.py)."""
         await self._started()
         retention = check_retention(retention_bytes, retention_s)
         context = {"kind": "topic", "topic": name}
@@ -178,11 +236,55 @@ class Supervisor(ActorShell, FaultTarget):
                     or entry.retention != retention):
                 await self._save(self.catalog.with_topic(name, partitions, self.clock.now_ms(), retention))
         await self.faults.hit("supervisor.after_save_creating", **context)
-        await self._ensure_topic_actors(name)
-        await self.faults.hit("supervisor.after_create_actors", **context)
+        await self.faults.hit("supervisor.after_create_actors", **context)  # none: they start on first use
         await self._activate_topic(name)
         await self.faults.hit("supervisor.after_activate", **context)
         return {"name": name, "partitions": partitions, **msgspec.structs.asdict(retention)}
+
+    @guarded(Access.SUPERUSER)
+    async def create_topics(self, names: list[str], partitions: int = 1, subscriptions: list[str] | None = None,
+                            initial_position: str = "earliest", retention_bytes: int | None = None,
+                            retention_s: float | None = None) -> list[dict[str, Any]]:
+        """Create many topics, each with ``subscriptions``, in two catalog writes (CREATING, then
+        ACTIVE) whatever their number; no actor starts until used (but a "latest" subscription's,
+        see ``create_subscription``). All or none: one invalid or existing name fails the call
+        before anything is written. A retry finishes topics still CREATING from a crashed try."""
+        await self._started()
+        retention = check_retention(retention_bytes, retention_s)
+        subscriptions = list(subscriptions or [])
+        async with self._lock:
+            unfinished = {name for name in names if (entry := self.catalog.topics.get(name)) is not None
+                          and entry.state is EntryState.CREATING and entry.partitions == partitions
+                          and entry.retention == retention}
+            fresh = [name for name in names if name not in unfinished]
+            if fresh:
+                await self._save(self.catalog.with_topics(fresh, partitions, self.clock.now_ms(), retention,
+                                                          subscriptions, initial_position))
+        if initial_position == "latest":
+            for name in names:
+                for sub in subscriptions:
+                    await self._start_fixing_latest(name, sub)
+        async with self._lock:
+            await self._save(self.catalog.with_topics_active(names))
+        return [{"name": name, "partitions": partitions, "subscriptions": sorted(subscriptions)} for name in names]
+
+    @guarded(Access.SUPERUSER)
+    async def delete_topics(self, names: list[str]) -> None:
+        """Delete many topics: one catalog write marks them all DELETING, their actors are
+        stopped and objects deleted (``BULK_DELETE_CONCURRENCY`` topics at a time), and one
+        write removes them. A crash is finished per topic by recovery, as for ``delete_topic``."""
+        await self._started()
+        async with self._lock:
+            await self._save(self.catalog.with_topics_deleting(names))
+        gate = asyncio.Semaphore(BULK_DELETE_CONCURRENCY)
+
+        async def clear(name: str) -> None:
+            async with gate:
+                await self._clear_topic(name)
+
+        await asyncio.gather(*(clear(name) for name in names))
+        async with self._lock:
+            await self._save(self.catalog.without_topics(names))
 
     async def _activate_topic(self, name: str) -> None:
         async with self._lock:
@@ -222,7 +324,9 @@ class Supervisor(ActorShell, FaultTarget):
     async def create_subscription(self, topic: str, name: str, initial_position: str = "latest",
                                   caller: str | None = None) -> dict[str, Any]:
         """Create the subscription unless it exists (needs the topic's consume permission): saved
-        CREATING, its actors started, saved ACTIVE, as a topic."""
+        CREATING, then ACTIVE, as a topic. Its actors start on first use, except that a "latest"
+        one starts them at once: "latest" is where the partition ends now, and the first start
+        fixes it for every later incarnation."""
         await self._started()
         if caller is not None:
             self.authorizer.authorize(caller, Access.CONSUME, self.catalog.topic_permissions(topic),
@@ -234,11 +338,18 @@ class Supervisor(ActorShell, FaultTarget):
                 await self._save(catalog)
         await self.faults.hit("supervisor.after_save_creating", **context)
         info = self.catalog.topic(topic)
-        await asyncio.gather(*self._subscription_refs(topic, name, info.partitions))
+        await self._start_fixing_latest(topic, name)
         await self.faults.hit("supervisor.after_create_actors", **context)
         await self._activate_subscription(topic, name)
         await self.faults.hit("supervisor.after_activate", **context)
         return {"topic": topic, "name": name, "partitions": info.partitions}
+
+    async def _start_fixing_latest(self, topic: str, name: str) -> None:
+        sub = self.catalog.subscriptions.get(topic, {}).get(name)
+        if sub is not None and sub.initial_position == "latest":
+            partitions = self.catalog.topic_entry(topic).partitions
+            await self._start_actors([self._implied()[subscription_actor_name(topic, p, name)]
+                                      for p in range(partitions)])
 
     async def _activate_subscription(self, topic: str, name: str) -> None:
         async with self._lock:
@@ -285,6 +396,16 @@ class Supervisor(ActorShell, FaultTarget):
         return [self._drive_deletion(key) for key in keys]
 
     async def _delete_topic_now(self, name: str) -> None:
+        if name not in self.catalog.topics:
+            return
+        await self._clear_topic(name)
+        async with self._lock:
+            if name in self.catalog.topics:
+                await self._save(self.catalog.without_topic(name))
+        await self.faults.hit("supervisor.after_remove_entry", kind="topic", topic=name)
+
+    async def _clear_topic(self, name: str) -> None:
+        """Stop the actors of the DELETING topic ``name`` and delete its objects."""
         info = self.catalog.topics.get(name)
         if info is None:
             return
@@ -295,10 +416,6 @@ class Supervisor(ActorShell, FaultTarget):
         await self.faults.hit("supervisor.after_stop_actors", **context)
         await self._delete_objects(topic_object_folders(name))
         await self.faults.hit("supervisor.after_delete_objects", **context)
-        async with self._lock:
-            if name in self.catalog.topics:
-                await self._save(self.catalog.without_topic(name))
-        await self.faults.hit("supervisor.after_remove_entry", **context)
 
     async def _delete_subscription_now(self, topic: str, name: str) -> None:
         info = self.catalog.topics.get(topic)
@@ -331,14 +448,13 @@ class Supervisor(ActorShell, FaultTarget):
 
     async def _finish_interrupted_admin(self) -> None:
         """Recovery: finish what a crashed incarnation left half done. Entries being deleted are
-        deleted (a failure is left to the watcher), the actors of every other entry are started,
-        and CREATING entries become ACTIVE."""
+        deleted (a failure is left to the watcher), and CREATING entries become ACTIVE (a "latest"
+        subscription's actors started first). Other actors start on first use."""
         await asyncio.gather(*self._resume_deletions(), return_exceptions=True)
-        for topic in list(self.catalog.topics.values()):
-            await self._ensure_topic_actors(topic.name)
-            if topic.state is EntryState.CREATING:
-                await self._activate_topic(topic.name)
+        for topic in self.catalog.topics_in(EntryState.CREATING):
+            await self._activate_topic(topic.name)
         for sub in self.catalog.subscriptions_in(EntryState.CREATING):
+            await self._start_fixing_latest(sub.topic, sub.name)
             await self._activate_subscription(sub.topic, sub.name)
 
     # --- permissions -------------------------------------------------------------------------
@@ -375,13 +491,7 @@ class Supervisor(ActorShell, FaultTarget):
     def actor_names(self, kind: str | None = None, topic: str | None = None) -> list[tuple[str, str]]:
         """(name, kind) of every actor the catalog implies: coordinators, partitions, subscriptions."""
         names = [(coordinator_actor_name(i), "coordinator") for i in range(self.config.coordinator.num_coordinators)]
-        for info in self.catalog.topics.values():
-            if (topic is not None and info.name != topic) or info.state is EntryState.DELETING:
-                continue  # a deleting topic's actors are being stopped: never probed nor re-created
-            subs = self.catalog.subscription_names(info.name, _LIVE)
-            for p in range(info.partitions):
-                names.append((partition_actor_name(info.name, p), "partition"))
-                names += [(subscription_actor_name(info.name, p, sub), "subscription") for sub in subs]
+        names += [(name, spec.kind) for name, spec in self._implied().items() if topic is None or spec.topic == topic]
         return [(n, k) for n, k in names if kind is None or k == kind]
 
     @guarded(Access.AUTHENTICATED)
@@ -390,26 +500,35 @@ class Supervisor(ActorShell, FaultTarget):
         return self.actor_names(kind, topic)
 
     async def _watch(self) -> None:
-        """Probe every actor; a restarted one is driven through recovery at once (actors recover
-        lazily), a dead one is created again. Nothing stays stuck waiting for a first call."""
+        """Probe every live actor (a restarted one is driven through recovery at once: actors
+        recover lazily, and nothing should wait for a first call), create a dead coordinator
+        again, and passivate partitions and subscriptions idle for ``passivate_idle_s``."""
         while True:
             await asyncio.sleep(self.config.watch_interval_s)
             self._resume_deletions()
-            await asyncio.gather(*(self._probe(name, kind) for name, kind in self.actor_names()),
-                                 return_exceptions=True)
+            await self._probe_all()
+            self._passivate_idle()
 
-    async def _probe(self, name: str, kind: str) -> None:
-        row = self._health.setdefault(name, {"name": name, "kind": kind, "state": "UNKNOWN", "incarnation": None,
-                                             "restarts": 0, "last_recovery_ms": None, "recovery_ms": None,
-                                             "recreated": 0})
-        try:
-            handle = ray.get_actor(name, namespace=NAMESPACE)
-        except ValueError:
-            handle = None
-        if handle is None:
-            row["state"] = "DEAD"
-            row["recreated"] += 1
-            await self._recreate(name, kind)
+    async def _probe_all(self) -> None:
+        live = _live_actor_names()
+        names = self.actor_names()
+        await asyncio.gather(*(self._probe(name, kind, name in live) for name, kind in names), return_exceptions=True)
+        counts: dict[tuple[str, str], int] = {}
+        for name, kind in names:
+            if kind != "coordinator":
+                key = (kind, "dormant" if self._health[name]["state"] == "DORMANT" else "active")
+                counts[key] = counts.get(key, 0) + 1
+        actor_states(counts)
+
+    def _row(self, name: str, kind: str) -> dict[str, Any]:
+        return self._health.setdefault(name, {"name": name, "kind": kind, "state": "UNKNOWN", "incarnation": None,
+                                              "restarts": 0, "last_recovery_ms": None, "recovery_ms": None,
+                                              "recreated": 0, "activations": 0, "passivations": 0})
+
+    async def _probe(self, name: str, kind: str, live: bool) -> None:
+        row = self._row(name, kind)
+        if not live or (handle := _handle(name)) is None:
+            await self._not_running(name, kind, row)
             return
         try:
             info = await asyncio.wait_for(asyncio.wrap_future(handle.ready.remote().future()),
@@ -418,37 +537,108 @@ class Supervisor(ActorShell, FaultTarget):
             row["state"] = "RECOVERING"
             return
         except ray.exceptions.ActorDiedError:
-            row["state"] = "DEAD"
-            row["recreated"] += 1
-            await self._recreate(name, kind)
+            await self._not_running(name, kind, row)
             return
-        except Exception as e:  # noqa: BLE001 - restarting or failing recovery: report it
+        except Exception as e:  # noqa: BLE001 - restarting, passivated or failing recovery: report it
             row["state"] = f"RESTARTING ({type(e).__name__})"
             return
         incarnation = info.get("incarnation")
         if row["incarnation"] is not None and incarnation is not None and incarnation > row["incarnation"]:
             row["restarts"] += 1
         row.update(state="ALIVE", incarnation=incarnation, last_recovery_ms=info.get("started_ms"),
-                   recovery_ms=info.get("recovery_ms"), checked_ms=self.clock.now_ms())
+                   recovery_ms=info.get("recovery_ms"), checked_ms=self.clock.now_ms(), idle_s=info.get("idle_s"),
+                   passivation_blockers=info.get("passivation_blockers"))
 
-    async def _recreate(self, name: str, kind: str) -> None:
+    async def _not_running(self, name: str, kind: str, row: dict[str, Any]) -> None:
+        """No process: a coordinator is created again at once; a partition or subscription is
+        dormant (passivated, never used, or killed) until a call activates it."""
         if kind == "coordinator":
-            await asyncio.gather(*self._coordinator_refs())
+            row["state"] = "DEAD"
+            row["recreated"] += 1
+            await self._start_coordinators()
+        else:
+            row["state"] = "DORMANT"
+
+    # --- activation and passivation ----------------------------------------------------------
+
+    @guarded(Access.AUTHENTICATED)
+    async def activate(self, name: str) -> dict[str, Any]:
+        """Start the partition or subscription actor ``name`` (a caller's ``ActorRef`` asks when
+        it finds none) and return once it serves. ``activated`` False when the catalog implies no
+        such actor (its topic or subscription is gone or being deleted: callers find that out
+        from the catalog). ``CannotPlaceActor`` when the cluster has no room for it."""
+        await self._started()
+        task = self._activations.get(name)
+        if task is None:
+            task = self._activations[name] = asyncio.get_running_loop().create_task(self._activate_now(name))
+            task.add_done_callback(lambda _: self._activations.pop(name, None))
+        return await asyncio.shield(task)
+
+    async def _activate_now(self, name: str) -> dict[str, Any]:
+        passivating = self._passivations.get(name)
+        if passivating is not None:  # its kill first: until then get_if_exists finds the stopped one
+            await asyncio.gather(passivating, return_exceptions=True)
+        spec = self._implied().get(name)
+        if spec is None:
+            return {"activated": False, "why": f"no topic or subscription has the actor {name!r}"}
+        began = self.clock.monotonic()
+        await self._placed(name, self._create(spec))
+        row = self._row(name, spec.kind)
+        if row["state"] in ("DORMANT", "UNKNOWN"):
+            row["activations"] += 1
+            activated(spec.kind)
+        row.update(state="ALIVE", idle_s=0.0)  # the last probe's idleness was the dead incarnation's
+        return {"activated": True, "seconds": round(self.clock.monotonic() - began, 3)}
+
+    def _passivate_idle(self) -> None:
+        """Start passivating (at most ``MAX_PASSIVATIONS`` at a time) the actors that the last
+        probes found idle long enough with nothing holding them."""
+        idle_s = self.config.passivate_idle_s
+        if idle_s is None:
             return
-        for topic in self.catalog.topics.values():
-            if any(n == name for n, _ in self.actor_names(topic=topic.name)):
-                await self._ensure_topic_actors(topic.name)
+        for name, spec in self._implied().items():
+            if len(self._passivations) >= MAX_PASSIVATIONS:
                 return
+            row = self._health.get(name)
+            if (row is not None and row["state"] == "ALIVE" and not row.get("passivation_blockers")
+                    and (row.get("idle_s") or 0.0) >= idle_s and name not in self._passivations
+                    and name not in self._activations):
+                task = self._passivations[name] = asyncio.get_running_loop().create_task(
+                    self._passivate_now(spec, idle_s))
+                task.add_done_callback(lambda done, name=name: self._passivation_done(name, done))
+
+    async def _passivate_now(self, spec: ActorSpec, idle_s: float) -> bool:
+        """Ask the actor to passivate (it refuses if a call came in since the probe), then kill
+        it for good; it stays dormant until a call activates it."""
+        handle = _handle(spec.name)
+        if handle is None:
+            return False
+        answer = await asyncio.wrap_future(
+            handle.passivate.remote(idle_s, auth=self.authorizer.engine_token()).future())
+        if not answer["passivated"]:
+            return False
+        await self._stop_actors([spec.name])
+        row = self._row(spec.name, spec.kind)
+        row.update(state="DORMANT", passivations=row["passivations"] + 1, idle_s=None, passivation_blockers=None)
+        passivated(spec.kind)
+        return True
+
+    def _passivation_done(self, name: str, task: asyncio.Task) -> None:
+        self._passivations.pop(name, None)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("passivating %s failed: %r", name, task.exception())
 
     @guarded(Access.AUTHENTICATED)
     async def health(self) -> dict[str, Any]:
-        """Every actor: state, incarnation (its epoch: each incarnation fences the last),
-        restarts seen, when and how long its last recovery took."""
+        """Every actor: state (ALIVE, DORMANT, RECOVERING, ...), incarnation (its epoch: each
+        incarnation fences the last), restarts seen, activations and passivations, when and how
+        long its last recovery took; and how many actors are active and dormant."""
         await self._started()
-        await asyncio.gather(*(self._probe(n, k) for n, k in self.actor_names()), return_exceptions=True)
+        await self._probe_all()
         rows = [self._health[n] for n, _ in self.actor_names() if n in self._health]
-        return {"actors": rows, "healthy": all(r["state"] == "ALIVE" for r in rows),
-                "storage": self.config.storage_url}
+        dormant = sum(r["state"] == "DORMANT" for r in rows)
+        return {"actors": rows, "healthy": all(r["state"] in ("ALIVE", "DORMANT") for r in rows),
+                "active": len(rows) - dormant, "dormant": dormant, "storage": self.config.storage_url}
 
     @guarded(Access.SUPERUSER)
     async def shutdown_actors(self) -> list[str]:
@@ -473,6 +663,19 @@ def topic_object_folders(topic: str) -> list[str]:
 def subscription_object_folders(topic: str, partitions: int, subscription: str) -> list[str]:
     """The folders of one subscription's pending-ack ledgers, one per partition."""
     return [f"streams/subscriptions/{topic}/{p}/{subscription}" for p in range(partitions)]
+
+
+def _handle(name: str) -> Any:
+    """The live actor ``name``, or None."""
+    try:
+        return ray.get_actor(name, namespace=NAMESPACE)
+    except ValueError:
+        return None
+
+
+def _live_actor_names() -> set[str]:
+    """The engine's actors that have a process now (running or restarting), in one call."""
+    return {a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == NAMESPACE}
 
 
 def _kill(name: str) -> bool:

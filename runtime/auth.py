@@ -165,6 +165,14 @@ class AuthTarget:
     def _auth_scope(self) -> str:
         return type(self).__name__
 
+    def _call_began(self, method: str) -> bool:
+        """Every guarded call starts here; True asks for ``_call_ended`` when it ends (the actor
+        shell counts calls to tell an idle actor, see ``ActorShell``)."""
+        return False
+
+    def _call_ended(self) -> None:
+        pass
+
     async def _authorize(self, access: Access, token: object, now_s: float) -> str | None:
         """The caller's principal (None with auth off), after checking it may have ``access``."""
         if not self.authorizer.enabled or access is Access.PUBLIC:
@@ -189,14 +197,21 @@ def guarded(access: Access) -> Callable[[Callable], Callable]:
         params.append(inspect.Parameter("auth", inspect.Parameter.KEYWORD_ONLY, default=None))
         is_async = inspect.iscoroutinefunction(method)
 
+        name = method.__name__
+
         @functools.wraps(method)
         async def wrapper(self: AuthTarget, *args: Any, auth: object = None, **kwargs: Any) -> Any:
-            # Auth off (the default) costs one attribute test per call, no clock, no await.
-            principal = await self._authorize(access, auth, time.time()) if self.authorizer.enabled else None
-            if wants_caller:
-                kwargs["caller"] = principal
-            result = method(self, *args, **kwargs)
-            return await result if is_async else result
+            counted = self._call_began(name)
+            try:
+                # Auth off (the default) costs one attribute test per call, no clock, no await.
+                principal = await self._authorize(access, auth, time.time()) if self.authorizer.enabled else None
+                if wants_caller:
+                    kwargs["caller"] = principal
+                result = method(self, *args, **kwargs)
+                return await result if is_async else result
+            finally:
+                if counted:
+                    self._call_ended()
 
         # Ray validates call arguments against this signature (functools.wraps would point it
         # at the original, which has no ``auth``).

@@ -92,6 +92,14 @@ class EngineConfig:
     actor_resources: dict[str, float] = field(default_factory=dict)
     watch_interval_s: float = 1.0     # the supervisor probes every actor this often
     watch_timeout_s: float = 10.0     # a probe unanswered this long reports RECOVERING
+    # Partition and subscription actors idle this long (no call, no open txn, no consumer) are
+    # passivated: their process stops, and the next call starts it again. None: never.
+    passivate_idle_s: float | None = 300.0
+    # Ray memory every engine actor reserves, so the node's actors never over-subscribe its memory
+    # (a raytxn actor's process holds 65-71 MiB). 0: reserve none.
+    actor_memory_mib: int = 72
+    # How long a new actor may take to start before the caller is told it is unavailable.
+    actor_start_timeout_s: float = 120.0
     coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
     partition: PartitionConfig = field(default_factory=PartitionConfig)
     subscription: SubscriptionConfig = field(default_factory=SubscriptionConfig)

@@ -161,6 +161,12 @@ class ActorNotFound(ActorUnavailable):
     can tell deleted from coming back checks the catalog). Retriable."""
 
 
+class CannotPlaceActor(RaytxnError):
+    """The cluster has no room for another actor (its memory is reserved by the actors already
+    running): passivate idle ones (``EngineConfig.passivate_idle_s``), lower
+    ``EngineConfig.actor_memory_mib``, or add a node. Final for the request that needed it."""
+
+
 def is_retriable(error: BaseException) -> bool:
     """True when ``error`` is a raytxn error marked retriable."""
     return isinstance(error, RaytxnError) and error.retriable

@@ -119,3 +119,9 @@ def partition_stream(topic: str, partition: int) -> str:
 
 def subscription_actor_name(topic: str, partition: int, subscription: str) -> str:
     return f"sub-{topic}-{partition}-{subscription}"
+
+
+def activated_on_demand(actor_name: str) -> bool:
+    """Partitions and subscriptions start on first use and are passivated when idle; the
+    supervisor and the coordinators always run."""
+    return actor_name.startswith(("partition-", "sub-"))

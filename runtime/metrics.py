@@ -91,6 +91,13 @@ class EngineMetrics:
         self.recovery_duration_ms = Histogram(
             "raytxn_recovery_duration_ms", "An incarnation's recovery (open its ledgers, restore, replay), in ms.",
             boundaries=RECOVERY_BOUNDARIES_MS, tag_keys=("actor_kind",))
+        self.actors = Gauge("raytxn_actors", "Partition and subscription actors by state: active (a live process) "
+                            "or dormant (passivated or never started; the next call activates it).",
+                            tag_keys=("actor_kind", "state"))
+        self.passivations = Counter("raytxn_passivations", "Idle actors passivated by the supervisor.",
+                                    tag_keys=("actor_kind",))
+        self.activations = Counter("raytxn_activations", "Dormant actors activated on a call.",
+                                   tag_keys=("actor_kind",))
 
 
 _engine_metrics: EngineMetrics | None = None
@@ -209,3 +216,20 @@ def recovered(actor_kind: str, duration_ms: float) -> None:
         tags = {"actor_kind": actor_kind}
         m.recoveries.inc(1, tags)
         m.recovery_duration_ms.observe(duration_ms, tags)
+
+
+def actor_states(counts: dict[tuple[str, str], int]) -> None:
+    """How many actors of each (kind, state) there are now (the supervisor's watcher)."""
+    if (m := engine_metrics()) is not None:
+        for (kind, state), count in counts.items():
+            m.actors.set(count, {"actor_kind": kind, "state": state})
+
+
+def passivated(actor_kind: str) -> None:
+    if (m := engine_metrics()) is not None:
+        m.passivations.inc(1, {"actor_kind": actor_kind})
+
+
+def activated(actor_kind: str) -> None:
+    if (m := engine_metrics()) is not None:
+        m.activations.inc(1, {"actor_kind": actor_kind})

@@ -68,7 +68,8 @@ def connect(storage: str | None = None, address: str | None = None, *, owner: st
     from raytxn.actors.supervisor import SupervisorActor
 
     supervisor = SupervisorActor.options(name=SUPERVISOR_NAME, namespace=NAMESPACE, lifetime="detached",
-                                         get_if_exists=True, resources=engine.actor_resources).remote(engine)
+                                         get_if_exists=True, resources=engine.actor_resources,
+                                         memory=engine.actor_memory_mib << 20 or None).remote(engine)
     ready = ray.get(supervisor.ready.remote())
     client = Client(ready["config"], owner=owner, deadline_s=deadline_s, token=token)
     client._started_ray = started_ray
@@ -181,6 +182,22 @@ class Client:
         except TopicNotFound:
             if not retries:
                 raise
+
+    def create_topics(self, names: list[str], partitions: int = 1, subscriptions: list[str] | None = None,
+                      initial_position: str = "earliest", retention_bytes: int | None = None,
+                      retention_s: float | None = None) -> list[dict[str, Any]]:
+        """Create many topics (each with ``subscriptions``) in two catalog writes, all or none:
+        fast at any number. Their actors start on first use."""
+        return self.supervisor.call("create_topics", list(names), partitions, list(subscriptions or []),
+                                    initial_position, retention_bytes, retention_s, deadline_s=self.deadline_s)
+
+    def delete_topics(self, names: list[str]) -> None:
+        """Delete many topics (this client's producers and consumers of them closed first)."""
+        doomed = set(names)
+        for handle in [*self._consumers, *self._producers]:
+            if handle.topic in doomed:
+                handle.close()
+        self.supervisor.call("delete_topics", list(names), deadline_s=self.deadline_s)
 
     def list_topics(self) -> list[dict[str, Any]]:
         return self.supervisor.call("list_topics", deadline_s=self.deadline_s)

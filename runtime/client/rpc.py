@@ -18,7 +18,7 @@ import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
 
 from raytxn.errors import ActorNotFound, ActorUnavailable, RaytxnError, Timeout
-from raytxn.ids import NAMESPACE
+from raytxn.ids import NAMESPACE, SUPERVISOR_NAME, activated_on_demand
 
 _ACTOR_GONE = (RayActorError, ActorDiedError, ActorUnavailableError)
 DEFAULT_BACKOFF_S = (0.02, 1.0)  # the first wait after a retriable failure, and the longest
@@ -45,14 +45,38 @@ class ActorRef:
         self.name = name
         self.token = token
         self._handle: Any = None
+        self._activation: Any = None  # the supervisor's answer to the last activation request
 
     def handle(self) -> Any:
         if self._handle is None:
             try:
                 self._handle = ray.get_actor(self.name, namespace=NAMESPACE)
-            except ValueError as e:  # not created yet, being re-created, or deleted
+            except ValueError as e:  # dormant, not created yet, being re-created, or deleted
+                self._activate()
                 raise ActorNotFound(f"no actor {self.name!r}") from e
         return self._handle
+
+    def _activate(self) -> None:
+        """Ask the supervisor, without waiting, to start this actor (partitions and subscriptions
+        start on first use and are passivated when idle): the caller's retry finds it started.
+        One request at a time; a request that failed for good (``CannotPlaceActor``, a deleted
+        topic) is raised here, so the caller gets that error instead of retrying to its deadline."""
+        if not activated_on_demand(self.name):
+            return
+        if self._activation is not None:
+            done, _ = ray.wait([self._activation], timeout=0)
+            if not done:
+                return
+            request, self._activation = self._activation, None
+            try:
+                ray.get(request)
+            except Exception as raw:  # noqa: BLE001 - sorted: final errors raised, others asked again
+                if not retriable(unwrap(raw)):
+                    raise unwrap(raw) from None
+                _forget_supervisor()  # it may have been replaced
+        supervisor = _supervisor()
+        if supervisor is not None:
+            self._activation = supervisor.activate.remote(self.name, **self._with_auth({}))
 
     def forget(self) -> None:
         self._handle = None
@@ -96,6 +120,25 @@ class ActorRef:
             if retriable(unwrap(error)):
                 self.forget()
             raise
+
+
+_supervisor_handle: Any = None
+
+
+def _supervisor() -> Any:
+    """The supervisor's handle (looked up once per process; None when there is none)."""
+    global _supervisor_handle
+    if _supervisor_handle is None:
+        try:
+            _supervisor_handle = ray.get_actor(SUPERVISOR_NAME, namespace=NAMESPACE)
+        except ValueError:
+            return None
+    return _supervisor_handle
+
+
+def _forget_supervisor() -> None:
+    global _supervisor_handle
+    _supervisor_handle = None
 
 
 class _Backoff:

@@ -15,6 +15,7 @@ crash leaves the whole topic or nothing. Only ACTIVE entries are visible to clie
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 
 import msgspec
 
@@ -112,6 +113,63 @@ class Catalog(msgspec.Struct):
         info = TopicInfo(name, partitions, now_ms, EntryState.CREATING, retention.retention_bytes,
                          retention.retention_s)
         return msgspec.structs.replace(self, topics={**self.topics, name: info})
+
+    def with_topics(self, names: Sequence[str], partitions: int, now_ms: int,
+                    retention: RetentionPolicy = NO_RETENTION_POLICY, subscriptions: Sequence[str] = (),
+                    initial_position: str = "earliest") -> Catalog:
+        """Many new topics at once, each with ``subscriptions``, all CREATING: every rule of
+        ``with_topic`` and ``with_subscription`` holds for each, and one broken makes none (the
+        error names it). One copy of the catalog for the lot, not one per topic."""
+        if len(set(names)) != len(names):
+            raise InvalidArgument("a topic is named twice in one bulk create")
+        for sub in subscriptions:
+            check_name(sub, "subscription")
+        if initial_position not in ("earliest", "latest"):
+            raise InvalidArgument(f"initial_position must be 'earliest' or 'latest', got {initial_position!r}")
+        topics, subs = dict(self.topics), dict(self.subscriptions)
+        empty = Catalog()
+        for name in names:
+            if name in topics:
+                self.with_topic(name, partitions, now_ms, retention)  # raises the error a single create would
+            topics[name] = empty.with_topic(name, partitions, now_ms, retention).topics[name]
+            subs[name] = {sub: SubscriptionInfo(name, sub, initial_position, now_ms, EntryState.CREATING)
+                          for sub in subscriptions}
+        return msgspec.structs.replace(self, topics=topics, subscriptions=subs)
+
+    def with_topics_active(self, names: Sequence[str]) -> Catalog:
+        """``names`` (and their subscriptions) from CREATING to ACTIVE; ACTIVE ones stay."""
+        topics, subs = dict(self.topics), dict(self.subscriptions)
+        for name in names:
+            info = self.topic_entry(name)
+            if info.state is EntryState.CREATING:
+                topics[name] = msgspec.structs.replace(info, state=EntryState.ACTIVE)
+            elif info.state is not EntryState.ACTIVE:
+                _check_transition(f"topic {name!r}", info.state, EntryState.ACTIVE)
+            subs[name] = {k: msgspec.structs.replace(v, state=EntryState.ACTIVE)
+                          if v.state is EntryState.CREATING else v for k, v in subs.get(name, {}).items()}
+        return msgspec.structs.replace(self, topics=topics, subscriptions=subs)
+
+    def with_topics_deleting(self, names: Sequence[str]) -> Catalog:
+        """``names`` DELETING (those already DELETING stay); an unknown name raises ``TopicNotFound``."""
+        topics = dict(self.topics)
+        for name in names:
+            info = self.topic_entry(name)
+            if info.state is not EntryState.DELETING:
+                _check_transition(f"topic {name!r}", info.state, EntryState.DELETING)
+                topics[name] = msgspec.structs.replace(info, state=EntryState.DELETING)
+        return msgspec.structs.replace(self, topics=topics)
+
+    def without_topics(self, names: Sequence[str]) -> Catalog:
+        """``names`` gone (each must be DELETING or gone already), as ``without_topic``."""
+        gone = {name for name in names if name in self.topics}
+        for name in gone:
+            if (state := self.topics[name].state) is not EntryState.DELETING:
+                raise NotAllowed(f"topic {name!r} is {state}: only a DELETING topic leaves the catalog")
+        return msgspec.structs.replace(
+            self, topics={k: v for k, v in self.topics.items() if k not in gone},
+            subscriptions={k: v for k, v in self.subscriptions.items() if k not in gone},
+            permissions={k: v for k, v in self.permissions.items() if k not in gone},
+            permissions_version=self.permissions_version + 1)
 
     def with_topic_state(self, name: str, state: EntryState) -> Catalog:
         info = self.topic_entry(name)

@@ -158,15 +158,16 @@ def stop(address: Address = "auto") -> None:
 
 @app.command()
 def status(address: Address = "auto", as_json: Json = False) -> None:
-    """Health of every actor: state, incarnation, restarts, last recovery."""
+    """Health of every actor: state (ALIVE, DORMANT: passivated or not used yet, ...), incarnation,
+    restarts, last recovery, activations and passivations; and how many are active and dormant."""
     with _client(address) as client:
         health = client.health()
     if as_json:
         print(json.dumps(health, default=str))
         return
     _emit(health["actors"], False, f"raytxn status ({'healthy' if health['healthy'] else 'DEGRADED'}, "
-          f"storage {health['storage']})",
-          ["name", "kind", "state", "incarnation", "restarts", "recovery_ms", "recreated"])
+          f"{health['active']} active and {health['dormant']} dormant actors, storage {health['storage']})",
+          ["name", "kind", "state", "incarnation", "restarts", "recovery_ms", "activations", "passivations"])
     if not health["healthy"]:
         raise typer.Exit(1)
 

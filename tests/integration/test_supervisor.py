@@ -40,10 +40,15 @@ def test_health_reports_every_actor(client: rt.Client) -> None:
     client.create_topic(topic, 2)
     health = client.health()
     names = {r["name"] for r in health["actors"]}
-    assert {coordinator_actor_name(0), coordinator_actor_name(1), partition_actor_name(topic, 0),
-            partition_actor_name(topic, 1)} <= names
+    partitions = {partition_actor_name(topic, 0), partition_actor_name(topic, 1)}
+    assert {coordinator_actor_name(0), coordinator_actor_name(1)} | partitions <= names
     assert health["healthy"], health
-    assert all(r["incarnation"] >= 1 for r in health["actors"])
+    # a new topic's partitions start on first use: dormant until then, coordinators always up
+    assert {r["name"] for r in health["actors"] if r["state"] == "DORMANT"} >= partitions
+    assert all(r["incarnation"] >= 1 for r in health["actors"] if r["kind"] == "coordinator")
+    client.create_producer(topic).send(b"x", key="k")
+    started = [r for r in client.health()["actors"] if r["name"] in partitions and r["state"] == "ALIVE"]
+    assert started and all(r["incarnation"] >= 1 and r["activations"] == 1 for r in started)
 
 
 def test_killed_actor_is_recovered_without_any_client_call(client: rt.Client) -> None:
@@ -61,16 +66,17 @@ def test_killed_actor_is_recovered_without_any_client_call(client: rt.Client) ->
     assert after["last_recovery_ms"] >= before["last_recovery_ms"]
 
 
-def test_actor_killed_for_good_is_created_again(client: rt.Client) -> None:
+def test_actor_killed_for_good_is_dormant_and_the_next_call_activates_it(client: rt.Client) -> None:
     topic = f"d-{uuid.uuid4().hex[:6]}"
     client.create_topic(topic, 1)
     producer = client.create_producer(topic)
     producer.send(b"kept")
     name = partition_actor_name(topic, 0)
     ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
-    wait_for(lambda: row(client, name)["state"] == "ALIVE" and row(client, name)["recreated"] >= 1,
-             what="re-creation")
-    producer.send(b"after")
+    wait_for(lambda: row(client, name)["state"] == "DORMANT", what="dormant")
+    activations = row(client, name)["activations"]
+    producer.send(b"after")  # finds no actor: its ActorRef asks the supervisor to activate it
+    assert row(client, name)["activations"] == activations + 1
     stats = ActorRef(name).call("stats")
     assert stats["applied_entries"] == 2  # the data survived: recovered from storage
 

@@ -108,8 +108,10 @@ def test_supervisor_crash_in_create_topic_leaves_the_whole_topic(client: rt.Clie
     assert_crashed(client)
     assert client.get_topic(topic)["partitions"] == 2
     assert [t["name"] for t in client.list_topics()].count(topic) == 1
-    assert sorted(actors_of(topic)) == [partition_actor_name(topic, 0), partition_actor_name(topic, 1)]
+    assert actors_of(topic) == []  # they start on first use
+    assert sorted(supervised(client, topic)) == [partition_actor_name(topic, 0), partition_actor_name(topic, 1)]
     produce_and_consume(client, topic, 2)
+    assert sorted(actors_of(topic))[:2] == [partition_actor_name(topic, 0), partition_actor_name(topic, 1)]
 
 
 @pytest.mark.parametrize("point", DELETE_POINTS)

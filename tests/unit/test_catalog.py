@@ -115,3 +115,40 @@ def test_states_survive_encoding_and_old_catalogs_read_as_active() -> None:
     old = msgspec.msgpack.encode(OldCatalog({"orders": OldTopic("orders", 3, 1)}))
     assert decode_catalog(old).topic("orders").state is ACTIVE
     assert decode_catalog(old).topic("orders").retention == NO_RETENTION_POLICY  # no policy
+
+
+def test_bulk_create_is_all_or_none_and_follows_the_single_rules() -> None:
+    catalog = active_topic("taken")
+    made = catalog.with_topics(["a", "b"], 3, 7, subscriptions=["s1", "s2"])
+    assert [made.topic_entry(n).state for n in ("a", "b")] == [CREATING, CREATING]
+    assert made.topic_entry("a").partitions == 3 and made.subscription_names("a", (CREATING,)) == ["s1", "s2"]
+    assert catalog.topics.keys() == {"taken"}  # the catalog is replaced, never changed in place
+    for names, subs, position, error in [
+        (["c", "taken"], [], "earliest", TopicAlreadyExists),
+        (["c", "bad name"], [], "earliest", InvalidArgument),
+        (["c", "c"], [], "earliest", InvalidArgument),
+        (["c"], ["bad/sub"], "earliest", InvalidArgument),
+        (["c"], ["s"], "middle", InvalidArgument),
+    ]:
+        with pytest.raises(error):
+            catalog.with_topics(names, 1, 7, subscriptions=subs, initial_position=position)
+    with pytest.raises(InvalidArgument):
+        catalog.with_topics(["c"], 0, 7)
+    active = made.with_topics_active(["a", "b"])
+    assert active.topic("a").state is ACTIVE and active.subscription_names("b") == ["s1", "s2"]
+    assert active.with_topics_active(["a"]).topic("a").state is ACTIVE  # already ACTIVE: stays
+
+
+def test_bulk_delete_marks_then_removes_with_subscriptions_and_permissions() -> None:
+    names = ["a", "b", "keep"]
+    catalog = Catalog().with_topics(names, 1, 1, subscriptions=["s"]).with_topics_active(names)
+    catalog = catalog.with_grant("a", "alice", ["produce"])
+    with pytest.raises(NotAllowed):
+        catalog.without_topics(["a"])  # only DELETING entries leave
+    with pytest.raises(TopicNotFound):
+        catalog.with_topics_deleting(["a", "missing"])
+    deleting = catalog.with_topics_deleting(["a", "b"])
+    assert deleting.topic_entry("a").state is DELETING and deleting.topic("keep").state is ACTIVE
+    gone = deleting.without_topics(["a", "b", "already-gone"])
+    assert set(gone.topics) == {"keep"} and set(gone.subscriptions) == {"keep"} and "a" not in gone.permissions
+    assert gone.permissions_version == deleting.permissions_version + 1

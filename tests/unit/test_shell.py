@@ -17,6 +17,7 @@ from raytxn.actors.coordinator import TransactionCoordinator, log_stream
 from raytxn.actors.partition import PartitionBuffer, partition_stream
 from raytxn.actors.shell import EXIT_CODE, ActorShell, Clock, replay
 from raytxn.actors.subscription import Subscription, pending_ack_stream
+from raytxn.auth import Access, guarded
 from raytxn.errors import (
     ActorUnavailable,
     CorruptLedger,
@@ -311,3 +312,61 @@ def test_actors_take_time_from_the_injected_clock() -> None:
         assert decode_header(records[0]).publish_time_ms == clock.now
 
     run(main())
+
+
+class Idler(Probe):
+    """A probe with guarded calls (traffic), blockers to set and a slow final persist."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blockers: list[str] = []
+        self.persists = 0
+        self.during_persist: Callable[[], Awaitable[Any]] | None = None
+
+    def _passivation_blockers(self) -> list[str]:
+        return list(self.blockers)
+
+    async def _before_passivate(self) -> None:
+        self.persists += 1
+        if self.during_persist is not None:
+            await self.during_persist()
+
+    @guarded(Access.PUBLIC)
+    async def work(self, hold_s: float = 0.0) -> str:
+        await self._started()
+        await asyncio.sleep(hold_s)
+        return "done"
+
+
+def test_passivation_needs_idleness_and_no_blocker_and_a_quiet_persist() -> None:
+    async def scenario() -> None:
+        actor = Idler()
+        clock = actor.clock
+        assert isinstance(clock, ManualClock)
+        await actor.work()
+        assert (await actor.passivate(5.0))["why"] == ["idle 0.0s < 5.0s"]
+        clock.now += 6000
+        assert actor.idle_s() == 6.0
+        in_flight = asyncio.ensure_future(actor.work(hold_s=0.05))
+        await asyncio.sleep(0.01)
+        assert actor.idle_s() == 0.0  # a call being served is traffic
+        assert not (await actor.passivate(5.0))["passivated"]
+        await in_flight
+        clock.now += 6000
+        actor.blockers = ["2 open txns"]
+        assert (await actor.passivate(5.0))["why"] == ["2 open txns"]
+        actor.blockers = []
+
+        async def call_meanwhile() -> None:
+            await actor.work()
+
+        actor.during_persist = call_meanwhile
+        assert (await actor.passivate(5.0))["why"] == ["idle 0.0s < 5.0s", "a call came in meanwhile"]
+        actor.during_persist = None
+        clock.now += 6000
+        assert await actor.passivate(5.0) == {"passivated": True, "why": []}
+        assert actor.persists == 2  # one refused after it (the call meanwhile), one kept
+        assert isinstance(await outcome(actor.work()), ActorUnavailable)  # callers retry: activation
+        assert actor.exits == []  # the supervisor kills it; it ends itself only PASSIVATED_EXIT_S later
+
+    run(scenario())
