@@ -203,6 +203,7 @@ BENCHMARKS: dict[str, Callable[..., list[dict]]] = {
     "spark": _lazy("raytxn.tools.bench_spark", "bench_spark_pipeline"),
     "ray-data": _lazy("raytxn.tools.bench_ray_data", "bench_ray_data"),
     "auth": _lazy("raytxn.tools.bench_auth", "bench_auth"),
+    "scale": _lazy("raytxn.tools.bench_scale", "bench_scale"),
 }
 
 

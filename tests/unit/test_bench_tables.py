@@ -20,6 +20,7 @@ from raytxn.tools import (
     bench_commit,
     bench_produce,
     bench_ray_data,
+    bench_scale,
     bench_spark,
     bench_subscription,
 )
@@ -75,6 +76,9 @@ ROWS: dict[str, Callable[[], list[dict]]] = {
     "spark": _spark,
     "ray-data": lambda: bench_ray_data.ray_data_rows(50_000, {"read_topic": 400_000.5, "read_parquet": 900_000.25}),
     "auth": _auth,
+    "scale": lambda: bench_scale.scale_rows(10_000, 2.5, 200, 3.25, [0.5, 0.75], [1.25, 1.5, 2.75], True, 120,
+                                            [[0.5, 30], [1.5, 120], [9.0, 3]], 4 * 2**30, 5 * 2**30,
+                                            {4: 90_000.5, 64: 80_000.25}, 200_000),
 }
 
 
