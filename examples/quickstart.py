@@ -29,7 +29,7 @@ def main() -> None:
           f"{client.config.coordinator.num_coordinators} coordinators")
     earlier = [topic["name"] for topic in client.list_topics()]
     if earlier:
-        print(f"note: the storage holds {len(earlier)} topics of earlier runs; their actors start too "
+        print(f"note: the storage holds {len(earlier)} topics of earlier runs; their actors start if used "
               f"({RESET_HINT})")
     run = uuid.uuid4().hex[:6]
     orders, invoices = f"orders-{run}", f"invoices-{run}"
@@ -40,8 +40,8 @@ def main() -> None:
             created.append(topic)
         transfer(client, orders, invoices)
         health = client.health()
-        print(f"health: {sum(r['state'] == 'ALIVE' for r in health['actors'])}/{len(health['actors'])} actors "
-              f"alive, restarts {sum(r['restarts'] for r in health['actors'])}")
+        print(f"health: {health['active']}/{len(health['actors'])} actors alive, {health['dormant']} dormant "
+              f"(started on first use), restarts {sum(r['restarts'] for r in health['actors'])}")
     finally:
         for topic in created:  # their actors and data: the next run starts the same actors again
             client.delete_topic(topic)
