@@ -58,8 +58,12 @@ class ChaosResult:
                 f"{'clean' if self.clean else self.report.summary()}")
 
 
-def make_schedule(seed: int, actors: dict[str, list[str]], count: int, interval_s: float) -> list[dict[str, Any]]:
-    """``count`` fault events drawn from ``seed``: when (offset s), what, where."""
+def make_schedule(seed: int, actors: dict[str, list[str]], count: int, interval_s: float,
+                  dormant_ratio: float = 0.0) -> list[dict[str, Any]]:
+    """``count`` fault events drawn from ``seed``: when (offset s), what, where. With
+    ``dormant_ratio``, that share of the kills of partitions and subscriptions are for good
+    (``kill_for_good``: the actor is dormant, as after a passivation, until a call activates it);
+    without it the draws, and so every earlier seed's schedule, are as they were."""
     rng = random.Random(seed)
     events = []
     at = 0.0
@@ -67,7 +71,10 @@ def make_schedule(seed: int, actors: dict[str, list[str]], count: int, interval_
         at += rng.uniform(0.5, 1.5) * interval_s
         if rng.random() < 0.2:
             kind = rng.choice(["coordinator", "partition", "subscription"])
-            events.append({"at": round(at, 3), "do": "kill", "actor": rng.choice(actors[kind])})
+            do = "kill"
+            if dormant_ratio and kind != "coordinator" and rng.random() < dormant_ratio:
+                do = "kill_for_good"
+            events.append({"at": round(at, 3), "do": do, "actor": rng.choice(actors[kind])})
             continue
         kind = rng.choice(list(POINTS))
         target_kind = rng.choice(["coordinator", "partition", "subscription"]) if kind == "ledger" else kind
@@ -79,16 +86,19 @@ def make_schedule(seed: int, actors: dict[str, list[str]], count: int, interval_
 
 def run_chaos(client: Any, txns: int = 300, seed: int = 1, workers: int = 3, txn_timeout_s: float = 10.0,
               fault_interval_s: float = 1.0, abort_ratio: float = 0.1, time_limit_s: float = 600.0,
-              progress: Any = None) -> ChaosResult:
-    """Run the workload on ``client``'s engine and judge it; see the module docstring."""
+              progress: Any = None, partitions: tuple[int, int, int] = (3, 2, 2),
+              dormant_ratio: float = 0.0) -> ChaosResult:
+    """Run the workload on ``client``'s engine and judge it; see the module docstring.
+    ``partitions``: of the input topic and the two outputs. ``dormant_ratio``: see ``make_schedule``
+    (an engine with a short ``passivate_idle_s`` also passivates idle actors during the run)."""
     import raytxn as rt
 
     rng = random.Random(seed)
     run = f"c{seed}-{rng.randrange(16**6):06x}"
     topic_in, out_a, out_b = f"{run}-in", f"{run}-out-a", f"{run}-out-b"
-    client.create_topic(topic_in, 3)
-    client.create_topic(out_a, 2)
-    client.create_topic(out_b, 2)
+    sizes = dict(zip((topic_in, out_a, out_b), partitions, strict=True))
+    for topic, count in sizes.items():
+        client.create_topic(topic, count)
     history = History()
     now = time.monotonic
     seeder = client.create_producer(topic_in)
@@ -104,11 +114,12 @@ def run_chaos(client: Any, txns: int = 300, seed: int = 1, workers: int = 3, txn
         history.subscribe(f"w{w}", "chaos", topic_in, now(), from_earliest=True)
     actors = {
         "coordinator": [coordinator_actor_name(i) for i in range(client.config.coordinator.num_coordinators)],
-        "partition": [partition_actor_name(t, p) for t, n in ((topic_in, 3), (out_a, 2), (out_b, 2)) for p in range(n)],
-        "subscription": [subscription_actor_name(topic_in, p, "chaos") for p in range(3)],
+        "partition": [partition_actor_name(t, p) for t, n in sizes.items() for p in range(n)],
+        "subscription": [subscription_actor_name(topic_in, p, "chaos") for p in range(sizes[topic_in])],
     }
     expected_s = max(5.0, txns * 0.05)
-    schedule = make_schedule(seed, actors, max(3, int(expected_s / fault_interval_s)), fault_interval_s)
+    schedule = make_schedule(seed, actors, max(3, int(expected_s / fault_interval_s)), fault_interval_s,
+                             dormant_ratio)
     done: set[str] = set()
     counts = {"committed": 0, "aborted": 0, "fired": 0}
     errors: dict[str, int] = {}
@@ -190,8 +201,8 @@ def run_chaos(client: Any, txns: int = 300, seed: int = 1, workers: int = 3, txn
                     return
                 time.sleep(0.02)
             try:
-                if event["do"] == "kill":
-                    client.faults.kill(event["actor"])
+                if event["do"] in ("kill", "kill_for_good"):
+                    client.faults.kill(event["actor"], restart=event["do"] == "kill")
                 else:
                     client.faults.arm(event["point"], event["action"], actor=event["actor"],
                                       delay_s=event["delay_s"])

@@ -460,6 +460,11 @@ def chaos_command(
     workers: Annotated[int, typer.Option("--workers")] = 3,
     storage: Annotated[str | None, typer.Option("--storage", help="storage URL (default: a new temp dir)")] = None,
     fault_interval_s: Annotated[float, typer.Option("--fault-interval")] = 1.0,
+    partitions: Annotated[str, typer.Option("--partitions", help="IN,OUT_A,OUT_B partitions")] = "3,2,2",
+    passivate_idle_s: Annotated[float | None, typer.Option(
+        "--passivate-idle-s", help="passivate actors idle this long during the run (default: the engine's)")] = None,
+    dormant_ratio: Annotated[float, typer.Option(
+        "--dormant-ratio", help="share of partition/subscription kills that are for good (dormant)")] = 0.0,
     as_json: Json = False,
 ) -> None:
     """Run the chaos workload under a seeded fault schedule and check it exactly-once."""
@@ -468,10 +473,18 @@ def chaos_command(
     import raytxn as rt
     from raytxn.tools.chaos import run_chaos
 
-    client = rt.connect(storage=storage or f"file://{tempfile.mkdtemp(prefix='raytxn-chaos-')}")
+    try:
+        sizes = tuple(int(n) for n in partitions.split(","))
+        if len(sizes) != 3:
+            raise ValueError(partitions)
+    except ValueError:
+        raise typer.BadParameter(f"--partitions takes three numbers such as 3,2,2, not {partitions!r}") from None
+    config = {} if passivate_idle_s is None else {"passivate_idle_s": passivate_idle_s}
+    client = rt.connect(storage=storage or f"file://{tempfile.mkdtemp(prefix='raytxn-chaos-')}", **config)
     try:
         result = run_chaos(client, txns=txns, seed=seed, workers=workers, fault_interval_s=fault_interval_s,
-                           progress=None if as_json else console.print)
+                           progress=None if as_json else console.print, partitions=sizes,  # type: ignore[arg-type]
+                           dormant_ratio=dormant_ratio)
     finally:
         client.close()
         rt.shutdown()
