@@ -125,7 +125,8 @@ class Supervisor(ActorShell, FaultTarget):
 
     def _actor_options(self, name: str) -> dict[str, Any]:
         options: dict[str, Any] = {"name": name, "namespace": NAMESPACE, "lifetime": "detached",
-                                   "get_if_exists": True, "resources": self.config.actor_resources}
+                                   "get_if_exists": True, "resources": self.config.actor_resources,
+                                   "scheduling_strategy": self.config.actor_placement}
         if self.config.actor_memory_mib:
             options["memory"] = self.config.actor_memory_mib * MIB
         return options
@@ -582,9 +583,10 @@ class Supervisor(ActorShell, FaultTarget):
         if spec is None:
             return {"activated": False, "why": f"no topic or subscription has the actor {name!r}"}
         began = self.clock.monotonic()
+        was_dormant = _handle(name) is None
         await self._placed(name, self._create(spec))
         row = self._row(name, spec.kind)
-        if row["state"] in ("DORMANT", "UNKNOWN"):
+        if was_dormant:
             row["activations"] += 1
             activated(spec.kind)
         row.update(state="ALIVE", idle_s=0.0)  # the last probe's idleness was the dead incarnation's

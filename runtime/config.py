@@ -100,6 +100,10 @@ class EngineConfig:
     actor_memory_mib: int = 72
     # How long a new actor may take to start before the caller is told it is unavailable.
     actor_start_timeout_s: float = 120.0
+    # Ray's scheduling strategy for engine actors: "SPREAD" balances coordinators, partitions and
+    # subscriptions over the nodes that may host them (Ray's "DEFAULT" packs them near their
+    # creator, the supervisor).
+    actor_placement: str = "SPREAD"
     coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
     partition: PartitionConfig = field(default_factory=PartitionConfig)
     subscription: SubscriptionConfig = field(default_factory=SubscriptionConfig)

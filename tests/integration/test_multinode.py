@@ -1,5 +1,7 @@
 """Removing the node that hosts a coordinator and partition actors mid-run: everything recovers
-on the other node and the exactly-once checker is clean. Runs in its own process with its own
+on the other node and the exactly-once checker is clean. The actors were spread over both worker
+nodes, and a topic that was dormant (passivated) through the loss comes back whole on the
+surviving node. Runs in its own process with its own
 3-node ray.cluster_utils.Cluster (the rest of the suite shares one local Ray)."""
 
 import json
@@ -27,3 +29,9 @@ def test_node_loss_recovers_on_other_nodes() -> None:
     assert result["committed_total"] > result["committed_before_removal"], "no progress after the node loss"
     assert result["healthy"], result
     assert result["clean"], result["summary"]
+    # spread: coordinators and partitions on both worker nodes, none on the head (no "raytxn")
+    assert set(result["spread"].values()) == set(result["worker_nodes"]), result["spread"]
+    assert result["dormant_before_loss"], result
+    assert result["idle_topic_values"] == sorted([f"after-{k}" for k in range(8)] + [f"before-{k}" for k in range(8)])
+    assert result["idle_topic_partitions"] == [0, 1], result  # both were dormant and came back
+    assert all(node and node != result["victim_node"] for node in result["idle_topic_nodes"]), result
