@@ -84,6 +84,13 @@ def new_topic(client: rt.Client, partitions: int = 1, prefix: str = "t") -> str:
     return topic
 
 
+def activate(topic: str, partitions: int = 1) -> None:
+    """Start the topic's partition actors now (they start on first use, which takes a process
+    start): for tests whose first send must not spend a short txn timeout on it."""
+    for p in range(partitions):
+        partition_ref(topic, p).call("ready")
+
+
 def receive_all(consumer: Any, count: int, timeout: float = 20.0) -> list[Any]:
     """``count`` messages, all within ``timeout`` seconds (else the consumer's ``Timeout``)."""
     deadline = time.monotonic() + timeout

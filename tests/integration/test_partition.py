@@ -30,7 +30,7 @@ from raytxn.ids import NAMESPACE, Position, partition_actor_name
 from raytxn.ledger import ManagedLedger
 from raytxn.ledger.storage import Storage
 from raytxn.protocol.entry_format import MessageRecord, encode_message
-from tests.engine import engine_client, new_topic, partition_ref, restart_actor, visible_values
+from tests.engine import activate, engine_client, new_topic, partition_ref, restart_actor, visible_values
 
 pytestmark = pytest.mark.ray
 
@@ -185,6 +185,7 @@ def test_stable_position_seed_example(client: rt.Client) -> None:
 
 def test_timeout_aborts_and_unblocks(client: rt.Client) -> None:
     topic = new_topic(client)
+    activate(topic)  # its start must not eat the txn's 0.8 s
     producer = client.create_producer(topic)
     txn = client.new_transaction(timeout=0.8)
     producer.send(b"never", txn=txn)

@@ -27,7 +27,7 @@ from raytxn.errors import (
 from raytxn.hashing import partition_for
 from raytxn.ids import coordinator_actor_name, partition_actor_name
 from raytxn.protocol.entry_format import MessageRecord, encode_message
-from tests.engine import engine_client, new_topic, partition_ref, restart_actor, visible_values
+from tests.engine import activate, engine_client, new_topic, partition_ref, restart_actor, visible_values
 
 pytestmark = pytest.mark.ray
 
@@ -284,6 +284,7 @@ def test_a_timed_out_transaction_refuses_sends_without_a_round_trip(client: rt.C
     TransactionTimedOut in the caller's thread (a refusal from the partition or the coordinator
     would come through the future) and never reaches the partition; commit raises it too."""
     topic = new_topic(client)
+    activate(topic)  # its start must not eat the txn's 1 s
     producer = client.create_producer(topic)
     txn = client.new_transaction(timeout=1.0)
     producer.send(b"in time", txn=txn)
@@ -309,6 +310,7 @@ def test_a_fenced_commit_of_a_timed_out_transaction_raises_fenced(client: rt.Cli
     commit's abort is refused as Fenced, and Fenced is what commit raises (the timeout is its
     cause), so a caller that retries on timeouts still stops, as on Kafka's ProducerFenced."""
     topic = new_topic(client)
+    activate(topic)  # its start must not eat the txn's 1 s
     producer = client.create_producer(topic)
     tid = f"zombie-{topic}"
     stale = client.register_transactional_id(tid)
