@@ -225,9 +225,11 @@ class Supervisor(ActorShell, FaultTarget):
     @guarded(Access.SUPERUSER)
     async def create_topic(self, name: str, partitions: int = 1, retention_bytes: int | None = None,
                            retention_s: float | None = None) -> dict[str, Any]:
-        """Save the topic CREATING, then ACTIVE: its partition actors start on first use. A
-        retried create of a topic still CREATING with the same partitions and retention finishes
-        it. ``retention_bytes`` / ``retention_s``: keep acked data that long (protocol/retention.py)."""
+        """Save the topic ACTIVE, in one catalog write: its partition actors start on first use, so
+        there is no step between CREATING and ACTIVE for a crash to interrupt. A retried create of
+        a topic still CREATING (left by an earlier version's two-step create) with the same
+        partitions and retention finishes it. ``retention_bytes`` / ``retention_s``: keep acked
+        data that long (protocol/retention.py)."""
         await self._started()
         retention = check_retention(retention_bytes, retention_s)
         context = {"kind": "topic", "topic": name}
@@ -235,7 +237,8 @@ class Supervisor(ActorShell, FaultTarget):
             entry = self.catalog.topics.get(name)
             if (entry is None or entry.state is not EntryState.CREATING or entry.partitions != partitions
                     or entry.retention != retention):
-                await self._save(self.catalog.with_topic(name, partitions, self.clock.now_ms(), retention))
+                created = self.catalog.with_topic(name, partitions, self.clock.now_ms(), retention)
+                await self._save(created.with_topic_state(name, EntryState.ACTIVE))
         await self.faults.hit("supervisor.after_save_creating", **context)
         await self.faults.hit("supervisor.after_create_actors", **context)  # none: they start on first use
         await self._activate_topic(name)
@@ -246,10 +249,11 @@ class Supervisor(ActorShell, FaultTarget):
     async def create_topics(self, names: list[str], partitions: int = 1, subscriptions: list[str] | None = None,
                             initial_position: str = "earliest", retention_bytes: int | None = None,
                             retention_s: float | None = None) -> list[dict[str, Any]]:
-        """Create many topics, each with ``subscriptions``, in two catalog writes (CREATING, then
-        ACTIVE) whatever their number; no actor starts until used (but a "latest" subscription's,
-        see ``create_subscription``). All or none: one invalid or existing name fails the call
-        before anything is written. A retry finishes topics still CREATING from a crashed try."""
+        """Create many topics, each with ``subscriptions``, in one catalog write whatever their
+        number (two with "latest" subscriptions: CREATING, their actors started, see
+        ``create_subscription``, then ACTIVE); no other actor starts until used. All or none: one
+        invalid or existing name fails the call before anything is written. A retry finishes
+        topics still CREATING from a crashed try."""
         await self._started()
         retention = check_retention(retention_bytes, retention_s)
         subscriptions = list(subscriptions or [])
@@ -259,14 +263,16 @@ class Supervisor(ActorShell, FaultTarget):
                           and entry.retention == retention}
             fresh = [name for name in names if name not in unfinished]
             if fresh:
-                await self._save(self.catalog.with_topics(fresh, partitions, self.clock.now_ms(), retention,
-                                                          subscriptions, initial_position))
+                created = self.catalog.with_topics(fresh, partitions, self.clock.now_ms(), retention,
+                                                   subscriptions, initial_position)
+                await self._save(created if initial_position == "latest" else created.with_topics_active(fresh))
         if initial_position == "latest":
             for name in names:
                 for sub in subscriptions:
                     await self._start_fixing_latest(name, sub)
         async with self._lock:
-            await self._save(self.catalog.with_topics_active(names))
+            if any(self.catalog.topic_entry(name).state is EntryState.CREATING for name in names):
+                await self._save(self.catalog.with_topics_active(names))
         return [{"name": name, "partitions": partitions, "subscriptions": sorted(subscriptions)} for name in names]
 
     @guarded(Access.SUPERUSER)
@@ -513,7 +519,13 @@ class Supervisor(ActorShell, FaultTarget):
     async def _probe_all(self) -> None:
         live = _live_actor_names()
         names = self.actor_names()
-        await asyncio.gather(*(self._probe(name, kind, name in live) for name, kind in names), return_exceptions=True)
+        probes = []
+        for name, kind in names:
+            if name in live or kind == "coordinator":
+                probes.append(self._probe(name, kind, name in live))
+            else:  # most actors of a large catalog: no process, no call, no coroutine
+                self._row(name, kind)["state"] = "DORMANT"
+        await asyncio.gather(*probes, return_exceptions=True)
         counts: dict[tuple[str, str], int] = {}
         for name, kind in names:
             if kind != "coordinator":

@@ -2,7 +2,11 @@
 
 Routing: a message with a key goes to ``murmur2(key) % partitions`` (Kafka's default
 partitioner, so the same key lands where a Kafka producer would put it); without a key, messages
-stick to one partition until its batch is sealed, then move to the next (round-robin by batch).
+stick to one partition for ``max_in_flight`` sealed batches, then move to the next (Kafka's sticky
+partitioner, with a longer stick): those batches are in flight together, and the partition's
+ledger writes them in one put. Moving on after every batch gave each partition one batch at a
+time, one put each, and a 64-partition topic took keyless sends at 0.36 of a 4-partition one's
+rate (0.71 with the longer stick; ``raytxn bench scale``).
 
 Accumulating (Kafka's RecordAccumulator): ``send_async`` runs on the caller's thread. It encodes
 the message and appends it to the open batch of its (partition, transaction) under the
@@ -242,6 +246,7 @@ class Producer:
         self._open: dict[tuple[int, Transaction | None], _Batch] = {}
         self._sealed: list[deque[_Batch]] = [deque() for _ in range(partitions)]
         self._keyless_partition = 0
+        self._keyless_sealed = 0  # batches sealed on the keyless partition since it became current
         # Client loop only.
         self._sending: list[asyncio.Task | None] = [None] * partitions
         self._window: list[deque[_Flight]] = [deque() for _ in range(partitions)]  # in sequence order
@@ -525,8 +530,11 @@ class Producer:
     def _queue_sealed_locked(self, batch: _Batch) -> None:
         batch.sealed = True
         self._sealed[batch.partition].append(batch)
-        if batch.partition == self._keyless_partition:  # keyless traffic moves on, batch by batch
-            self._keyless_partition = (self._keyless_partition + 1) % self.partitions
+        if batch.partition == self._keyless_partition:  # keyless traffic moves on after a window's worth
+            self._keyless_sealed += 1
+            if self._keyless_sealed >= self.max_in_flight:
+                self._keyless_partition = (self._keyless_partition + 1) % self.partitions
+                self._keyless_sealed = 0
 
     # --- on the client loop ----------------------------------------------------------------
 

@@ -110,10 +110,12 @@ def test_send_ids_ordering_routing_and_batches(client: rt.Client) -> None:
 
 def test_keyless_round_robin_and_oversized(client: rt.Client) -> None:
     topic = new_topic(client, 3)
-    producer = client.create_producer(topic, batching_max_messages=10)
-    futures = [producer.send_async(f"v{i}".encode()) for i in range(90)]
+    producer = client.create_producer(topic, batching_max_messages=10, max_in_flight=2)
+    futures = [producer.send_async(f"v{i}".encode()) for i in range(120)]
     producer.flush()
-    assert {f.result().partition for f in futures} == {0, 1, 2}
+    # sticky: two batches (max_in_flight) of 10 on a partition, then the next one
+    assert [futures[i].result().partition for i in range(0, 120, 20)] == [0, 1, 2, 0, 1, 2]
+    assert all(len({f.result().partition for f in futures[i:i + 20]}) == 1 for i in range(0, 120, 20))
     before = [stats(topic, p)["applied_entries"] for p in range(3)]
     with pytest.raises(MessageTooLarge):
         producer.send(b"x" * (5 * 1024 * 1024 + 1))
