@@ -130,6 +130,21 @@ def test_bulk_created_topics_start_no_actor_until_used(client: rt.Client) -> Non
     assert not {t["name"] for t in client.list_topics()} & set(names)
 
 
+def test_metrics_count_passivations_activations_and_dormant_actors(client: rt.Client) -> None:
+    from tests.integration.test_metrics import total, wait_for_metrics
+
+    topic = new_topic(client, prefix="metered")
+    client.create_producer(topic).send(b"x")  # an activation; a passivation follows 1 s later
+    wait_for(lambda: row(client, partition_actor_name(topic, 0))["passivations"] == 1, what="passivated")
+
+    def shown(samples: dict) -> bool:
+        return (total(samples, "ray_raytxn_passivations_total", actor_kind="partition") >= 1
+                and total(samples, "ray_raytxn_activations_total", actor_kind="partition") >= 1
+                and total(samples, "ray_raytxn_actors", actor_kind="partition", state="dormant") >= 1)
+
+    wait_for_metrics(shown, "passivations, activations and the dormant partitions gauge")
+
+
 def test_an_actor_the_cluster_has_no_room_for_is_a_clear_error(client: rt.Client,
                                                                  tmp_path_factory: pytest.TempPathFactory) -> None:
     client.close()
