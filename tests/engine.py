@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import pytest
@@ -75,6 +75,18 @@ def visible_values(topic: str, partitions: Iterable[int] = (0,), deadline_s: flo
                 break
             position = result["next"]
     return values
+
+
+def health_row(client: rt.Client, name: str) -> dict[str, Any]:
+    """The supervisor's health row of the actor ``name``."""
+    return next(r for r in client.health()["actors"] if r["name"] == name)
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float = 30, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
 
 
 def new_topic(client: rt.Client, partitions: int = 1, prefix: str = "t") -> str:

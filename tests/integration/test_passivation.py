@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 import ray
@@ -17,7 +17,8 @@ import raytxn as rt
 from raytxn.client.rpc import ActorRef
 from raytxn.errors import CannotPlaceActor
 from raytxn.ids import NAMESPACE, partition_actor_name, subscription_actor_name
-from tests.engine import engine_client, new_topic, nothing_more, receive_all, visible_values
+from tests.engine import engine_client, new_topic, nothing_more, receive_all, visible_values, wait_for
+from tests.engine import health_row as row
 
 pytestmark = pytest.mark.ray
 
@@ -27,17 +28,6 @@ IDLE_S = 1.0
 @pytest.fixture(scope="module")
 def client(ray_session: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[rt.Client]:
     yield from engine_client(tmp_path_factory, watch_interval_s=0.3, passivate_idle_s=IDLE_S)
-
-
-def row(client: rt.Client, name: str) -> dict:
-    return next(r for r in client.health()["actors"] if r["name"] == name)
-
-
-def wait_for(predicate: Callable[[], bool], timeout_s: float = 30, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 def live(name: str) -> bool:
