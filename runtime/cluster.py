@@ -8,6 +8,7 @@ from typing import Any
 import ray
 
 from raytxn.config import EngineConfig
+from raytxn.errors import NotAuthorized, RaytxnError
 from raytxn.ids import NAMESPACE, SUPERVISOR_NAME, coordinator_actor_name
 
 
@@ -44,7 +45,20 @@ def stop_engine(token: str | None = None) -> None:
         supervisor = ray.get_actor(SUPERVISOR_NAME, namespace=NAMESPACE)
     except ValueError:
         return
-    names = ray.get(supervisor.shutdown_actors.remote(auth=token))
+    try:
+        names = ray.get(supervisor.shutdown_actors.remote(auth=token))
+    except RaytxnError as error:
+        if isinstance(error, NotAuthorized):
+            raise
+        # A supervisor whose start failed for good (e.g. CannotPlaceActor) cannot list its
+        # actors: every named actor of the engine's namespace is the engine's.
+        names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                 if a["namespace"] == NAMESPACE and a["name"] != SUPERVISOR_NAME]
+        for name in names:
+            try:
+                ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
+            except ValueError:
+                pass  # gone meanwhile
     ray.kill(supervisor, no_restart=True)
     wait_names_released([*names, SUPERVISOR_NAME])
 

@@ -95,8 +95,8 @@ class EngineConfig:
     # Partition and subscription actors idle this long (no call, no open txn, no consumer) are
     # passivated: their process stops, and the next call starts it again. None: never.
     passivate_idle_s: float | None = 300.0
-    # Ray memory every engine actor reserves, so the node's actors never over-subscribe its memory
-    # (a raytxn actor's process holds 65-71 MiB). 0: reserve none.
+    # Ray memory every actor the supervisor starts reserves, so a node's actors never
+    # over-subscribe its memory (a raytxn actor's process holds 65-71 MiB). 0: reserve none.
     actor_memory_mib: int = 72
     # How long a new actor may take to start before the caller is told it is unavailable.
     actor_start_timeout_s: float = 120.0

@@ -68,8 +68,7 @@ def connect(storage: str | None = None, address: str | None = None, *, owner: st
     from raytxn.actors.supervisor import SupervisorActor
 
     supervisor = SupervisorActor.options(name=SUPERVISOR_NAME, namespace=NAMESPACE, lifetime="detached",
-                                         get_if_exists=True, resources=engine.actor_resources,
-                                         memory=engine.actor_memory_mib << 20 or None).remote(engine)
+                                         get_if_exists=True, resources=engine.actor_resources).remote(engine)
     ready = ray.get(supervisor.ready.remote())
     client = Client(ready["config"], owner=owner, deadline_s=deadline_s, token=token)
     client._started_ray = started_ray

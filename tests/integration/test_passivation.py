@@ -16,7 +16,7 @@ import ray
 import raytxn as rt
 from raytxn.client.rpc import ActorRef
 from raytxn.errors import CannotPlaceActor
-from raytxn.ids import NAMESPACE, partition_actor_name, subscription_actor_name
+from raytxn.ids import NAMESPACE, coordinator_actor_name, partition_actor_name, subscription_actor_name
 from tests.engine import engine_client, new_topic, nothing_more, receive_all, visible_values, wait_for
 from tests.engine import health_row as row
 
@@ -141,18 +141,15 @@ def test_an_actor_the_cluster_has_no_room_for_is_a_clear_error(client: rt.Client
     from raytxn.cluster import stop_engine
 
     stop_engine()
-    # Each actor reserves 40% of the free memory: the supervisor and one coordinator fit, the
-    # partition does not.
-    free_mib = int(ray.available_resources()["memory"]) >> 20
-    tight = rt.connect(storage=f"file://{tmp_path_factory.mktemp('tight')}", num_coordinators=1,
-                       actor_memory_mib=int(free_mib * 0.4))
+    # Each actor the supervisor starts reserves more memory than the whole cluster has: its
+    # coordinators cannot be placed, and connect says so instead of waiting forever.
+    total_mib = int(ray.cluster_resources()["memory"]) >> 20
+    began = time.monotonic()
     try:
-        topic = new_topic(tight, prefix="full")
-        began = time.monotonic()
         with pytest.raises(CannotPlaceActor, match="Ray memory"):
-            tight.create_producer(topic).send(b"x")
+            rt.connect(storage=f"file://{tmp_path_factory.mktemp('tight')}", num_coordinators=1,
+                       actor_memory_mib=total_mib + 1)
         assert time.monotonic() - began < 30
-        assert not live(partition_actor_name(topic, 0))  # the pending actor was removed
+        assert not live(coordinator_actor_name(0))  # the pending actor was removed
     finally:
-        tight.close()
         stop_engine()
