@@ -266,6 +266,8 @@ class Supervisor(ActorShell, FaultTarget):
                 created = self.catalog.with_topics(fresh, partitions, self.clock.now_ms(), retention,
                                                    subscriptions, initial_position)
                 await self._save(created if initial_position == "latest" else created.with_topics_active(fresh))
+        context = {"kind": "topics", "topic": names[0] if names else ""}
+        await self.faults.hit("supervisor.after_save_creating", **context)
         if initial_position == "latest":
             for name in names:
                 for sub in subscriptions:
@@ -273,6 +275,7 @@ class Supervisor(ActorShell, FaultTarget):
         async with self._lock:
             if any(self.catalog.topic_entry(name).state is EntryState.CREATING for name in names):
                 await self._save(self.catalog.with_topics_active(names))
+        await self.faults.hit("supervisor.after_activate", **context)
         return [{"name": name, "partitions": partitions, "subscriptions": sorted(subscriptions)} for name in names]
 
     @guarded(Access.SUPERUSER)
@@ -283,6 +286,8 @@ class Supervisor(ActorShell, FaultTarget):
         await self._started()
         async with self._lock:
             await self._save(self.catalog.with_topics_deleting(names))
+        context = {"kind": "topics", "topic": names[0] if names else ""}
+        await self.faults.hit("supervisor.after_mark_deleting", **context)
         gate = asyncio.Semaphore(BULK_DELETE_CONCURRENCY)
 
         async def clear(name: str) -> None:
@@ -292,6 +297,7 @@ class Supervisor(ActorShell, FaultTarget):
         await asyncio.gather(*(clear(name) for name in names))
         async with self._lock:
             await self._save(self.catalog.without_topics(names))
+        await self.faults.hit("supervisor.after_remove_entry", **context)
 
     async def _activate_topic(self, name: str) -> None:
         async with self._lock:
@@ -352,11 +358,15 @@ class Supervisor(ActorShell, FaultTarget):
         return {"topic": topic, "name": name, "partitions": info.partitions}
 
     async def _start_fixing_latest(self, topic: str, name: str) -> None:
+        """Start a "latest" subscription's actors (each persists the partition's end as its
+        start), after the partitions they read: a subscription finding its partition dormant
+        would ask this supervisor to activate it, and during recovery the supervisor answers
+        nobody until its start is done, which waits for these actors."""
         sub = self.catalog.subscriptions.get(topic, {}).get(name)
         if sub is not None and sub.initial_position == "latest":
-            partitions = self.catalog.topic_entry(topic).partitions
-            await self._start_actors([self._implied()[subscription_actor_name(topic, p, name)]
-                                      for p in range(partitions)])
+            implied, partitions = self._implied(), self.catalog.topic_entry(topic).partitions
+            await self._start_actors([implied[partition_actor_name(topic, p)] for p in range(partitions)])
+            await self._start_actors([implied[subscription_actor_name(topic, p, name)] for p in range(partitions)])
 
     async def _activate_subscription(self, topic: str, name: str) -> None:
         async with self._lock:

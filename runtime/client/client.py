@@ -185,18 +185,41 @@ class Client:
     def create_topics(self, names: list[str], partitions: int = 1, subscriptions: list[str] | None = None,
                       initial_position: str = "earliest", retention_bytes: int | None = None,
                       retention_s: float | None = None) -> list[dict[str, Any]]:
-        """Create many topics (each with ``subscriptions``) in two catalog writes, all or none:
-        fast at any number. Their actors start on first use."""
-        return self.supervisor.call("create_topics", list(names), partitions, list(subscriptions or []),
-                                    initial_position, retention_bytes, retention_s, deadline_s=self.deadline_s)
+        """Create many topics (each with ``subscriptions``) in one catalog write, all or none:
+        fast at any number. Their actors start on first use. As ``create_topic``, a retry after
+        the supervisor died mid-call that finds every topic made with these partitions means the
+        first attempt made them: success, not ``TopicAlreadyExists``."""
+        names, subscriptions = list(names), list(subscriptions or [])
+        retries: list[None] = []
+        try:
+            return self.supervisor.call("create_topics", names, partitions, subscriptions, initial_position,
+                                        retention_bytes, retention_s, deadline_s=self.deadline_s,
+                                        on_retry=lambda: retries.append(None))
+        except TopicAlreadyExists:
+            if not retries:
+                raise
+            found = {t["name"]: t for t in self.list_topics()}
+            if not all(name in found and found[name]["partitions"] == partitions for name in names):
+                raise
+            return [{"name": name, "partitions": partitions, "subscriptions": sorted(subscriptions)} for name in names]
 
     def delete_topics(self, names: list[str]) -> None:
-        """Delete many topics (this client's producers and consumers of them closed first)."""
+        """Delete many topics (this client's producers and consumers of them closed first). As
+        ``delete_topic``, a retry after the supervisor died mid-call finishes what is left."""
         doomed = set(names)
         for handle in [*self._consumers, *self._producers]:
             if handle.topic in doomed:
                 handle.close()
-        self.supervisor.call("delete_topics", list(names), deadline_s=self.deadline_s)
+        retries: list[None] = []
+        try:
+            self.supervisor.call("delete_topics", list(names), deadline_s=self.deadline_s,
+                                 on_retry=lambda: retries.append(None))
+        except TopicNotFound:
+            if not retries:
+                raise
+            left = doomed & {t["name"] for t in self.list_topics()}
+            if left:  # the first attempt deleted some, its reply lost: delete the rest
+                self.supervisor.call("delete_topics", sorted(left), deadline_s=self.deadline_s)
 
     def list_topics(self) -> list[dict[str, Any]]:
         return self.supervisor.call("list_topics", deadline_s=self.deadline_s)

@@ -114,6 +114,31 @@ def test_supervisor_crash_in_create_topic_leaves_the_whole_topic(client: rt.Clie
     assert sorted(actors_of(topic))[:2] == [partition_actor_name(topic, 0), partition_actor_name(topic, 1)]
 
 
+@pytest.mark.parametrize("point", ["supervisor.after_save_creating", "supervisor.after_activate"])
+def test_supervisor_crash_in_bulk_create_leaves_every_topic_whole(client: rt.Client, point: str) -> None:
+    names = [f"bulkc-{uuid.uuid4().hex[:6]}-{i}" for i in range(4)]
+    crash_at(client, point, kind="topics", topic=names[0])
+    # "latest" subscriptions: two catalog writes with their actors started in between
+    created = client.create_topics(names, 2, subscriptions=["s"], initial_position="latest")
+    assert_crashed(client)
+    assert [t["name"] for t in created] == names
+    listed = {t["name"]: t for t in client.list_topics()}
+    assert all(listed[name]["partitions"] == 2 and listed[name]["subscriptions"] == ["s"] for name in names)
+    produce_and_consume(client, names[0], 2)
+
+
+@pytest.mark.parametrize("point", ["supervisor.after_mark_deleting", "supervisor.after_remove_entry"])
+def test_supervisor_crash_in_bulk_delete_leaves_nothing(client: rt.Client, point: str) -> None:
+    names = [f"bulkd-{uuid.uuid4().hex[:6]}-{i}" for i in range(3)]
+    client.create_topics(names, 2)
+    fill(client, names[1], "billing")
+    crash_at(client, point, kind="topics", topic=names[0])
+    client.delete_topics(names)
+    assert_crashed(client)
+    for name in names:
+        assert_topic_gone(client, name)
+
+
 @pytest.mark.parametrize("point", DELETE_POINTS)
 def test_supervisor_crash_in_delete_topic_leaves_nothing(client: rt.Client, point: str) -> None:
     topic = f"delete-{uuid.uuid4().hex[:8]}"
