@@ -1,0 +1,89 @@
+"""A deterministic asyncio event loop on virtual time.
+
+``SimLoop`` is a ``SelectorEventLoop`` whose ``time()`` is a virtual clock and whose selector never
+blocks: when nothing is ready, ``select(timeout)`` moves the clock to the next timer at once. Ready
+callbacks run in FIFO order and timers in (time, insertion) order, so a run is a pure function of
+what the code does, which the seeded ``random.Random`` the simulator hands out decides.
+
+Every task is tagged with the *owner* (a simulated process) that was current when it was created
+(``OWNER``, a context variable every child task inherits), so ``kill_owner`` can end a process:
+cancel all its tasks in creation order, as a crash ends a real one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import selectors
+from collections.abc import Coroutine
+from typing import Any
+
+# Which simulated process the running code belongs to (None: the harness itself).
+OWNER: contextvars.ContextVar[object | None] = contextvars.ContextVar("raytxn_sim_owner", default=None)
+
+MAX_TASKS_PER_OWNER = 100_000  # a process holding more live tasks than this is a leak: fail loudly
+
+
+class _VirtualSelector(selectors.SelectSelector):
+    """Never waits: a wait of ``timeout`` seconds advances the loop's clock by that much."""
+
+    def __init__(self, loop: SimLoop) -> None:
+        super().__init__()
+        self._loop = loop
+
+    def select(self, timeout: float | None = None) -> list:
+        if timeout is None:
+            # Nothing ready and no timer: every task waits for something that never comes.
+            raise Deadlock(f"simulation deadlocked at t={self._loop.time():.3f}s: no task can run")
+        if timeout > 0:
+            self._loop.advance(timeout)
+        return []
+
+
+class Deadlock(RuntimeError):
+    """No ready callback and no timer: the simulation can never make progress."""
+
+
+class SimLoop(asyncio.SelectorEventLoop):
+    """See the module docstring. ``start_s`` is the virtual time it starts at."""
+
+    def __init__(self, start_s: float = 0.0) -> None:
+        self._now = start_s
+        super().__init__(_VirtualSelector(self))
+        self._clock_resolution = 1e-9
+        self._tasks_by_owner: dict[object, dict[int, asyncio.Task]] = {}
+        self._task_serial = 0
+        self.set_task_factory(self._make_task)
+
+    def time(self) -> float:
+        return self._now
+
+    def advance(self, seconds: float) -> None:
+        assert seconds >= 0, seconds
+        self._now += seconds
+
+    def _make_task(self, loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any],
+                   context: contextvars.Context | None = None) -> asyncio.Task:
+        owner = (context or contextvars.copy_context()).get(OWNER)
+        task = asyncio.Task(coro, loop=loop, context=context)
+        if owner is not None:
+            tasks = self._tasks_by_owner.setdefault(owner, {})
+            self._task_serial += 1
+            serial = self._task_serial
+            tasks[serial] = task
+            assert len(tasks) <= MAX_TASKS_PER_OWNER, f"{owner} holds {len(tasks)} tasks"
+            task.add_done_callback(lambda _t: tasks.pop(serial, None))
+        return task
+
+    def kill_owner(self, owner: object) -> int:
+        """Cancel every live task ``owner`` created, in creation order; returns how many."""
+        tasks = self._tasks_by_owner.pop(owner, {})
+        for task in list(tasks.values()):
+            task.cancel()
+        return len(tasks)
+
+    def spawn(self, owner: object, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
+        """Run ``coro`` as a task of ``owner`` (its children belong to ``owner`` too)."""
+        context = contextvars.copy_context()
+        context.run(OWNER.set, owner)
+        return self.create_task(coro, context=context)
