@@ -22,7 +22,6 @@ from raytxn.errors import (
     Fenced,
     InvalidTxnState,
     RaytxnError,
-    TransactionNotFound,
     TransactionTimedOut,
 )
 from raytxn.hashing import coordinator_for
@@ -38,6 +37,7 @@ CALL_DEADLINE_S = 30.0     # the client's deadline for one call (it retries with
 FETCH_WAIT_S = 0.2
 MAX_FETCH = 8
 MAX_DRAIN_FETCHES = 10_000
+IDLE_SLACK_S = 5.0         # with the txn timeout: how long idle workers wait for redeliveries
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,19 @@ class Driver:
         self._next_coordinator = 0
         self._sequences: dict[tuple[str, str, int], int] = {}   # (producer, topic, partition) -> next sequence
         self._requests = 0
-        self.transformed: set[str] = set()   # input uids whose transform txn committed (ints-free: only membership)
+        self.transformed: set[str] = set()   # input uids whose transform txn committed (membership only)
+        self.quiet_since: float | None = None  # when the faults stopped
+        self.last_received = 0.0
+
+    def workers_done(self) -> bool:
+        """Every input transformed; or, once faults stopped, nothing received for longer than a
+        txn can hold an input (an input lost or stuck shows in the final drain and the checker)."""
+        if len(self.transformed) >= self.w.inputs:
+            return True
+        if self.quiet_since is None:
+            return False
+        idle_since = max(self.quiet_since, self.last_received)
+        return self.now() - idle_since > 2 * self.w.txn_timeout_ms / 1000 + IDLE_SLACK_S
 
     def now(self) -> float:
         return self.world.loop.time()
@@ -239,13 +251,13 @@ class Driver:
         await self._subscription(TOPIC_IN, partition, SUB_PIPE).call_async(
             "subscribe", consumer, consumer, "Shared", deadline_s=None)
 
-    async def worker(self, index: int, done: Any) -> None:
+    async def worker(self, index: int) -> None:
         consumer = f"w{index}"
         for partition in range(self.w.partitions):
             await self._subscribe(consumer, partition)
         self.history.subscribe(consumer, SUB_PIPE, TOPIC_IN, self.now(), from_earliest=True)
         polls = 0
-        while not done():
+        while not self.workers_done():
             polls += 1
             partition = polls % self.w.partitions
             try:
@@ -275,6 +287,7 @@ class Driver:
                 mid = MessageId(TOPIC_IN, partition, ledger_id, entry_id, batch_index)
                 self.history.receive(consumer, SUB_PIPE, TOPIC_IN, partition, mid, uid,
                                      counts[k] if counts else 0, self.now())
+                self.last_received = self.now()
                 yield mid, uid, batch_size
 
     async def transform(self, consumer: str, partition: int, mid: MessageId, uid: str, batch_size: int) -> None:
@@ -365,6 +378,3 @@ class Driver:
             marks.append((stats["low_watermark"], stats["next_sequence"]))
         return marks
 
-
-def txn_not_found(error: BaseException) -> bool:
-    return isinstance(error, TransactionNotFound)

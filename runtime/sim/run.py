@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import multiprocessing
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,10 +94,9 @@ async def _scenario(world: World, driver: Driver, profile: Profile, workload: Wo
     loop = world.loop
     crashable = [name for name in world.names() if profile.crashes.mean_interval_s > 0]
     nemesis = loop.create_task(world.nemesis(crashable, profile.fault_window_s))
-    transformed_all = lambda: len(driver.transformed) >= workload.inputs  # noqa: E731
     jobs = [loop.create_task(driver.seed_inputs())]
     jobs += [loop.create_task(driver.tid_producer(i)) for i in range(workload.tid_producers)]
-    jobs += [loop.create_task(driver.worker(i, transformed_all)) for i in range(workload.workers)]
+    jobs += [loop.create_task(driver.worker(i)) for i in range(workload.workers)]
 
     # Faults run for the profile's window; then the quiet period: every actor up, no faults.
     await asyncio.sleep(profile.fault_window_s)
@@ -105,7 +105,7 @@ async def _scenario(world: World, driver: Driver, profile: Profile, workload: Wo
     await nemesis
     world.restart_all_down()
     world.trace.add("quiet")
-    quiet_began = loop.time()
+    quiet_began = driver.quiet_since = loop.time()
 
     await asyncio.gather(*jobs)
     deadline = quiet_began + QUIET_WAIT_S
@@ -175,7 +175,7 @@ def run_seed(seed: int, profile_name: str = "default", workload: Workload | None
     if failure is None:
         report = check(history, txn_timeout_s=workload.txn_timeout_ms / 1000, stuck_slack_s=STUCK_SLACK_S)
         if not report.clean:
-            failure = f"checker: {report.summary(3)}"
+            failure = f"checker found {', '.join(sorted(report.kinds()))}: {report.summary(3)}"
     counts = driver.counts
     trace.add("end", failure or "ok", counts.txns, counts.committed, counts.aborted)
     return SeedResult(seed, profile_name, failure, trace.digest(), counts.txns, counts.committed, counts.aborted,
@@ -217,6 +217,21 @@ class _quiet_logs:
         logging.getLogger("asyncio").setLevel(self._asyncio)
 
 
-def run_seeds(first_seed: int, count: int, profile_name: str = "default") -> Iterator[SeedResult]:
-    for seed in range(first_seed, first_seed + count):
-        yield run_seed(seed, profile_name)
+def _run_one(job: tuple[int, str, bool]) -> SeedResult:
+    seed, profile_name, keep_trace = job
+    result = run_seed(seed, profile_name, keep_trace=keep_trace)
+    if result.ok:
+        result.trace_lines = None  # only failing seeds' traces travel back
+    return result
+
+
+def run_many(seeds: Iterable[int], profile_name: str = "default", jobs: int = 1,
+             keep_trace: bool = False) -> Iterator[SeedResult]:
+    """``run_seed`` for each seed, in seed order; ``jobs`` > 1 runs them in that many processes
+    (each seed is deterministic on its own, so parallelism changes no result)."""
+    work = [(seed, profile_name, keep_trace) for seed in seeds]
+    if jobs <= 1:
+        yield from map(_run_one, work)
+        return
+    with multiprocessing.get_context("spawn").Pool(jobs) as pool:
+        yield from pool.imap(_run_one, work, chunksize=4)
