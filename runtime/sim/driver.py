@@ -42,7 +42,7 @@ IDLE_SLACK_S = 5.0         # with the txn timeout: how long idle workers wait fo
 
 @dataclass(frozen=True)
 class Workload:
-    inputs: int = 60               # messages the pipeline moves, each in its own txn
+    inputs: int = 80               # messages the pipeline moves, each in its own txn
     partitions: int = 2            # of each topic
     coordinators: int = 2
     workers: int = 2               # consume-transform-produce workers
@@ -214,6 +214,8 @@ class Driver:
             except Exception as error:  # noqa: BLE001 - e.g. the last txn of the id not ended yet
                 self._unexpected(f"new_txn {tid}", error)
                 self.counts.error(error)
+                if isinstance(error, Fenced):  # another instance took the id: start over, as a new one
+                    epoch = await home.call_async("register_transactional_id", tid, deadline_s=None)
                 continue
             machine = self._machine(txn)
             partition = self.rng.randrange(self.w.partitions)
@@ -307,7 +309,10 @@ class Driver:
             await self._give_back(consumer, partition, mid)
             return
         machine = self._machine(txn)
-        out_uid = f"{uid}>out"  # the same output uid for every attempt: a second commit shows twice
+        # The same output uid for every attempt of this worker (a second commit would show twice);
+        # per worker, because the history resolves a uid's attempts oldest first, and two workers'
+        # attempts (after a timeout redelivered the input) may resolve out of order.
+        out_uid = f"{uid}>{consumer}"
         await self.append(f"w-{consumer}", TOPIC_OUT, out_partition, [out_uid], txn)
         self._requests += 1
         self.history.ack(consumer, SUB_PIPE, mid, txn, self.now())

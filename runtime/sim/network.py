@@ -42,6 +42,9 @@ IDEMPOTENT = frozenset({
     "append", "end_txn", "ack", "new_txn", "begin_txn", "add_partitions", "add_subscriptions",
     "register_transactional_id", "read", "last_sequence", "ready", "subscribe", "get_txn",
 })
+# Not duplicated late: a second registration delivered after the first was answered fences the very
+# producer that registered (Ray never delivers a call twice; a client's retry follows a failure).
+NOT_DUPLICATED = frozenset({"register_transactional_id"})
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,8 @@ class Network:
         if not callee.alive:
             raise ActorUnavailable(f"{callee.label} is down")
         task = callee.invoke(method, _copy(args), _copy(kwargs))
-        if idempotent and self._fault(self._faults.duplicate, "duplicate", callee, method):
+        if (idempotent and method not in NOT_DUPLICATED
+                and self._fault(self._faults.duplicate, "duplicate", callee, method)):
             copy_args, copy_kwargs = _copy(args), _copy(kwargs)
             self.world.loop.call_later(self._latency() * 5, self._deliver_again, callee, method, copy_args,
                                        copy_kwargs)
@@ -104,6 +108,7 @@ class Network:
         await asyncio.sleep(self._latency())
         if idempotent and self._fault(self._faults.reply_lost, "reply_lost", callee, method):
             raise ActorUnavailable(f"{callee.label}.{method}: reply lost")
+        self._trace.add("reply", callee.label, method, type(reply).__name__)
         if isinstance(reply, BaseException):
             raise reply
         return reply

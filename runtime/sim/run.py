@@ -176,6 +176,8 @@ def run_seed(seed: int, profile_name: str = "default", workload: Workload | None
         report = check(history, txn_timeout_s=workload.txn_timeout_ms / 1000, stuck_slack_s=STUCK_SLACK_S)
         if not report.clean:
             failure = f"checker found {', '.join(sorted(report.kinds()))}: {report.summary(3)}"
+    for event in history.events:  # what the workload saw is part of the trace too
+        trace.add("history", repr(event))
     counts = driver.counts
     trace.add("end", failure or "ok", counts.txns, counts.committed, counts.aborted)
     return SeedResult(seed, profile_name, failure, trace.digest(), counts.txns, counts.committed, counts.aborted,
@@ -187,6 +189,9 @@ def run_seed(seed: int, profile_name: str = "default", workload: Workload | None
 def _unhandled(context: dict[str, Any], unhandled: list[str], trace: Trace) -> None:
     error = context.get("exception")
     trace.add("unhandled", context.get("message", ""), repr(error))
+    # A crash cancels a process's tasks, which leaves cancelled gathers nobody awaits: no error.
+    if isinstance(error, asyncio.CancelledError):
+        return
     if isinstance(error, AssertionError) or (error is not None and not isinstance(error, Exception)):
         unhandled.append(f"{context.get('message', '')}: {error!r}")
 
