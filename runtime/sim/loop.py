@@ -53,6 +53,7 @@ class SimLoop(asyncio.SelectorEventLoop):
         self._clock_resolution = 1e-9
         self._tasks_by_owner: dict[object, dict[int, asyncio.Task]] = {}
         self._task_serial = 0
+        self.broken: list[str] = []  # tasks that ended with a broken assertion (or worse), in order
         self.set_task_factory(self._make_task)
 
     def time(self) -> float:
@@ -66,6 +67,7 @@ class SimLoop(asyncio.SelectorEventLoop):
                    context: contextvars.Context | None = None) -> asyncio.Task:
         owner = (context or contextvars.copy_context()).get(OWNER)
         task = asyncio.Task(coro, loop=loop, context=context)
+        task.add_done_callback(self._note_broken)
         if owner is not None:
             tasks = self._tasks_by_owner.setdefault(owner, {})
             self._task_serial += 1
@@ -74,6 +76,22 @@ class SimLoop(asyncio.SelectorEventLoop):
             assert len(tasks) <= MAX_TASKS_PER_OWNER, f"{owner} holds {len(tasks)} tasks"
             task.add_done_callback(lambda _t: tasks.pop(serial, None))
         return task
+
+    def _note_broken(self, task: asyncio.Task) -> None:
+        """A task that died of an ``AssertionError`` (anywhere in its error's chain: the actor
+        shell wraps a failed apply in ``ActorUnavailable``) or of a non-``Exception`` error broke
+        an invariant. Noted when the task ends, not when the collector frees it, so the verdict
+        never depends on the heap."""
+        if task.cancelled() or task.exception() is None:
+            return
+        error: BaseException | None = task.exception()
+        for _ in range(20):  # bounded walk of the cause chain
+            if error is None:
+                return
+            if isinstance(error, AssertionError) or not isinstance(error, Exception | asyncio.CancelledError):
+                self.broken.append(f"{task.get_coro().__qualname__}: {error!r}")
+                return
+            error = error.__cause__ or error.__context__
 
     def kill_owner(self, owner: object) -> int:
         """Cancel every live task ``owner`` created, in creation order; returns how many."""

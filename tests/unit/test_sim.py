@@ -14,7 +14,7 @@ import time
 import pytest
 from typer.testing import CliRunner
 
-from raytxn.errors import StorageUnavailable
+from raytxn.errors import ActorUnavailable, StorageUnavailable
 from raytxn.ledger.storage import ObjectExists
 from raytxn.sim.loop import Deadlock, SimLoop
 from raytxn.sim.run import run_many, run_seed
@@ -87,6 +87,34 @@ def test_killing_an_owner_cancels_its_tasks_and_their_children_only() -> None:
     finally:
         loop.close()
     assert ticks == {"victim": 2, "survivor": 5}
+
+
+def test_a_task_dying_of_a_broken_assertion_is_noted_also_when_wrapped() -> None:
+    loop = SimLoop()
+
+    async def broken() -> None:
+        raise AssertionError("invariant")
+
+    async def wrapped() -> None:
+        try:
+            await broken()
+        except AssertionError as error:  # as the actor shell's stop rule wraps a failed apply
+            raise ActorUnavailable("stopped") from error
+
+    async def retriable() -> None:
+        raise ActorUnavailable("restarting")
+
+    async def scenario() -> None:
+        for coro in (retriable(), broken(), wrapped()):
+            await asyncio.gather(asyncio.get_running_loop().create_task(coro), return_exceptions=True)
+
+    try:
+        loop.run_until_complete(scenario())
+    finally:
+        loop.close()
+    assert [line.split(":")[0] for line in loop.broken] == [
+        "test_a_task_dying_of_a_broken_assertion_is_noted_also_when_wrapped.<locals>.broken",
+        "test_a_task_dying_of_a_broken_assertion_is_noted_also_when_wrapped.<locals>.wrapped"]
 
 
 def test_sim_storage_create_is_conditional_and_a_lost_reply_still_wrote() -> None:
