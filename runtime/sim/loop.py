@@ -1,7 +1,7 @@
 """A deterministic asyncio event loop on virtual time.
 
-``SimLoop`` is a ``SelectorEventLoop`` whose ``time()`` is a virtual clock and whose selector never
-blocks: when nothing is ready, ``select(timeout)`` moves the clock to the next timer at once. Ready
+``SimLoop`` is a ``SelectorEventLoop`` whose ``time()`` is a virtual clock and which never polls for
+I/O: when nothing is ready, its ``_run_once`` moves the clock to the next timer at once. Ready
 callbacks run in FIFO order and timers in (time, insertion) order, so a run is a pure function of
 what the code does, which the seeded ``random.Random`` the simulator hands out decides.
 
@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import heapq
 import selectors
+from asyncio.base_events import _MIN_CANCELLED_TIMER_HANDLES_FRACTION, _MIN_SCHEDULED_TIMER_HANDLES
 from collections.abc import Coroutine
 from typing import Any
 
@@ -22,22 +24,6 @@ from typing import Any
 OWNER: contextvars.ContextVar[object | None] = contextvars.ContextVar("raytxn_sim_owner", default=None)
 
 MAX_TASKS_PER_OWNER = 100_000  # a process holding more live tasks than this is a leak: fail loudly
-
-
-class _VirtualSelector(selectors.SelectSelector):
-    """Never waits: a wait of ``timeout`` seconds advances the loop's clock by that much."""
-
-    def __init__(self, loop: SimLoop) -> None:
-        super().__init__()
-        self._loop = loop
-
-    def select(self, timeout: float | None = None) -> list:
-        if timeout is None:
-            # Nothing ready and no timer: every task waits for something that never comes.
-            raise Deadlock(f"simulation deadlocked at t={self._loop.time():.3f}s: no task can run")
-        if timeout > 0:
-            self._loop.advance(timeout)
-        return []
 
 
 class Deadlock(RuntimeError):
@@ -49,7 +35,7 @@ class SimLoop(asyncio.SelectorEventLoop):
 
     def __init__(self, start_s: float = 0.0) -> None:
         self._now = start_s
-        super().__init__(_VirtualSelector(self))
+        super().__init__(selectors.SelectSelector())  # built for the base class; never polled
         self._clock_resolution = 1e-9
         self._tasks_by_owner: dict[object, dict[int, asyncio.Task]] = {}
         self._task_serial = 0
@@ -59,22 +45,56 @@ class SimLoop(asyncio.SelectorEventLoop):
     def time(self) -> float:
         return self._now
 
-    def advance(self, seconds: float) -> None:
-        assert seconds >= 0, seconds
-        self._now += seconds
+    def _run_once(self) -> None:
+        """``BaseEventLoop._run_once`` without I/O: when nothing is ready, the clock jumps to the
+        next timer instead of waiting for it (and with no timer either, nothing can ever run)."""
+        scheduled = self._scheduled
+        if (len(scheduled) > _MIN_SCHEDULED_TIMER_HANDLES
+                and self._timer_cancelled_count / len(scheduled) > _MIN_CANCELLED_TIMER_HANDLES_FRACTION):
+            for handle in scheduled:  # drop cancelled timers once they are many (as the base does)
+                if handle._cancelled:
+                    handle._scheduled = False
+            scheduled = self._scheduled = [handle for handle in scheduled if not handle._cancelled]
+            heapq.heapify(scheduled)
+            self._timer_cancelled_count = 0
+        else:
+            while scheduled and scheduled[0]._cancelled:
+                self._timer_cancelled_count -= 1
+                heapq.heappop(scheduled)._scheduled = False
+        ready = self._ready
+        if not ready and not self._stopping:
+            if not scheduled:
+                raise Deadlock(f"simulation deadlocked at t={self._now:.3f}s: no task can run")
+            self._now = max(self._now, scheduled[0]._when)
+        end_time = self._now + self._clock_resolution
+        while scheduled and scheduled[0]._when < end_time:
+            handle = heapq.heappop(scheduled)
+            handle._scheduled = False
+            ready.append(handle)
+        for _ in range(len(ready)):
+            handle = ready.popleft()
+            if not handle._cancelled:
+                handle._run()
 
     def _make_task(self, loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any],
                    context: contextvars.Context | None = None) -> asyncio.Task:
-        owner = (context or contextvars.copy_context()).get(OWNER)
+        # Without a context the task copies the current one: the creator's owner is current.
+        owner = OWNER.get() if context is None else context.get(OWNER)
         task = asyncio.Task(coro, loop=loop, context=context)
-        task.add_done_callback(self._note_broken)
-        if owner is not None:
-            tasks = self._tasks_by_owner.setdefault(owner, {})
-            self._task_serial += 1
-            serial = self._task_serial
-            tasks[serial] = task
-            assert len(tasks) <= MAX_TASKS_PER_OWNER, f"{owner} holds {len(tasks)} tasks"
-            task.add_done_callback(lambda _t: tasks.pop(serial, None))
+        if owner is None:
+            task.add_done_callback(self._note_broken)
+            return task
+        tasks = self._tasks_by_owner.setdefault(owner, {})
+        self._task_serial += 1
+        serial = self._task_serial
+        tasks[serial] = task
+        assert len(tasks) <= MAX_TASKS_PER_OWNER, f"{owner} holds {len(tasks)} tasks"
+
+        def done(finished: asyncio.Task) -> None:
+            tasks.pop(serial, None)
+            self._note_broken(finished)
+
+        task.add_done_callback(done)
         return task
 
     def _note_broken(self, task: asyncio.Task) -> None:
