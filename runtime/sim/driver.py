@@ -22,6 +22,8 @@ from raytxn.errors import (
     Fenced,
     InvalidTxnState,
     RaytxnError,
+    TransactionAlreadyAborted,
+    TransactionAlreadyCommitted,
     TransactionTimedOut,
 )
 from raytxn.hashing import coordinator_for
@@ -160,8 +162,10 @@ class Driver:
         try:
             state = await coordinator.call_async("end_txn", txn, action, owner, epoch, tid, deadline_s=CALL_DEADLINE_S)
         except (TransactionTimedOut, InvalidTxnState) as error:
-            # Timed out, or ended the other way already: the coordinator's answer names it.
-            outcome = "committed" if type(error).__name__ == "TransactionAlreadyCommitted" else "aborted"
+            # Timed out, or ended the other way already: the coordinator's answer names it (any
+            # other state conflict leaves the outcome to the checker).
+            outcome = ("committed" if isinstance(error, TransactionAlreadyCommitted) else
+                       "aborted" if isinstance(error, TransactionTimedOut | TransactionAlreadyAborted) else "unknown")
             self._trace("end_refused", str(txn), type(error).__name__)
             record(txn, outcome, self.now(), issued_at=issued)
             self._count(outcome)
