@@ -11,6 +11,7 @@ transaction's client-side state in the client's own ``TxnStateMachine``.
 
 from __future__ import annotations
 
+import asyncio
 import random
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,7 @@ from raytxn.client.transaction import TxnClientState, TxnStateMachine
 from raytxn.errors import (
     Fenced,
     InvalidTxnState,
+    ParticipantEndFailed,
     RaytxnError,
     TransactionAlreadyAborted,
     TransactionAlreadyCommitted,
@@ -39,6 +41,8 @@ CALL_DEADLINE_S = 30.0     # the client's deadline for one call (it retries with
 FETCH_WAIT_S = 0.2
 MAX_FETCH = 8
 MAX_DRAIN_FETCHES = 10_000
+MAX_REGISTER_ATTEMPTS = 100
+REGISTER_RETRY_S = 1.0
 IDLE_SLACK_S = 5.0         # with the txn timeout: how long idle workers wait for redeliveries
 
 
@@ -210,7 +214,7 @@ class Driver:
         tid = f"tp-{index}"
         home = self._coordinators[coordinator_for(tid, self.w.coordinators)]
         owner = f"owner-{tid}"
-        epoch = await home.call_async("register_transactional_id", tid, deadline_s=None)
+        epoch = await self._register(home, tid)
         for n in range(self.w.tid_txns):
             try:
                 txn = await home.call_async("new_txn", self.w.txn_timeout_ms, owner, tid, epoch,
@@ -219,7 +223,7 @@ class Driver:
                 self._unexpected(f"new_txn {tid}", error)
                 self.counts.error(error)
                 if isinstance(error, Fenced):  # another instance took the id: start over, as a new one
-                    epoch = await home.call_async("register_transactional_id", tid, deadline_s=None)
+                    epoch = await self._register(home, tid)
                 continue
             machine = self._machine(txn)
             partition = self.rng.randrange(self.w.partitions)
@@ -227,13 +231,26 @@ class Driver:
             if zombie:
                 # The producer's successor registers now: the open txn is aborted, the epoch bumped,
                 # and this (old) producer goes on with its stale epoch, as a zombie would.
-                epoch_next = await home.call_async("register_transactional_id", tid, deadline_s=None)
+                epoch_next = await self._register(home, tid)
                 self._trace("refenced", tid, epoch, epoch_next)
             await self._fill(txn, machine, owner, epoch, [(TOPIC_OUT, partition)],
                              f"{tid}-e{epoch}", partition, [f"{tid}-{n}-{k}" for k in range(self.rng.randint(1, 3))])
             await self.end(txn, machine, self.rng.random() >= self.w.abort, owner, epoch, tid)
             if zombie:
                 epoch = epoch_next
+
+    async def _register(self, home: Any, tid: str) -> int:
+        """Register ``tid`` (a new producer instance). ``ParticipantEndFailed``: the epoch was
+        bumped, but a participant refused the abort of the id's open txn; the coordinator's
+        contract is that a retry drives it again, so the producer retries, as an application would."""
+        for _ in range(MAX_REGISTER_ATTEMPTS):
+            try:
+                return await home.call_async("register_transactional_id", tid, deadline_s=None)
+            except ParticipantEndFailed as error:
+                self.counts.error(error)
+                self._trace("register_refused", tid)
+                await asyncio.sleep(REGISTER_RETRY_S)
+        raise RuntimeError(f"{tid}: register_transactional_id refused {MAX_REGISTER_ATTEMPTS} times")
 
     async def _fill(self, txn: TxnID, machine: TxnStateMachine, owner: str, epoch: int | None,
                     partitions: list[tuple[str, int]], producer: str, partition: int, uids: list[str]) -> None:

@@ -167,6 +167,8 @@ def run_seed(seed: int, profile_name: str = "default", workload: Workload | None
             failure = str(found)
         except AssertionError as found:
             failure = f"invariant: {found!r}"
+        except Exception as error:  # noqa: BLE001 - a client met an error it cannot go past: the verdict
+            failure = f"error reached the workload: {error!r}"
         finally:
             broken = list(loop.broken)  # before the shutdown cancels what still runs
             _shut_down(loop)

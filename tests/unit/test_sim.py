@@ -197,6 +197,19 @@ def test_regression_seed_zombie_participant_acks_a_commit_it_never_saw(seed: int
     assert result.ok, result.failure
 
 
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "engine liveness bug found by the simulator: partition out-0's incarnation #5 starts while its "
+    "zombie predecessor #4 writes a newer snapshot and deletes the obsolete one #5 is reading; #5's "
+    "start fails with CorruptLedger('snapshot segment ... vanished'), non-retriable, so for "
+    "FAILED_START_EXIT_S every end_txn sent to it is refused; the coordinators log the refusals and "
+    "stall 44 txns in COMMITTING/ABORTING, and nothing drives them again once #6 starts cleanly (only "
+    "a coordinator restart or a repeated end_txn would): after the faults stop they never end and "
+    "pin the low watermarks"))
+def test_regression_seed_refused_end_during_a_failed_partition_start_stalls_txns_forever() -> None:
+    result = run_seed(5207, "heavy")
+    assert result.ok, result.failure
+
+
 # --- the command -------------------------------------------------------------------------------
 
 def test_cli_prints_one_line_per_failing_seed_with_its_replay_command() -> None:
