@@ -334,7 +334,9 @@ class Driver:
         # per worker, because the history resolves a uid's attempts oldest first, and two workers'
         # attempts (after a timeout redelivered the input) may resolve out of order.
         out_uid = f"{uid}>{consumer}"
-        await self.append(f"w-{consumer}", TOPIC_OUT, out_partition, [out_uid], txn)
+        if not await self.append(f"w-{consumer}", TOPIC_OUT, out_partition, [out_uid], txn):
+            # As the client's transaction: a failed send makes it ABORT_ONLY (commit aborts it).
+            machine.transition_to(TxnClientState.ABORT_ONLY, cause=RuntimeError("send failed"), if_allowed=True)
         self._requests += 1
         self.history.ack(consumer, SUB_PIPE, mid, txn, self.now())
         try:
