@@ -91,7 +91,7 @@ class Network:
     async def call(self, callee: Process, method: str, args: tuple, kwargs: dict[str, Any]) -> Any:
         caller = OWNER.get()
         caller_label = getattr(caller, "label", "driver")
-        self._trace.add("call", caller_label, callee.label, method)
+        self._trace.add("call", caller_label, callee.label, method, detail=args)
         idempotent = method in IDEMPOTENT
         await asyncio.sleep(self._latency())
         if self._fault(self._faults.drop, "drop", callee, method):
@@ -108,7 +108,8 @@ class Network:
         await asyncio.sleep(self._latency())
         if idempotent and self._fault(self._faults.reply_lost, "reply_lost", callee, method):
             raise ActorUnavailable(f"{callee.label}.{method}: reply lost")
-        self._trace.add("reply", callee.label, method, type(reply).__name__)
+        self._trace.add("reply", callee.label, method, type(reply).__name__,
+                        detail=reply if isinstance(reply, BaseException) else None)
         if isinstance(reply, BaseException):
             raise reply
         return reply

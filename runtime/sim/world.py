@@ -72,9 +72,11 @@ class Process:
         return self.world.loop.spawn(self, run())
 
     def _exit(self, code: int) -> None:
-        """The actor ended its own process (the shell's stop rule)."""
-        self.world.trace.add("exit", self.label, code)
-        self.world.kill(self, restart=True)
+        """The actor ended its own process (the shell's stop rule); a no-op once it is dead (the
+        shell's timer outlives a crash)."""
+        if self.alive:
+            self.world.trace.add("exit", self.label, code)
+            self.world.kill(self, restart=True)
 
 
 class World:
