@@ -2,11 +2,13 @@
 consume-transform-produce workers, recording a ``History`` for the exactly-once checker.
 
 The client package runs on its own thread with Ray object refs, so it cannot run in the
-simulator's loop unchanged. The drivers here are thin callers of the actor methods with the same
-names and arguments the client uses (``begin_txn``/``new_txn``/``add_partitions``/``end_txn`` as
-``coordinator_client.py``, ``append`` as ``producer.py``'s resend path, ``subscribe``/``fetch``/
-``ack`` as ``consumer.py``), through the real ``ActorRef.call_async`` retry policy, and keep each
-transaction's client-side state in the client's own ``TxnStateMachine``.
+simulator's loop unchanged. What runs here unchanged: ``CoordinatorClient`` (its routing and its
+async calls ``begin_txn_async``/``new_txn_async``/``add_partitions_async``; its ``end_txn`` and
+``register_transactional_id`` block, so their calls are made here, awaited, with the same
+arguments), the ``ActorRef.call_async`` retry policy, ``TxnStateMachine`` for each transaction's
+client-side state, and ``encode_plain``. The rest are thin callers of the actor methods with the
+names and arguments the client uses: ``append`` as ``producer.py``'s resend path,
+``subscribe``/``fetch``/``ack``/``redeliver`` as ``consumer.py``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from raytxn.client.coordinator_client import CoordinatorClient
 from raytxn.client.message import MessageId
 from raytxn.client.producer import encode_plain
 from raytxn.client.transaction import TxnClientState, TxnStateMachine
@@ -28,7 +31,6 @@ from raytxn.errors import (
     TransactionAlreadyCommitted,
     TransactionTimedOut,
 )
-from raytxn.hashing import coordinator_for
 from raytxn.ids import Position, TxnID, coordinator_actor_name, partition_actor_name, subscription_actor_name
 from raytxn.protocol.entry_format import decode_message
 from raytxn.protocol.txnlog import EndAction
@@ -83,11 +85,11 @@ class Driver:
         self.counts = Counts()
         self.unexpected: list[str] = []      # errors no client should ever see: the run fails
         self._coordinators = [world.network.ref(coordinator_actor_name(i)) for i in range(workload.coordinators)]
-        self._next_coordinator = 0
         self._sequences: dict[tuple[str, str, int], int] = {}   # (producer, topic, partition) -> next sequence
         self._requests = 0
         self.transformed: set[str] = set()   # input uids whose transform txn committed (membership only)
         self.quiet_since: float | None = None  # when the faults stopped
+        self._worker_coordinators: dict[str, CoordinatorClient] = {}
         self.last_received = 0.0
 
     def workers_done(self) -> bool:
@@ -152,19 +154,25 @@ class Driver:
 
     # --- ending transactions ---------------------------------------------------------------
 
-    async def end(self, txn: TxnID, machine: TxnStateMachine, commit: bool, owner: str,
+    def coordinator_client(self, owner: str) -> CoordinatorClient:
+        """The client's own routing (round-robin begins, a transactional id's home coordinator)
+        over the simulated network."""
+        return CoordinatorClient(self.w.coordinators, owner, CALL_DEADLINE_S, actor_refs=self.world.network.ref)
+
+    async def end(self, txn: TxnID, machine: TxnStateMachine, commit: bool, coordinators: CoordinatorClient,
                   epoch: int | None = None, tid: str | None = None) -> None:
         """Commit (unless the client's state machine says it cannot) or abort, as
         ``Transaction.commit``/``abort`` do, and record the outcome."""
         if commit and machine.state is not TxnClientState.OPEN:
             commit = False  # ABORT_ONLY or TIMED_OUT: the client aborts instead
         issued = self.now()
-        coordinator = self._coordinators[txn.tc_id]
         machine.transition_to(TxnClientState.COMMITTING if commit else TxnClientState.ABORTING)
         action = EndAction.COMMIT if commit else EndAction.ABORT
         record = self.history.txn_commit if commit else self.history.txn_abort
         try:
-            state = await coordinator.call_async("end_txn", txn, action, owner, epoch, tid, deadline_s=CALL_DEADLINE_S)
+            # CoordinatorClient.end_txn's call, awaited (its own is blocking).
+            state = await coordinators.ref(txn.tc_id).call_async("end_txn", txn, action, coordinators.owner, epoch, tid,
+                                                                 deadline_s=coordinators.deadline_s)
         except (TransactionTimedOut, InvalidTxnState) as error:
             # Timed out, or ended the other way already: the coordinator's answer names it (any
             # other state conflict leaves the outcome to the checker).
@@ -212,18 +220,16 @@ class Driver:
 
     async def tid_producer(self, index: int) -> None:
         tid = f"tp-{index}"
-        home = self._coordinators[coordinator_for(tid, self.w.coordinators)]
-        owner = f"owner-{tid}"
-        epoch = await self._register(home, tid)
+        coordinators = self.coordinator_client(f"owner-{tid}")
+        epoch = await self._register(coordinators, tid)
         for n in range(self.w.tid_txns):
             try:
-                txn = await home.call_async("new_txn", self.w.txn_timeout_ms, owner, tid, epoch,
-                                            deadline_s=CALL_DEADLINE_S)
+                txn = await coordinators.new_txn_async(self.w.txn_timeout_ms, tid, epoch)
             except Exception as error:  # noqa: BLE001 - e.g. the last txn of the id not ended yet
                 self._unexpected(f"new_txn {tid}", error)
                 self.counts.error(error)
                 if isinstance(error, Fenced):  # another instance took the id: start over, as a new one
-                    epoch = await self._register(home, tid)
+                    epoch = await self._register(coordinators, tid)
                 continue
             machine = self._machine(txn)
             partition = self.rng.randrange(self.w.partitions)
@@ -231,32 +237,33 @@ class Driver:
             if zombie:
                 # The producer's successor registers now: the open txn is aborted, the epoch bumped,
                 # and this (old) producer goes on with its stale epoch, as a zombie would.
-                epoch_next = await self._register(home, tid)
+                epoch_next = await self._register(coordinators, tid)
                 self._trace("refenced", tid, epoch, epoch_next)
-            await self._fill(txn, machine, owner, epoch, [(TOPIC_OUT, partition)],
+            await self._fill(txn, machine, coordinators, epoch, [(TOPIC_OUT, partition)],
                              f"{tid}-e{epoch}", partition, [f"{tid}-{n}-{k}" for k in range(self.rng.randint(1, 3))])
-            await self.end(txn, machine, self.rng.random() >= self.w.abort, owner, epoch, tid)
+            await self.end(txn, machine, self.rng.random() >= self.w.abort, coordinators, epoch, tid)
             if zombie:
                 epoch = epoch_next
 
-    async def _register(self, home: Any, tid: str) -> int:
+    async def _register(self, coordinators: CoordinatorClient, tid: str) -> int:
         """Register ``tid`` (a new producer instance). ``ParticipantEndFailed``: the epoch was
         bumped, but a participant refused the abort of the id's open txn; the coordinator's
         contract is that a retry drives it again, so the producer retries, as an application would."""
         for _ in range(MAX_REGISTER_ATTEMPTS):
             try:
-                return await home.call_async("register_transactional_id", tid, deadline_s=None)
+                # CoordinatorClient.register_transactional_id's call, awaited, without a deadline.
+                return await coordinators.ref(coordinators.home_of(tid)).call_async(
+                    "register_transactional_id", tid, deadline_s=None)
             except ParticipantEndFailed as error:
                 self.counts.error(error)
                 self._trace("register_refused", tid)
                 await asyncio.sleep(REGISTER_RETRY_S)
         raise RuntimeError(f"{tid}: register_transactional_id refused {MAX_REGISTER_ATTEMPTS} times")
 
-    async def _fill(self, txn: TxnID, machine: TxnStateMachine, owner: str, epoch: int | None,
+    async def _fill(self, txn: TxnID, machine: TxnStateMachine, coordinators: CoordinatorClient, epoch: int | None,
                     partitions: list[tuple[str, int]], producer: str, partition: int, uids: list[str]) -> None:
-        coordinator = self._coordinators[txn.tc_id]
         try:
-            await coordinator.call_async("add_partitions", txn, partitions, owner, epoch, deadline_s=CALL_DEADLINE_S)
+            await coordinators.add_partitions_async(txn, partitions, epoch)
         except Exception as error:  # noqa: BLE001 - fenced, timed out: the client's txn is ABORT_ONLY
             self._unexpected(f"add_partitions {txn}", error)
             self.counts.error(error)
@@ -276,6 +283,7 @@ class Driver:
 
     async def worker(self, index: int) -> None:
         consumer = f"w{index}"
+        self._worker_coordinators[consumer] = self.coordinator_client(f"owner-{consumer}")
         for partition in range(self.w.partitions):
             await self._subscribe(consumer, partition)
         self.history.subscribe(consumer, SUB_PIPE, TOPIC_IN, self.now(), from_earliest=True)
@@ -317,13 +325,10 @@ class Driver:
         """One input moved to the output and acked, in one txn (begun lazily with both
         participants, as the client's first registration does)."""
         out_partition = self.rng.randrange(self.w.partitions)
-        owner = f"owner-{consumer}"
-        coordinator = self._coordinators[self._next_coordinator]
-        self._next_coordinator = (self._next_coordinator + 1) % len(self._coordinators)
+        coordinators = self._worker_coordinators[consumer]
         try:
-            txn = await coordinator.call_async("begin_txn", self.w.txn_timeout_ms, owner,
-                                               [(TOPIC_OUT, out_partition)], [(TOPIC_IN, partition, SUB_PIPE)],
-                                               deadline_s=CALL_DEADLINE_S)
+            txn = await coordinators.begin_txn_async(self.w.txn_timeout_ms, [(TOPIC_OUT, out_partition)],
+                                                     [(TOPIC_IN, partition, SUB_PIPE)])
         except Exception as error:  # noqa: BLE001 - the input stays unacked: redelivered later
             self._unexpected("begin_txn", error)
             self.counts.error(error)
@@ -351,7 +356,7 @@ class Driver:
         if self.rng.random() < self.w.forget:
             self._trace("forgotten", str(txn))
             return  # never ended by its client: the coordinator times it out
-        await self.end(txn, machine, self.rng.random() >= self.w.abort, owner)
+        await self.end(txn, machine, self.rng.random() >= self.w.abort, coordinators)
         if machine.state is TxnClientState.COMMITTED:
             self.transformed.add(uid)
 
