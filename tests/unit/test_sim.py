@@ -189,24 +189,27 @@ def test_seed_range_is_clean(profile: str) -> None:
     "answers a COMMIT end_txn for a txn it never saw without writing anything (an unseen commit needs "
     "no marker / no log record), so nothing fences it; the coordinator counts that participant done, "
     "and the successor holding the txn's data or acks never gets the end and later aborts them as "
-    "dangling below the watermark. Seed 1: a committed output is lost (partition out-1). Seed 3: a "
-    "committed ack is lost (subscription in-1/cp), its input is redelivered and committed again"))
-@pytest.mark.parametrize("seed", [1, 3])
+    "dangling below the watermark. Seed 4: committed outputs are lost (written to partition out-1 #2, "
+    "the ends went to its zombie #1). Seed 24: a committed ack is lost (acked at subscription in-1/cp #3, "
+    "the end went to its zombie #2); its input is redelivered and committed again"))
+@pytest.mark.parametrize("seed", [4, 24])
 def test_regression_seed_zombie_participant_acks_a_commit_it_never_saw(seed: int) -> None:
     result = run_seed(seed, "stale-handles")
     assert result.ok, result.failure
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "engine liveness bug found by the simulator: partition out-0's incarnation #5 starts while its "
-    "zombie predecessor #4 writes a newer snapshot and deletes the obsolete one #5 is reading; #5's "
-    "start fails with CorruptLedger('snapshot segment ... vanished'), non-retriable, so for "
-    "FAILED_START_EXIT_S every end_txn sent to it is refused; the coordinators log the refusals and "
-    "stall 44 txns in COMMITTING/ABORTING, and nothing drives them again once #6 starts cleanly (only "
-    "a coordinator restart or a repeated end_txn would): after the faults stop they never end and "
-    "pin the low watermarks"))
-def test_regression_seed_refused_end_during_a_failed_partition_start_stalls_txns_forever() -> None:
-    result = run_seed(5207, "heavy")
+    "engine liveness bug found by the simulator: a partition incarnation starts while its zombie "
+    "predecessor writes a newer snapshot and deletes the obsolete one the new incarnation is reading; "
+    "the start fails with CorruptLedger('snapshot segment ... vanished'), non-retriable, so for "
+    "FAILED_START_EXIT_S every end_txn sent to it is refused (and a subscription starting meanwhile "
+    "fails the same way through its partition read: seed 30443); the coordinators log the refusals "
+    "and stall those txns in COMMITTING/ABORTING, and nothing drives them again once the partition "
+    "starts cleanly (only a coordinator restart or a repeated end_txn would): after the faults stop "
+    "they never end and pin the low watermarks. Seed 30238: 3 txns stalled on partition out-1"))
+@pytest.mark.parametrize("seed", [30238, 30443])
+def test_regression_seed_refused_end_during_a_failed_partition_start_stalls_txns_forever(seed: int) -> None:
+    result = run_seed(seed, "heavy")
     assert result.ok, result.failure
 
 
