@@ -83,12 +83,13 @@ class TransactionCoordinator(ActorShell, FaultTarget):
     def __init__(self, tc_id: int, storage_url: str | None = None,
                  storage_options: dict[str, Any] | None = None, config: CoordinatorConfig | None = None,
                  auth: AuthConfig | None = None, *, clock: Clock | None = None,
-                 actor_refs: ActorRefs | None = None) -> None:
+                 actor_refs: ActorRefs | None = None, storage: Storage | None = None) -> None:
         super().__init__(coordinator_actor_name(tc_id), clock, actor_refs)
         self.tc_id = tc_id
         self.authorizer = Authorizer(auth)
         self.config = config or CoordinatorConfig()
-        self.storage = Storage.from_url(storage_url, **(storage_options or {}))
+        # A given ``storage`` (a simulator's) replaces the one the URL names.
+        self.storage = storage if storage is not None else Storage.from_url(storage_url, **(storage_options or {}))
         self.state = self._new_state()
         self.faults = FaultPoints()
         self._participants: dict[tuple[str, tuple], ActorRef] = {}

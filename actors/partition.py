@@ -87,13 +87,14 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
     def __init__(self, topic: str, partition: int, storage_url: str | None = None,
                  storage_options: dict[str, Any] | None = None, config: PartitionConfig | None = None,
                  auth: AuthConfig | None = None, *, clock: Clock | None = None,
-                 actor_refs: ActorRefs | None = None) -> None:
+                 actor_refs: ActorRefs | None = None, storage: Storage | None = None) -> None:
         super().__init__(partition_actor_name(topic, partition), clock, actor_refs)
         self.authorizer = Authorizer(auth)
         self.topic = topic
         self.partition = partition
         self.config = config or PartitionConfig()
-        self.storage = Storage.from_url(storage_url, **(storage_options or {}))
+        # A given ``storage`` (a simulator's) replaces the one the URL names.
+        self.storage = storage if storage is not None else Storage.from_url(storage_url, **(storage_options or {}))
         self.stream = partition_stream(topic, partition)
         self.snapshot_prefix = f"{self.stream}/snapshots"
         self.buffer = TransactionBuffer()

@@ -80,7 +80,8 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
     def __init__(self, topic: str, partition: int, name: str, initial_position: str = "latest",
                  storage_url: str | None = None, storage_options: dict[str, Any] | None = None,
                  config: SubscriptionConfig | None = None, auth: AuthConfig | None = None, *,
-                 clock: Clock | None = None, actor_refs: ActorRefs | None = None) -> None:
+                 clock: Clock | None = None, actor_refs: ActorRefs | None = None,
+                 storage: Storage | None = None) -> None:
         super().__init__(subscription_actor_name(topic, partition, name), clock, actor_refs)
         self.authorizer = Authorizer(auth)
         self.topic = topic
@@ -88,7 +89,8 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
         self.name = name
         self.initial_position = initial_position
         self.config = config or SubscriptionConfig()
-        self.storage = Storage.from_url(storage_url, **(storage_options or {}))
+        # A given ``storage`` (a simulator's) replaces the one the URL names.
+        self.storage = storage if storage is not None else Storage.from_url(storage_url, **(storage_options or {}))
         self.stream = pending_ack_stream(topic, partition, name)
         self.state = SubscriptionState(partition, Cursor(), self.config.max_index_lag)  # replaced by recovery
         self.faults = FaultPoints()

@@ -8,6 +8,7 @@ so fencing for one id is decided in one place.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 from raytxn.client.rpc import ActorRef
@@ -17,11 +18,13 @@ from raytxn.protocol.txnlog import EndAction
 
 
 class CoordinatorClient:
-    def __init__(self, num_coordinators: int, owner: str, deadline_s: float = 60.0, token: str | None = None) -> None:
+    def __init__(self, num_coordinators: int, owner: str, deadline_s: float = 60.0, token: str | None = None,
+                 actor_refs: Callable[[str, str | None], ActorRef] = ActorRef) -> None:
         self.num_coordinators = num_coordinators
         self.owner = owner
         self.deadline_s = deadline_s
-        self._refs = [ActorRef(coordinator_actor_name(i), token) for i in range(num_coordinators)]
+        # ``actor_refs`` makes the reference to each coordinator (a simulator passes its network's).
+        self._refs = [actor_refs(coordinator_actor_name(i), token) for i in range(num_coordinators)]
         self._round_robin = itertools.cycle(range(num_coordinators))
 
     def ref(self, tc_id: int) -> ActorRef:

@@ -146,9 +146,11 @@ class _Backoff:
     stop (``deadline_s=None``: never, while the errors stay retriable)."""
 
     def __init__(self, deadline_s: float | None, on_retry: Callable[[], None] | None, what: str,
-                 delays_s: tuple[float, float] = DEFAULT_BACKOFF_S) -> None:
+                 delays_s: tuple[float, float] = DEFAULT_BACKOFF_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.deadline_s = deadline_s
-        self.deadline = None if deadline_s is None else time.monotonic() + deadline_s
+        self.clock = clock
+        self.deadline = None if deadline_s is None else clock() + deadline_s
         self.on_retry = on_retry
         self.what = what
         self.delay, self.max_delay = delays_s
@@ -160,7 +162,7 @@ class _Backoff:
             raise error from None
         if self.on_retry:
             self.on_retry()
-        if self.deadline is not None and time.monotonic() + self.delay > self.deadline:
+        if self.deadline is not None and self.clock() + self.delay > self.deadline:
             raise _give_up(error, self.what, self.deadline_s) from None
         delay, self.delay = self.delay, min(self.delay * 2, self.max_delay)
         return delay
@@ -182,7 +184,8 @@ async def retry_async(attempt: Callable[[], Any], deadline_s: float | None,
     """Await ``attempt()`` until it succeeds; retriable failures are retried after the shared
     backoff (``delays_s``: the first wait and the longest), any other failure is raised at once
     (unwrapped from Ray's RayTaskError)."""
-    backoff = _Backoff(deadline_s, on_retry, what, delays_s)
+    # The loop's clock: time.monotonic on a real loop, the simulated time in raytxn.sim.
+    backoff = _Backoff(deadline_s, on_retry, what, delays_s, clock=asyncio.get_running_loop().time)
     while True:
         try:
             return await attempt()

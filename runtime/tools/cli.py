@@ -1,7 +1,7 @@
 """The ``raytxn`` command line (typer + rich).
 
 Every read command takes ``--json`` for scripts; errors print one line and exit with 1 (a raytxn
-error) or 2 (bad usage). Commands other than ``start``/``bench``/``chaos`` attach to the running
+error) or 2 (bad usage). Commands other than ``start``/``bench``/``chaos``/``sim`` attach to the running
 cluster (``--address``, default ``auto``).
 """
 
@@ -496,6 +496,42 @@ def chaos_command(
     else:
         console.print(result.summary())
     if not result.clean:
+        raise typer.Exit(1)
+
+
+@app.command("sim")
+def sim_command(
+    seeds: Annotated[int, typer.Option("--seeds", min=1, help="how many seeds to run")] = 100,
+    seed: Annotated[int, typer.Option("--seed", help="the first seed")] = 0,
+    faults: Annotated[str, typer.Option("--faults", help="none, default, heavy or stale-handles")] = "default",
+    jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="processes running seeds in parallel")] = 1,
+    trace: Annotated[bool, typer.Option("--trace", help="print each failing seed's trace")] = False,
+) -> None:
+    """Simulate the real actors deterministically, one run per seed, and check every run; prints
+    one line per failing seed with the command that replays it."""
+    from raytxn.sim.profiles import PROFILES
+    from raytxn.sim.run import run_many
+
+    if faults not in PROFILES:
+        console.print(f"[red]--faults must be one of {', '.join(PROFILES)}[/red]")
+        raise typer.Exit(2)
+    began = time.perf_counter()
+    failing = txns = 0
+    injected: dict[str, int] = {}
+    for result in run_many(range(seed, seed + seeds), faults, jobs, keep_trace=trace):
+        txns += result.txns
+        for kind, count in result.faults.items():
+            injected[kind] = injected.get(kind, 0) + count
+        if not result.ok:
+            failing += 1
+            console.print(f"seed {result.seed} FAILED: {result.failure.splitlines()[0]}  "
+                          f"replay: {result.replay_command()}", markup=False, soft_wrap=True)
+            if trace and result.trace_lines:
+                sys.stdout.write("".join(result.trace_lines))
+    elapsed = time.perf_counter() - began
+    console.print(f"{seeds} seeds ({faults}), {failing} failing, {seeds / elapsed:.1f} seeds/s, "
+                  f"{txns / seeds:.0f} txns/seed, injected: {injected}", markup=False)
+    if failing:
         raise typer.Exit(1)
 
 

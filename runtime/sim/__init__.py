@@ -1,0 +1,15 @@
+"""Deterministic simulation of the engine (issue 16): the real coordinator, partition and
+subscription actor classes, without Ray, on one seeded virtual-time event loop.
+
+- ``loop.py``: the event loop (virtual clock, tasks tagged by simulated process);
+- ``storage.py``: in-memory object storage with seeded latency and faults;
+- ``network.py``: the ``ActorRef`` the actors get through their ``actor_refs`` seam (delay,
+  reorder, drop, lost reply, duplicate);
+- ``world.py``: the actor processes, crashes, restarts and zombies;
+- ``driver.py``: the workload (producers, fenced transactional producers, consume-transform-produce);
+- ``run.py``: one seed -> a verdict and a trace hash (the same seed gives the same trace);
+- ``profiles.py``: the fault profiles of ``raytxn sim --faults``.
+
+``raytxn sim --seeds N [--seed S] [--faults PROFILE] [-j J]`` runs seeds and prints one line per
+failing seed with the command that replays it.
+"""

@@ -1,0 +1,413 @@
+"""The simulator's workload: producers, transactional producers with fencing, and
+consume-transform-produce workers, recording a ``History`` for the exactly-once checker.
+
+The client package runs on its own thread with Ray object refs, so it cannot run in the
+simulator's loop unchanged. What runs here unchanged: ``CoordinatorClient`` (its routing and its
+async calls ``begin_txn_async``/``new_txn_async``/``add_partitions_async``; its ``end_txn`` and
+``register_transactional_id`` block, so their calls are made here, awaited, with the same
+arguments), the ``ActorRef.call_async`` retry policy, ``TxnStateMachine`` for each transaction's
+client-side state, and ``encode_plain``. The rest are thin callers of the actor methods with the
+names and arguments the client uses: ``append`` as ``producer.py``'s resend path,
+``subscribe``/``fetch``/``ack``/``redeliver`` as ``consumer.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from raytxn.client.coordinator_client import CoordinatorClient
+from raytxn.client.message import MessageId
+from raytxn.client.producer import encode_plain
+from raytxn.client.transaction import TxnClientState, TxnStateMachine
+from raytxn.errors import (
+    Fenced,
+    InvalidTxnState,
+    ParticipantEndFailed,
+    RaytxnError,
+    TransactionAlreadyAborted,
+    TransactionAlreadyCommitted,
+    TransactionTimedOut,
+)
+from raytxn.ids import Position, TxnID, coordinator_actor_name, partition_actor_name, subscription_actor_name
+from raytxn.protocol.entry_format import decode_message
+from raytxn.protocol.txnlog import EndAction
+from raytxn.sim.world import World
+from raytxn.tools.history import History
+
+TOPIC_IN, TOPIC_OUT = "in", "out"
+SUB_PIPE, SUB_VERIFY = "cp", "verify"  # the pipeline's input subscription; the output's, drained at the end
+CALL_DEADLINE_S = 30.0     # the client's deadline for one call (it retries within it)
+FETCH_WAIT_S = 0.2
+MAX_FETCH = 8
+MAX_DRAIN_FETCHES = 10_000
+MAX_REGISTER_ATTEMPTS = 100
+REGISTER_RETRY_S = 1.0
+IDLE_SLACK_S = 5.0         # with the txn timeout: how long idle workers wait for redeliveries
+
+
+@dataclass(frozen=True)
+class Workload:
+    inputs: int = 80               # messages the pipeline moves, each in its own txn
+    partitions: int = 2            # of each topic
+    coordinators: int = 2
+    workers: int = 2               # consume-transform-produce workers
+    tid_producers: int = 2         # producers with a transactional id
+    tid_txns: int = 25             # txns each of them runs
+    txn_timeout_ms: int = 2000
+    abort: float = 0.15            # a txn its worker aborts on purpose
+    forget: float = 0.03           # a txn its worker leaves open: the coordinator times it out
+    refence: float = 0.15          # a tid producer's successor registers mid-txn: the old one is a zombie
+
+
+@dataclass
+class Counts:
+    txns: int = 0
+    committed: int = 0
+    aborted: int = 0
+    unknown: int = 0
+    fenced: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+
+    def error(self, error: BaseException) -> None:
+        name = type(error).__name__
+        self.errors[name] = self.errors.get(name, 0) + 1
+
+
+class Driver:
+    def __init__(self, world: World, rng: random.Random, workload: Workload, history: History) -> None:
+        self.world = world
+        self.rng = rng
+        self.w = workload
+        self.history = history
+        self.counts = Counts()
+        self.unexpected: list[str] = []      # errors no client should ever see: the run fails
+        self._coordinators = [world.network.ref(coordinator_actor_name(i)) for i in range(workload.coordinators)]
+        self._sequences: dict[tuple[str, str, int], int] = {}   # (producer, topic, partition) -> next sequence
+        self._requests = 0
+        self.transformed: set[str] = set()   # input uids whose transform txn committed (membership only)
+        self.quiet_since: float | None = None  # when the faults stopped
+        self._worker_coordinators: dict[str, CoordinatorClient] = {}
+        self.last_received = 0.0
+
+    def workers_done(self) -> bool:
+        """Every input transformed; or, once faults stopped, nothing received for longer than a
+        txn can hold an input (an input lost or stuck shows in the final drain and the checker)."""
+        if len(self.transformed) >= self.w.inputs:
+            return True
+        if self.quiet_since is None:
+            return False
+        idle_since = max(self.quiet_since, self.last_received)
+        return self.now() - idle_since > 2 * self.w.txn_timeout_ms / 1000 + IDLE_SLACK_S
+
+    def now(self) -> float:
+        return self.world.loop.time()
+
+    def _ref(self, name: str) -> Any:
+        return self.world.network.ref(name)
+
+    def _trace(self, *fields: object) -> None:
+        self.world.trace.add("driver", *fields)
+
+    def _unexpected(self, where: str, error: BaseException) -> None:
+        if not isinstance(error, RaytxnError):
+            self.unexpected.append(f"{where}: {error!r}")
+
+    # --- producing -------------------------------------------------------------------------
+
+    async def append(self, producer: str, topic: str, partition: int, uids: list[str], txn: TxnID | None) -> bool:
+        """One batch, as the producer's resend path sends it (``previous_sequence`` -1), recorded
+        per message; True when it is stored."""
+        key = (producer, topic, partition)
+        first = self._sequences.get(key, 0)
+        self._sequences[key] = first + len(uids)
+        for uid in uids:
+            self.history.send(uid, topic, partition, txn, producer, self.now())
+        records = [encode_plain(uid.encode()) for uid in uids]
+        try:
+            result = await self._ref(partition_actor_name(topic, partition)).call_async(
+                "append", producer, first, records, txn, -1, deadline_s=CALL_DEADLINE_S)
+        except Exception as error:  # noqa: BLE001 - the outcome is unknown: recorded so
+            self._unexpected(f"append {uids[0]}", error)
+            self.counts.error(error)
+            for uid in uids:
+                self.history.send_failed(uid, error, self.now())
+            return False
+        for index, uid in enumerate(uids):
+            if result.position is None:
+                self.history.send_failed(uid, "PositionUnknown", self.now())
+            else:
+                self.history.send_ok(uid, MessageId(topic, partition, result.position.ledger_id,
+                                                    result.position.entry_id, index), self.now())
+        return True
+
+    async def seed_inputs(self) -> None:
+        """The pipeline's input: plain sends, a few messages per batch."""
+        i = 0
+        while i < self.w.inputs:
+            count = min(self.rng.randint(1, 3), self.w.inputs - i)
+            partition = self.rng.randrange(self.w.partitions)
+            await self.append("seeder", TOPIC_IN, partition, [f"in-{j}" for j in range(i, i + count)], None)
+            i += count
+
+    # --- ending transactions ---------------------------------------------------------------
+
+    def coordinator_client(self, owner: str) -> CoordinatorClient:
+        """The client's own routing (round-robin begins, a transactional id's home coordinator)
+        over the simulated network."""
+        return CoordinatorClient(self.w.coordinators, owner, CALL_DEADLINE_S, actor_refs=self.world.network.ref)
+
+    async def end(self, txn: TxnID, machine: TxnStateMachine, commit: bool, coordinators: CoordinatorClient,
+                  epoch: int | None = None, tid: str | None = None) -> None:
+        """Commit (unless the client's state machine says it cannot) or abort, as
+        ``Transaction.commit``/``abort`` do, and record the outcome."""
+        if commit and machine.state is not TxnClientState.OPEN:
+            commit = False  # ABORT_ONLY or TIMED_OUT: the client aborts instead
+        issued = self.now()
+        machine.transition_to(TxnClientState.COMMITTING if commit else TxnClientState.ABORTING)
+        action = EndAction.COMMIT if commit else EndAction.ABORT
+        record = self.history.txn_commit if commit else self.history.txn_abort
+        try:
+            # CoordinatorClient.end_txn's call, awaited (its own is blocking).
+            state = await coordinators.ref(txn.tc_id).call_async("end_txn", txn, action, coordinators.owner, epoch, tid,
+                                                                 deadline_s=coordinators.deadline_s)
+        except (TransactionTimedOut, InvalidTxnState) as error:
+            # Timed out, or ended the other way already: the coordinator's answer names it (any
+            # other state conflict leaves the outcome to the checker).
+            outcome = ("committed" if isinstance(error, TransactionAlreadyCommitted) else
+                       "aborted" if isinstance(error, TransactionTimedOut | TransactionAlreadyAborted) else "unknown")
+            self._trace("end_refused", str(txn), type(error).__name__)
+            record(txn, outcome, self.now(), issued_at=issued)
+            self._count(outcome)
+            return
+        except Exception as error:  # noqa: BLE001 - fenced, or the coordinator away past the deadline
+            self._unexpected(f"end {txn}", error)
+            self.counts.error(error)
+            if isinstance(error, Fenced):
+                self.counts.fenced += 1
+            self._trace("end_unknown", str(txn), type(error).__name__)
+            machine.transition_to(TxnClientState.ERROR, if_allowed=True)
+            record(txn, "unknown", self.now(), issued_at=issued)
+            self._count("unknown")
+            return
+        outcome = "committed" if state == "COMMITTED" else "aborted"
+        if commit and outcome == "committed":
+            machine.transition_to(TxnClientState.COMMITTED)
+        elif commit:
+            machine.transition_to(TxnClientState.ABORTING)
+            machine.transition_to(TxnClientState.ABORTED)
+        elif outcome == "aborted":
+            machine.transition_to(TxnClientState.ABORTED)
+        record(txn, outcome, self.now(), issued_at=issued)
+        self._count(outcome)
+
+    def _count(self, outcome: str) -> None:
+        if outcome == "committed":
+            self.counts.committed += 1
+        elif outcome == "aborted":
+            self.counts.aborted += 1
+        else:
+            self.counts.unknown += 1
+
+    def _machine(self, txn: TxnID) -> TxnStateMachine:
+        self.counts.txns += 1
+        self.history.txn_begin(txn, self.now())
+        return TxnStateMachine(txn, self.now() + self.w.txn_timeout_ms / 1000, clock=self.now)
+
+    # --- transactional producers with fencing ----------------------------------------------
+
+    async def tid_producer(self, index: int) -> None:
+        tid = f"tp-{index}"
+        coordinators = self.coordinator_client(f"owner-{tid}")
+        epoch = await self._register(coordinators, tid)
+        for n in range(self.w.tid_txns):
+            try:
+                txn = await coordinators.new_txn_async(self.w.txn_timeout_ms, tid, epoch)
+            except Exception as error:  # noqa: BLE001 - e.g. the last txn of the id not ended yet
+                self._unexpected(f"new_txn {tid}", error)
+                self.counts.error(error)
+                if isinstance(error, Fenced):  # another instance took the id: start over, as a new one
+                    epoch = await self._register(coordinators, tid)
+                continue
+            machine = self._machine(txn)
+            partition = self.rng.randrange(self.w.partitions)
+            zombie = self.rng.random() < self.w.refence
+            if zombie:
+                # The producer's successor registers now: the open txn is aborted, the epoch bumped,
+                # and this (old) producer goes on with its stale epoch, as a zombie would.
+                epoch_next = await self._register(coordinators, tid)
+                self._trace("refenced", tid, epoch, epoch_next)
+            await self._fill(txn, machine, coordinators, epoch, [(TOPIC_OUT, partition)],
+                             f"{tid}-e{epoch}", partition, [f"{tid}-{n}-{k}" for k in range(self.rng.randint(1, 3))])
+            await self.end(txn, machine, self.rng.random() >= self.w.abort, coordinators, epoch, tid)
+            if zombie:
+                epoch = epoch_next
+
+    async def _register(self, coordinators: CoordinatorClient, tid: str) -> int:
+        """Register ``tid`` (a new producer instance). ``ParticipantEndFailed``: the epoch was
+        bumped, but a participant refused the abort of the id's open txn; the coordinator's
+        contract is that a retry drives it again, so the producer retries, as an application would."""
+        for _ in range(MAX_REGISTER_ATTEMPTS):
+            try:
+                # CoordinatorClient.register_transactional_id's call, awaited, without a deadline.
+                return await coordinators.ref(coordinators.home_of(tid)).call_async(
+                    "register_transactional_id", tid, deadline_s=None)
+            except ParticipantEndFailed as error:
+                self.counts.error(error)
+                self._trace("register_refused", tid)
+                await asyncio.sleep(REGISTER_RETRY_S)
+        raise RuntimeError(f"{tid}: register_transactional_id refused {MAX_REGISTER_ATTEMPTS} times")
+
+    async def _fill(self, txn: TxnID, machine: TxnStateMachine, coordinators: CoordinatorClient, epoch: int | None,
+                    partitions: list[tuple[str, int]], producer: str, partition: int, uids: list[str]) -> None:
+        try:
+            await coordinators.add_partitions_async(txn, partitions, epoch)
+        except Exception as error:  # noqa: BLE001 - fenced, timed out: the client's txn is ABORT_ONLY
+            self._unexpected(f"add_partitions {txn}", error)
+            self.counts.error(error)
+            machine.transition_to(TxnClientState.ABORT_ONLY, cause=error, if_allowed=True)
+            return
+        if not await self.append(producer, TOPIC_OUT, partition, uids, txn):
+            machine.transition_to(TxnClientState.ABORT_ONLY, cause=RuntimeError("send failed"), if_allowed=True)
+
+    # --- consume-transform-produce ---------------------------------------------------------
+
+    def _subscription(self, topic: str, partition: int, name: str) -> Any:
+        return self._ref(subscription_actor_name(topic, partition, name))
+
+    async def _subscribe(self, consumer: str, partition: int) -> None:
+        await self._subscription(TOPIC_IN, partition, SUB_PIPE).call_async(
+            "subscribe", consumer, consumer, "Shared", deadline_s=None)
+
+    async def worker(self, index: int) -> None:
+        consumer = f"w{index}"
+        self._worker_coordinators[consumer] = self.coordinator_client(f"owner-{consumer}")
+        for partition in range(self.w.partitions):
+            await self._subscribe(consumer, partition)
+        self.history.subscribe(consumer, SUB_PIPE, TOPIC_IN, self.now(), from_earliest=True)
+        polls = 0
+        while not self.workers_done():
+            polls += 1
+            partition = polls % self.w.partitions
+            try:
+                reply = await self._subscription(TOPIC_IN, partition, SUB_PIPE).call_async(
+                    "fetch", consumer, MAX_FETCH, FETCH_WAIT_S, deadline_s=CALL_DEADLINE_S)
+            except Exception as error:  # noqa: BLE001 - as the consumer's fetch loop: try again
+                self._unexpected(f"fetch {consumer}", error)
+                self.counts.error(error)
+                continue
+            if not reply["registered"]:
+                await self._subscribe(consumer, partition)
+                self.history.reset(consumer, SUB_PIPE, self.now())
+                continue
+            messages = list(self._received(consumer, partition, reply["messages"]))
+            if not messages:
+                self.history.receive_timeout(consumer, SUB_PIPE, self.now(), topic=TOPIC_IN)
+            for message in messages:
+                await self.transform(consumer, partition, *message)
+        for partition in range(self.w.partitions):
+            await self._subscription(TOPIC_IN, partition, SUB_PIPE).call_async(
+                "close_consumer", consumer, deadline_s=None)
+
+    def _received(self, consumer: str, partition: int, wire: list) -> Any:
+        for ledger_id, entry_id, batch_size, _publish_ms, indexes, counts, records in wire:
+            for k, batch_index in enumerate(indexes):
+                uid = decode_message(records[k]).value.decode()
+                mid = MessageId(TOPIC_IN, partition, ledger_id, entry_id, batch_index)
+                self.history.receive(consumer, SUB_PIPE, TOPIC_IN, partition, mid, uid,
+                                     counts[k] if counts else 0, self.now())
+                self.last_received = self.now()
+                yield mid, uid, batch_size
+
+    async def transform(self, consumer: str, partition: int, mid: MessageId, uid: str, batch_size: int) -> None:
+        """One input moved to the output and acked, in one txn (begun lazily with both
+        participants, as the client's first registration does)."""
+        out_partition = self.rng.randrange(self.w.partitions)
+        coordinators = self._worker_coordinators[consumer]
+        try:
+            txn = await coordinators.begin_txn_async(self.w.txn_timeout_ms, [(TOPIC_OUT, out_partition)],
+                                                     [(TOPIC_IN, partition, SUB_PIPE)])
+        except Exception as error:  # noqa: BLE001 - the input stays unacked: redelivered later
+            self._unexpected("begin_txn", error)
+            self.counts.error(error)
+            await self._give_back(consumer, partition, mid)
+            return
+        machine = self._machine(txn)
+        # The same output uid for every attempt of this worker (a second commit would show twice);
+        # per worker, because the history resolves a uid's attempts oldest first, and two workers'
+        # attempts (after a timeout redelivered the input) may resolve out of order.
+        out_uid = f"{uid}>{consumer}"
+        if not await self.append(f"w-{consumer}", TOPIC_OUT, out_partition, [out_uid], txn):
+            # As the client's transaction: a failed send makes it ABORT_ONLY (commit aborts it).
+            machine.transition_to(TxnClientState.ABORT_ONLY, cause=RuntimeError("send failed"), if_allowed=True)
+        self._requests += 1
+        self.history.ack(consumer, SUB_PIPE, mid, txn, self.now())
+        try:
+            await self._subscription(TOPIC_IN, partition, SUB_PIPE).call_async(
+                "ack", consumer, [(Position(mid.ledger_id, mid.entry_id), mid.batch_index, batch_size)], False,
+                txn, deadline_s=CALL_DEADLINE_S, request_id=f"{consumer}-{self._requests}", ranges=None)
+        except Exception as error:  # noqa: BLE001 - conflict or away: the txn cannot commit
+            self._unexpected(f"ack {txn}", error)
+            self.counts.error(error)
+            machine.transition_to(TxnClientState.ABORT_ONLY, cause=error, if_allowed=True)
+        self.history.consume_transform_produce(uid, [out_uid], txn, subscription=SUB_PIPE, t=self.now())
+        if self.rng.random() < self.w.forget:
+            self._trace("forgotten", str(txn))
+            return  # never ended by its client: the coordinator times it out
+        await self.end(txn, machine, self.rng.random() >= self.w.abort, coordinators)
+        if machine.state is TxnClientState.COMMITTED:
+            self.transformed.add(uid)
+
+    async def _give_back(self, consumer: str, partition: int, mid: MessageId) -> None:
+        try:
+            await self._subscription(TOPIC_IN, partition, SUB_PIPE).call_async(
+                "redeliver", consumer, [(Position(mid.ledger_id, mid.entry_id), mid.batch_index)],
+                deadline_s=CALL_DEADLINE_S)
+        except Exception as error:  # noqa: BLE001 - the subscription restarted: it redelivers anyway
+            self.counts.error(error)
+
+    # --- the end ---------------------------------------------------------------------------
+
+    async def drain(self, topic: str, subscription: str) -> None:
+        """Every message still unacked on ``subscription``, from a fresh consumer, as the
+        history's final state."""
+        consumer = f"drain-{subscription}"
+        found: list[tuple[int, MessageId, str]] = []
+        for partition in range(self.w.partitions):
+            ref = self._subscription(topic, partition, subscription)
+            await ref.call_async("subscribe", consumer, consumer, "Shared", deadline_s=None)
+            empty = 0
+            for _ in range(MAX_DRAIN_FETCHES):
+                reply = await ref.call_async("fetch", consumer, 1000, 0.5, deadline_s=None)
+                if not reply["messages"]:
+                    empty += 1
+                    if empty >= 3:
+                        break
+                    continue
+                empty = 0
+                for ledger_id, entry_id, _size, _ms, indexes, _counts, records in reply["messages"]:
+                    for k, batch_index in enumerate(indexes):
+                        uid = decode_message(records[k]).value.decode()
+                        found.append((partition, MessageId(topic, partition, ledger_id, entry_id, batch_index), uid))
+            else:
+                raise AssertionError(f"drain of {subscription} on {topic}-{partition} never ended")
+        self.history.final_state(subscription, topic, found, partitions=range(self.w.partitions), t=self.now())
+
+    async def live_txns(self) -> list[str]:
+        """Transactions still live at any coordinator."""
+        live: list[str] = []
+        for coordinator in self._coordinators:
+            rows = await coordinator.call_async("list_txns", 1000, 0, deadline_s=None)
+            live.extend(row["txn"] for row in rows)
+        return live
+
+    async def low_watermarks(self) -> list[tuple[int, int]]:
+        """Per coordinator: (low watermark, next sequence)."""
+        marks = []
+        for coordinator in self._coordinators:
+            stats = await coordinator.call_async("stats", deadline_s=None)
+            marks.append((stats["low_watermark"], stats["next_sequence"]))
+        return marks
+
