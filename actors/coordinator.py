@@ -24,9 +24,13 @@ with the same outcome. Participants are called through
   (metric ``raytxn_txn_end_failures`` by error kind, ``end_failures`` in stats), and this drive
   stops: the txn stays COMMITTING/ABORTING (its outcome is logged and never reversed; the other
   participants get their end), listed under ``stalled_ends`` in stats, and it pins the low
-  watermark. It is driven again when this coordinator restarts (recovery re-drives every such
-  txn) or on an explicit call: the next ``end_txn`` of the same action (its owner or a
-  superuser), which meanwhile get ``ParticipantEndFailed``.
+  watermark. It is driven again every ``stalled_end_retry_s``, because a refusal may pass: a
+  participant whose start failed (a snapshot segment deleted under it by a zombie predecessor,
+  found by the simulator) refuses every call until its process restarts a few seconds later, and
+  a txn left stalled until the next coordinator restart would pin the watermark with nothing
+  wrong any more. Also when this coordinator restarts, and on an explicit call: the next
+  ``end_txn`` of the same action (its owner or a superuser), which meanwhile get
+  ``ParticipantEndFailed``.
 
 The log is compacted: after ``compact_after_entries`` entries the live state is appended as one
 entry ending with a Checkpoint record, and everything before it is trimmed. Replay starts at the
@@ -107,6 +111,7 @@ class TransactionCoordinator(ActorShell, FaultTarget):
         self._entries_since_compaction = 0
         self._compaction: asyncio.Task | None = None
         self._stalled: dict[TxnID, str] = {}  # txns whose last drive a participant refused: why
+        self._stalled_at: dict[TxnID, int] = {}  # ... and when (ms): driven again stalled_end_retry_s later
         self.info: dict[str, Any] = {"tc_id": tc_id, "end_retries": 0, "compactions": 0, "end_failures": {}}
         self.metrics = CoordinatorMetrics(tc_id)
 
@@ -378,6 +383,7 @@ class TransactionCoordinator(ActorShell, FaultTarget):
         if refused:
             raise refused[0]
         self._stalled.pop(txn, None)
+        self._stalled_at.pop(txn, None)
         applied.set_result(None)
         await self.faults.hit("coordinator.after_send_end", txn=txn)
         async with self._lock(txn):
@@ -423,6 +429,7 @@ class TransactionCoordinator(ActorShell, FaultTarget):
         failures = self.info["end_failures"]
         failures[error_kind] = failures.get(error_kind, 0) + 1
         self._stalled[txn] = f"{kind} {ident}: {error!r}"
+        self._stalled_at[txn] = self.clock.now_ms()
         log.warning("coordinator %s: %s %s refused %s of %s (%r); the txn stays %s until this coordinator "
                     "restarts or end_txn is called again", self.tc_id, kind, ident, action, txn, error,
                     _ending(action))
@@ -442,11 +449,16 @@ class TransactionCoordinator(ActorShell, FaultTarget):
 
     async def _timer(self) -> None:
         next_report_ms = 0
+        retry_stalled_ms = int(self.config.stalled_end_retry_s * 1000)
         while True:
             now = self.clock.now_ms()
             if now >= next_report_ms:
                 self.metrics.slow_txns(self.state.count_older_than(now, self.config.slow_txn_threshold_ms))
                 next_report_ms = now + int(self.config.slow_txn_report_s * 1000)
+            for txn, refused_ms in list(self._stalled_at.items()):  # one drive per stalled txn at a time
+                if now - refused_ms >= retry_stalled_ms and txn not in self._drivers:
+                    self._stalled_at[txn] = now  # a refusal again restarts the wait
+                    self._drive(txn)
             for txn in self.state.expired(now):
                 if txn not in self._timing_out:
                     self._timing_out.add(txn)

@@ -45,6 +45,9 @@ class CoordinatorConfig:
     # After this many log entries the live state is written anew and the log below it trimmed.
     compact_after_entries: int = 10_000
     end_retry_backoff_s: tuple[float, float] = (0.02, 1.0)
+    # A txn whose end a participant refused is driven again this often: the refusal may pass
+    # (a participant whose start failed restarts after its hold-off).
+    stalled_end_retry_s: float = 5.0
     timer_tick_s: float = 0.05
     # Live transactions older than this count as slow (the raytxn_slow_txns gauge, set this often).
     slow_txn_threshold_ms: int = 60_000

@@ -198,17 +198,17 @@ def test_regression_seed_zombie_participant_acks_a_commit_it_never_saw(seed: int
     assert result.ok, result.failure
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "engine liveness bug found by the simulator: a partition incarnation starts while its zombie "
-    "predecessor writes a newer snapshot and deletes the obsolete one the new incarnation is reading; "
-    "the start fails with CorruptLedger('snapshot segment ... vanished'), non-retriable, so for "
-    "FAILED_START_EXIT_S every end_txn sent to it is refused (and a subscription starting meanwhile "
-    "fails the same way through its partition read: seed 30443); the coordinators log the refusals "
-    "and stall those txns in COMMITTING/ABORTING, and nothing drives them again once the partition "
-    "starts cleanly (only a coordinator restart or a repeated end_txn would): after the faults stop "
-    "they never end and pin the low watermarks. Seed 30238: 3 txns stalled on partition out-1"))
+# Regression seeds of a liveness bug the simulator found (fixed: the coordinator drives a
+# refused end again every stalled_end_retry_s). A partition incarnation started while its zombie
+# predecessor wrote a newer snapshot and deleted the one the new incarnation was reading; the
+# start failed with CorruptLedger("snapshot segment ... vanished"), non-retriable, so for
+# FAILED_START_EXIT_S every end_txn sent to it was refused (and a subscription starting meanwhile
+# failed the same way through its partition read: seed 30443). The coordinators stalled those
+# txns in COMMITTING/ABORTING and nothing drove them again once the partition started cleanly:
+# after the faults stopped they never ended and pinned the low watermarks (seed 30238: 3 txns
+# stalled on partition out-1).
 @pytest.mark.parametrize("seed", [30238, 30443])
-def test_regression_seed_refused_end_during_a_failed_partition_start_stalls_txns_forever(seed: int) -> None:
+def test_regression_seed_refused_end_during_a_failed_partition_start_is_driven_again(seed: int) -> None:
     result = run_seed(seed, "heavy")
     assert result.ok, result.failure
 
