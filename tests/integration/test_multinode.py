@@ -30,7 +30,8 @@ def test_node_loss_recovers_on_other_nodes() -> None:
     assert result["healthy"], result
     assert result["clean"], result["summary"]
     # spread: coordinators and partitions on both worker nodes, none on the head (no "raytxn")
-    assert set(result["spread"].values()) == set(result["worker_nodes"]), result["spread"]
+    # (a partition that sat idle through a slow start may be dormant: no node)
+    assert {node for node in result["spread"].values() if node} == set(result["worker_nodes"]), result["spread"]
     assert result["dormant_before_loss"], result
     assert result["idle_topic_values"] == sorted([f"after-{k}" for k in range(8)] + [f"before-{k}" for k in range(8)])
     assert result["idle_topic_partitions"] == [0, 1], result  # both were dormant and came back
