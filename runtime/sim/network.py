@@ -20,6 +20,8 @@ A call to a process that is down fails with ``ActorUnavailable``; a call in flig
 dies fails the same way. Each call goes to the current incarnation, unless ``stale_handles``: then a
 reference keeps the process it first reached until a retriable failure makes it look again, so a
 stale reference may keep talking to a zombie (a caller that has not heard of the restart).
+
+A drawn fault takes effect only when the world's ``FaultGate`` allows it (``gate.py``).
 """
 
 from __future__ import annotations
@@ -82,7 +84,8 @@ class Network:
         return self._rng.uniform(*self._faults.latency_s)
 
     def _fault(self, probability: float, what: str, callee: Process, method: str) -> bool:
-        if self.faults_on and probability > 0 and self._rng.random() < probability:
+        if (self.faults_on and probability > 0 and self._rng.random() < probability
+                and self.world.gate.allow(what)):
             self.injected += 1
             self._trace.add("net_fault", what, callee.label, method)
             return True

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from raytxn.actors.shell import ActorShell, Clock
+from raytxn.sim.gate import FaultGate
 from raytxn.sim.loop import SimLoop
 from raytxn.sim.network import Network, NetworkFaults
 from raytxn.sim.storage import SimStorage, StorageFaults
@@ -81,12 +82,13 @@ class Process:
 
 class World:
     def __init__(self, loop: SimLoop, rng: random.Random, trace: Trace, storage_faults: StorageFaults,
-                 network_faults: NetworkFaults, crash_faults: CrashFaults) -> None:
+                 network_faults: NetworkFaults, crash_faults: CrashFaults, gate: FaultGate | None = None) -> None:
         self.loop = loop
         self.rng = rng
         self.trace = trace
+        self.gate = FaultGate(trace) if gate is None else gate  # shared by storage, network and nemesis
         self.clock = SimClock(loop)
-        self.storage = SimStorage(rng, storage_faults, trace, self.clock.now_ms)
+        self.storage = SimStorage(rng, storage_faults, trace, self.clock.now_ms, self.gate)
         self.network = Network(self, rng, network_faults, trace)
         self.crash_faults = crash_faults
         self._factories: dict[str, Callable[[], ActorShell]] = {}
@@ -140,9 +142,13 @@ class World:
 
     def crash(self, name: str, zombie: bool) -> None:
         """Crash the current incarnation of ``name``; a zombie keeps running beside its successor
-        for a while."""
+        for a while. The gate may turn the crash into a plain one (zombies masked) or suppress it."""
         process = self._current[name]
         if not process.alive:
+            return
+        if zombie and self.gate.is_masked("zombie") and not self.gate.is_masked("crash"):
+            zombie = False  # zombies masked, crashes not: the crash is a plain one
+        if not self.gate.allow("zombie" if zombie else "crash"):
             return
         self.crashes += 1
         if not zombie:
