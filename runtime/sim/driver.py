@@ -60,6 +60,10 @@ class Workload:
     abort: float = 0.15            # a txn its worker aborts on purpose
     forget: float = 0.03           # a txn its worker leaves open: the coordinator times it out
     refence: float = 0.15          # a tid producer's successor registers mid-txn: the old one is a zombie
+    # None: no cap. N: the clients begin no txn after the N-th (a shrunk schedule's knob: the run is
+    # the uncapped one up to that txn, then the workload winds down; inputs left untransformed are
+    # simply still on the pipeline's subscription, where the final drain finds them).
+    max_txns: int | None = None
 
 
 @dataclass
@@ -91,11 +95,13 @@ class Driver:
         self.quiet_since: float | None = None  # when the faults stopped
         self._worker_coordinators: dict[str, CoordinatorClient] = {}
         self.last_received = 0.0
+        self.txns_started = 0  # txns the clients set out to begin (for max_txns)
 
     def workers_done(self) -> bool:
         """Every input transformed; or, once faults stopped, nothing received for longer than a
-        txn can hold an input (an input lost or stuck shows in the final drain and the checker)."""
-        if len(self.transformed) >= self.w.inputs:
+        txn can hold an input (an input lost or stuck shows in the final drain and the checker);
+        or no txn may begin any more."""
+        if len(self.transformed) >= self.w.inputs or self._txn_cap_reached():
             return True
         if self.quiet_since is None:
             return False
@@ -104,6 +110,16 @@ class Driver:
 
     def now(self) -> float:
         return self.world.loop.time()
+
+    def _txn_cap_reached(self) -> bool:
+        return self.w.max_txns is not None and self.txns_started >= self.w.max_txns
+
+    def _may_begin(self) -> bool:
+        """Called right before a client begins a txn: False once ``max_txns`` have been begun."""
+        if self._txn_cap_reached():
+            return False
+        self.txns_started += 1
+        return True
 
     def _ref(self, name: str) -> Any:
         return self.world.network.ref(name)
@@ -223,6 +239,8 @@ class Driver:
         coordinators = self.coordinator_client(f"owner-{tid}")
         epoch = await self._register(coordinators, tid)
         for n in range(self.w.tid_txns):
+            if not self._may_begin():
+                break
             try:
                 txn = await coordinators.new_txn_async(self.w.txn_timeout_ms, tid, epoch)
             except Exception as error:  # noqa: BLE001 - e.g. the last txn of the id not ended yet
@@ -324,6 +342,8 @@ class Driver:
     async def transform(self, consumer: str, partition: int, mid: MessageId, uid: str, batch_size: int) -> None:
         """One input moved to the output and acked, in one txn (begun lazily with both
         participants, as the client's first registration does)."""
+        if not self._may_begin():
+            return  # left unacked: redelivered once the worker closes, and drained at the end
         out_partition = self.rng.randrange(self.w.partitions)
         coordinators = self._worker_coordinators[consumer]
         try:

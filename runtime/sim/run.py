@@ -10,26 +10,36 @@ up, no drops, no storage errors) and check liveness and safety:
 - the history passes the exactly-once checker (DESIGN §7), and the state machines' own
   ``check_invariants`` pass;
 - nothing but raytxn's own errors reached a client, and no actor task died of an unexpected error.
+
+A ``Schedule`` (``schedule.py``) runs a smaller version of the same seed (what ``shrink.py``
+searches); an extra check (``module:function`` on the command line) adds a property of the history
+to the verdict, e.g. to find and shrink a run where something rare happens.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import multiprocessing
+import os
 import random
+import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from raytxn.actors.coordinator import TransactionCoordinator
 from raytxn.actors.partition import PartitionBuffer
 from raytxn.actors.subscription import Subscription
 from raytxn.config import CoordinatorConfig, PartitionConfig, SubscriptionConfig
+from raytxn.errors import InvalidArgument
 from raytxn.ids import coordinator_actor_name, partition_actor_name, subscription_actor_name
 from raytxn.sim.driver import SUB_PIPE, SUB_VERIFY, TOPIC_IN, TOPIC_OUT, Driver, Workload
+from raytxn.sim.gate import FaultGate
 from raytxn.sim.loop import Deadlock, SimLoop
 from raytxn.sim.profiles import PROFILES, Profile
+from raytxn.sim.schedule import Schedule
 from raytxn.sim.trace import Trace
 from raytxn.sim.world import World
 from raytxn.tools.checker import check
@@ -38,6 +48,9 @@ from raytxn.tools.history import History
 MAX_VIRTUAL_S = 600.0       # a run not done by then (virtual time) fails as stuck
 QUIET_WAIT_S = 60.0         # after the faults stop, the time every txn has to end
 STUCK_SLACK_S = 10.0        # the checker's slack on "no consumer stays blocked past the txn timeout"
+
+# An extra property of a run's history: a message when it does not hold (the run fails), else None.
+ExtraCheck = Callable[[History], "str | None"]
 
 
 @dataclass
@@ -53,13 +66,27 @@ class SeedResult:
     virtual_s: float = 0.0
     wall_s: float = 0.0
     trace_lines: list[str] | None = None
+    schedule: Schedule | None = None
+    check: str | None = None     # the extra check's module:function
+    txns_started: int = 0        # txns the clients set out to begin (what a schedule's max_txns caps)
+    # Faults that took effect per gated kind (gate.py), slow operations included.
+    fault_kinds: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
         return self.failure is None
 
+    @property
+    def fault_total(self) -> int:
+        return sum(self.fault_kinds.values())
+
     def replay_command(self) -> str:
-        return f"raytxn sim --seed {self.seed} --seeds 1 --faults {self.profile}"
+        command = f"raytxn sim --seed {self.seed} --seeds 1 --faults {self.profile}"
+        if self.schedule is not None and str(self.schedule):
+            command += f" --schedule '{self.schedule}'"
+        if self.check is not None:
+            command += f" --check {self.check}"
+        return command
 
 
 def _configs() -> tuple[CoordinatorConfig, PartitionConfig, SubscriptionConfig]:
@@ -70,8 +97,9 @@ def _configs() -> tuple[CoordinatorConfig, PartitionConfig, SubscriptionConfig]:
     return coordinator, partition, subscription
 
 
-def build_world(loop: SimLoop, rng: random.Random, trace: Trace, profile: Profile, workload: Workload) -> World:
-    world = World(loop, rng, trace, profile.storage, profile.network, profile.crashes)
+def build_world(loop: SimLoop, rng: random.Random, trace: Trace, profile: Profile, workload: Workload,
+                gate: FaultGate | None = None) -> World:
+    world = World(loop, rng, trace, profile.storage, profile.network, profile.crashes, gate)
     coordinator_config, partition_config, subscription_config = _configs()
     coordinator_config.num_coordinators = workload.coordinators
     for tc_id in range(workload.coordinators):
@@ -140,10 +168,13 @@ class Failure(Exception):
 
 
 def run_seed(seed: int, profile_name: str = "default", workload: Workload | None = None,
-             keep_trace: bool = False) -> SeedResult:
-    """Simulate one seed; never raises for what the run found (it is in ``failure``)."""
-    profile = PROFILES[profile_name]
-    workload = workload or Workload()
+             keep_trace: bool = False, schedule: Schedule | None = None,
+             extra_check: ExtraCheck | None = None) -> SeedResult:
+    """Simulate one seed; never raises for what the run found (it is in ``failure``).
+    ``schedule`` overrides parts of the profile and workload; ``extra_check`` must be a module-level
+    function (its ``module:function`` is part of the replay command)."""
+    schedule = schedule or Schedule()
+    profile, workload = schedule.apply(PROFILES[profile_name], workload or Workload())
     began = time.perf_counter()
     loop = SimLoop()
     rng = random.Random(seed)
@@ -153,7 +184,7 @@ def run_seed(seed: int, profile_name: str = "default", workload: Workload | None
     # depends on the whole heap, so they touch neither the trace nor the verdict (tasks' broken
     # invariants are noted when they end, see SimLoop._note_broken).
     loop.set_exception_handler(lambda _loop, _context: None)
-    world = build_world(loop, rng, trace, profile, workload)
+    world = build_world(loop, rng, trace, profile, workload, schedule.gate(trace))
     driver = Driver(world, rng, workload, history)
     failure: str | None = None
     with _quiet_logs():
@@ -180,6 +211,8 @@ def run_seed(seed: int, profile_name: str = "default", workload: Workload | None
         report = check(history, txn_timeout_s=workload.txn_timeout_ms / 1000, stuck_slack_s=STUCK_SLACK_S)
         if not report.clean:
             failure = f"checker found {', '.join(sorted(report.kinds()))}: {report.summary(3)}"
+    if failure is None and extra_check is not None and (broken_property := extra_check(history)) is not None:
+        failure = f"extra check: {broken_property}"
     for event in history.events:  # what the workload saw is part of the trace too
         trace.add("history", repr(event))
     counts = driver.counts
@@ -187,7 +220,35 @@ def run_seed(seed: int, profile_name: str = "default", workload: Workload | None
     return SeedResult(seed, profile_name, failure, trace.digest(), counts.txns, counts.committed, counts.aborted,
                       {"storage": world.storage.injected, "network": world.network.injected,
                        "crashes": world.crashes, "zombies": world.zombies},
-                      loop.time(), time.perf_counter() - began, trace.kept)
+                      loop.time(), time.perf_counter() - began, trace.kept, schedule=schedule,
+                      check=None if extra_check is None else check_spec(extra_check),
+                      txns_started=driver.txns_started, fault_kinds=dict(sorted(world.gate.counts.items())))
+
+
+def check_spec(check: ExtraCheck) -> str:
+    """``module:function``, as ``load_check`` finds it again."""
+    return f"{check.__module__}:{check.__qualname__}"
+
+
+def load_check(spec: str) -> ExtraCheck:
+    """The function ``module:function`` names (the module is looked for in the current directory
+    too, so a check in a repository's tests replays from its root as printed)."""
+    module_name, sep, name = spec.partition(":")
+    if not sep or not module_name or not name.isidentifier():
+        raise InvalidArgument(f"--check takes module:function, not {spec!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as missing:
+        if not missing.name or not (module_name + ".").startswith(missing.name + "."):
+            raise  # the check's module is there but imports something that is not
+        if os.getcwd() in sys.path:
+            raise InvalidArgument(f"--check {spec}: no module {module_name!r}") from None
+        sys.path.append(os.getcwd())
+        return load_check(spec)
+    check = getattr(module, name, None)
+    if not callable(check):
+        raise InvalidArgument(f"--check {spec}: {module_name} has no function {name!r}")
+    return check
 
 
 def _shut_down(loop: SimLoop) -> None:
@@ -216,19 +277,20 @@ class _quiet_logs:
         logging.getLogger("asyncio").setLevel(self._asyncio)
 
 
-def _run_one(job: tuple[int, str, bool]) -> SeedResult:
-    seed, profile_name, keep_trace = job
-    result = run_seed(seed, profile_name, keep_trace=keep_trace)
+def _run_one(job: tuple[int, str, bool, Schedule | None, ExtraCheck | None]) -> SeedResult:
+    seed, profile_name, keep_trace, schedule, extra_check = job
+    result = run_seed(seed, profile_name, keep_trace=keep_trace, schedule=schedule, extra_check=extra_check)
     if result.ok:
         result.trace_lines = None  # only failing seeds' traces travel back
     return result
 
 
 def run_many(seeds: Iterable[int], profile_name: str = "default", jobs: int = 1,
-             keep_trace: bool = False) -> Iterator[SeedResult]:
+             keep_trace: bool = False, schedule: Schedule | None = None,
+             extra_check: ExtraCheck | None = None) -> Iterator[SeedResult]:
     """``run_seed`` for each seed, in seed order; ``jobs`` > 1 runs them in that many processes
     (each seed is deterministic on its own, so parallelism changes no result)."""
-    work = [(seed, profile_name, keep_trace) for seed in seeds]
+    work = [(seed, profile_name, keep_trace, schedule, extra_check) for seed in seeds]
     if jobs <= 1:
         yield from map(_run_one, work)
         return
