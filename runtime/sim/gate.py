@@ -6,7 +6,8 @@ therefore draws no random number more or less than the unmasked run: the run sta
 the first fault the gate suppresses, which is what lets a shrinker remove faults one kind or one
 count at a time without reshuffling everything before them. An open gate (no mask, no cap) never
 suppresses anything and writes nothing to the trace, so default runs are byte-identical to runs
-before the gate existed.
+before the gate existed. A cap at or above the number of faults a run had suppresses nothing
+either: lowering it to exactly that number gives the same run.
 """
 
 from __future__ import annotations
