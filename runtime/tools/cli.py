@@ -506,28 +506,55 @@ def sim_command(
     faults: Annotated[str, typer.Option("--faults", help="none, default, heavy or stale-handles")] = "default",
     jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="processes running seeds in parallel")] = 1,
     trace: Annotated[bool, typer.Option("--trace", help="print each failing seed's trace")] = False,
+    schedule: Annotated[str, typer.Option(
+        "--schedule", help="a smaller run of each seed, e.g. 'workers=1,max_txns=40,no=zombie+drop,max_faults=7' "
+                           "(what --shrink prints)")] = "",
+    check: Annotated[str | None, typer.Option(
+        "--check", help="module:function: an extra property of each run's history (a message fails the run)")] = None,
+    shrink: Annotated[bool, typer.Option("--shrink", help="shrink each failing seed to a smaller schedule")] = False,
+    shrink_runs: Annotated[int, typer.Option("--shrink-runs", min=1, help="runs each shrink may make")] = 200,
+    shrink_seconds: Annotated[float, typer.Option("--shrink-seconds", min=0, help="time each shrink may take")] = 300.0,
 ) -> None:
     """Simulate the real actors deterministically, one run per seed, and check every run; prints
-    one line per failing seed with the command that replays it."""
+    one line per failing seed with the command that replays it (and, with --shrink, the smallest
+    schedule found that fails the same way, with the command that replays that)."""
     from raytxn.sim.profiles import PROFILES
-    from raytxn.sim.run import run_many
+    from raytxn.sim.run import SeedResult, load_check, run_many
+    from raytxn.sim.schedule import parse_schedule
+    from raytxn.sim.shrink import shrink as shrink_seed
 
     if faults not in PROFILES:
         console.print(f"[red]--faults must be one of {', '.join(PROFILES)}[/red]")
         raise typer.Exit(2)
+    try:
+        overrides = parse_schedule(schedule)
+        extra_check = None if check is None else load_check(check)
+    except RaytxnError as error:
+        console.print(f"{error}", markup=False, style="red")
+        raise typer.Exit(2) from None
+
+    def failed_line(result: SeedResult) -> str:
+        return (f"seed {result.seed} FAILED: {(result.failure or '').splitlines()[0]}  trace {result.digest[:12]}  "
+                f"replay: {result.replay_command()}")
+
     began = time.perf_counter()
     failing = txns = 0
     injected: dict[str, int] = {}
-    for result in run_many(range(seed, seed + seeds), faults, jobs, keep_trace=trace):
+    for result in run_many(range(seed, seed + seeds), faults, jobs, keep_trace=trace, schedule=overrides,
+                           extra_check=extra_check):
         txns += result.txns
         for kind, count in result.faults.items():
             injected[kind] = injected.get(kind, 0) + count
         if not result.ok:
             failing += 1
-            console.print(f"seed {result.seed} FAILED: {result.failure.splitlines()[0]}  "
-                          f"replay: {result.replay_command()}", markup=False, soft_wrap=True)
+            console.print(failed_line(result), markup=False, soft_wrap=True)
             if trace and result.trace_lines:
                 sys.stdout.write("".join(result.trace_lines))
+            if shrink:
+                shrunk = shrink_seed(result.seed, faults, schedule=overrides, extra_check=extra_check,
+                                     original=result, max_runs=shrink_runs, max_seconds=shrink_seconds)
+                console.print(f"  {shrunk.summary()}", markup=False, soft_wrap=True)
+                console.print(f"  smallest: {failed_line(shrunk.shrunk)}", markup=False, soft_wrap=True)
     elapsed = time.perf_counter() - began
     console.print(f"{seeds} seeds ({faults}), {failing} failing, {seeds / elapsed:.1f} seeds/s, "
                   f"{txns / seeds:.0f} txns/seed, injected: {injected}", markup=False)
