@@ -8,8 +8,12 @@ subscription actor classes, without Ray, on one seeded virtual-time event loop.
 - ``world.py``: the actor processes, crashes, restarts and zombies;
 - ``driver.py``: the workload (producers, fenced transactional producers, consume-transform-produce);
 - ``run.py``: one seed -> a verdict and a trace hash (the same seed gives the same trace);
-- ``profiles.py``: the fault profiles of ``raytxn sim --faults``.
+- ``profiles.py``: the fault profiles of ``raytxn sim --faults``;
+- ``gate.py``: which drawn faults take effect (all, unless a schedule masks or caps them);
+- ``schedule.py``: a smaller run of a seed, as the ``--schedule`` string;
+- ``shrink.py``: the smallest schedule found that still fails the same way (``--shrink``).
 
-``raytxn sim --seeds N [--seed S] [--faults PROFILE] [-j J]`` runs seeds and prints one line per
-failing seed with the command that replays it.
+``raytxn sim --seeds N [--seed S] [--faults PROFILE] [-j J] [--shrink]`` runs seeds and prints one
+line per failing seed with the command that replays it (and, with ``--shrink``, the smallest
+failing run found, with its own).
 """
