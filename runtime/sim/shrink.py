@@ -97,7 +97,7 @@ def removed(shrunk: Schedule, original: Schedule, profile: str, workload: Worklo
     if shrunk.max_faults != original.max_faults and shrunk.max_faults is not None:
         parts.append(f"faults after the first {shrunk.max_faults}")
     if now.max_txns != was.max_txns and now.max_txns is not None:
-        parts.append(f"txns after the first {now.max_txns}")
+        parts.append(f"txns after the first {now.max_txns} attempts to begin one")
     return "; ".join(parts) or "nothing"
 
 
