@@ -337,7 +337,8 @@ class ManagedLedger:
             updated = msgspec.structs.replace(meta, version=meta.version + 1,
                                               ledgers=[*meta.ledgers[:-1], closed, new],
                                               next_ledger_id=new_id + 1)
-            self._meta = await compare_and_set(self.storage, self.stream, updated)
+            self._meta = await compare_and_set(self.storage, self.stream, updated,
+                                               retry_backoff_s=self.config.retry_backoff_s)
         self._current = new
         self._next_entry_id = 0
         self._chunks[new_id] = SortedDict()
@@ -348,6 +349,21 @@ class ManagedLedger:
             await asyncio.shield(self._flusher)
         if self._failure is not None:
             raise self._failure
+
+    async def check_still_writer(self) -> None:
+        """Raise ``Fenced`` if another incarnation opened this stream after this one did.
+
+        A write finds that out by itself (its create collides with the seal). This is for an
+        answer that writes nothing yet vouches for the stream's state - an end acknowledged for a
+        txn this incarnation never saw: a zombie would vouch for data only its successor holds."""
+        if not self.writable:
+            raise InvalidArgument(f"stream {self.stream} is open for reading only")
+        if self._failure is not None:
+            raise self._failure
+        latest = await read_metadata(self.storage, self.stream)
+        if latest is None or latest.incarnation != self._meta.incarnation:
+            raise Fenced(f"stream {self.stream}: incarnation {self._meta.incarnation} was replaced by "
+                         f"{None if latest is None else latest.incarnation}")
 
     # --- metadata updates ------------------------------------------------------------------
 
@@ -363,7 +379,8 @@ class ManagedLedger:
                 else:
                     props[key] = value
             updated = msgspec.structs.replace(self._meta, version=self._meta.version + 1, properties=props)
-            self._meta = await compare_and_set(self.storage, self.stream, updated)
+            self._meta = await compare_and_set(self.storage, self.stream, updated,
+                                               retry_backoff_s=self.config.retry_backoff_s)
 
     async def trim(self, below: Position) -> Position:
         """Delete every entry before ``below`` (clamped to the end of the stream); returns the new
@@ -381,7 +398,8 @@ class ManagedLedger:
             kept = [info for info in meta.ledgers if info not in gone]
             updated = msgspec.structs.replace(meta, version=meta.version + 1, ledgers=kept,
                                               trimmed_below=below)
-            self._meta = await compare_and_set(self.storage, self.stream, updated)
+            self._meta = await compare_and_set(self.storage, self.stream, updated,
+                                               retry_backoff_s=self.config.retry_backoff_s)
         for info in gone:
             self._chunks.pop(info.ledger_id, None)
         await self._delete_ledgers_below(kept[0].ledger_id)
@@ -449,7 +467,8 @@ class ManagedLedger:
             closed = LedgerInfo(current.ledger_id, True, self._next_entry_id - 1, current.created_ms)
             ledgers = [*meta.ledgers[:-1]] + ([closed] if closed.last_entry_id >= 0 else [])
             updated = msgspec.structs.replace(meta, version=meta.version + 1, ledgers=ledgers)
-            self._meta = await compare_and_set(self.storage, self.stream, updated)
+            self._meta = await compare_and_set(self.storage, self.stream, updated,
+                                               retry_backoff_s=self.config.retry_backoff_s)
 
     # --- reading ---------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from raytxn.errors import CorruptLedger, Fenced, MessageTooLarge, PositionTrimmed
+from raytxn.errors import CorruptLedger, Fenced, InvalidArgument, MessageTooLarge, PositionTrimmed
 from raytxn.ids import Position
 from raytxn.ledger import LedgerConfig, ManagedLedger, chunk_path, ledger_prefix
 from raytxn.ledger.metadata import meta_prefix
@@ -139,6 +139,26 @@ def test_zombie_fenced_and_invisible(storage_url: tuple[str, dict]) -> None:
         # metadata writes of the zombie are refused as well
         with pytest.raises(Fenced):
             await zombie.set_properties({"k": b"v"})
+
+    run(go())
+
+
+def test_check_still_writer_tells_a_zombie_that_has_written_nothing_since(storage_url: tuple[str, dict]) -> None:
+    """An answer that writes nothing (a commit of a txn never seen) must not come from a zombie:
+    the check reads the stream's record and fences an incarnation that was replaced."""
+    async def go() -> None:
+        storage = storage_of(storage_url)
+        zombie = await ManagedLedger.open(storage, "t/still")
+        await zombie.append([b"x"])
+        await zombie.check_still_writer()  # nobody else opened it: still the writer
+        successor = await ManagedLedger.open(storage_of(storage_url), "t/still")
+        await successor.set_properties({"k": b"v"})  # its own updates do not fence it
+        await successor.check_still_writer()
+        with pytest.raises(Fenced):
+            await zombie.check_still_writer()
+        reader = await ManagedLedger.open(storage, "t/still", writable=False)
+        with pytest.raises(InvalidArgument):
+            await reader.check_still_writer()
 
     run(go())
 
