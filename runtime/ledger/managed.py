@@ -142,9 +142,11 @@ class ManagedLedger:
             return cls(storage, stream, config, meta or StreamMetadata(), writable=False)
         meta = meta or StreamMetadata()
         ledgers: list[LedgerInfo] = []
+        tombstones = dict(meta.tombstones)
         for info in meta.ledgers:
             if not info.closed:
                 last = await _seal(storage, stream, info.ledger_id)
+                tombstones[info.ledger_id] = last + 1
                 info = LedgerInfo(info.ledger_id, closed=True, last_entry_id=last, created_ms=info.created_ms)
             if info.last_entry_id >= 0:  # empty ledgers hold nothing worth listing
                 ledgers.append(info)
@@ -152,7 +154,8 @@ class ManagedLedger:
         ledgers.append(LedgerInfo(new_id, created_ms=int(time.time() * 1000)))
         new_meta = StreamMetadata(version=meta.version + 1, incarnation=meta.incarnation + 1,
                                   ledgers=ledgers, trimmed_below=meta.trimmed_below,
-                                  next_ledger_id=new_id + 1, properties=dict(meta.properties))
+                                  next_ledger_id=new_id + 1, properties=dict(meta.properties),
+                                  tombstones=tombstones)
         await compare_and_set(storage, stream, new_meta)
         return cls(storage, stream, config, new_meta, writable=True)
 
@@ -426,9 +429,14 @@ class ManagedLedger:
             ids: Iterable[int] = sorted(int(f.rsplit("/", 1)[1]) for f in folders if f.rsplit("/", 1)[1].isdigit())
         else:
             ids = range(self._swept_below, first_kept)
+        tombstones = self._meta.tombstones
         for ledger_id in ids:
             if ledger_id < first_kept:
-                await self.storage.delete(await self.storage.list(ledger_prefix(self.stream, ledger_id)))
+                paths = await self.storage.list(ledger_prefix(self.stream, ledger_id))
+                if ledger_id in tombstones:  # the SEAL that fences a zombie stays (see metadata.py)
+                    seal = chunk_path(self.stream, ledger_id, tombstones[ledger_id])
+                    paths = [path for path in paths if path != seal]
+                await self.storage.delete(paths)
         self._swept_below = first_kept
 
     async def stored_objects(self) -> list[StoredChunk]:

@@ -44,6 +44,12 @@ class StreamMetadata(msgspec.Struct):
     trimmed_below: Position = Position(-1, -1)
     next_ledger_id: int = 0
     properties: dict[str, bytes] = msgspec.field(default_factory=dict)
+    # Ledger id -> entry id of the SEAL a reopening put after a crashed writer's last object.
+    # Trimming that ledger keeps this one object: the crashed writer may live on as a zombie, and
+    # the SEAL is all that makes its next put collide (``Fenced``) instead of landing in a
+    # deleted ledger and being acknowledged to its caller (found by the simulator: a zombie
+    # coordinator logged begins there and handed out a txn id its successor also gave out).
+    tombstones: dict[int, int] = msgspec.field(default_factory=dict)
 
 
 _encoder = msgspec.msgpack.Encoder()

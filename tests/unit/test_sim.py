@@ -226,6 +226,16 @@ def test_regression_seed_zombie_participant_acks_a_commit_it_never_saw(seed: int
     assert result.ok, result.failure
 
 
+# Regression seed of a bug the simulator found (fixed: trimming a ledger a crashed writer left
+# keeps the SEAL its successor put there). A zombie coordinator went on logging begins into its
+# ledger after its successor sealed and then trimmed it (compaction): the SEAL was deleted with
+# the ledger, the zombie's puts landed and it handed out txn 58, which its successor had also
+# handed out, to a second client: one txn id committed by one client and aborted by the other.
+def test_regression_seed_zombie_coordinator_writing_into_a_trimmed_ledger() -> None:
+    result = run_seed(1055, "stale-handles")
+    assert result.ok, result.failure
+
+
 # Regression seeds of a liveness bug the simulator found (fixed: the coordinator drives a
 # refused end again every stalled_end_retry_s). A partition incarnation started while its zombie
 # predecessor wrote a newer snapshot and deleted the one the new incarnation was reading; the
