@@ -19,6 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from raytxn import testing_bugs
+from raytxn.sim.driver import Workload
 from raytxn.sim.run import SeedResult, run_seed
 from raytxn.testing_bugs import reintroduced
 from raytxn.tools.cli import app
@@ -96,3 +97,20 @@ def test_cli_reintroduce() -> None:
     assert replay in found.output
     assert testing_bugs.active() == ()
     assert runner.invoke(app, ["sim", "--reintroduce", "nope", "--seeds", "1"]).exit_code == 2
+
+
+# --- what the new workload found ---------------------------------------------------------------
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "found by the consumer-swap workload with forgotten txns (why that profile runs forget=0): a "
+    "consumer closes while its txn holding a cumulative ack up to m is still open; its successor "
+    "gets the messages after m (those up to m are held by that txn, not deliverable); the open txn "
+    "times out and aborts, which gives back the messages up to m; the successor's cumulative ack of "
+    "a later message, in a txn begun before the abort and acked after it, is accepted and commits, "
+    "so it covers the given-back messages nobody received (seed 2: in-40, in-41, in-44, in-45 held "
+    "by txn(0,13), covered by txn(0,37)'s ack of 0:11). Pulsar's rules (one pending cumulative ack "
+    "per subscription) allow the same; refusing a cumulative ack that covers messages given back "
+    "since the acking consumer's delivery would close it"))
+def test_found_a_cumulative_ack_after_an_abort_covers_the_messages_it_gave_back() -> None:
+    result = run_seed(2, "consumer-swap", workload=Workload(exclusive_turns=True))  # the default forget=0.03
+    assert result.ok, result.failure
