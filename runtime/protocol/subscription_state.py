@@ -28,6 +28,7 @@ from typing import Any
 
 import msgspec
 
+from raytxn import testing_bugs
 from raytxn.errors import CorruptLedger, InvalidArgument, NotAllowed, TransactionConflict
 from raytxn.ids import EARLIEST, Position, TxnID
 from raytxn.protocol.cursor import Cursor, CursorSnapshot, gaps_between, next_position, position_before
@@ -164,7 +165,8 @@ class SubscriptionState:
         to ``next_read`` (unless a rewind went below ``start`` meanwhile). Returns how many
         messages were queued."""
         self.max_read = max(self.max_read, max_read)
-        if self.read_position < start:
+        # (The switch is test-only, off in production: it brings back bug 1149ba3 for the simulator.)
+        if self.read_position < start and not testing_bugs.REINTRODUCED["consumer_swap_loss"]:
             return 0  # rewound below this read meanwhile: its entries are read again, in order
         positions = [position for position, _ in entries]
         gaps = gaps_between(start, positions)
@@ -197,7 +199,9 @@ class SubscriptionState:
         target = max(position, self.cursor.acked_below)
         if target < self.read_position:  # (everything queued was read, so lies below read_position)
             self.read_position = target
-            self.dispatcher.unqueue_from(target)
+            # (The switch is test-only, off in production: it brings back bug 1149ba3 for the simulator.)
+            if not testing_bugs.REINTRODUCED["consumer_swap_loss"]:
+                self.dispatcher.unqueue_from(target)
 
     def dispatch(self) -> list[str]:
         """Hand queued messages to consumers with demand; returns the consumers served."""

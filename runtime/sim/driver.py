@@ -60,6 +60,9 @@ class Workload:
     abort: float = 0.15            # a txn its worker aborts on purpose
     forget: float = 0.03           # a txn its worker leaves open: the coordinator times it out
     refence: float = 0.15          # a tid producer's successor registers mid-txn: the old one is a zombie
+    # Off in the classic profiles (their traces stay as they are); see workloads.py:
+    exclusive_turns: bool = False  # the pipeline's consumers: Exclusive ones taking turns, cumulative acks
+    doomed_topics: int = 0         # topics deleted under the txns that write and ack there
 
 
 @dataclass

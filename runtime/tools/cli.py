@@ -503,22 +503,32 @@ def chaos_command(
 def sim_command(
     seeds: Annotated[int, typer.Option("--seeds", min=1, help="how many seeds to run")] = 100,
     seed: Annotated[int, typer.Option("--seed", help="the first seed")] = 0,
-    faults: Annotated[str, typer.Option("--faults", help="none, default, heavy or stale-handles")] = "default",
+    faults: Annotated[str, typer.Option("--faults", help="none, default, heavy, stale-handles, consumer-swap or "
+                                                         "topic-delete")] = "default",
     jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="processes running seeds in parallel")] = 1,
     trace: Annotated[bool, typer.Option("--trace", help="print each failing seed's trace")] = False,
+    reintroduce: Annotated[list[str] | None, typer.Option(
+        "--reintroduce", help="test only: run with this fixed bug brought back (raytxn.testing_bugs: "
+                              "consumer_swap_loss, deleted_topic_stuck), to see the simulator find it")] = None,
 ) -> None:
     """Simulate the real actors deterministically, one run per seed, and check every run; prints
     one line per failing seed with the command that replays it."""
     from raytxn.sim.profiles import PROFILES
     from raytxn.sim.run import run_many
+    from raytxn.testing_bugs import check_names
 
     if faults not in PROFILES:
         console.print(f"[red]--faults must be one of {', '.join(PROFILES)}[/red]")
         raise typer.Exit(2)
+    try:
+        check_names(reintroduce or [])
+    except ValueError as error:
+        console.print(f"--reintroduce: {error}", style="red", markup=False)
+        raise typer.Exit(2) from None
     began = time.perf_counter()
     failing = txns = 0
     injected: dict[str, int] = {}
-    for result in run_many(range(seed, seed + seeds), faults, jobs, keep_trace=trace):
+    for result in run_many(range(seed, seed + seeds), faults, jobs, keep_trace=trace, reintroduce=reintroduce or ()):
         txns += result.txns
         for kind, count in result.faults.items():
             injected[kind] = injected.get(kind, 0) + count
@@ -529,7 +539,8 @@ def sim_command(
             if trace and result.trace_lines:
                 sys.stdout.write("".join(result.trace_lines))
     elapsed = time.perf_counter() - began
-    console.print(f"{seeds} seeds ({faults}), {failing} failing, {seeds / elapsed:.1f} seeds/s, "
+    bugs = f", reintroduced: {', '.join(reintroduce)}" if reintroduce else ""
+    console.print(f"{seeds} seeds ({faults}{bugs}), {failing} failing, {seeds / elapsed:.1f} seeds/s, "
                   f"{txns / seeds:.0f} txns/seed, injected: {injected}", markup=False)
     if failing:
         raise typer.Exit(1)
