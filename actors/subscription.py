@@ -136,6 +136,9 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
         state.read_position = state.cursor.acked_below
         # An earlier incarnation may have delivered anything readable now; acks of it are allowed.
         state.delivered_through = readable_end
+        # But everything not acked is handed out again by this one, and what an abort gave back
+        # just before the crash reached nobody: a cumulative ack in a txn waits for the re-delivery.
+        state.given_back_from = state.cursor.acked_below
         state.max_read = readable_end
         self.state = state
         self._last_persisted = persisted

@@ -19,7 +19,13 @@ REINTRODUCED: dict[str, bool] = {
     # rewind point in the queue, and a read landing after a rewind queued its entries. An
     # Exclusive successor got later messages first, and its cumulative ack covered messages
     # never delivered to anyone (lost). Read in protocol/subscription_state.py.
+    # Also skips the given-back check below, which came later and alone refuses the successor's
+    # ack too: the switch brings back the subscription as it was before the fix.
     "consumer_swap_loss": False,
+    # Found by the simulator (consumer-swap with forgotten txns): an abort that gave messages back
+    # after a successor consumer got later ones, and the successor's cumulative ack in a txn
+    # covered the given-back messages nobody received. Read in protocol/subscription_state.py.
+    "given_back_cumulative_ack": False,
     # f49da2f: the coordinator retried an end for a participant whose topic (or subscription)
     # was deleted forever: the txn stayed COMMITTING/ABORTING and pinned the low watermark.
     # Read in actors/participants.py.

@@ -45,14 +45,14 @@ PROFILES: dict[str, Profile] = {
     # acks (workloads.py): finds bug 1149ba3 (raytxn.testing_bugs "consumer_swap_loss"). No
     # duplicated calls: a late duplicate of a closed consumer's subscribe would attach it again
     # and hold the Exclusive subscription until its consumer timeout (Ray never delivers a call
-    # twice; the network's duplicates stand for a client's retries, see network.py). Every turn
-    # ends its txn (forget=0): a txn left open by a closed consumer loses inputs today, see
-    # tests/unit/test_sim_bugs.py (test_found_a_cumulative_ack_after_an_abort_...).
+    # twice; the network's duplicates stand for a client's retries, see network.py). Some turns
+    # leave their txn open (forget): its timeout gives messages back after a successor got later
+    # ones (the cumulative-ack loss in tests/unit/test_sim_bugs.py, fixed).
     "consumer-swap": Profile(
         StorageFaults(put_fail=0.01, put_reply_lost=0.005, get_fail=0.01, slow=0.01),
         NetworkFaults(drop=0.01, reply_lost=0.01),
         CrashFaults(mean_interval_s=0.5, zombie=0.25),
-        workload=Workload(exclusive_turns=True, forget=0.0),
+        workload=Workload(exclusive_turns=True),
     ),
     # default's faults and topics deleted under open txns (workloads.py): finds bug f49da2f
     # (raytxn.testing_bugs "deleted_topic_stuck").
