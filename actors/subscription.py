@@ -54,7 +54,7 @@ from raytxn.protocol.subscription_state import (
     decode_persisted,
     encode_persisted,
 )
-from raytxn.protocol.txnlog import EndAction
+from raytxn.protocol.txnlog import EndAction, end_action
 
 FAULT_POINTS = (
     "subscription.before_pending_ack_log",
@@ -136,6 +136,9 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
         state.read_position = state.cursor.acked_below
         # An earlier incarnation may have delivered anything readable now; acks of it are allowed.
         state.delivered_through = readable_end
+        # But everything not acked is handed out again by this one, and what an abort gave back
+        # just before the crash reached nobody: a cumulative ack in a txn waits for the re-delivery.
+        state.given_back_from = state.cursor.acked_below
         state.max_read = readable_end
         self.state = state
         self._last_persisted = persisted
@@ -277,7 +280,15 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
         Idempotent (the coordinator retries until it succeeds)."""
         await self._started()
         async with self._lock:
-            for record in self.state.prepare_end(txn, action, low_watermark):
+            records = self.state.prepare_end(txn, action, low_watermark)
+            if end_action(action) is EndAction.COMMIT and not any(r.txn == txn for r in records):
+                # A commit of a txn this incarnation holds no acks of logs nothing, so nothing
+                # would fence a zombie incarnation that answers it while its successor holds the
+                # acks: they would later be aborted as dangling and their messages delivered and
+                # committed again (found by the simulator, stale-handles seed 24).
+                assert self._ledger is not None
+                await self._write(self._ledger.check_still_writer())
+            for record in records:
                 await self.faults.hit("subscription.before_commit_log", txn=record.txn)
                 await self._log(record)
                 await self.faults.hit("subscription.after_commit_log", txn=record.txn)

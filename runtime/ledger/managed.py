@@ -142,9 +142,11 @@ class ManagedLedger:
             return cls(storage, stream, config, meta or StreamMetadata(), writable=False)
         meta = meta or StreamMetadata()
         ledgers: list[LedgerInfo] = []
+        tombstones = dict(meta.tombstones)
         for info in meta.ledgers:
             if not info.closed:
                 last = await _seal(storage, stream, info.ledger_id)
+                tombstones[info.ledger_id] = last + 1
                 info = LedgerInfo(info.ledger_id, closed=True, last_entry_id=last, created_ms=info.created_ms)
             if info.last_entry_id >= 0:  # empty ledgers hold nothing worth listing
                 ledgers.append(info)
@@ -152,7 +154,8 @@ class ManagedLedger:
         ledgers.append(LedgerInfo(new_id, created_ms=int(time.time() * 1000)))
         new_meta = StreamMetadata(version=meta.version + 1, incarnation=meta.incarnation + 1,
                                   ledgers=ledgers, trimmed_below=meta.trimmed_below,
-                                  next_ledger_id=new_id + 1, properties=dict(meta.properties))
+                                  next_ledger_id=new_id + 1, properties=dict(meta.properties),
+                                  tombstones=tombstones)
         await compare_and_set(storage, stream, new_meta)
         return cls(storage, stream, config, new_meta, writable=True)
 
@@ -337,7 +340,8 @@ class ManagedLedger:
             updated = msgspec.structs.replace(meta, version=meta.version + 1,
                                               ledgers=[*meta.ledgers[:-1], closed, new],
                                               next_ledger_id=new_id + 1)
-            self._meta = await compare_and_set(self.storage, self.stream, updated)
+            self._meta = await compare_and_set(self.storage, self.stream, updated,
+                                               retry_backoff_s=self.config.retry_backoff_s)
         self._current = new
         self._next_entry_id = 0
         self._chunks[new_id] = SortedDict()
@@ -348,6 +352,21 @@ class ManagedLedger:
             await asyncio.shield(self._flusher)
         if self._failure is not None:
             raise self._failure
+
+    async def check_still_writer(self) -> None:
+        """Raise ``Fenced`` if another incarnation opened this stream after this one did.
+
+        A write finds that out by itself (its create collides with the seal). This is for an
+        answer that writes nothing yet vouches for the stream's state - an end acknowledged for a
+        txn this incarnation never saw: a zombie would vouch for data only its successor holds."""
+        if not self.writable:
+            raise InvalidArgument(f"stream {self.stream} is open for reading only")
+        if self._failure is not None:
+            raise self._failure
+        latest = await read_metadata(self.storage, self.stream)
+        if latest is None or latest.incarnation != self._meta.incarnation:
+            raise Fenced(f"stream {self.stream}: incarnation {self._meta.incarnation} was replaced by "
+                         f"{None if latest is None else latest.incarnation}")
 
     # --- metadata updates ------------------------------------------------------------------
 
@@ -363,7 +382,8 @@ class ManagedLedger:
                 else:
                     props[key] = value
             updated = msgspec.structs.replace(self._meta, version=self._meta.version + 1, properties=props)
-            self._meta = await compare_and_set(self.storage, self.stream, updated)
+            self._meta = await compare_and_set(self.storage, self.stream, updated,
+                                               retry_backoff_s=self.config.retry_backoff_s)
 
     async def trim(self, below: Position) -> Position:
         """Delete every entry before ``below`` (clamped to the end of the stream); returns the new
@@ -381,7 +401,8 @@ class ManagedLedger:
             kept = [info for info in meta.ledgers if info not in gone]
             updated = msgspec.structs.replace(meta, version=meta.version + 1, ledgers=kept,
                                               trimmed_below=below)
-            self._meta = await compare_and_set(self.storage, self.stream, updated)
+            self._meta = await compare_and_set(self.storage, self.stream, updated,
+                                               retry_backoff_s=self.config.retry_backoff_s)
         for info in gone:
             self._chunks.pop(info.ledger_id, None)
         await self._delete_ledgers_below(kept[0].ledger_id)
@@ -408,9 +429,14 @@ class ManagedLedger:
             ids: Iterable[int] = sorted(int(f.rsplit("/", 1)[1]) for f in folders if f.rsplit("/", 1)[1].isdigit())
         else:
             ids = range(self._swept_below, first_kept)
+        tombstones = self._meta.tombstones
         for ledger_id in ids:
             if ledger_id < first_kept:
-                await self.storage.delete(await self.storage.list(ledger_prefix(self.stream, ledger_id)))
+                paths = await self.storage.list(ledger_prefix(self.stream, ledger_id))
+                if ledger_id in tombstones:  # the SEAL that fences a zombie stays (see metadata.py)
+                    seal = chunk_path(self.stream, ledger_id, tombstones[ledger_id])
+                    paths = [path for path in paths if path != seal]
+                await self.storage.delete(paths)
         self._swept_below = first_kept
 
     async def stored_objects(self) -> list[StoredChunk]:
@@ -449,7 +475,8 @@ class ManagedLedger:
             closed = LedgerInfo(current.ledger_id, True, self._next_entry_id - 1, current.created_ms)
             ledgers = [*meta.ledgers[:-1]] + ([closed] if closed.last_entry_id >= 0 else [])
             updated = msgspec.structs.replace(meta, version=meta.version + 1, ledgers=ledgers)
-            self._meta = await compare_and_set(self.storage, self.stream, updated)
+            self._meta = await compare_and_set(self.storage, self.stream, updated,
+                                               retry_backoff_s=self.config.retry_backoff_s)
 
     # --- reading ---------------------------------------------------------------------------
 

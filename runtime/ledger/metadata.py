@@ -14,9 +14,11 @@ fenced if anything higher exists.
 
 from __future__ import annotations
 
+import asyncio
+
 import msgspec
 
-from raytxn.errors import CorruptLedger, Fenced
+from raytxn.errors import CorruptLedger, Fenced, StorageUnavailable
 from raytxn.ids import Position
 from raytxn.ledger.framing import FrameKind, decode_frames, encode_frame
 from raytxn.ledger.storage import ObjectExists, Storage
@@ -42,6 +44,12 @@ class StreamMetadata(msgspec.Struct):
     trimmed_below: Position = Position(-1, -1)
     next_ledger_id: int = 0
     properties: dict[str, bytes] = msgspec.field(default_factory=dict)
+    # Ledger id -> entry id of the SEAL a reopening put after a crashed writer's last object.
+    # Trimming that ledger keeps this one object: the crashed writer may live on as a zombie, and
+    # the SEAL is all that makes its next put collide (``Fenced``) instead of landing in a
+    # deleted ledger and being acknowledged to its caller (found by the simulator: a zombie
+    # coordinator logged begins there and handed out a txn id its successor also gave out).
+    tombstones: dict[int, int] = msgspec.field(default_factory=dict)
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -85,20 +93,46 @@ def meta_path_version(path: str) -> int:
     return int(path.rsplit("/", 1)[1])
 
 
-async def compare_and_set(storage: Storage, stream: str, new: StreamMetadata) -> StreamMetadata:
+async def compare_and_set(storage: Storage, stream: str, new: StreamMetadata, *,
+                          retry_backoff_s: tuple[float, float] | None = None) -> StreamMetadata:
     """Store ``new`` as the version after ``new.version - 1``; ``Fenced`` if someone else did.
 
-    The caller builds ``new`` from the record it read, with ``version`` one higher."""
+    The caller builds ``new`` from the record it read, with ``version`` one higher.
+
+    With ``retry_backoff_s`` (the stream's writer, updating its own current version) storage
+    outages are retried here, with the same bytes, until the update lands or is fenced. A retry
+    that finds its version already there with exactly these bytes goes on: that is its own
+    earlier attempt, which landed while its reply was lost (no other writer can build this
+    incarnation's record). Raising instead made the retry find its own version and fence a
+    healthy writer (found by the simulator). A failed cleanup of old versions is left to the next
+    update: it changes nothing that readers see."""
     path = meta_path(stream, new.version)
     data = encode_frame(FrameKind.META, new.version, _encoder.encode(new))
+    delay = retry_backoff_s[0] if retry_backoff_s else 0.0
+    while True:
+        try:
+            return await _create_and_check(storage, stream, new, path, data, mine_if_same=retry_backoff_s is not None)
+        except StorageUnavailable:
+            if retry_backoff_s is None:
+                raise
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, retry_backoff_s[1])
+
+
+async def _create_and_check(storage: Storage, stream: str, new: StreamMetadata, path: str, data: bytes,
+                            mine_if_same: bool) -> StreamMetadata:
     try:
         await storage.create(path, data)
     except ObjectExists as e:
-        raise Fenced(f"stream {stream}: metadata version {new.version} was written by another "
-                     "incarnation") from e
+        if not mine_if_same or await storage.get(path) != data:
+            raise Fenced(f"stream {stream}: metadata version {new.version} was written by another "
+                         "incarnation") from e
     paths = await storage.list(meta_prefix(stream))
     if paths and meta_path_version(paths[-1]) > new.version:
         raise Fenced(f"stream {stream}: metadata moved past version {new.version}")
     stale = [p for p in paths if meta_path_version(p) <= new.version - KEEP_VERSIONS]
-    await storage.delete(stale)
+    try:
+        await storage.delete(stale)
+    except StorageUnavailable:
+        pass
     return new

@@ -341,6 +341,10 @@ class Dispatcher:
                 removed.append(key)
         return removed
 
+    def first_queued(self) -> MessageKey | None:
+        """The lowest message read but not yet handed out (None: nothing queued)."""
+        return self._queue.peekitem(0)[0] if self._queue else None
+
     def unqueue_from(self, position: Position) -> int:
         """Drop the queued (not yet handed out) messages at or after ``position``; returns how
         many. After a rewind to ``position`` they are read again, in order behind the messages

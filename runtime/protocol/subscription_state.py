@@ -28,6 +28,7 @@ from typing import Any
 
 import msgspec
 
+from raytxn import testing_bugs
 from raytxn.errors import CorruptLedger, InvalidArgument, NotAllowed, TransactionConflict
 from raytxn.ids import EARLIEST, Position, TxnID
 from raytxn.protocol.cursor import Cursor, CursorSnapshot, gaps_between, next_position, position_before
@@ -90,6 +91,8 @@ def decode_persisted(data: bytes, where: str = "") -> PersistedCursor:
         raise CorruptLedger(f"undecodable persisted cursor at {where or '?'}: {error}", where) from error
 
 
+_WHOLE_ENTRY = 2**31  # a batch index above any real one: an ack of a whole entry covers all of it
+
 def normalize_ack(ack: AckTuple | Sequence[Any]) -> Ack:
     """An ``Ack``: a whole entry, or one batch index of a batch entry."""
     if not isinstance(ack, tuple | list) or len(ack) != 3 or not isinstance(ack[0], Position):
@@ -131,6 +134,12 @@ class SubscriptionState:
         # Acks in a txn must name delivered messages; the actor raises this at recovery to what
         # an earlier incarnation may have delivered (the partition's readable end).
         self.delivered_through = EARLIEST
+        # The lowest position a rewind gave back (None: none since this incarnation started).
+        # Until what was given back is handed out again, a cumulative ack in a txn may not cover
+        # it: an abort that gave messages back after a successor consumer got later ones let the
+        # successor's cumulative ack cover messages nobody received (found by the simulator's
+        # consumer-swap workload, seed 2).
+        self.given_back_from: Position | None = None
         self.max_read = EARLIEST  # the partition's readable end, as last seen
         self.generation = 0  # seeks so far: consumers drop what they prefetched before a seek
         self._txn_keys: dict[TxnID, list[MessageKey]] = {}  # outstanding messages a txn's acks took
@@ -164,7 +173,8 @@ class SubscriptionState:
         to ``next_read`` (unless a rewind went below ``start`` meanwhile). Returns how many
         messages were queued."""
         self.max_read = max(self.max_read, max_read)
-        if self.read_position < start:
+        # (The switch is test-only, off in production: it brings back bug 1149ba3 for the simulator.)
+        if self.read_position < start and not testing_bugs.REINTRODUCED["consumer_swap_loss"]:
             return 0  # rewound below this read meanwhile: its entries are read again, in order
         positions = [position for position, _ in entries]
         gaps = gaps_between(start, positions)
@@ -197,7 +207,10 @@ class SubscriptionState:
         target = max(position, self.cursor.acked_below)
         if target < self.read_position:  # (everything queued was read, so lies below read_position)
             self.read_position = target
-            self.dispatcher.unqueue_from(target)
+            self.given_back_from = target if self.given_back_from is None else min(self.given_back_from, target)
+            # (The switch is test-only, off in production: it brings back bug 1149ba3 for the simulator.)
+            if not testing_bugs.REINTRODUCED["consumer_swap_loss"]:
+                self.dispatcher.unqueue_from(target)
 
     def dispatch(self) -> list[str]:
         """Hand queued messages to consumers with demand; returns the consumers served."""
@@ -396,7 +409,26 @@ class SubscriptionState:
         self._check_cumulative_allowed()
         if len(normalized) != 1:
             raise InvalidArgument("a cumulative ack names exactly one message")
+        self._check_nothing_given_back_below(txn, normalized[0])
         return self.pending.prepare_ack(txn, AckKind.CUMULATIVE, normalized, delivered, request)
+
+    def _check_nothing_given_back_below(self, txn: TxnID, ack: Ack) -> None:
+        """``NotAllowed`` for a cumulative ack through ``ack`` while messages at or below it that
+        were given back are not handed out again: not read again yet (``read_position`` is at or
+        below its entry), or read and queued. Re-read messages a consumer still holds are not
+        queued again, so they count as handed out (an abort's own consumer may ack them)."""
+        given_back = self.given_back_from
+        if given_back is None or ack.position < given_back:
+            return
+        # (Test-only switches, off in production: they bring back the bugs for the simulator.)
+        if testing_bugs.REINTRODUCED["given_back_cumulative_ack"] or testing_bugs.REINTRODUCED["consumer_swap_loss"]:
+            return
+        first_queued = self.dispatcher.first_queued()
+        through = (ack.position, ack.batch_index if ack.batch_index is not None else _WHOLE_ENTRY)
+        if self.read_position <= ack.position or (first_queued is not None and first_queued <= through):
+            waiting = self.read_position if first_queued is None else min(self.read_position, first_queued[0])
+            raise NotAllowed(f"{txn}: a cumulative ack through {ack.position} covers messages given back from "
+                             f"{waiting} on, not received again yet")
 
     def prepare_end(self, txn: TxnID, action: EndAction | str, low_watermark: int | None) -> list[Record]:
         """The records that end ``txn`` here (none: nothing pending, success), preceded by aborts

@@ -64,6 +64,9 @@ class Workload:
     # the uncapped one up to that txn, then the workload winds down; inputs left untransformed are
     # simply still on the pipeline's subscription, where the final drain finds them).
     max_txns: int | None = None
+    # Off in the classic profiles (their traces stay as they are); see workloads.py:
+    exclusive_turns: bool = False  # the pipeline's consumers: Exclusive ones taking turns, cumulative acks
+    doomed_topics: int = 0         # topics deleted under the txns that write and ack there
 
 
 @dataclass

@@ -1,10 +1,12 @@
 """Fault profiles of ``raytxn sim --faults``: how often storage, the network and processes fail
-while faults are on (the first ``fault_window_s`` of simulated time), before the quiet period."""
+while faults are on (the first ``fault_window_s`` of simulated time), before the quiet period,
+and the workload they run (the driver's default, but for the profiles made for one workload)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from raytxn.sim.driver import Workload
 from raytxn.sim.network import NetworkFaults
 from raytxn.sim.storage import StorageFaults
 from raytxn.sim.world import CrashFaults
@@ -16,6 +18,7 @@ class Profile:
     network: NetworkFaults
     crashes: CrashFaults
     fault_window_s: float = 3.0
+    workload: Workload = field(default_factory=Workload)
 
 
 PROFILES: dict[str, Profile] = {
@@ -37,5 +40,26 @@ PROFILES: dict[str, Profile] = {
         StorageFaults(put_fail=0.01, put_reply_lost=0.005, get_fail=0.01, slow=0.01),
         NetworkFaults(drop=0.01, reply_lost=0.01, duplicate=0.01, stale_handles=True),
         CrashFaults(mean_interval_s=0.5, zombie=0.25),
+    ),
+    # default's faults, the pipeline consumed by Exclusive consumers taking turns with cumulative
+    # acks (workloads.py): finds bug 1149ba3 (raytxn.testing_bugs "consumer_swap_loss"). No
+    # duplicated calls: a late duplicate of a closed consumer's subscribe would attach it again
+    # and hold the Exclusive subscription until its consumer timeout (Ray never delivers a call
+    # twice; the network's duplicates stand for a client's retries, see network.py). Some turns
+    # leave their txn open (forget): its timeout gives messages back after a successor got later
+    # ones (the cumulative-ack loss in tests/unit/test_sim_bugs.py, fixed).
+    "consumer-swap": Profile(
+        StorageFaults(put_fail=0.01, put_reply_lost=0.005, get_fail=0.01, slow=0.01),
+        NetworkFaults(drop=0.01, reply_lost=0.01),
+        CrashFaults(mean_interval_s=0.5, zombie=0.25),
+        workload=Workload(exclusive_turns=True),
+    ),
+    # default's faults and topics deleted under open txns (workloads.py): finds bug f49da2f
+    # (raytxn.testing_bugs "deleted_topic_stuck").
+    "topic-delete": Profile(
+        StorageFaults(put_fail=0.01, put_reply_lost=0.005, get_fail=0.01, slow=0.01),
+        NetworkFaults(drop=0.01, reply_lost=0.01, duplicate=0.01),
+        CrashFaults(mean_interval_s=0.5, zombie=0.25),
+        workload=Workload(doomed_topics=2),
     ),
 }

@@ -6,7 +6,8 @@ up, no drops, no storage errors) and check liveness and safety:
 
 - every transaction ends (no coordinator lists a live one) and each coordinator's low watermark
   reaches its last sequence;
-- every input is transformed by a committed txn, and no partition still holds an ongoing txn;
+- every input is transformed by a committed txn or still in the pipeline subscription's final
+  drain, and no partition still holds an ongoing txn;
 - the history passes the exactly-once checker (DESIGN §7), and the state machines' own
   ``check_invariants`` pass;
 - nothing but raytxn's own errors reached a client, and no actor task died of an unexpected error.
@@ -34,16 +35,19 @@ from raytxn.actors.partition import PartitionBuffer
 from raytxn.actors.subscription import Subscription
 from raytxn.config import CoordinatorConfig, PartitionConfig, SubscriptionConfig
 from raytxn.errors import InvalidArgument
-from raytxn.ids import coordinator_actor_name, partition_actor_name, subscription_actor_name
+from raytxn.ids import SUPERVISOR_NAME, coordinator_actor_name, partition_actor_name, subscription_actor_name
 from raytxn.sim.driver import SUB_PIPE, SUB_VERIFY, TOPIC_IN, TOPIC_OUT, Driver, Workload
 from raytxn.sim.gate import FaultGate
 from raytxn.sim.loop import Deadlock, SimLoop
 from raytxn.sim.profiles import PROFILES, Profile
 from raytxn.sim.schedule import Schedule
+from raytxn.sim.supervisor import CatalogStore, SimSupervisor
 from raytxn.sim.trace import Trace
+from raytxn.sim.workloads import DOOMED_SUB, doomed_topic, doomed_topic_name, exclusive_turns
 from raytxn.sim.world import World
-from raytxn.tools.checker import check
-from raytxn.tools.history import History
+from raytxn.testing_bugs import active, reintroduced
+from raytxn.tools.checker import COMMITTED, UNDECIDED, Report, check
+from raytxn.tools.history import FinalState, History, SendOk, Transformed
 
 MAX_VIRTUAL_S = 600.0       # a run not done by then (virtual time) fails as stuck
 QUIET_WAIT_S = 60.0         # after the faults stop, the time every txn has to end
@@ -71,6 +75,7 @@ class SeedResult:
     txns_started: int = 0        # txns the clients set out to begin (what a schedule's max_txns caps)
     # Faults that took effect per gated kind (gate.py), slow operations included.
     fault_kinds: dict[str, int] = field(default_factory=dict)
+    reintroduced: tuple[str, ...] = ()  # the historical bugs switched on for the run (testing_bugs)
 
     @property
     def ok(self) -> bool:
@@ -82,6 +87,7 @@ class SeedResult:
 
     def replay_command(self) -> str:
         command = f"raytxn sim --seed {self.seed} --seeds 1 --faults {self.profile}"
+        command += "".join(f" --reintroduce {name}" for name in self.reintroduced)
         if self.schedule is not None and str(self.schedule):
             command += f" --schedule '{self.schedule}'"
         if self.check is not None:
@@ -114,7 +120,27 @@ def build_world(loop: SimLoop, rng: random.Random, trace: Trace, profile: Profil
             world.add(subscription_actor_name(topic, p, name),
                       lambda topic=topic, p=p, name=name, **seams: Subscription(
                           topic, p, name, "earliest", config=subscription_config, **seams))
+    if workload.doomed_topics:
+        _add_doomed_topics(world, workload, partition_config, subscription_config)
     return world
+
+
+def _add_doomed_topics(world: World, workload: Workload, partition_config: PartitionConfig,
+                       subscription_config: SubscriptionConfig) -> None:
+    """The topics ``doomed_topic`` deletes (one partition, one subscription each), and the
+    supervisor's catalog that deletes them and tells the coordinators they are gone."""
+    store = CatalogStore()
+    store.add_topic(TOPIC_IN, workload.partitions, [SUB_PIPE])
+    store.add_topic(TOPIC_OUT, workload.partitions, [SUB_VERIFY])
+    world.add(SUPERVISOR_NAME, lambda **seams: SimSupervisor(store, world.remove, **seams))
+    for index in range(workload.doomed_topics):
+        topic = doomed_topic_name(index)
+        store.add_topic(topic, 1, [DOOMED_SUB])
+        world.add(partition_actor_name(topic, 0),
+                  lambda topic=topic, **seams: PartitionBuffer(topic, 0, config=partition_config, **seams))
+        world.add(subscription_actor_name(topic, 0, DOOMED_SUB),
+                  lambda topic=topic, **seams: Subscription(topic, 0, DOOMED_SUB, "earliest",
+                                                            config=subscription_config, **seams))
 
 
 async def _scenario(world: World, driver: Driver, profile: Profile, workload: Workload) -> None:
@@ -123,7 +149,11 @@ async def _scenario(world: World, driver: Driver, profile: Profile, workload: Wo
     nemesis = loop.create_task(world.nemesis(crashable, profile.fault_window_s))
     jobs = [loop.create_task(driver.seed_inputs())]
     jobs += [loop.create_task(driver.tid_producer(i)) for i in range(workload.tid_producers)]
-    jobs += [loop.create_task(driver.worker(i)) for i in range(workload.workers)]
+    if workload.exclusive_turns:
+        jobs += [loop.create_task(exclusive_turns(driver, p)) for p in range(workload.partitions)]
+    else:
+        jobs += [loop.create_task(driver.worker(i)) for i in range(workload.workers)]
+    doomed = [loop.create_task(doomed_topic(driver, i)) for i in range(workload.doomed_topics)]
 
     # Faults run for the profile's window; then the quiet period: every actor up, no faults.
     await asyncio.sleep(profile.fault_window_s)
@@ -136,6 +166,10 @@ async def _scenario(world: World, driver: Driver, profile: Profile, workload: Wo
 
     await asyncio.gather(*jobs)
     deadline = quiet_began + QUIET_WAIT_S
+    if doomed:  # an end that never returns (its txn never ends) is reported as a live txn below
+        done, _ = await asyncio.wait(doomed, timeout=max(0.0, deadline - loop.time()))
+        for task in done:
+            task.result()  # an error the workload met is the verdict, as for the other jobs
     while live := await driver.live_txns():
         if loop.time() > deadline:
             raise Failure(f"liveness: {len(live)} txns still live {QUIET_WAIT_S}s into the quiet period: {live[:5]}")
@@ -174,7 +208,8 @@ def run_seed(seed: int, profile_name: str = "default", workload: Workload | None
     ``schedule`` overrides parts of the profile and workload; ``extra_check`` must be a module-level
     function (its ``module:function`` is part of the replay command)."""
     schedule = schedule or Schedule()
-    profile, workload = schedule.apply(PROFILES[profile_name], workload or Workload())
+    base_profile = PROFILES[profile_name]
+    profile, workload = schedule.apply(base_profile, workload or base_profile.workload)
     began = time.perf_counter()
     loop = SimLoop()
     rng = random.Random(seed)
@@ -211,6 +246,9 @@ def run_seed(seed: int, profile_name: str = "default", workload: Workload | None
         report = check(history, txn_timeout_s=workload.txn_timeout_ms / 1000, stuck_slack_s=STUCK_SLACK_S)
         if not report.clean:
             failure = f"checker found {', '.join(sorted(report.kinds()))}: {report.summary(3)}"
+        elif untransformed := _untransformed_inputs(history, report):
+            failure = (f"lost: {len(untransformed)} inputs consumed but neither transformed by a committed txn "
+                       f"nor left in the drain of {SUB_PIPE}: {untransformed[:5]}")
     if failure is None and extra_check is not None and (broken_property := extra_check(history)) is not None:
         failure = f"extra check: {broken_property}"
     for event in history.events:  # what the workload saw is part of the trace too
@@ -222,7 +260,8 @@ def run_seed(seed: int, profile_name: str = "default", workload: Workload | None
                        "crashes": world.crashes, "zombies": world.zombies},
                       loop.time(), time.perf_counter() - began, trace.kept, schedule=schedule,
                       check=None if extra_check is None else check_spec(extra_check),
-                      txns_started=driver.txns_started, fault_kinds=dict(sorted(world.gate.counts.items())))
+                      txns_started=driver.txns_started, fault_kinds=dict(sorted(world.gate.counts.items())),
+                      reintroduced=active())
 
 
 def check_spec(check: ExtraCheck) -> str:
@@ -251,6 +290,22 @@ def load_check(spec: str) -> ExtraCheck:
     return check
 
 
+def _untransformed_inputs(history: History, report: Report) -> list[str]:
+    """The pipeline's stored inputs that no committed (or undecided) txn transformed and that
+    the final drain of its subscription does not show either: consumed without being processed.
+    The checker cannot see this: a cumulative ack covers every message up to it, received or not."""
+    stored: dict[str, None] = {}
+    done: set[str] = set()
+    for event in history.events:
+        if isinstance(event, SendOk) and event.message_id.topic == TOPIC_IN:
+            stored[event.msg_uid] = None
+        elif isinstance(event, Transformed) and report.txn_outcomes.get(event.txn) in (COMMITTED, UNDECIDED):
+            done.add(event.input_msg_uid)
+        elif isinstance(event, FinalState) and event.subscription == SUB_PIPE:
+            done.update(message.msg_uid for message in event.messages)
+    return [uid for uid in stored if uid not in done]
+
+
 def _shut_down(loop: SimLoop) -> None:
     """Cancel whatever still runs (background timers, zombies) and close the loop."""
     for _ in range(10):
@@ -277,9 +332,10 @@ class _quiet_logs:
         logging.getLogger("asyncio").setLevel(self._asyncio)
 
 
-def _run_one(job: tuple[int, str, bool, Schedule | None, ExtraCheck | None]) -> SeedResult:
-    seed, profile_name, keep_trace, schedule, extra_check = job
-    result = run_seed(seed, profile_name, keep_trace=keep_trace, schedule=schedule, extra_check=extra_check)
+def _run_one(job: tuple[int, str, bool, Schedule | None, ExtraCheck | None, tuple[str, ...]]) -> SeedResult:
+    seed, profile_name, keep_trace, schedule, extra_check, bugs = job
+    with reintroduced(*bugs):  # set here: a worker process does not share the caller's switches
+        result = run_seed(seed, profile_name, keep_trace=keep_trace, schedule=schedule, extra_check=extra_check)
     if result.ok:
         result.trace_lines = None  # only failing seeds' traces travel back
     return result
@@ -287,10 +343,12 @@ def _run_one(job: tuple[int, str, bool, Schedule | None, ExtraCheck | None]) -> 
 
 def run_many(seeds: Iterable[int], profile_name: str = "default", jobs: int = 1,
              keep_trace: bool = False, schedule: Schedule | None = None,
-             extra_check: ExtraCheck | None = None) -> Iterator[SeedResult]:
+             extra_check: ExtraCheck | None = None, reintroduce: Iterable[str] = ()) -> Iterator[SeedResult]:
     """``run_seed`` for each seed, in seed order; ``jobs`` > 1 runs them in that many processes
-    (each seed is deterministic on its own, so parallelism changes no result)."""
-    work = [(seed, profile_name, keep_trace, schedule, extra_check) for seed in seeds]
+    (each seed is deterministic on its own, so parallelism changes no result). ``reintroduce``:
+    test-only bug switches (``raytxn.testing_bugs``) on for these runs, besides those already on."""
+    bugs = tuple(sorted({*active(), *reintroduce}))
+    work = [(seed, profile_name, keep_trace, schedule, extra_check, bugs) for seed in seeds]
     if jobs <= 1:
         yield from map(_run_one, work)
         return

@@ -143,8 +143,8 @@ class World:
     def crash(self, name: str, zombie: bool) -> None:
         """Crash the current incarnation of ``name``; a zombie keeps running beside its successor
         for a while. The gate may turn the crash into a plain one (zombies masked) or suppress it."""
-        process = self._current[name]
-        if not process.alive:
+        process = self._current.get(name)
+        if process is None or not process.alive:  # (None: removed, its topic deleted)
             return
         if zombie and self.gate.is_masked("zombie") and not self.gate.is_masked("crash"):
             zombie = False  # zombies masked, crashes not: the crash is a plain one
@@ -159,6 +159,17 @@ class World:
         self._start(name)
         lifetime = self.rng.uniform(*self.crash_faults.zombie_lifetime_s)
         self.loop.call_later(lifetime, self.kill, process, False)
+
+    def remove(self, names: list[str]) -> None:
+        """End the actors ``names`` for good, as a deletion kills them: calls find no actor of
+        that name from now on (``ActorNotFound``), and neither the nemesis nor the quiet period
+        brings them back. A zombie incarnation lives out its time."""
+        for name in names:
+            self._factories.pop(name, None)
+            process = self._current.pop(name, None)
+            if process is not None:
+                self.trace.add("removed", process.label)
+                self.kill(process, restart=False)
 
     def restart_all_down(self) -> None:
         """Bring every crashed actor back now (the quiet period starts with all of them up)."""

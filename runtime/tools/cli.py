@@ -503,7 +503,8 @@ def chaos_command(
 def sim_command(
     seeds: Annotated[int, typer.Option("--seeds", min=1, help="how many seeds to run")] = 100,
     seed: Annotated[int, typer.Option("--seed", help="the first seed")] = 0,
-    faults: Annotated[str, typer.Option("--faults", help="none, default, heavy or stale-handles")] = "default",
+    faults: Annotated[str, typer.Option("--faults", help="none, default, heavy, stale-handles, consumer-swap or "
+                                                         "topic-delete")] = "default",
     jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="processes running seeds in parallel")] = 1,
     trace: Annotated[bool, typer.Option("--trace", help="print each failing seed's trace")] = False,
     schedule: Annotated[str, typer.Option(
@@ -514,6 +515,9 @@ def sim_command(
     shrink: Annotated[bool, typer.Option("--shrink", help="shrink each failing seed to a smaller schedule")] = False,
     shrink_runs: Annotated[int, typer.Option("--shrink-runs", min=1, help="runs each shrink may make")] = 200,
     shrink_seconds: Annotated[float, typer.Option("--shrink-seconds", min=0, help="time each shrink may take")] = 300.0,
+    reintroduce: Annotated[list[str] | None, typer.Option(
+        "--reintroduce", help="test only: run with this fixed bug brought back (a name in "
+                              "raytxn.testing_bugs), to see the simulator find it")] = None,
 ) -> None:
     """Simulate the real actors deterministically, one run per seed, and check every run; prints
     one line per failing seed with the command that replays it (and, with --shrink, the smallest
@@ -522,10 +526,16 @@ def sim_command(
     from raytxn.sim.run import SeedResult, load_check, run_many
     from raytxn.sim.schedule import parse_schedule
     from raytxn.sim.shrink import shrink as shrink_seed
+    from raytxn.testing_bugs import check_names, reintroduced
 
     if faults not in PROFILES:
         console.print(f"[red]--faults must be one of {', '.join(PROFILES)}[/red]")
         raise typer.Exit(2)
+    try:
+        check_names(reintroduce or [])
+    except ValueError as error:
+        console.print(f"--reintroduce: {error}", style="red", markup=False)
+        raise typer.Exit(2) from None
     try:
         overrides = parse_schedule(schedule)
         extra_check = None if check is None else load_check(check)
@@ -541,7 +551,7 @@ def sim_command(
     failing = txns = 0
     injected: dict[str, int] = {}
     for result in run_many(range(seed, seed + seeds), faults, jobs, keep_trace=trace, schedule=overrides,
-                           extra_check=extra_check):
+                           extra_check=extra_check, reintroduce=reintroduce or ()):
         txns += result.txns
         for kind, count in result.faults.items():
             injected[kind] = injected.get(kind, 0) + count
@@ -551,12 +561,14 @@ def sim_command(
             if trace and result.trace_lines:
                 sys.stdout.write("".join(result.trace_lines))
             if shrink:
-                shrunk = shrink_seed(result.seed, faults, schedule=overrides, extra_check=extra_check,
-                                     original=result, max_runs=shrink_runs, max_seconds=shrink_seconds)
+                with reintroduced(*(reintroduce or ())):  # the shrink's runs are in this process
+                    shrunk = shrink_seed(result.seed, faults, schedule=overrides, extra_check=extra_check,
+                                         original=result, max_runs=shrink_runs, max_seconds=shrink_seconds)
                 console.print(f"  {shrunk.summary()}", markup=False, soft_wrap=True)
                 console.print(f"  smallest: {failed_line(shrunk.shrunk)}", markup=False, soft_wrap=True)
     elapsed = time.perf_counter() - began
-    console.print(f"{seeds} seeds ({faults}), {failing} failing, {seeds / elapsed:.1f} seeds/s, "
+    bugs = f", reintroduced: {', '.join(reintroduce)}" if reintroduce else ""
+    console.print(f"{seeds} seeds ({faults}{bugs}), {failing} failing, {seeds / elapsed:.1f} seeds/s, "
                   f"{txns / seeds:.0f} txns/seed, injected: {injected}", markup=False)
     if failing:
         raise typer.Exit(1)

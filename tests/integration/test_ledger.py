@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from raytxn.errors import CorruptLedger, Fenced, MessageTooLarge, PositionTrimmed
+from raytxn.errors import CorruptLedger, Fenced, InvalidArgument, MessageTooLarge, PositionTrimmed
 from raytxn.ids import Position
 from raytxn.ledger import LedgerConfig, ManagedLedger, chunk_path, ledger_prefix
 from raytxn.ledger.metadata import meta_prefix
@@ -139,6 +139,54 @@ def test_zombie_fenced_and_invisible(storage_url: tuple[str, dict]) -> None:
         # metadata writes of the zombie are refused as well
         with pytest.raises(Fenced):
             await zombie.set_properties({"k": b"v"})
+
+    run(go())
+
+
+def test_a_zombie_stays_fenced_after_its_ledger_is_trimmed(storage_url: tuple[str, dict]) -> None:
+    """Trimming the ledger a crashed writer left keeps the SEAL its successor put there: without
+    it the zombie's next put landed in the deleted ledger and was acknowledged (the simulator found
+    a zombie coordinator handing out a txn id its successor also gave out)."""
+    async def go() -> None:
+        storage = storage_of(storage_url)
+        zombie = await ManagedLedger.open(storage, "t/tomb")
+        for i in range(3):
+            await zombie.append([f"old{i}".encode()])
+        successor = await ManagedLedger.open(storage_of(storage_url), "t/tomb")
+        zombie_ledger = zombie.current_ledger_id
+        assert successor.current_ledger_id != zombie_ledger
+        last = await successor.append([b"new0"])
+        assert await successor.trim(Position(last.ledger_id, last.entry_id)) > Position(zombie_ledger, 3)
+        left = await storage.list(ledger_prefix("t/tomb", zombie_ledger))
+        assert left == [chunk_path("t/tomb", zombie_ledger, 3)]  # only the SEAL: the entries went
+        with pytest.raises(Fenced):
+            await zombie.append([b"from the zombie"])
+        assert [e.records for e in await successor.read(Position(last.ledger_id, 0))] == [[b"new0"]]
+        # a successor of the successor trims again: the tombstone is still kept
+        third = await ManagedLedger.open(storage_of(storage_url), "t/tomb")
+        last = await third.append([b"third"])
+        await third.trim(last)
+        assert await storage.list(ledger_prefix("t/tomb", zombie_ledger)) == left
+
+    run(go())
+
+
+def test_check_still_writer_tells_a_zombie_that_has_written_nothing_since(storage_url: tuple[str, dict]) -> None:
+    """An answer that writes nothing (a commit of a txn never seen) must not come from a zombie:
+    the check reads the stream's record and fences an incarnation that was replaced."""
+    async def go() -> None:
+        storage = storage_of(storage_url)
+        zombie = await ManagedLedger.open(storage, "t/still")
+        await zombie.append([b"x"])
+        await zombie.check_still_writer()  # nobody else opened it: still the writer
+        successor = await ManagedLedger.open(storage_of(storage_url), "t/still")
+        await successor.set_properties({"k": b"v"})  # its own updates do not fence it
+        await successor.check_still_writer()
+        with pytest.raises(Fenced):
+            await zombie.check_still_writer()
+        reader = await ManagedLedger.open(storage, "t/still", writable=False)
+        with pytest.raises(InvalidArgument):
+            await reader.check_still_writer()
 
     run(go())
 

@@ -141,7 +141,7 @@ def test_a_capped_or_masked_run_is_the_original_up_to_the_first_suppressed_fault
     other = run_seed(5, PROFILE, keep_trace=True, schedule=reduced)
     assert plain.trace_lines is not None and other.trace_lines is not None
     first = next(i for i, line in enumerate(other.trace_lines) if " fault_suppressed " in line)
-    assert first > 100
+    assert first > 20  # a real common prefix (the kinds masked or capped fire well into the run)
     assert other.trace_lines[:first] == plain.trace_lines[:first]
     assert other.digest != plain.digest
     if schedule == "cap":

@@ -1,0 +1,59 @@
+"""Test-only switches that bring back bugs this project fixed, so that the deterministic simulator
+(``raytxn.sim``) can show it finds them: tests/unit/test_sim_bugs.py, and
+``raytxn sim --faults PROFILE --reintroduce NAME``.
+
+Each switch names one historical fix. The engine reads it at the place of that fix and, only when
+it is on, does what it did before the fix. Every switch is off unless ``reintroduced`` turns it on
+for a block (tests, the simulator's command); nothing in the engine or the client ever sets one,
+so production code always runs the fixed path. Plain module state with no imports of the engine:
+the pure protocol layer may read it (a dict lookup; no I/O, no clock).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+REINTRODUCED: dict[str, bool] = {
+    # 1149ba3: a rewind (a consumer closed, a negative ack) left the queued messages from the
+    # rewind point in the queue, and a read landing after a rewind queued its entries. An
+    # Exclusive successor got later messages first, and its cumulative ack covered messages
+    # never delivered to anyone (lost). Read in protocol/subscription_state.py.
+    # Also skips the given-back check below, which came later and alone refuses the successor's
+    # ack too: the switch brings back the subscription as it was before the fix.
+    "consumer_swap_loss": False,
+    # Found by the simulator (consumer-swap with forgotten txns): an abort that gave messages back
+    # after a successor consumer got later ones, and the successor's cumulative ack in a txn
+    # covered the given-back messages nobody received. Read in protocol/subscription_state.py.
+    "given_back_cumulative_ack": False,
+    # f49da2f: the coordinator retried an end for a participant whose topic (or subscription)
+    # was deleted forever: the txn stayed COMMITTING/ABORTING and pinned the low watermark.
+    # Read in actors/participants.py.
+    "deleted_topic_stuck": False,
+}
+
+
+def active() -> tuple[str, ...]:
+    """The names of the switches that are on, sorted."""
+    return tuple(sorted(name for name, on in REINTRODUCED.items() if on))
+
+
+def check_names(names: tuple[str, ...] | list[str]) -> None:
+    """``ValueError`` for a name that is no switch (a typo must not run the fixed engine silently)."""
+    unknown = [name for name in names if name not in REINTRODUCED]
+    if unknown:
+        raise ValueError(f"no reintroducible bug named {', '.join(unknown)}; known: {', '.join(REINTRODUCED)}")
+
+
+@contextmanager
+def reintroduced(*names: str) -> Iterator[None]:
+    """Turn the switches ``names`` on for the block; every switch is as before afterwards, also
+    when the block raises."""
+    check_names(names)
+    saved = dict(REINTRODUCED)
+    try:
+        for name in names:
+            REINTRODUCED[name] = True
+        yield
+    finally:
+        REINTRODUCED.update(saved)
