@@ -192,7 +192,7 @@ def shrink(seed: int, profile: str, *, workload: Workload | None = None, schedul
     and ``max_seconds``; the result's ``shrunk.replay_command()`` replays the smallest run found
     (the command line runs the default ``Workload``: with another, replay through ``run_seed``)."""
     began = time.perf_counter()
-    workload = workload or Workload()
+    workload = workload or PROFILES[profile].workload  # (a profile made for one workload runs that one)
     if original is None:
         original = run_seed(seed, profile, workload, schedule=schedule, extra_check=extra_check)
     if original.failure is None:

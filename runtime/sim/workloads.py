@@ -57,7 +57,7 @@ async def exclusive_turns(d: Driver, partition: int) -> None:
     ref = d._subscription(TOPIC_IN, partition, SUB_PIPE)
     coordinators = d.coordinator_client(f"owner-turns-{partition}")
     turn = 0
-    while not d.workers_done():
+    while not d.workers_done() and not d._txn_cap_reached():
         turn += 1
         consumer = f"x{partition}.{turn}"
         try:
@@ -111,6 +111,8 @@ async def _transform_cumulatively(d: Driver, ref: Any, coordinators: Coordinator
                                   partition: int, taken: list[Taken]) -> None:
     """One txn: an output per input taken, and one cumulative ack of the last of them."""
     out_partition = d.rng.randrange(d.w.partitions)
+    if not d._may_begin():  # a shrunk schedule's cap: closing the consumer gives them back
+        return
     try:
         txn = await coordinators.begin_txn_async(d.w.txn_timeout_ms, [(TOPIC_OUT, out_partition)],
                                                  [(TOPIC_IN, partition, SUB_PIPE)])
@@ -157,6 +159,8 @@ async def doomed_topic(d: Driver, index: int) -> None:
     txns = []
     for n in range(d.rng.randint(1, MAX_DOOMED_TXNS)):
         out_partition = d.rng.randrange(d.w.partitions)
+        if not d._may_begin():  # a shrunk schedule's cap
+            break
         try:
             txn = await coordinators.begin_txn_async(d.w.txn_timeout_ms, [(TOPIC_OUT, out_partition), (topic, 0)],
                                                      [(topic, 0, DOOMED_SUB)])

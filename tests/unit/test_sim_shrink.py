@@ -25,6 +25,7 @@ from raytxn.errors import InvalidArgument
 from raytxn.sim.run import check_spec, run_seed
 from raytxn.sim.schedule import KINDS, Schedule, format_schedule, parse_schedule
 from raytxn.sim.shrink import ShrinkResult, failure_kind, shrink, size
+from raytxn.testing_bugs import reintroduced
 from raytxn.tools.cli import app
 from raytxn.tools.history import Acked, History, Reset, TxnEnded
 
@@ -198,3 +199,20 @@ def test_shrinking_a_passing_seed_and_bad_options_are_refused() -> None:
                        (["--check", "tests.unit.test_sim_shrink:missing"], "has no function 'missing'")):
         result = CliRunner().invoke(app, ["sim", "--seeds", "1", *args])
         assert result.exit_code == 2 and says in result.output, result.output
+
+
+def test_a_reintroduced_bug_of_a_profile_with_its_own_workload_shrinks_to_a_few_txns() -> None:
+    """consumer-swap runs its own workload (Exclusive consumers taking turns): the shrink searches
+    that workload, not the default one, and with the bug brought back (1149ba3) finds a run of a
+    few txns and no faults that still loses inputs, and whose printed command replays it."""
+    with reintroduced("consumer_swap_loss"):
+        result = shrink(0, "consumer-swap", max_runs=60)
+    after = result.shrunk
+    assert after.failure is not None and failure_kind(after.failure) == failure_kind(result.original.failure or "")
+    assert after.failure.startswith("lost: ")
+    assert after.txns <= 20 < result.original.txns and after.fault_total < result.original.fault_total
+    command = after.replay_command()
+    assert " --reintroduce consumer_swap_loss --schedule " in command
+    replayed = CliRunner().invoke(app, shlex.split(command)[1:])
+    assert replayed.exit_code == 1, replayed.output
+    assert f"trace {after.digest[:12]}" in replayed.output
