@@ -121,6 +121,7 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
         else:  # a new subscription: earliest, or everything up to now counts as acked
             cursor = Cursor() if self.initial_position == "earliest" else Cursor(readable_end)
         state = SubscriptionState(self.partition, cursor, self.config.max_index_lag)
+        state.given_back = None if persisted is None else persisted.given_back
         state.leases = LeaseTable(first_id=ledger.incarnation << 32)  # ids never repeat across restarts
         included = persisted.log_position if persisted is not None else EARLIEST
         replayed = 0
@@ -136,9 +137,10 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
         state.read_position = state.cursor.acked_below
         # An earlier incarnation may have delivered anything readable now; acks of it are allowed.
         state.delivered_through = readable_end
-        # But everything not acked is handed out again by this one, and what an abort gave back
-        # just before the crash reached nobody: a cumulative ack in a txn waits for the re-delivery.
-        state.given_back_from = state.cursor.acked_below
+        # What was given back and maybe not handed out again (as persisted, and by the replayed
+        # aborts) reaches up to anything an earlier incarnation may have delivered.
+        if state.given_back is not None:
+            state.given_back = (state.given_back[0], max(state.given_back[1], readable_end))
         state.max_read = readable_end
         self.state = state
         self._last_persisted = persisted

@@ -74,6 +74,7 @@ class PersistedCursor(msgspec.Struct, frozen=True):
 
     cursor: CursorSnapshot
     log_position: Position = EARLIEST
+    given_back: tuple[Position, Position] | None = None  # SubscriptionState.given_back, when taken
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -134,12 +135,13 @@ class SubscriptionState:
         # Acks in a txn must name delivered messages; the actor raises this at recovery to what
         # an earlier incarnation may have delivered (the partition's readable end).
         self.delivered_through = EARLIEST
-        # The lowest position a rewind gave back (None: none since this incarnation started).
-        # Until what was given back is handed out again, a cumulative ack in a txn may not cover
-        # it: an abort that gave messages back after a successor consumer got later ones let the
-        # successor's cumulative ack cover messages nobody received (found by the simulator's
-        # consumer-swap workload, seed 2).
-        self.given_back_from: Position | None = None
+        # ``(first, last)``: messages in this range were given back (an abort, a closed consumer)
+        # and may not all be handed out again yet (None: nothing is). Until they are, a cumulative
+        # ack in a txn may not cover them: an abort that gave messages back after a successor
+        # consumer got later ones let the successor's cumulative ack cover messages nobody
+        # received (found by the simulator's consumer-swap workload). Persisted with the cursor,
+        # so a restart right after the abort does not forget it.
+        self.given_back: tuple[Position, Position] | None = None
         self.max_read = EARLIEST  # the partition's readable end, as last seen
         self.generation = 0  # seeks so far: consumers drop what they prefetched before a seek
         self._txn_keys: dict[TxnID, list[MessageKey]] = {}  # outstanding messages a txn's acks took
@@ -198,23 +200,44 @@ class SubscriptionState:
             self.read_position = max(start, next_read)
         return queued
 
-    def rewind(self, position: Position) -> None:
+    def rewind(self, position: Position, note_given_back: bool = True) -> None:
         """Messages from ``position`` on may be deliverable again: read from there next.
 
         Queued messages from there on are dropped and read again too: were they handed out
         first, an Exclusive or Failover consumer would see a later message before the ones
         given back, and its cumulative ack would cover messages it never received."""
         target = max(position, self.cursor.acked_below)
+        if note_given_back:
+            self._note_given_back(target)
         if target < self.read_position:  # (everything queued was read, so lies below read_position)
             self.read_position = target
-            self.given_back_from = target if self.given_back_from is None else min(self.given_back_from, target)
             # (The switch is test-only, off in production: it brings back bug 1149ba3 for the simulator.)
             if not testing_bugs.REINTRODUCED["consumer_swap_loss"]:
                 self.dispatcher.unqueue_from(target)
 
+    def _note_given_back(self, first: Position) -> None:
+        """Messages from ``first`` up to what was delivered are given back. (On replay,
+        ``delivered_through`` is not known yet: the actor widens the range after it.)"""
+        last = max(self.delivered_through, first)
+        if self.given_back is not None:
+            first, last = min(first, self.given_back[0]), max(last, self.given_back[1])
+        self.given_back = (first, last)
+
+    def _forget_given_back_once_handed_out(self) -> None:
+        """Everything given back is acked, or was read again and left the queue (handed out, or
+        skipped as held by a consumer or a txn): cumulative acks are free again."""
+        if self.given_back is None:
+            return
+        last = self.given_back[1]
+        first_queued = self.dispatcher.first_queued()
+        if self.cursor.acked_below > last or (
+                self.read_position > last and (first_queued is None or first_queued[0] > last)):
+            self.given_back = None
+
     def dispatch(self) -> list[str]:
         """Hand queued messages to consumers with demand; returns the consumers served."""
         served = self.dispatcher.dispatch(self._settled)
+        self._forget_given_back_once_handed_out()
         if self.dispatcher.max_dispatched is not None and self.dispatcher.max_dispatched > self.delivered_through:
             self.delivered_through = self.dispatcher.max_dispatched
         return served
@@ -409,16 +432,17 @@ class SubscriptionState:
         self._check_cumulative_allowed()
         if len(normalized) != 1:
             raise InvalidArgument("a cumulative ack names exactly one message")
-        self._check_nothing_given_back_below(txn, normalized[0])
-        return self.pending.prepare_ack(txn, AckKind.CUMULATIVE, normalized, delivered, request)
+        record = self.pending.prepare_ack(txn, AckKind.CUMULATIVE, normalized, delivered, request)
+        if record is not None:  # (None: a retry of a logged call, or held already: nothing new)
+            self._check_nothing_given_back_below(txn, normalized[0])
+        return record
 
     def _check_nothing_given_back_below(self, txn: TxnID, ack: Ack) -> None:
         """``NotAllowed`` for a cumulative ack through ``ack`` while messages at or below it that
         were given back are not handed out again: not read again yet (``read_position`` is at or
         below its entry), or read and queued. Re-read messages a consumer still holds are not
         queued again, so they count as handed out (an abort's own consumer may ack them)."""
-        given_back = self.given_back_from
-        if given_back is None or ack.position < given_back:
+        if self.given_back is None or ack.position < self.given_back[0]:
             return
         # (Test-only switches, off in production: they bring back the bugs for the simulator.)
         if testing_bugs.REINTRODUCED["given_back_cumulative_ack"] or testing_bugs.REINTRODUCED["consumer_swap_loss"]:
@@ -462,10 +486,11 @@ class SubscriptionState:
             self.leases.on_txn_end(record.txn)
             self.dispatcher.count_redelivery(self._txn_keys.pop(record.txn, ()))
             assert redelivery is not None
+            # (An abort the persisted cursor includes: its give-back is in that form already.)
             if redelivery.messages:
-                self.rewind(redelivery.messages[0][0])
+                self.rewind(redelivery.messages[0][0], note_given_back=not in_cursor_snapshot)
             if redelivery.cumulative_through is not None:
-                self.rewind(self.cursor.acked_below)
+                self.rewind(self.cursor.acked_below, note_given_back=not in_cursor_snapshot)
 
     # --- leases (the bulk path, see ``lease.py``) -----------------------------------------------
 
@@ -492,6 +517,11 @@ class SubscriptionState:
         lease = self.leases.grant(holder, epoch, *planned, plan.aborted, now_ms, timeout_ms,
                                   spans=ledger_spans(plan, *planned))
         self.delivered_through = max(self.delivered_through, lease.end)  # its end may now be acked in a txn
+        if self.given_back is not None:
+            # A lease starts at the first message neither acked nor held (``lease_start``) and is
+            # handed out whole: every given-back message up to its end is handed out again.
+            last = self.given_back[1]
+            self.given_back = None if lease.end >= last else (next_position(lease.end), last)
         return lease
 
     def prepare_lease_ack(self, lease_id: int, holder: str, epoch: int, txn: TxnID,
@@ -521,7 +551,7 @@ class SubscriptionState:
     # --- durability --------------------------------------------------------------------------
 
     def persisted_form(self) -> PersistedCursor:
-        return PersistedCursor(self.cursor.snapshot(), self.applied_log_position)
+        return PersistedCursor(self.cursor.snapshot(), self.applied_log_position, self.given_back)
 
     def trim_point(self, persisted: PersistedCursor) -> Position | None:
         """The pending-ack log entry up to which (inclusive) the log may be deleted, given the
