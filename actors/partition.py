@@ -271,11 +271,11 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
         dangling txns at or below the watermark). Idempotent."""
         await self._started()
         decision = self.buffer.prepare_end(txn, action, low_watermark)
-        if decision.action is EndAction.COMMIT and not decision.write_marker:
-            # A commit of a txn this incarnation never saw writes nothing here, so nothing would
-            # fence a zombie incarnation that answers it while its successor holds the txn's
-            # data: the coordinator would count this partition done and the data would later be
-            # aborted as dangling (found by the simulator, stale-handles seed 4).
+        if not decision.write_marker:
+            # An end of a txn this incarnation never saw (or ended) writes nothing here, so
+            # nothing would fence a zombie incarnation that answers it while its successor holds
+            # the txn's data: the coordinator would count this partition done, and a commit's
+            # data would later be aborted as dangling (simulator, stale-handles seed 4).
             assert self._ledger is not None
             await self._write(self._ledger.check_still_writer())
         await self._write_markers(decision)

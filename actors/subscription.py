@@ -54,7 +54,7 @@ from raytxn.protocol.subscription_state import (
     decode_persisted,
     encode_persisted,
 )
-from raytxn.protocol.txnlog import EndAction, end_action
+from raytxn.protocol.txnlog import EndAction
 
 FAULT_POINTS = (
     "subscription.before_pending_ack_log",
@@ -283,11 +283,13 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
         await self._started()
         async with self._lock:
             records = self.state.prepare_end(txn, action, low_watermark)
-            if end_action(action) is EndAction.COMMIT and not any(r.txn == txn for r in records):
-                # A commit of a txn this incarnation holds no acks of logs nothing, so nothing
-                # would fence a zombie incarnation that answers it while its successor holds the
-                # acks: they would later be aborted as dangling and their messages delivered and
-                # committed again (found by the simulator, stale-handles seed 24).
+            if not any(r.txn == txn for r in records):
+                # An end of a txn this incarnation holds no acks of logs nothing, so nothing would
+                # fence a zombie incarnation that answers it while its successor holds the acks.
+                # A commit's acks would later be aborted as dangling, their messages delivered and
+                # committed again (simulator, stale-handles seed 24); an abort's would stay pending
+                # until some later end brings a watermark past them, their messages held back from
+                # every consumer meanwhile (stale-handles seed 21087: for good, in that run).
                 assert self._ledger is not None
                 await self._write(self._ledger.check_still_writer())
             for record in records:

@@ -230,6 +230,16 @@ def test_regression_seed_zombie_participant_acks_a_commit_it_never_saw(seed: int
     assert result.ok, result.failure
 
 
+# Regression seeds of the same hole on the abort side (fixed: the check covers every end that
+# writes nothing). A zombie subscription answered an ABORT of a txn whose acks its successor held;
+# the acks stayed pending at the successor, so their messages went to nobody (one hour-long run,
+# stale-handles seeds 21087 and 21675: an acknowledged input neither consumed nor drained).
+@pytest.mark.parametrize("seed", [21087, 21675])
+def test_regression_seed_zombie_subscription_acks_an_abort_it_holds_nothing_of(seed: int) -> None:
+    result = run_seed(seed, "stale-handles")
+    assert result.ok, result.failure
+
+
 # Regression seed of a bug the simulator found (fixed: trimming a ledger a crashed writer left
 # keeps the SEAL its successor put there). A zombie coordinator went on logging begins into its
 # ledger after its successor sealed and then trimmed it (compaction): the SEAL was deleted with
