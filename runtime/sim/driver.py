@@ -365,23 +365,35 @@ class Driver:
         if not await self.append(f"w-{consumer}", TOPIC_OUT, out_partition, [out_uid], txn):
             # As the client's transaction: a failed send makes it ABORT_ONLY (commit aborts it).
             machine.transition_to(TxnClientState.ABORT_ONLY, cause=RuntimeError("send failed"), if_allowed=True)
-        self._requests += 1
         self.history.ack(consumer, SUB_PIPE, mid, txn, self.now())
+        await self.ack_in_txn(self._subscription(TOPIC_IN, partition, SUB_PIPE), consumer, mid, batch_size,
+                              False, txn, machine)
+        self.history.consume_transform_produce(uid, [out_uid], txn, subscription=SUB_PIPE, t=self.now())
+        if await self.finish(txn, machine, coordinators):
+            self.transformed.add(uid)
+
+    async def ack_in_txn(self, ref: Any, consumer: str, mid: MessageId, batch_size: int, cumulative: bool,
+                         txn: TxnID, machine: TxnStateMachine) -> None:
+        """One ack call in ``txn``, with a request id (retries of it are safe); a refused or
+        unanswered one leaves the txn unable to commit, as the client's transaction does."""
+        self._requests += 1
         try:
-            await self._subscription(TOPIC_IN, partition, SUB_PIPE).call_async(
-                "ack", consumer, [(Position(mid.ledger_id, mid.entry_id), mid.batch_index, batch_size)], False,
-                txn, deadline_s=CALL_DEADLINE_S, request_id=f"{consumer}-{self._requests}", ranges=None)
+            ack = (Position(mid.ledger_id, mid.entry_id), mid.batch_index, batch_size)
+            await ref.call_async("ack", consumer, [ack], cumulative, txn, deadline_s=CALL_DEADLINE_S,
+                                 request_id=f"{consumer}-{self._requests}", ranges=None)
         except Exception as error:  # noqa: BLE001 - conflict or away: the txn cannot commit
             self._unexpected(f"ack {txn}", error)
             self.counts.error(error)
             machine.transition_to(TxnClientState.ABORT_ONLY, cause=error, if_allowed=True)
-        self.history.consume_transform_produce(uid, [out_uid], txn, subscription=SUB_PIPE, t=self.now())
+
+    async def finish(self, txn: TxnID, machine: TxnStateMachine, coordinators: CoordinatorClient) -> bool:
+        """Leave ``txn`` open now and then (``forget``: its timeout ends it), else end it,
+        aborting it now and then on purpose; True when it committed."""
         if self.rng.random() < self.w.forget:
             self._trace("forgotten", str(txn))
-            return  # never ended by its client: the coordinator times it out
+            return False  # never ended by its client: the coordinator times it out
         await self.end(txn, machine, self.rng.random() >= self.w.abort, coordinators)
-        if machine.state is TxnClientState.COMMITTED:
-            self.transformed.add(uid)
+        return machine.state is TxnClientState.COMMITTED
 
     async def _give_back(self, consumer: str, partition: int, mid: MessageId) -> None:
         try:

@@ -125,23 +125,11 @@ async def _transform_cumulatively(d: Driver, ref: Any, coordinators: Coordinator
     if not await d.append(f"w-{consumer}", TOPIC_OUT, out_partition, outputs, txn):
         machine.transition_to(TxnClientState.ABORT_ONLY, cause=RuntimeError("send failed"), if_allowed=True)
     last, _, batch_size, _ = taken[-1]
-    d._requests += 1
     d.history.ack(consumer, SUB_PIPE, last, txn, d.now(), cumulative=True)
-    try:
-        await ref.call_async("ack", consumer, [(Position(last.ledger_id, last.entry_id), last.batch_index, batch_size)],
-                             True, txn, deadline_s=CALL_DEADLINE_S, request_id=f"{consumer}-{d._requests}",
-                             ranges=None)
-    except Exception as error:  # noqa: BLE001 - conflict or away: the txn cannot commit
-        d._unexpected(f"ack {txn}", error)
-        d.counts.error(error)
-        machine.transition_to(TxnClientState.ABORT_ONLY, cause=error, if_allowed=True)
+    await d.ack_in_txn(ref, consumer, last, batch_size, True, txn, machine)
     for (_, uid, _, _), output in zip(taken, outputs, strict=True):
         d.history.consume_transform_produce(uid, [output], txn, subscription=SUB_PIPE, t=d.now())
-    if d.rng.random() < d.w.forget:
-        d._trace("forgotten", str(txn))
-        return  # never ended by its client: the coordinator times it out
-    await d.end(txn, machine, d.rng.random() >= d.w.abort, coordinators)
-    if machine.state is TxnClientState.COMMITTED:
+    if await d.finish(txn, machine, coordinators):
         d.transformed.update(uid for _, uid, _, _ in taken)
 
 
