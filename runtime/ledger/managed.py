@@ -81,6 +81,9 @@ def _first_of(path: str) -> int:
 _LEDGER_END = 1 << 62  # the end of a ledger another writer still has open: unknown
 
 
+OPEN_ATTEMPTS = 20  # reads of the record an open may need while a zombie still rolls or trims
+
+
 class StoredChunk(NamedTuple):
     """One object of a ledger: entries ``[start, end)``, its size, and when it was written."""
 
@@ -137,27 +140,17 @@ class ManagedLedger:
         become the one writer, or raise ``Fenced`` if another incarnation won the race."""
         check_stream_name(stream)
         config = config or LedgerConfig()
-        meta = await read_metadata(storage, stream)
-        if not writable:
-            return cls(storage, stream, config, meta or StreamMetadata(), writable=False)
-        meta = meta or StreamMetadata()
-        ledgers: list[LedgerInfo] = []
-        tombstones = dict(meta.tombstones)
-        for info in meta.ledgers:
-            if not info.closed:
-                last = await _seal(storage, stream, info.ledger_id)
-                tombstones[info.ledger_id] = last + 1
-                info = LedgerInfo(info.ledger_id, closed=True, last_entry_id=last, created_ms=info.created_ms)
-            if info.last_entry_id >= 0:  # empty ledgers hold nothing worth listing
-                ledgers.append(info)
-        new_id = meta.next_ledger_id
-        ledgers.append(LedgerInfo(new_id, created_ms=int(time.time() * 1000)))
-        new_meta = StreamMetadata(version=meta.version + 1, incarnation=meta.incarnation + 1,
-                                  ledgers=ledgers, trimmed_below=meta.trimmed_below,
-                                  next_ledger_id=new_id + 1, properties=dict(meta.properties),
-                                  tombstones=tombstones)
-        await compare_and_set(storage, stream, new_meta)
-        return cls(storage, stream, config, new_meta, writable=True)
+        for _ in range(OPEN_ATTEMPTS):
+            meta = await read_metadata(storage, stream)
+            if not writable:
+                return cls(storage, stream, config, meta or StreamMetadata(), writable=False)
+            try:
+                new_meta = await _recovered(storage, stream, meta or StreamMetadata())
+            except _StreamMoved:
+                continue  # the last writer, a zombie, rolled or trimmed meanwhile: read the record again
+            await compare_and_set(storage, stream, new_meta)
+            return cls(storage, stream, config, new_meta, writable=True)
+        raise Fenced(f"stream {stream}: another incarnation kept changing it while this one opened it")
 
     async def refresh(self) -> None:
         """Re-read the metadata (readers following a stream someone else writes)."""
@@ -615,6 +608,29 @@ class ManagedLedger:
             self._cache_used -= self._cache_sizes.pop(key)
 
 
+class _StreamMoved(Exception):
+    """An object of the ledger being sealed vanished: its writer (a zombie) trimmed it away."""
+
+
+async def _recovered(storage: Storage, stream: str, meta: StreamMetadata) -> StreamMetadata:
+    """The record a new writer creates from ``meta``: every ledger the last one left open sealed
+    (and its SEAL kept as a tombstone, see metadata.py), and a fresh ledger to write."""
+    ledgers: list[LedgerInfo] = []
+    tombstones = dict(meta.tombstones)
+    for info in meta.ledgers:
+        if not info.closed:
+            last = await _seal(storage, stream, info.ledger_id)
+            tombstones[info.ledger_id] = last + 1
+            info = LedgerInfo(info.ledger_id, closed=True, last_entry_id=last, created_ms=info.created_ms)
+        if info.last_entry_id >= 0:  # empty ledgers hold nothing worth listing
+            ledgers.append(info)
+    new_id = meta.next_ledger_id
+    ledgers.append(LedgerInfo(new_id, created_ms=int(time.time() * 1000)))
+    return StreamMetadata(version=meta.version + 1, incarnation=meta.incarnation + 1, ledgers=ledgers,
+                          trimmed_below=meta.trimmed_below, next_ledger_id=new_id + 1,
+                          properties=dict(meta.properties), tombstones=tombstones)
+
+
 async def _seal(storage: Storage, stream: str, ledger_id: int) -> int:
     """Seal a ledger another incarnation left open; returns its last entry id (-1 if empty).
 
@@ -627,8 +643,8 @@ async def _seal(storage: Storage, stream: str, ledger_id: int) -> int:
         if paths:
             path = paths[-1]
             data = await storage.get(path)
-            if data is None:
-                raise CorruptLedger(f"ledger object {path} vanished while sealing", path)
+            if data is None:  # listed, then deleted: only a writer's trim deletes ledger objects
+                raise _StreamMoved(path)
             frames = decode_frames(data, path)
             first = _first_of(path)
             for i, (kind, entry_id, _payload) in enumerate(frames):

@@ -10,11 +10,12 @@ import random
 import subprocess
 import sys
 import time
+from typing import ClassVar
 
 import pytest
 from typer.testing import CliRunner
 
-from raytxn.errors import ActorUnavailable, StorageUnavailable
+from raytxn.errors import ActorUnavailable, Fenced, StorageUnavailable
 from raytxn.ledger import ManagedLedger
 from raytxn.ledger.storage import ObjectExists
 from raytxn.sim.loop import Deadlock, SimLoop
@@ -167,6 +168,45 @@ def test_a_metadata_update_whose_reply_is_lost_does_not_fence_its_own_writer() -
         loop.run_until_complete(scenario())
     finally:
         loop.close()
+
+
+def test_an_open_that_finds_the_ledger_it_seals_trimmed_away_reads_the_record_again() -> None:
+    """A zombie's roll and trim may delete the ledger objects a new incarnation is sealing
+    between its list and its get: the open reads the stream's record again and seals what is
+    open now, instead of failing with CorruptLedger (found by the hour-long simulator run,
+    consumer-swap seed 41391: a coordinator's start failed for good)."""
+    loop = SimLoop()
+    trace = Trace(loop.time)
+
+    class TrimmedOnce(SimStorage):
+        vanished: ClassVar[list[str]] = []
+
+        async def get(self, path: str) -> bytes | None:
+            if "/ledgers/" in path and not self.vanished:
+                self.vanished.append(path)
+                return None  # as if the zombie's trim deleted it right after the list
+            return await super().get(path)
+
+    storage = TrimmedOnce(random.Random(3), StorageFaults(), trace, lambda: 0)
+
+    async def scenario() -> None:
+        zombie = await ManagedLedger.open(storage, "t/vanish")
+        await zombie.append([b"a"])
+        successor = await ManagedLedger.open(storage, "t/vanish")
+        assert storage.vanished and successor.incarnation == zombie.incarnation + 1
+        with pytest.raises(Fenced):
+            await zombie.append([b"b"])
+
+    try:
+        loop.run_until_complete(scenario())
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("seed", [41391])
+def test_regression_seed_a_start_racing_a_zombies_trim(seed: int) -> None:
+    result = run_seed(seed, "consumer-swap")
+    assert result.ok, result.failure
 
 
 # --- determinism -------------------------------------------------------------------------------
