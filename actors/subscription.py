@@ -120,8 +120,8 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
             cursor = Cursor.from_snapshot(persisted.cursor)
         else:  # a new subscription: earliest, or everything up to now counts as acked
             cursor = Cursor() if self.initial_position == "earliest" else Cursor(readable_end)
-        state = SubscriptionState(self.partition, cursor, self.config.max_index_lag)
-        state.given_back = None if persisted is None else persisted.given_back
+        state = SubscriptionState(self.partition, cursor, self.config.max_index_lag,
+                                  given_back=None if persisted is None else persisted.given_back)
         state.leases = LeaseTable(first_id=ledger.incarnation << 32)  # ids never repeat across restarts
         included = persisted.log_position if persisted is not None else EARLIEST
         replayed = 0
@@ -134,14 +134,7 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
                 replayed += 1
 
         await replay(ledger, apply)
-        state.read_position = state.cursor.acked_below
-        # An earlier incarnation may have delivered anything readable now; acks of it are allowed.
-        state.delivered_through = readable_end
-        # What was given back and maybe not handed out again (as persisted, and by the replayed
-        # aborts) reaches up to anything an earlier incarnation may have delivered.
-        if state.given_back is not None:
-            state.given_back = (state.given_back[0], max(state.given_back[1], readable_end))
-        state.max_read = readable_end
+        state.recovered(readable_end)
         self.state = state
         self._last_persisted = persisted
         if persisted is None:

@@ -94,6 +94,7 @@ def decode_persisted(data: bytes, where: str = "") -> PersistedCursor:
 
 _WHOLE_ENTRY = 2**31  # a batch index above any real one: an ack of a whole entry covers all of it
 
+
 def normalize_ack(ack: AckTuple | Sequence[Any]) -> Ack:
     """An ``Ack``: a whole entry, or one batch index of a batch entry."""
     if not isinstance(ack, tuple | list) or len(ack) != 3 or not isinstance(ack[0], Position):
@@ -125,7 +126,8 @@ def count_entries(ledger_ends: Sequence[tuple[int, int]], start: Position, end: 
 class SubscriptionState:
     """Everything one subscription partition knows (see the module docstring)."""
 
-    def __init__(self, partition: int, cursor: Cursor, max_index_lag: int = 100) -> None:
+    def __init__(self, partition: int, cursor: Cursor, max_index_lag: int = 100,
+                 given_back: tuple[Position, Position] | None = None) -> None:
         self.cursor = cursor
         self.pending = PendingAck(cursor)
         self.log_index = PendingAckLogIndex(max_index_lag)
@@ -141,7 +143,7 @@ class SubscriptionState:
         # consumer got later ones let the successor's cumulative ack cover messages nobody
         # received (found by the simulator's consumer-swap workload). Persisted with the cursor,
         # so a restart right after the abort does not forget it.
-        self.given_back: tuple[Position, Position] | None = None
+        self.given_back = given_back
         self.max_read = EARLIEST  # the partition's readable end, as last seen
         self.generation = 0  # seeks so far: consumers drop what they prefetched before a seek
         self._txn_keys: dict[TxnID, list[MessageKey]] = {}  # outstanding messages a txn's acks took
@@ -223,15 +225,22 @@ class SubscriptionState:
             first, last = min(first, self.given_back[0]), max(last, self.given_back[1])
         self.given_back = (first, last)
 
+    def _waiting_at_or_below(self, through: MessageKey) -> Position | None:
+        """Where messages at or below ``through`` still wait to be handed out again (None: none
+        do): not read again yet (``read_position`` is at or below its entry), or read and queued.
+        Re-read messages a consumer still holds are not queued again: they count as handed out."""
+        first_queued = self.dispatcher.first_queued()
+        if first_queued is not None and first_queued <= through:
+            return min(self.read_position, first_queued[0])
+        return self.read_position if self.read_position <= through[0] else None
+
     def _forget_given_back_once_handed_out(self) -> None:
         """Everything given back is acked, or was read again and left the queue (handed out, or
         skipped as held by a consumer or a txn): cumulative acks are free again."""
         if self.given_back is None:
             return
         last = self.given_back[1]
-        first_queued = self.dispatcher.first_queued()
-        if self.cursor.acked_below > last or (
-                self.read_position > last and (first_queued is None or first_queued[0] > last)):
+        if self.cursor.acked_below > last or self._waiting_at_or_below((last, _WHOLE_ENTRY)) is None:
             self.given_back = None
 
     def dispatch(self) -> list[str]:
@@ -439,18 +448,16 @@ class SubscriptionState:
 
     def _check_nothing_given_back_below(self, txn: TxnID, ack: Ack) -> None:
         """``NotAllowed`` for a cumulative ack through ``ack`` while messages at or below it that
-        were given back are not handed out again: not read again yet (``read_position`` is at or
-        below its entry), or read and queued. Re-read messages a consumer still holds are not
-        queued again, so they count as handed out (an abort's own consumer may ack them)."""
+        were given back wait to be handed out again (an abort's own consumer may still ack what
+        it holds: those are not queued again)."""
         if self.given_back is None or ack.position < self.given_back[0]:
             return
         # (Test-only switches, off in production: they bring back the bugs for the simulator.)
         if testing_bugs.REINTRODUCED["given_back_cumulative_ack"] or testing_bugs.REINTRODUCED["consumer_swap_loss"]:
             return
-        first_queued = self.dispatcher.first_queued()
-        through = (ack.position, ack.batch_index if ack.batch_index is not None else _WHOLE_ENTRY)
-        if self.read_position <= ack.position or (first_queued is not None and first_queued <= through):
-            waiting = self.read_position if first_queued is None else min(self.read_position, first_queued[0])
+        waiting = self._waiting_at_or_below(
+            (ack.position, ack.batch_index if ack.batch_index is not None else _WHOLE_ENTRY))
+        if waiting is not None:
             raise NotAllowed(f"{txn}: a cumulative ack through {ack.position} covers messages given back from "
                              f"{waiting} on, not received again yet")
 
@@ -549,6 +556,16 @@ class SubscriptionState:
         self.generation += 1
 
     # --- durability --------------------------------------------------------------------------
+
+    def recovered(self, readable_end: Position) -> None:
+        """After replay: read again from the cursor. An earlier incarnation may have delivered
+        anything readable now, so acks of it are allowed; and what was given back and maybe not
+        handed out again (as persisted, and by the replayed aborts) reaches that far too."""
+        self.read_position = self.cursor.acked_below
+        self.delivered_through = readable_end
+        if self.given_back is not None:
+            self.given_back = (self.given_back[0], max(self.given_back[1], readable_end))
+        self.max_read = readable_end
 
     def persisted_form(self) -> PersistedCursor:
         return PersistedCursor(self.cursor.snapshot(), self.applied_log_position, self.given_back)
