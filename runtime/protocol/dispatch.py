@@ -29,6 +29,13 @@ back (``release``: negative ack, ack timeout, consumer gone, failover switch). A
 message's redelivery count goes up; the caller brings it back into the queue by reading it again
 (``SubscriptionState.rewind``), so the dispatcher never holds payloads of outstanding messages.
 
+Granularity. The queue and the outboxes hold whole entries (a producer batch, up to thousands of
+messages) with the batch indexes of theirs that still wait, not one object per message: Exclusive
+and Failover consumers take an entry's messages in one slice, so handing out a batch costs about
+what handing out one message does. Shared and Key_Shared route message by message within an
+entry, as their rules need, but still hand out slices of entries. A consumer's demand may end in
+the middle of an entry; the rest of it stays queued.
+
 Pure: no Ray, no I/O, no clock (times are passed in).
 """
 
@@ -36,7 +43,7 @@ from __future__ import annotations
 
 import bisect
 import enum
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from sortedcontainers import SortedDict
 
@@ -56,16 +63,36 @@ class ConsumerType(enum.StrEnum):
 
 MessageKey = tuple[Position, int]  # (entry position, batch index); batch index 0 for single messages
 
-# Settled = acked or held by a transaction: such a message is dropped from the queue at dispatch.
-SettledCheck = Callable[[Position, int, int], bool]
+# ``deliverable(position, batch_size, indexes)``: the indexes (a sorted list) of the entry that
+# may still be delivered, the same list when all may. The rest are settled by now (acked, or held
+# by a transaction) and dropped from the queue at dispatch.
+DeliverableCheck = Callable[[Position, int, list[int]], list[int]]
 
-_MAX_INDEX = 1 << 62  # above every batch index: (position, _MAX_INDEX) ends an entry's keys
+
+class QueuedEntry:
+    """An entry with messages waiting for a consumer: its records as read (``records[0]`` is the
+    header, ``records[i + 1]`` message ``i``) and the batch indexes still queued, ascending."""
+
+    __slots__ = ("batch_size", "indexes", "key_hashes", "position", "publish_time_ms", "records")
+
+    def __init__(self, position: Position, batch_size: int, publish_time_ms: int, records: list,
+                 indexes: list[int]) -> None:
+        self.position = position
+        self.batch_size = batch_size
+        self.publish_time_ms = publish_time_ms
+        self.records = records
+        self.indexes = indexes
+        self.key_hashes: dict[int, int] | None = None  # Key_Shared: batch index -> its key's hash
+
+    def record(self, batch_index: int) -> bytes:
+        return self.records[batch_index + 1]
 
 
 class QueuedMessage:
-    """A message waiting for a consumer: where it is, and its encoded ``MessageRecord``."""
+    """One message: where it is, and its encoded ``MessageRecord`` (``offer`` and ``take`` speak
+    in these; the queue itself holds ``QueuedEntry``s)."""
 
-    __slots__ = ("_key_hash", "batch_index", "batch_size", "position", "publish_time_ms", "record")
+    __slots__ = ("batch_index", "batch_size", "position", "publish_time_ms", "record")
 
     def __init__(self, position: Position, batch_index: int, batch_size: int, publish_time_ms: int,
                  record: bytes) -> None:
@@ -74,26 +101,41 @@ class QueuedMessage:
         self.batch_size = batch_size
         self.publish_time_ms = publish_time_ms
         self.record = record
-        self._key_hash: int | None = None  # Key_Shared: the hash of its routing key, once computed
 
     @property
     def key(self) -> MessageKey:
         return (self.position, self.batch_index)
 
 
+# A slice of an entry handed to a consumer: the entry, and the batch indexes it got (ascending).
+Chunk = tuple[QueuedEntry, list[int]]
+
+
 class _Consumer:
-    __slots__ = ("consumer_id", "demand", "fetching", "last_seen", "name", "outbox", "outstanding")
+    __slots__ = ("consumer_id", "demand", "fetching", "last_seen", "name", "outbox", "outbox_count",
+                 "outstanding", "outstanding_count")
 
     def __init__(self, consumer_id: str, name: str, now: float) -> None:
         self.consumer_id = consumer_id
         self.name = name
         self.demand = 0                     # messages the current fetch can still take
-        self.outbox: list[QueuedMessage] = []  # handed out, not yet returned by the fetch
-        # Handed out, not acked (insertion ordered) -> its key's hash (Key_Shared; else None).
-        self.outstanding: dict[MessageKey, int | None] = {}
+        self.outbox: list[Chunk] = []       # handed out, not yet returned by the fetch
+        self.outbox_count = 0
+        # Handed out, not acked: entry -> batch index -> its key's hash (Key_Shared; else None),
+        # insertion ordered.
+        self.outstanding: dict[Position, dict[int, int | None]] = {}
+        self.outstanding_count = 0
         self.last_seen = now
         self.fetching = 0                   # fetches in progress (a consumer waiting is alive)
 
+    def add_outbox(self, entry: QueuedEntry, indexes: list[int]) -> None:
+        """Append to the outbox, extending its last chunk when it is of the same entry."""
+        if self.outbox and self.outbox[-1][0] is entry and self.outbox[-1][1][-1] < indexes[0]:
+            self.outbox[-1][1].extend(indexes)  # (chunks stay ascending: a whole one is 0..n-1)
+        else:
+            self.outbox.append((entry, indexes))
+        self.outbox_count += len(indexes)
+        self.demand -= len(indexes)
 
 class Dispatcher:
     """Consumers, queued and outstanding messages of one subscription partition."""
@@ -112,7 +154,8 @@ class Dispatcher:
         self._active: str | None = None  # Exclusive / Failover
         self._ring_hashes: list[int] = []
         self._ring_owners: list[str] = []
-        self._queue: SortedDict = SortedDict()  # MessageKey -> QueuedMessage
+        self._queue: SortedDict = SortedDict()  # Position -> QueuedEntry (with queued indexes)
+        self._queued = 0  # messages in the queue
         self._owner: dict[Position, dict[int, str]] = {}  # outstanding: entry -> batch index -> consumer id
         self._redeliveries: dict[MessageKey, int] = {}
         # Key_Shared: key hash -> consumer id -> its outstanding messages of such keys
@@ -193,71 +236,171 @@ class Dispatcher:
 
     # --- the queue ---------------------------------------------------------------------------
 
+    def offer_entry(self, position: Position, batch_size: int, publish_time_ms: int, records: list,
+                    indexes: list[int]) -> int:
+        """Queue the messages ``indexes`` (ascending) of an entry as read (``records[0]`` its
+        header), except those queued or outstanding already; returns how many were queued."""
+        queued = self._queue.get(position)
+        owners = self._owner.get(position)
+        if queued is not None or owners is not None:
+            taken = set(queued.indexes) if queued is not None else set()
+            if owners is not None:
+                taken.update(owners)
+            indexes = [index for index in indexes if index not in taken]
+        if not indexes:
+            return 0
+        if queued is None:
+            self._queue[position] = QueuedEntry(position, batch_size, publish_time_ms, records, indexes)
+        else:
+            for index in indexes:
+                queued.records[index + 1] = records[index + 1]
+            queued.indexes = sorted(queued.indexes + indexes)
+        self._queued += len(indexes)
+        return len(indexes)
+
     def offer(self, message: QueuedMessage) -> bool:
-        """Queue a message unless it is queued or outstanding already."""
-        key = message.key
-        if self.is_tracked(key):
-            return False
-        self._queue[key] = message
-        return True
+        """Queue one message unless it is queued or outstanding already."""
+        records: list = [None] * (message.batch_size + 1)
+        records[message.batch_index + 1] = message.record
+        return bool(self.offer_entry(message.position, message.batch_size, message.publish_time_ms, records,
+                                     [message.batch_index]))
 
     def is_tracked(self, key: MessageKey) -> bool:
         """Whether the message is queued or outstanding (so reading it again must not queue it)."""
-        owners = self._owner.get(key[0])
-        return key in self._queue or (owners is not None and key[1] in owners)
+        position, index = key
+        owners = self._owner.get(position)
+        if owners is not None and index in owners:
+            return True
+        queued = self._queue.get(position)
+        return queued is not None and _contains(queued.indexes, index)
 
     @property
     def queued(self) -> int:
-        return len(self._queue)
+        return self._queued
 
     @property
     def outstanding(self) -> int:
-        return sum(len(c.outstanding) for c in self._consumers.values())
+        return sum(c.outstanding_count for c in self._consumers.values())
 
     def want(self, consumer_id: str, max_messages: int) -> None:
         """A fetch of ``consumer_id`` can take ``max_messages`` (its outbox counts against it)."""
         consumer = self._consumers.get(consumer_id)
         if consumer is not None:
-            consumer.demand = max(0, max_messages - len(consumer.outbox))
+            consumer.demand = max(0, max_messages - consumer.outbox_count)
 
     def has_outbox(self, consumer_id: str) -> bool:
         consumer = self._consumers.get(consumer_id)
         return consumer is not None and bool(consumer.outbox)
 
-    def dispatch(self, settled: SettledCheck) -> list[str]:
+    def dispatch(self, deliverable: DeliverableCheck) -> list[str]:
         """Hand queued messages to consumers with demand; returns the consumers that got some.
-        Queued messages that are ``settled`` by now (acked, held by a txn) are dropped."""
+        Queued messages no longer ``deliverable`` (acked, held by a txn) are dropped."""
         demand = sum(c.demand for c in self._consumers.values())
         if not demand or not self._queue:
             return []
         served: dict[str, None] = {}
-        done: list[MessageKey] = []
-        for key, message in self._queue.items():
-            if settled(message.position, message.batch_index, message.batch_size):
-                done.append(key)
-                continue
-            consumer = self._route(message)
-            if consumer is None:
-                if self.type is ConsumerType.KeyShared:
-                    continue  # its consumer is busy: later keys may still go to others
-                break
-            consumer.outbox.append(message)
-            consumer.demand -= 1
-            self._add_outstanding(consumer, key, message._key_hash if self.type is ConsumerType.KeyShared else None)
-            self._owner.setdefault(message.position, {})[message.batch_index] = consumer.consumer_id
-            served[consumer.consumer_id] = None
-            done.append(key)
-            if self.max_dispatched is None or message.position > self.max_dispatched:
-                self.max_dispatched = message.position
-            demand -= 1
+        emptied: list[Position] = []
+        whole_entries = self.type in (ConsumerType.Exclusive, ConsumerType.Failover)
+        for position, entry in self._queue.items():
+            indexes = deliverable(position, entry.batch_size, entry.indexes)
+            if len(indexes) != len(entry.indexes):
+                self._queued -= len(entry.indexes) - len(indexes)
+                entry.indexes = indexes
+            if indexes:
+                if whole_entries:
+                    handed = self._hand_out_slice(entry, served, demand)
+                    if not handed:
+                        break
+                else:
+                    handed = self._hand_out_routed(entry, served, demand)
+                    if handed is None:
+                        break
+                demand -= handed
+            if not entry.indexes:
+                emptied.append(position)
             if not demand:
                 break
-        for key in done:
-            del self._queue[key]
+        for position in emptied:
+            del self._queue[position]
         return list(served)
 
-    def _route(self, message: QueuedMessage) -> _Consumer | None:
-        """The consumer that takes ``message`` now, or None (nobody with demand may)."""
+    def _hand_out_slice(self, entry: QueuedEntry, served: dict[str, None], demand: int) -> int:
+        """Exclusive / Failover: the active consumer takes the entry's first queued indexes, as
+        many as its demand allows. Returns how many (0: nobody may take any)."""
+        consumer = self._consumers[self._active] if self._active is not None else None
+        if consumer is None or consumer.demand <= 0:
+            return 0
+        count = min(consumer.demand, len(entry.indexes), demand)
+        if count == len(entry.indexes):
+            handed, entry.indexes = entry.indexes, []
+        else:
+            handed, entry.indexes = entry.indexes[:count], entry.indexes[count:]
+        self._hand_out(consumer, entry, handed, None)
+        served[consumer.consumer_id] = None
+        return count
+
+    def _hand_out_routed(self, entry: QueuedEntry, served: dict[str, None], demand: int) -> int | None:
+        """Shared / Key_Shared: route each queued message of the entry. Returns how many were
+        handed out; None when a message found nobody and later ones must not pass it (Shared)."""
+        key_shared = self.type is ConsumerType.KeyShared
+        waiting: list[int] = []
+        handed_to: dict[str, list[int]] = {}
+        handed = 0
+        stopped = False
+        for position_in_queue, index in enumerate(entry.indexes):
+            if handed == demand:
+                waiting.extend(entry.indexes[position_in_queue:])
+                break
+            consumer = self._route(entry, index)
+            if consumer is None:
+                if key_shared:
+                    waiting.append(index)  # its consumer is busy: later keys may still go to others
+                    continue
+                waiting.extend(entry.indexes[position_in_queue:])
+                stopped = True
+                break
+            consumer.demand -= 1  # (counted again by _hand_out: give it back first)
+            handed_to.setdefault(consumer.consumer_id, []).append(index)
+            handed += 1
+        entry.indexes = waiting
+        for consumer_id, indexes in handed_to.items():
+            consumer = self._consumers[consumer_id]
+            consumer.demand += len(indexes)
+            key_hashes = entry.key_hashes if key_shared else None
+            self._hand_out(consumer, entry, indexes, key_hashes)
+            served[consumer_id] = None
+        return None if stopped and not handed else handed
+
+    def _hand_out(self, consumer: _Consumer, entry: QueuedEntry, indexes: list[int],
+                  key_hashes: dict[int, int] | None) -> None:
+        """Move ``indexes`` of ``entry`` (already off the queue's list) to the consumer's outbox
+        and its outstanding messages."""
+        position = entry.position
+        self._queued -= len(indexes)
+        consumer.add_outbox(entry, indexes)
+        held = consumer.outstanding.get(position)
+        if held is None:
+            held = consumer.outstanding[position] = {}
+        if key_hashes is None:
+            held.update(dict.fromkeys(indexes))
+        else:
+            for index in indexes:
+                key_hash = key_hashes[index]
+                held[index] = key_hash
+                holders = self._key_holders.setdefault(key_hash, {})
+                holders[consumer.consumer_id] = holders.get(consumer.consumer_id, 0) + 1
+        consumer.outstanding_count += len(indexes)
+        owners = self._owner.get(position)
+        if owners is None:
+            self._owner[position] = dict.fromkeys(indexes, consumer.consumer_id)
+        else:
+            owners.update(dict.fromkeys(indexes, consumer.consumer_id))
+        if self.max_dispatched is None or position > self.max_dispatched:
+            self.max_dispatched = position
+
+    def _route(self, entry: QueuedEntry, index: int) -> _Consumer | None:
+        """The consumer that takes message ``index`` of ``entry`` now, or None (nobody with demand
+        may). Shared and Key_Shared only."""
         if self.type is ConsumerType.Shared:
             order = self._order
             for step in range(len(order)):
@@ -266,15 +409,15 @@ class Dispatcher:
                     self._round_robin = (self._round_robin + step + 1) % len(order)
                     return consumer
             return None
-        if self.type is ConsumerType.KeyShared:
-            if message._key_hash is None:
-                message._key_hash = stable_hash(self._routing_key_of(message.record) or "")
-            owner = self._consumers[self._ring_owner(message._key_hash)]
-            if self._draining(message._key_hash, owner.consumer_id):
-                return None
-        else:
-            owner = self._consumers[self._active] if self._active is not None else None
-        return owner if owner is not None and owner.demand > 0 else None
+        if entry.key_hashes is None:
+            entry.key_hashes = {}
+        key_hash = entry.key_hashes.get(index)
+        if key_hash is None:
+            key_hash = entry.key_hashes[index] = stable_hash(self._routing_key_of(entry.record(index)) or "")
+        owner = self._consumers[self._ring_owner(key_hash)]
+        if self._draining(key_hash, owner.consumer_id):
+            return None
+        return owner if owner.demand > 0 else None
 
     def consumer_of_key(self, key: str | None) -> str:
         """The Key_Shared consumer of ``key`` (messages without a key share the empty key)."""
@@ -299,30 +442,60 @@ class Dispatcher:
         return sum(any(holder != self._ring_owner(key_hash) for holder in holders)
                    for key_hash, holders in self._key_holders.items())
 
-    def _add_outstanding(self, consumer: _Consumer, key: MessageKey, key_hash: int | None) -> None:
-        consumer.outstanding[key] = key_hash
-        if key_hash is not None:
-            holders = self._key_holders.setdefault(key_hash, {})
-            holders[consumer.consumer_id] = holders.get(consumer.consumer_id, 0) + 1
-
-    def _drop_outstanding(self, consumer: _Consumer, key: MessageKey) -> None:
-        key_hash = consumer.outstanding.pop(key, None)
-        if key_hash is None:
+    def _drop_outstanding(self, consumer: _Consumer, position: Position, indexes: Iterable[int]) -> None:
+        """``indexes`` of the entry at ``position`` are no longer outstanding with ``consumer``."""
+        held = consumer.outstanding.get(position)
+        if held is None:
             return
+        for index in indexes:
+            if index not in held:
+                continue
+            key_hash = held.pop(index)
+            consumer.outstanding_count -= 1
+            if key_hash is not None:
+                self._unhold_key(consumer.consumer_id, key_hash)
+        if not held:
+            del consumer.outstanding[position]
+
+    def _drop_outstanding_entry(self, consumer: _Consumer, position: Position) -> None:
+        held = consumer.outstanding.pop(position, None)
+        if held is None:
+            return
+        consumer.outstanding_count -= len(held)
+        if self.type is ConsumerType.KeyShared:
+            for key_hash in held.values():
+                if key_hash is not None:
+                    self._unhold_key(consumer.consumer_id, key_hash)
+
+    def _unhold_key(self, consumer_id: str, key_hash: int) -> None:
         holders = self._key_holders[key_hash]
-        holders[consumer.consumer_id] -= 1
-        if not holders[consumer.consumer_id]:
-            del holders[consumer.consumer_id]
+        holders[consumer_id] -= 1
+        if not holders[consumer_id]:
+            del holders[consumer_id]
             if not holders:
                 del self._key_holders[key_hash]
 
-    def take(self, consumer_id: str) -> list[tuple[QueuedMessage, int]]:
-        """End a fetch: the messages handed to ``consumer_id`` with their redelivery counts."""
+    def take_chunks(self, consumer_id: str) -> list[Chunk]:
+        """End a fetch: the slices of entries handed to ``consumer_id``, in the order handed out."""
         consumer = self._consumers.get(consumer_id)
         if consumer is None:
             return []
-        taken, consumer.outbox, consumer.demand = consumer.outbox, [], 0
-        return [(message, self._redeliveries.get(message.key, 0)) for message in taken]
+        taken = consumer.outbox
+        consumer.outbox, consumer.outbox_count, consumer.demand = [], 0, 0
+        return taken
+
+    def take(self, consumer_id: str) -> list[tuple[QueuedMessage, int]]:
+        """``take_chunks`` one message at a time, with the redelivery counts."""
+        return [(QueuedMessage(entry.position, index, entry.batch_size, entry.publish_time_ms, entry.record(index)),
+                 self._redeliveries.get((entry.position, index), 0))
+                for entry, indexes in self.take_chunks(consumer_id) for index in indexes]
+
+    def redelivery_counts(self, position: Position, indexes: Sequence[int]) -> list[int] | None:
+        """The redelivery counts of those messages of an entry (None: all 0)."""
+        if not self._redeliveries:
+            return None
+        counts = [self._redeliveries.get((position, index), 0) for index in indexes]
+        return counts if any(counts) else None
 
     # --- acks and redelivery -----------------------------------------------------------------
 
@@ -331,43 +504,69 @@ class Dispatcher:
         the keys that were outstanding."""
         removed = []
         for key in keys:
-            self._queue.pop(key, None)
-            owners = self._owner.get(key[0])
-            owner = owners.pop(key[1], None) if owners is not None else None
+            position, index = key
+            queued = self._queue.get(position)
+            if queued is not None and _contains(queued.indexes, index):
+                queued.indexes.remove(index)
+                self._queued -= 1
+                if not queued.indexes:
+                    del self._queue[position]
+            owners = self._owner.get(position)
+            owner = owners.pop(index, None) if owners is not None else None
             if owner is not None:
                 if not owners:
-                    del self._owner[key[0]]
-                self._drop_outstanding(self._consumers[owner], key)
+                    del self._owner[position]
+                self._drop_outstanding(self._consumers[owner], position, (index,))
                 removed.append(key)
         return removed
 
     def first_queued(self) -> MessageKey | None:
         """The lowest message read but not yet handed out (None: nothing queued)."""
-        return self._queue.peekitem(0)[0] if self._queue else None
+        if not self._queue:
+            return None
+        position, entry = self._queue.peekitem(0)
+        return (position, entry.indexes[0])
 
     def unqueue_from(self, position: Position) -> int:
         """Drop the queued (not yet handed out) messages at or after ``position``; returns how
         many. After a rewind to ``position`` they are read again, in order behind the messages
         being given back, so no consumer gets a later message before an earlier one."""
-        keys = list(self._queue.irange(minimum=(position, 0)))
-        for key in keys:
-            del self._queue[key]
-        return len(keys)
+        dropped = 0
+        for entry_position in list(self._queue.irange(minimum=position)):
+            dropped += len(self._queue.pop(entry_position).indexes)
+        self._queued -= dropped
+        return dropped
 
     def settle_entry(self, position: Position) -> list[MessageKey]:
         """``settle`` every message of the entry at ``position`` (a whole batch acked at once)."""
-        for key in list(self._queue.irange((position, 0), (position, _MAX_INDEX))):
-            del self._queue[key]
-        removed = []
-        for index, owner in self._owner.pop(position, {}).items():
-            self._drop_outstanding(self._consumers[owner], (position, index))
-            removed.append((position, index))
-        return removed
+        queued = self._queue.pop(position, None)
+        if queued is not None:
+            self._queued -= len(queued.indexes)
+        owners = self._owner.pop(position, None)
+        if owners is None:
+            return []
+        for consumer_id in set(owners.values()):
+            self._drop_outstanding_entry(self._consumers[consumer_id], position)
+        return [(position, index) for index in owners]
+
+    def ack_entries(self, positions: Iterable[Position]) -> None:
+        """The entries are acked for good: ``settle`` them and forget their redelivery counts
+        (without listing their messages, which would cost one object per message)."""
+        for position in positions:
+            queued = self._queue.pop(position, None)
+            if queued is not None:
+                self._queued -= len(queued.indexes)
+            owners = self._owner.pop(position, None)
+            if owners is not None:
+                for consumer_id in set(owners.values()):
+                    self._drop_outstanding_entry(self._consumers[consumer_id], position)
+                if self._redeliveries:
+                    self.forget_redeliveries([(position, index) for index in owners])
 
     def settle_through(self, position: Position) -> list[MessageKey]:
         """``settle`` every message at or below ``position`` (a cumulative ack)."""
-        for key in list(self._queue.irange(maximum=(position, _MAX_INDEX))):
-            del self._queue[key]
+        for entry_position in list(self._queue.irange(maximum=position)):
+            self._queued -= len(self._queue.pop(entry_position).indexes)
         removed = []
         for entry in [entry for entry in self._owner if entry <= position]:
             removed += self.settle_entry(entry)
@@ -380,25 +579,44 @@ class Dispatcher:
         if consumer is None:
             return []
         if keys is None:
-            released = list(consumer.outstanding)
+            released = [(position, index) for position, held in consumer.outstanding.items() for index in held]
         else:
-            released = [key for key in keys if key in consumer.outstanding]
-        for key in released:
-            self._drop_outstanding(consumer, key)
-            owners = self._owner[key[0]]
-            del owners[key[1]]
+            released = [key for key in keys if key[1] in consumer.outstanding.get(key[0], ())]
+        by_entry: dict[Position, list[int]] = {}
+        for position, index in released:
+            by_entry.setdefault(position, []).append(index)
+        for position, indexes in by_entry.items():
+            self._drop_outstanding(consumer, position, indexes)
+            owners = self._owner[position]
+            for index in indexes:
+                del owners[index]
             if not owners:
-                del self._owner[key[0]]
+                del self._owner[position]
         self.count_redelivery(released)
-        gone = set(released)
-        consumer.outbox = [message for message in consumer.outbox if message.key not in gone]
+        if released and consumer.outbox:
+            self._drop_from_outbox(consumer, by_entry)
         return released
+
+    @staticmethod
+    def _drop_from_outbox(consumer: _Consumer, gone: dict[Position, list[int]]) -> None:
+        outbox = []
+        for entry, indexes in consumer.outbox:
+            dropped = gone.get(entry.position)
+            if dropped:
+                dropped_set = set(dropped)
+                indexes = [index for index in indexes if index not in dropped_set]
+            if indexes:
+                outbox.append((entry, indexes))
+        consumer.outbox = outbox
+        consumer.outbox_count = sum(len(indexes) for _, indexes in outbox)
 
     def count_redelivery(self, keys: Iterable[MessageKey]) -> None:
         for key in keys:
             self._redeliveries[key] = self._redeliveries.get(key, 0) + 1
 
     def forget_redeliveries(self, keys: Iterable[MessageKey]) -> None:
+        if not self._redeliveries:
+            return
         for key in keys:
             self._redeliveries.pop(key, None)
 
@@ -413,14 +631,21 @@ class Dispatcher:
     def reset(self) -> None:
         """Forget queued and outstanding messages and redelivery counts (a seek)."""
         self._queue.clear()
+        self._queued = 0
         self._owner.clear()
         self._redeliveries.clear()
         self._key_holders.clear()
         for consumer in self._consumers.values():
             consumer.outstanding.clear()
-            consumer.outbox = []
+            consumer.outstanding_count = 0
+            consumer.outbox, consumer.outbox_count = [], 0
 
     def consumer_stats(self) -> list[dict[str, object]]:
-        return [{"consumer_id": c.consumer_id, "name": c.name, "outstanding": len(c.outstanding),
+        return [{"consumer_id": c.consumer_id, "name": c.name, "outstanding": c.outstanding_count,
                  "demand": c.demand, "active": c.consumer_id == self._active}
                 for c in self._consumers.values()]
+
+
+def _contains(sorted_indexes: list[int], index: int) -> bool:
+    at = bisect.bisect_left(sorted_indexes, index)
+    return at < len(sorted_indexes) and sorted_indexes[at] == index

@@ -215,6 +215,10 @@ class PendingAck:
         """Whether any transaction holds a pending ack (when not, ``held_by`` is None for all)."""
         return bool(self._holds) or self._cumulative is not None
 
+    def holds_at(self, position: Position) -> bool:
+        """Whether a transaction holds an ack of the entry or of some batch index of it."""
+        return position in self._holds or self._cumulative_holder(position) is not None
+
     def held_positions(self, first: Position, last: Position) -> list[Position]:
         """The entries in ``first..last`` (inclusive) with an individual ack (whole, or of some
         batch index) pending in a txn, ascending."""

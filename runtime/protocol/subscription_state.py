@@ -32,7 +32,7 @@ from raytxn import testing_bugs
 from raytxn.errors import CorruptLedger, InvalidArgument, NotAllowed, TransactionConflict
 from raytxn.ids import EARLIEST, Position, TxnID
 from raytxn.protocol.cursor import Cursor, CursorSnapshot, gaps_between, next_position, position_before
-from raytxn.protocol.dispatch import ConsumerType, Dispatcher, MessageKey, QueuedMessage
+from raytxn.protocol.dispatch import ConsumerType, Dispatcher, MessageKey
 from raytxn.protocol.entry_format import decode_entry_header, decode_message
 from raytxn.protocol.lease import Lease, LeaseTable, RangePlan, ledger_spans, plan_range
 from raytxn.protocol.pending_ack import (
@@ -158,8 +158,15 @@ class SubscriptionState:
             return False
         return not self.pending.holds_any or self.pending.held_by(position, index) is None
 
-    def _settled(self, position: Position, batch_index: int, batch_size: int) -> bool:
-        return not self.deliverable(position, batch_index, batch_size)
+    def deliverable_indexes(self, position: Position, batch_size: int, indexes: list[int]) -> list[int]:
+        """Those ``indexes`` of the entry that may be delivered (the same list when all may):
+        one check per entry unless the cursor or a txn holds part of it."""
+        cursor = self.cursor
+        if cursor.is_acked(position):
+            return []
+        if cursor.partial_batch(position) is None and not (self.pending.holds_any and self.pending.holds_at(position)):
+            return indexes
+        return [index for index in indexes if self.deliverable(position, index, batch_size)]
 
     def wants_read(self, read_ahead: int) -> bool:
         """Read more when somebody may consume it and the queue has room."""
@@ -191,13 +198,12 @@ class SubscriptionState:
         for position, records in entries:
             header = decode_entry_header(records, str(position))
             self._messages_per_entry = 0.9 * self._messages_per_entry + 0.1 * header.count
-            for index in range(header.count):
-                if self.dispatcher.is_tracked((position, index)) or not self.deliverable(position, index,
-                                                                                          header.count):
-                    continue
-                self.dispatcher.offer(QueuedMessage(position, index, header.count, header.publish_time_ms,
-                                                    records[index + 1]))
-                queued += 1
+            if not header.count:
+                continue
+            indexes = self.deliverable_indexes(position, header.count, list(range(header.count)))
+            if indexes:
+                queued += self.dispatcher.offer_entry(position, header.count, header.publish_time_ms,
+                                                      list(records), indexes)
         if self.read_position == start:
             self.read_position = max(start, next_read)
         return queued
@@ -245,7 +251,7 @@ class SubscriptionState:
 
     def dispatch(self) -> list[str]:
         """Hand queued messages to consumers with demand; returns the consumers served."""
-        served = self.dispatcher.dispatch(self._settled)
+        served = self.dispatcher.dispatch(self.deliverable_indexes)
         self._forget_given_back_once_handed_out()
         if self.dispatcher.max_dispatched is not None and self.dispatcher.max_dispatched > self.delivered_through:
             self.delivered_through = self.dispatcher.max_dispatched
@@ -259,23 +265,15 @@ class SubscriptionState:
         """``take``, grouped: one ``WireEntry`` per run of handed-out messages of one entry (in
         the order they were handed out)."""
         entries: list[WireEntry] = []
-        position = None
-        indexes: list[int] = []
-        counts: list[int] | None = None
-        records: list[bytes] = []
-        for message, redeliveries in self.dispatcher.take(consumer_id):
-            if message.position != position:
-                position = message.position
-                indexes, counts, records = [], None, []
-                entries.append((position.ledger_id, position.entry_id, message.batch_size,
-                                message.publish_time_ms, indexes, counts, records))
-            if redeliveries and counts is None:
-                counts = [0] * len(indexes)
-                entries[-1] = (*entries[-1][:5], counts, records)
-            indexes.append(message.batch_index)
-            records.append(message.record)
-            if counts is not None:
-                counts.append(redeliveries)
+        dispatcher = self.dispatcher
+        for entry, indexes in dispatcher.take_chunks(consumer_id):
+            position, records = entry.position, entry.records
+            if len(indexes) == entry.batch_size:  # the whole entry: its records as they are
+                messages = records[1:]
+            else:
+                messages = [records[index + 1] for index in indexes]
+            entries.append((position.ledger_id, position.entry_id, entry.batch_size, entry.publish_time_ms,
+                            indexes, dispatcher.redelivery_counts(position, indexes), messages))
         return entries
 
     # --- consumers ---------------------------------------------------------------------------
@@ -363,12 +361,10 @@ class SubscriptionState:
             start = next_position(held)
         if start <= last:
             stretches.append((start, next_position(last)))
-        settled: list[MessageKey] = []
         for stretch_start, stretch_end in stretches:
             self.cursor.ack_range(stretch_start, stretch_end)
-            for entry_id in range(stretch_start.entry_id, stretch_end.entry_id):
-                settled += self.dispatcher.settle_entry(Position(stretch_start.ledger_id, entry_id))
-        self.dispatcher.forget_redeliveries(settled)
+            self.dispatcher.ack_entries(Position(stretch_start.ledger_id, entry_id)
+                                        for entry_id in range(stretch_start.entry_id, stretch_end.entry_id))
 
     def _settle(self, acks: Sequence[Ack]) -> list[MessageKey]:
         """The acked messages are no longer outstanding or queued; returns those that were

@@ -39,8 +39,8 @@ def queued(entry: int, index: int = 0, size: int = 1, key: str | None = None) ->
     return QueuedMessage(P(0, entry), index, size, 1000 + entry, record(b"v%d" % entry, key))
 
 
-def never_settled(position: Position, index: int, size: int) -> bool:
-    return False
+def never_settled(position: Position, size: int, indexes: list[int]) -> list[int]:
+    return indexes
 
 
 def fetch(dispatcher: Dispatcher, consumer_id: str, demand: int) -> list[int]:
