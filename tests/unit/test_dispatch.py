@@ -249,6 +249,43 @@ def test_settle_entries_and_cumulative_and_idle_consumers() -> None:
     assert dispatcher.idle_consumers(100.0, 30.0) == ["a"]
 
 
+def test_batch_entries_go_out_in_slices_and_shared_consumers_split_them() -> None:
+    """The queue holds entries: an exclusive fetch whose demand ends inside one takes a slice and
+    the next fetch the rest; Shared consumers get an entry's messages round-robin, each with the
+    right record."""
+    values = [b"m%d" % i for i in range(10)]
+    records = encode_entry(EntryHeader("data", None, "p", 0, 9, 10, 7), [MessageRecord(v) for v in values])
+    dispatcher = Dispatcher(0, routing_key_of)
+    dispatcher.add_consumer("a", "a", ConsumerType.Exclusive, 0.0)
+    assert dispatcher.offer_entry(P(0, 1), 10, 7, records, list(range(10))) == 10
+    assert dispatcher.offer_entry(P(0, 1), 10, 7, records, list(range(10))) == 0  # queued already
+    dispatcher.want("a", 4)
+    dispatcher.dispatch(never_settled)
+    first = dispatcher.take("a")
+    assert [(m.batch_index, m.record) for m, _ in first] == [(i, records[i + 1]) for i in range(4)]
+    assert dispatcher.queued == 6 and dispatcher.outstanding == 4 and dispatcher.first_queued() == (P(0, 1), 4)
+    assert dispatcher.offer_entry(P(0, 1), 10, 7, records, list(range(10))) == 0  # outstanding or queued
+    dispatcher.want("a", 100)
+    dispatcher.dispatch(lambda position, size, indexes: [i for i in indexes if i != 7])  # 7 is settled by now
+    assert [m.batch_index for m, _ in dispatcher.take("a")] == [4, 5, 6, 8, 9]
+    assert dispatcher.queued == 0 and dispatcher.outstanding == 9
+    assert dispatcher.release("a", [(P(0, 1), 2)]) == [(P(0, 1), 2)]
+    assert dispatcher.offer_entry(P(0, 1), 10, 7, records, [2]) == 1  # read again
+    assert fetch(dispatcher, "a", 5) == [1]
+
+    shared = Dispatcher(0, routing_key_of)
+    for consumer in ("a", "b"):
+        shared.add_consumer(consumer, consumer, ConsumerType.Shared, 0.0)
+    shared.offer_entry(P(0, 1), 10, 7, records, list(range(10)))
+    shared.want("a", 3)
+    shared.want("b", 10)
+    shared.dispatch(never_settled)
+    got_a = [(m.batch_index, m.record) for m, _ in shared.take("a")]
+    got_b = [(m.batch_index, m.record) for m, _ in shared.take("b")]
+    assert [i for i, _ in got_a] == [0, 2, 4] and [i for i, _ in got_b] == [1, 3, 5, 6, 7, 8, 9]
+    assert all(record == records[i + 1] for i, record in got_a + got_b)
+
+
 # --- subscription state ------------------------------------------------------------------------
 
 
@@ -267,6 +304,23 @@ def deliver(state: SubscriptionState, demand: int = 100) -> list[tuple[int, int,
     state.dispatcher.want("a", demand)
     state.dispatch()
     return [(entry, index, redeliveries) for _, entry, index, _, _, redeliveries, _ in state.take("a")]
+
+
+def test_reading_a_batch_again_skips_what_the_cursor_or_a_txn_holds_and_takes_whole_entries() -> None:
+    state = state_with_consumer()
+    position, records = data_entry(0, [b"v%d" % i for i in range(6)])
+    state.on_read(state.read_position, [(position, records)], P(0, 1), P(0, 1))
+    [entry] = (state.dispatcher.want("a", 100), state.dispatch(), state.take_entries("a"))[2]
+    assert entry[4] == list(range(6)) and entry[6] == records[1:] and entry[5] is None  # whole, as read
+    state.ack([(position, 1, 6)])
+    record = state.prepare_ack(T1, [(position, 3, 6)])
+    assert record is not None
+    state.apply(record, P(9, 0))
+    assert state.release("a") == 4  # 0, 2, 4, 5: 1 is acked, 3 is T1's
+    state.on_read(state.read_position, [(position, records)], P(0, 1), P(0, 1))
+    [again] = (state.dispatcher.want("a", 100), state.dispatch(), state.take_entries("a"))[2]
+    assert again[4] == [0, 2, 4, 5] and again[5] == [1, 1, 1, 1]
+    assert again[6] == [records[i + 1] for i in (0, 2, 4, 5)]
 
 
 def test_reading_acks_gaps_and_queues_what_is_deliverable() -> None:
