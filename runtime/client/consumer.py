@@ -91,7 +91,10 @@ class _HeldBatch:
     txn: Transaction
     batch_size: int
     indexes: set[int] = field(default_factory=set)
-    futures: list[concurrent.futures.Future] = field(default_factory=list)
+    # One future for all of them: they go in one call (a whole-entry ack, or the indexes together
+    # at commit), so they succeed or fail together, and a future per message cost as much as
+    # the rest of the ack.
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
 
 
 @dataclass
@@ -377,9 +380,7 @@ class Consumer:
         message_id, batch_size = self._id_and_size(message)
         if cumulative and self.consumer_type in (ConsumerType.Shared, ConsumerType.KeyShared):
             raise NotAllowed(f"cumulative acks are not allowed on a {self.consumer_type} subscription")
-        future: concurrent.futures.Future = concurrent.futures.Future()
         ack: tuple[Position, int | None, int] = (message_id.position, message_id.batch_index, batch_size)
-        futures = [future]
         with self._acks_lock:
             self._untrack(message_id, cumulative)
             if txn is not None and batch_size > 1 and not cumulative and not send_now:
@@ -387,19 +388,20 @@ class Consumer:
                 held = self._held.get(held_key)
                 if held is None:
                     held = self._held[held_key] = _HeldBatch(txn, batch_size)
+                    txn.hold(self)  # the commit sends what is held (flush_txn takes every held batch)
                 held.indexes.add(message_id.batch_index)
-                held.futures.append(future)
                 if len(held.indexes) < batch_size:
-                    txn.hold(self)  # the commit sends what is held
-                    return future
+                    return held.future
                 del self._held[held_key]
-                ack, futures = (message_id.position, None, batch_size), held.futures
+                ack, future = (message_id.position, None, batch_size), held.future
+            else:
+                future = concurrent.futures.Future()
             group, new_group = self._group_locked(message_id.partition, txn, cumulative)
             if cumulative:  # one call names one message: the highest, which covers the others
                 group.acks = [max([*group.acks, ack], key=lambda a: (a[0], a[1] or 0))]
             else:
                 group.acks.append(ack)
-            group.futures += futures
+            group.futures.append(future)
             flush_now = send_now or len(group.acks) >= ACK_GROUP_MAX
             delay = ACK_GROUP_DELAY_S if txn is None else TXN_ACK_GROUP_DELAY_S
             flush_later = not flush_now and delay < self._flush_due_in
@@ -458,7 +460,7 @@ class Consumer:
                 _, partition, position = held_key
                 group, new_group = self._group_locked(partition, txn, False)
                 group.acks += [(position, index, held.batch_size) for index in sorted(held.indexes)]
-                group.futures += held.futures
+                group.futures.append(held.future)
                 if new_group:
                     new_groups.append(group)
         for group in new_groups:
