@@ -89,6 +89,7 @@ class Supervisor(ActorShell, FaultTarget):
         self._ledger: ManagedLedger | None = None
         self._lock = asyncio.Lock()
         self._health: dict[str, dict[str, Any]] = {}
+        self._probed_at: dict[str, float] = {}  # live actor -> when the watcher last probed it
         self._watch_task: asyncio.Task | None = None
         self.info: dict[str, Any] = {}
         self.faults = FaultPoints()
@@ -530,11 +531,20 @@ class Supervisor(ActorShell, FaultTarget):
         live = _live_actor_names()
         names = self.actor_names()
         probes = []
+        alive: list[tuple[float, str, str]] = []  # (last probed, name, kind) of live ALIVE ones
         for name, kind in names:
-            if name in live or kind == "coordinator":
+            if name in live and kind != "coordinator" and self._health.get(name, {}).get("state") == "ALIVE":
+                alive.append((self._probed_at.get(name, 0.0), name, kind))
+            elif name in live or kind == "coordinator":
                 probes.append(self._probe(name, kind, name in live))
             else:  # most actors of a large catalog: no process, no call, no coroutine
                 self._row(name, kind)["state"] = "DORMANT"
+                self._probed_at.pop(name, None)
+        if len(self._probed_at) > len(live):  # forget actors gone since (deleted topics)
+            self._probed_at = {name: at for name, at in self._probed_at.items() if name in live}
+        alive.sort()
+        for _, name, kind in alive[:self.config.max_probes_per_watch]:
+            probes.append(self._probe(name, kind, True))
         await asyncio.gather(*probes, return_exceptions=True)
         counts: dict[tuple[str, str], int] = {}
         for name, kind in names:
@@ -550,6 +560,7 @@ class Supervisor(ActorShell, FaultTarget):
 
     async def _probe(self, name: str, kind: str, live: bool) -> None:
         row = self._row(name, kind)
+        self._probed_at[name] = self.clock.monotonic()
         if not live or (handle := _handle(name)) is None:
             await self._not_running(name, kind, row)
             return

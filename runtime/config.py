@@ -81,7 +81,7 @@ class SubscriptionConfig:
     consumer_timeout_s: float = 30.0           # a consumer neither fetching nor pinging this long is dropped
     read_ahead_messages: int = 2000            # messages read from the partition ahead of dispatch
     read_batch_entries: int = 200              # entries per partition read
-    read_wait_s: float = 0.5                   # a partition read long-polls this long for new data
+    read_wait_s: float = 5.0                   # a partition read long-polls this long for new data
 
 
 @dataclass
@@ -95,6 +95,10 @@ class EngineConfig:
     actor_resources: dict[str, float] = field(default_factory=dict)
     watch_interval_s: float = 1.0     # the supervisor probes every actor this often
     watch_timeout_s: float = 10.0     # a probe unanswered this long reports RECOVERING
+    # Live partitions and subscriptions found ALIVE are probed at most this many per watch round,
+    # least recently probed first (coordinators and actors not known ALIVE: every round). A probe
+    # is an actor call, and probing 130 actors every second cost more CPU than they used idle.
+    max_probes_per_watch: int = 32
     # Partition and subscription actors idle this long (no call, no open txn, no consumer) are
     # passivated: their process stops, and the next call starts it again. None: never.
     passivate_idle_s: float | None = 300.0

@@ -53,7 +53,7 @@ __all__ = ["Consumer", "ConsumerType", "InitialPosition", "MessageBatch"]
 
 log = logging.getLogger(__name__)
 
-FETCH_WAIT_S = 0.5        # a fetch long-polls the actor this long
+FETCH_WAIT_S = 5.0        # a fetch long-polls the actor this long
 PING_INTERVAL_S = 0.5     # a consumer whose queue is full still shows it is alive this often
 # Acks wait this long for company. Acks in a txn go sooner, so that little is left to send when
 # the txn commits (a commit sends its txn's acks at once).
