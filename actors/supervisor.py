@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 import msgspec
@@ -531,10 +532,10 @@ class Supervisor(ActorShell, FaultTarget):
         live = _live_actor_names()
         names = self.actor_names()
         probes = []
-        alive: list[tuple[float, str, str]] = []  # (last probed, name, kind) of live ALIVE ones
+        alive: dict[str, str] = {}  # name -> kind of the live partitions and subscriptions known ALIVE
         for name, kind in names:
             if name in live and kind != "coordinator" and self._health.get(name, {}).get("state") == "ALIVE":
-                alive.append((self._probed_at.get(name, 0.0), name, kind))
+                alive[name] = kind
             elif name in live or kind == "coordinator":
                 probes.append(self._probe(name, kind, name in live))
             else:  # most actors of a large catalog: no process, no call, no coroutine
@@ -542,9 +543,8 @@ class Supervisor(ActorShell, FaultTarget):
                 self._probed_at.pop(name, None)
         if len(self._probed_at) > len(live):  # forget actors gone since (deleted topics)
             self._probed_at = {name: at for name, at in self._probed_at.items() if name in live}
-        alive.sort()
-        for _, name, kind in alive[:self.config.max_probes_per_watch]:
-            probes.append(self._probe(name, kind, True))
+        for name in probes_due(alive, self._probed_at, self.config.max_probes_per_watch):
+            probes.append(self._probe(name, alive[name], True))
         await asyncio.gather(*probes, return_exceptions=True)
         counts: dict[tuple[str, str], int] = {}
         for name, kind in names:
@@ -706,6 +706,12 @@ def _handle(name: str) -> Any:
         return ray.get_actor(name, namespace=NAMESPACE)
     except ValueError:
         return None
+
+
+def probes_due(candidates: Iterable[str], probed_at: dict[str, float], budget: int) -> list[str]:
+    """The ``budget`` candidates probed longest ago (never probed first): over consecutive watch
+    rounds every candidate comes up, once every ``ceil(len / budget)`` rounds."""
+    return sorted(candidates, key=lambda name: probed_at.get(name, float("-inf")))[:budget]
 
 
 def _live_actor_names() -> set[str]:

@@ -2,7 +2,8 @@
 again, and nothing is lost or duplicated across it; what holds an actor up (an open txn, an
 attached consumer) keeps it; a txn whose participant is dormant still commits and aborts; and an
 actor the cluster has no room for is a clear error, not a hang. One engine for the module,
-passivating after 1 s idle."""
+passivating after 1 s idle, whose watcher probes at most 2 live actors per round (so every test
+here also runs with the probes rotating)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import ray
 import raytxn as rt
 from raytxn.client.rpc import ActorRef
 from raytxn.errors import CannotPlaceActor
+from raytxn.hashing import partition_for
 from raytxn.ids import NAMESPACE, coordinator_actor_name, partition_actor_name, subscription_actor_name
 from tests.engine import engine_client, new_topic, nothing_more, receive_all, visible_values, wait_for
 from tests.engine import health_row as row
@@ -27,7 +29,7 @@ IDLE_S = 1.0
 
 @pytest.fixture(scope="module")
 def client(ray_session: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[rt.Client]:
-    yield from engine_client(tmp_path_factory, watch_interval_s=0.3, passivate_idle_s=IDLE_S)
+    yield from engine_client(tmp_path_factory, watch_interval_s=0.3, passivate_idle_s=IDLE_S, max_probes_per_watch=2)
 
 
 def live(name: str) -> bool:
@@ -62,6 +64,19 @@ def test_idle_actors_are_passivated_and_the_next_call_activates_them_exactly_onc
     assert nothing_more(consumer)
     consumer.close()
     assert visible_values(topic) == [b"before-1", b"before-2", b"after"]
+
+
+def test_with_two_probes_a_round_six_idle_partitions_are_all_passivated(client: rt.Client) -> None:
+    """The end-to-end check of the probe budget (the rotation itself: tests/unit/test_shell.py)."""
+    topic = new_topic(client, prefix="rotate", partitions=6)
+    producer = client.create_producer(topic)
+    for partition in range(6):
+        key = next(f"k{i}" for i in range(1000) if partition_for(f"k{i}", 6) == partition)
+        producer.send(b"p%d" % partition, key=key)
+    names = [partition_actor_name(topic, partition) for partition in range(6)]
+    wait_for(lambda: all(row(client, name)["passivations"] == 1 for name in names), timeout_s=60,
+             what="all six passivated")
+    assert sorted(visible_values(topic, range(6))) == sorted(b"p%d" % partition for partition in range(6))
 
 
 def test_an_open_txn_and_an_attached_consumer_hold_their_actors(client: rt.Client) -> None:

@@ -370,3 +370,20 @@ def test_passivation_needs_idleness_and_no_blocker_and_a_quiet_persist() -> None
         assert actor.exits == []  # the supervisor kills it; it ends itself only PASSIVATED_EXIT_S later
 
     run(scenario())
+
+
+def test_the_watcher_probes_live_actors_in_turn_under_its_budget() -> None:
+    """Two probes per round over five actors: the least recently probed go first, so every
+    actor is probed within three rounds and none twice before all were probed once."""
+    from raytxn.actors.supervisor import probes_due
+
+    probed_at: dict[str, float] = {"a": 5.0}  # "a" was probed; the others never were
+    names = ["a", "b", "c", "d", "e"]
+    rounds = []
+    for now in (10.0, 11.0, 12.0):
+        due = probes_due(names, probed_at, 2)
+        rounds.append(due)
+        probed_at.update(dict.fromkeys(due, now))
+    assert rounds[0] == ["b", "c"]  # never probed first, in the order given
+    assert sorted(rounds[0] + rounds[1] + [rounds[2][0]]) == names  # all five within three rounds
+    assert probes_due(names, probed_at, 10) == sorted(names, key=probed_at.__getitem__)  # under budget: all
