@@ -47,7 +47,6 @@ from raytxn.protocol.entry_format import (
     EntryHeader,
     decode_header,
     decode_submitted_message,
-    encode_entry,
     entry_records,
 )
 from raytxn.protocol.lease import RangePlan
@@ -221,15 +220,14 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
         if decision.duplicate:
             self.info["duplicates"] += 1
             return AppendResult(decision.position, len(messages), True)
-        records = entry_records(header, messages)
         try:
-            position = await self._ledger_append(records, header)
+            position = await self._ledger_append(header, messages)
         except MessageTooLarge:
             self.buffer.cancel_append(header)
             raise
         self.info["appends"] += 1
         self.info["bytes_in"] += value_bytes
-        self.metrics.appended(len(messages), sum(len(r) for r in records) - len(records[0]))  # records[0]: header
+        self.metrics.appended(len(messages), sum(len(m) for m in messages))
         await self._notify()
         await self.faults.hit("partition.after_append_before_reply", txn=txn, producer=producer)
         return AppendResult(position, len(messages), False)
@@ -252,10 +250,18 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
             if not waiter.done():
                 waiter.set_result(None)
 
-    async def _ledger_append(self, records: list[bytes], header: EntryHeader) -> Position:
-        """Append one entry; a failed write stops this incarnation (see the actor shell)."""
+    async def _ledger_append(self, header: EntryHeader, messages: list[bytes]) -> Position:
+        """Append one entry; a failed write stops this incarnation (see the actor shell). The
+        header gets its Kafka base offset here, with no await before the ledger queues the entry,
+        so offsets follow ledger order (``protocol.offsets``)."""
         assert self._ledger is not None
-        return await self._write(self._ledger.append(records, on_durable=self._apply(header)))
+        stamped = self.buffer.stamp(header)
+        records = entry_records(stamped, messages)
+        try:
+            return await self._write(self._ledger.append(records, on_durable=self._apply(stamped)))
+        except MessageTooLarge:  # refused before it was queued: the newest stamp, taken back
+            self.buffer.unstamp(stamped)
+            raise
 
     async def _notify(self) -> None:
         """After appends and markers: wake waiting readers (the readable end may have moved)."""
@@ -286,7 +292,7 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
             return
         await self.faults.hit("partition.before_marker", txn=decision.txn)
         # Queued back to back (no await between), so they land in this order.
-        appends = [asyncio.ensure_future(self._ledger_append(encode_entry(h), h)) for h in headers]
+        appends = [asyncio.ensure_future(self._ledger_append(h, [])) for h in headers]
         await asyncio.gather(*appends)
         self.info["markers"] += len(headers)
         self._ended_since_snapshot += len(headers)
@@ -555,7 +561,28 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
         stats["ledgers"] = [i.ledger_id for i in self._ledger.ledgers]
         stats["rss_bytes"] = psutil.Process().memory_info().rss
         stats["trimmed_below"] = str(self._ledger.trimmed_below)
+        stats["kafka_offsets"] = self._kafka_offsets()
         return stats
+
+    def _kafka_offsets(self) -> dict[str, int]:
+        assert self._ledger is not None
+        return {"log_start": self.buffer.offsets.start_offset(self._ledger.trimmed_below),
+                "last_stable": self.buffer.last_stable_offset, "high_watermark": self.buffer.offsets.next_offset}
+
+    @guarded(Access.CONSUME)
+    async def kafka_offsets(self) -> dict[str, int]:
+        """Kafka's log start offset, last stable offset and high watermark of this partition."""
+        await self._started()
+        return self._kafka_offsets()
+
+    @guarded(Access.CONSUME)
+    async def locate_offset(self, offset: int) -> Position | None:
+        """The position of the index point to read from to find Kafka ``offset`` (the entry at
+        it has a base offset at or below ``offset``); None if ``offset`` is not stored here."""
+        await self._started()
+        assert self._ledger is not None
+        point = self.buffer.offsets.locate(offset, self._ledger.trimmed_below)
+        return None if point is None else point.position
 
 
 
