@@ -3,6 +3,7 @@ local Ray, an engine on file:// storage, a gateway actor on a free port of 127.0
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import time
@@ -193,3 +194,38 @@ def test_unserved_api_versions_get_unsupported_version(bootstrap: str) -> None:
         body = struct.pack(">hhih", 11, 0, 8, 1) + b"t"  # JoinGroup: not served
         sock.sendall(struct.pack(">i", len(body)) + body)
         assert sock.recv(4) == b""
+
+
+def test_cli_starts_a_gateway(client: rt.Client) -> None:
+    """``raytxn kafka`` starts a gateway actor that serves Kafka clients after the CLI returned."""
+    import json
+
+    from kafka import KafkaConsumer
+    from typer.testing import CliRunner
+
+    from raytxn.kafka.gateway import gateway_actor_name
+    from raytxn.tools.cli import app
+
+    topic = new_topic(client)
+    with socket_free_port() as port:
+        pass
+    result = CliRunner().invoke(app, ["kafka", "--port", str(port), "--bind-host", "127.0.0.1",
+                                      "--advertised-host", "127.0.0.1", "--json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    address = json.loads(result.output.strip().splitlines()[-1])
+    assert address["bootstrap"] == f"127.0.0.1:{port}"
+    try:
+        consumer = KafkaConsumer(bootstrap_servers=address["bootstrap"], group_id=None)
+        assert topic in consumer.topics()
+        consumer.close()
+    finally:
+        ray.kill(ray.get_actor(gateway_actor_name(port), namespace="raytxn"), no_restart=True)
+
+
+@contextlib.contextmanager
+def socket_free_port() -> Iterator[int]:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]
