@@ -2,10 +2,10 @@
 the response's fields (``wire`` encodes them). Partitions are called through their actors, so a
 gateway holds no partition state: any number of gateways serve the same topics.
 
-This gateway is one Kafka node (id 0) that leads every partition; Metadata says so, and clients
-send it everything. Transactions and consumer groups are not served yet: FindCoordinator answers
-COORDINATOR_NOT_AVAILABLE, InitProducerId with a transactional id
-TRANSACTIONAL_ID_AUTHORIZATION_FAILED, a transactional Produce INVALID_REQUEST.
+This gateway is one Kafka node (id 0) that leads every partition and coordinates every Kafka
+transaction (``transactions``); Metadata and FindCoordinator say so, and clients send it
+everything. Consumer groups are not served yet: FindCoordinator for a group answers
+COORDINATOR_NOT_AVAILABLE.
 """
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ from typing import Any
 
 from kafka.protocol.consumer import FetchResponse, ListOffsetsResponse
 from kafka.protocol.metadata import FindCoordinatorResponse, MetadataResponse
-from kafka.protocol.producer import ProduceResponse
+from kafka.protocol.producer import AddPartitionsToTxnResponse, ProduceResponse
 
 from raytxn.errors import InvalidArgument, RaytxnError, TopicNotFound
 from raytxn.kafka import mapping, wire
 from raytxn.kafka.records import decode_batches, encode_entry
+from raytxn.kafka.transactions import INVALID_TXN_STATE, KafkaTransactions, TxnState
 from raytxn.protocol.entry_format import encode_message
 
 log = logging.getLogger(__name__)
@@ -52,8 +53,8 @@ class Connection:
 
 class Broker:
     def __init__(self, host: str, port: int, topic_partitions: TopicPartitions, call: PartitionCall,
-                 topics: TopicNames) -> None:
-        self.host, self.port = host, port
+                 topics: TopicNames, transactions: KafkaTransactions) -> None:
+        self.host, self.port, self.transactions = host, port, transactions
         self._topic_partitions, self._call, self._topics = topic_partitions, call, topics
         self._cache: dict[str, tuple[float, int]] = {}
         self._connections = itertools.count()
@@ -103,24 +104,51 @@ class Broker:
                 "topics": topics}
 
     async def find_coordinator(self, request: Any, version: int) -> dict[str, Any]:
-        message = "consumer groups and Kafka transactions are not served by this raytxn gateway yet"
+        """This node for transactions (key type 1); none for consumer groups, not served yet."""
+        if getattr(request, "key_type", 0) == 1:
+            error, message, node, host, port = wire.NONE, None, NODE_ID, self.host, self.port
+        else:
+            error, message = wire.COORDINATOR_NOT_AVAILABLE, "consumer groups are not served by this gateway yet"
+            node, host, port = -1, "", -1
         keys = request.coordinator_keys or [request.key]
-        coordinators = [FindCoordinatorResponse.Coordinator(key=k, node_id=-1, host="", port=-1,
-                                                            error_code=wire.COORDINATOR_NOT_AVAILABLE,
-                                                            error_message=message) for k in keys]
-        return {"throttle_time_ms": 0, "error_code": wire.COORDINATOR_NOT_AVAILABLE, "error_message": message,
-                "node_id": -1, "host": "", "port": -1, "coordinators": coordinators}
+        coordinators = [FindCoordinatorResponse.Coordinator(key=k, node_id=node, host=host, port=port,
+                                                            error_code=error, error_message=message) for k in keys]
+        return {"throttle_time_ms": 0, "error_code": error, "error_message": message,
+                "node_id": node, "host": host, "port": port, "coordinators": coordinators}
 
     async def init_producer_id(self, request: Any, version: int) -> dict[str, Any]:
         if request.transactional_id is not None:
-            return {"throttle_time_ms": 0, "error_code": wire.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-                    "producer_id": -1, "producer_epoch": -1}
+            error, producer_id, epoch = await self.transactions.init_producer_id(
+                request.transactional_id, request.transaction_timeout_ms)
+            return {"throttle_time_ms": 0, "error_code": error, "producer_id": producer_id,
+                    "producer_epoch": epoch}
         given = getattr(request, "producer_id", -1)
         if given is not None and given >= 0:  # KIP-360: the producer asks for its next epoch
             return {"throttle_time_ms": 0, "error_code": wire.NONE, "producer_id": given,
                     "producer_epoch": request.producer_epoch + 1}
-        return {"throttle_time_ms": 0, "error_code": wire.NONE, "producer_id": secrets.randbelow(1 << 62),
+        return {"throttle_time_ms": 0, "error_code": wire.NONE, "producer_id": secrets.randbelow(1 << 61),
                 "producer_epoch": 0}
+
+    async def add_partitions_to_txn(self, request: Any, version: int) -> dict[str, Any]:
+        topics = request.v3_and_below_topics
+        state = self.transactions.state(request.v3_and_below_transactional_id, request.v3_and_below_producer_id,
+                                        request.v3_and_below_producer_epoch)
+        error = state if not isinstance(state, TxnState) else wire.NONE
+        wanted = [(topic.name, p) for topic in topics for p in topic.partitions]
+        for name, p in wanted:  # every partition exists, or none is added
+            if error == wire.NONE:
+                error = await self._partition_error(name, p)
+        if error == wire.NONE and isinstance(state, TxnState):
+            error = await self.transactions.add_partitions(state, wanted)
+        result = AddPartitionsToTxnResponse.AddPartitionsToTxnTopicResult
+        return {"throttle_time_ms": 0, "results_by_topic_v3_and_below": [
+            result(name=t.name, results_by_partition=[result.AddPartitionsToTxnPartitionResult(
+                partition_index=p, partition_error_code=error) for p in t.partitions]) for t in topics]}
+
+    async def end_txn(self, request: Any, version: int) -> dict[str, Any]:
+        state = self.transactions.state(request.transactional_id, request.producer_id, request.producer_epoch)
+        error = await self.transactions.end(state, request.committed) if isinstance(state, TxnState) else state
+        return {"throttle_time_ms": 0, "error_code": error}
 
     # --- offsets -------------------------------------------------------------------------------
 
@@ -170,8 +198,6 @@ class Broker:
                                  conn: Connection) -> tuple[int, int, str | None]:
         if request.acks not in (0, 1, -1):
             return wire.INVALID_REQUIRED_ACKS, -1, f"acks={request.acks}: use 0, 1 or -1"
-        if request.transactional_id is not None:
-            return wire.INVALID_REQUEST, -1, "Kafka transactions are not served by this gateway yet"
         error = await self._partition_error(topic, data.index)
         if error != wire.NONE:
             return error, -1, None
@@ -179,7 +205,16 @@ class Broker:
             batches = decode_batches(data.records)
             base_offset = -1
             for batch in batches:
-                result = await self._append(topic, data.index, batch, conn)
+                txn = None
+                if batch.transactional:
+                    state = self.transactions.state(request.transactional_id, batch.producer_id,
+                                                    batch.producer_epoch)
+                    if not isinstance(state, TxnState):
+                        return state, -1, "not the current producer of its transactional id"
+                    txn = self.transactions.txn_for(state, topic, data.index)
+                    if txn is None:
+                        return INVALID_TXN_STATE, -1, "partition not added to the transaction"
+                result = await self._append(topic, data.index, batch, conn, txn)
                 if base_offset < 0 and result.base_offset is not None:
                     base_offset = result.base_offset
             return wire.NONE, base_offset, None
@@ -187,9 +222,7 @@ class Broker:
             log.info("produce to %s-%d refused: %r", topic, data.index, e)
             return mapping.error_code(e), -1, str(e)
 
-    async def _append(self, topic: str, partition: int, batch: Any, conn: Connection) -> Any:
-        if batch.transactional:
-            raise InvalidArgument("transactional batches are not served by this gateway yet")
+    async def _append(self, topic: str, partition: int, batch: Any, conn: Connection, txn: Any) -> Any:
         messages = [encode_message(m) for m in batch.messages]
         if batch.producer_id >= 0:  # idempotent: Kafka's sequence numbers are raytxn's
             first = batch.base_sequence
@@ -200,7 +233,7 @@ class Broker:
             producer = conn.anonymous_producer
             first = conn.sequences.get((topic, partition), 0)
             previous = -1
-        result = await self._call(topic, partition, "append", producer, first, messages, None, previous)
+        result = await self._call(topic, partition, "append", producer, first, messages, txn, previous)
         if batch.producer_id < 0:
             conn.sequences[(topic, partition)] = first + len(messages)
         return result

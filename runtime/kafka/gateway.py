@@ -20,10 +20,12 @@ import ray
 
 from raytxn.client.rpc import ActorRef
 from raytxn.errors import InvalidArgument, RaytxnError
-from raytxn.ids import NAMESPACE, SUPERVISOR_NAME, partition_actor_name
+from raytxn.hashing import coordinator_for
+from raytxn.ids import NAMESPACE, SUPERVISOR_NAME, TxnID, coordinator_actor_name, partition_actor_name
 from raytxn.kafka import wire
 from raytxn.kafka.broker import Broker, Connection
 from raytxn.kafka.mapping import raytxn_topic
+from raytxn.kafka.transactions import KafkaTransactions
 
 log = logging.getLogger(__name__)
 CALL_DEADLINE_S = 30.0
@@ -35,8 +37,9 @@ def gateway_actor_name(port: int) -> str:
 
 class KafkaGateway:
     def __init__(self, port: int = 9092, bind_host: str = "0.0.0.0", advertised_host: str | None = None,
-                 token: str | None = None) -> None:
+                 token: str | None = None, num_coordinators: int = 2) -> None:
         self.port, self.bind_host, self.token = port, bind_host, token
+        self._coordinators = [ActorRef(coordinator_actor_name(i), token) for i in range(num_coordinators)]
         self.advertised_host = advertised_host or ray.util.get_node_ip_address()
         self._server: asyncio.base_events.Server | None = None
         self._refs: dict[str, ActorRef] = {}
@@ -49,8 +52,10 @@ class KafkaGateway:
         if self._server is None:
             self._server = await asyncio.start_server(self._serve, self.bind_host, self.port)
             self.port = self._server.sockets[0].getsockname()[1]  # the port bound, also for port 0
+            transactions = KafkaTransactions(f"kafka-gateway-{self.advertised_host}-{self.port}",
+                                             self._home_call, self._txn_call)
             self.broker = Broker(self.advertised_host, self.port, self._topic_partitions, self._call,
-                                 self._topic_names)
+                                 self._topic_names, transactions)
         return self.address()
 
     def address(self) -> dict[str, Any]:
@@ -73,6 +78,13 @@ class KafkaGateway:
         if ref is None:
             ref = self._refs[name] = ActorRef(name, self.token)
         return await ref.call_async(method, *args, deadline_s=CALL_DEADLINE_S)
+
+    async def _home_call(self, transactional_id: str, method: str, *args: Any) -> Any:
+        home = self._coordinators[coordinator_for(transactional_id, len(self._coordinators))]
+        return await home.call_async(method, *args, deadline_s=CALL_DEADLINE_S)
+
+    async def _txn_call(self, txn: TxnID, method: str, *args: Any) -> Any:
+        return await self._coordinators[txn.tc_id].call_async(method, *args, deadline_s=CALL_DEADLINE_S)
 
     # --- Kafka side ----------------------------------------------------------------------------
 
@@ -107,7 +119,8 @@ class KafkaGateway:
         request = wire.decode_request(header, payload)
         broker, version = self.broker, header.api_version
         handlers = {3: broker.metadata, 10: broker.find_coordinator, 2: broker.list_offsets,
-                    1: broker.fetch, 22: broker.init_producer_id}
+                    1: broker.fetch, 22: broker.init_producer_id, 24: broker.add_partitions_to_txn,
+                    26: broker.end_txn}
         try:
             if header.api_key == 0:
                 fields = await broker.produce(request, version, conn)
@@ -128,21 +141,24 @@ class KafkaGateway:
             self._server = None
 
 
-KafkaGatewayActor = ray.remote(num_cpus=0, max_restarts=-1, max_concurrency=10_000)(KafkaGateway)
+# Not restarted by Ray: a restarted actor would not serve until start() is called again; `raytxn
+# kafka` (or start_gateway) with the same port starts it again.
+KafkaGatewayActor = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=10_000)(KafkaGateway)
 
 
 def start_gateway(port: int = 9092, *, bind_host: str = "0.0.0.0", advertised_host: str | None = None,
-                  token: str | None = None) -> dict[str, Any]:
+                  token: str | None = None, num_coordinators: int = 2) -> dict[str, Any]:
     """Start a Kafka gateway actor on the Ray cluster this driver is connected to (after
     ``raytxn.connect``), serving ``port`` (0: any free port); returns its advertised address,
-    ``bootstrap`` being what Kafka clients take as ``bootstrap.servers``. Idempotent per port."""
+    ``bootstrap`` being what Kafka clients take as ``bootstrap.servers``. Idempotent per port.
+    ``num_coordinators``: the engine's (``client.config.coordinator.num_coordinators``)."""
     if type(port) is not int or not 0 <= port < 65536:
         raise InvalidArgument(f"port must be an int in 0..65535, got {port!r}")
     name = gateway_actor_name(port) if port else None
     options: dict[str, Any] = {"namespace": NAMESPACE, "lifetime": "detached"}
     if name is not None:
         options.update(name=name, get_if_exists=True)
-    actor = KafkaGatewayActor.options(**options).remote(port, bind_host, advertised_host, token)
+    actor = KafkaGatewayActor.options(**options).remote(port, bind_host, advertised_host, token, num_coordinators)
     address = ray.get(actor.start.remote())
     address["actor"] = actor
     return address

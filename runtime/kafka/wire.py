@@ -23,7 +23,16 @@ from kafka.protocol.metadata import (
     MetadataRequest,
     MetadataResponse,
 )
-from kafka.protocol.producer import InitProducerIdRequest, InitProducerIdResponse, ProduceRequest, ProduceResponse
+from kafka.protocol.producer import (
+    AddPartitionsToTxnRequest,
+    AddPartitionsToTxnResponse,
+    EndTxnRequest,
+    EndTxnResponse,
+    InitProducerIdRequest,
+    InitProducerIdResponse,
+    ProduceRequest,
+    ProduceResponse,
+)
 
 from raytxn.errors import InvalidArgument
 
@@ -62,7 +71,8 @@ class Api:
 
 # What this gateway serves, by API key. Versions: Produce from 3 and Fetch from 4 (record batches,
 # magic 2, and isolation levels), Fetch to 12 (13 addresses topics by id), Metadata to 9 (10 adds
-# topic ids), FindCoordinator to 3 (4 batches keys), InitProducerId to 4 (idempotent producers).
+# topic ids), FindCoordinator to 3 (4 batches keys), InitProducerId to 4, AddPartitionsToTxn to 3
+# (4 is the brokers' batched form), EndTxn to 3.
 SERVED: dict[int, Api] = {api.key: api for api in (
     Api(18, ApiVersionsRequest, ApiVersionsResponse, 0, 3),
     Api(3, MetadataRequest, MetadataResponse, 0, 9),
@@ -71,6 +81,8 @@ SERVED: dict[int, Api] = {api.key: api for api in (
     Api(0, ProduceRequest, ProduceResponse, 3, 9),
     Api(1, FetchRequest, FetchResponse, 4, 12),
     Api(22, InitProducerIdRequest, InitProducerIdResponse, 0, 4),
+    Api(24, AddPartitionsToTxnRequest, AddPartitionsToTxnResponse, 0, 3),
+    Api(26, EndTxnRequest, EndTxnResponse, 0, 3),
 )}
 API_VERSIONS = 18
 MAX_FRAME_BYTES = 100 << 20

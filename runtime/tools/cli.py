@@ -182,8 +182,9 @@ def kafka(port: Annotated[int, typer.Option("--port", help="TCP port Kafka clien
     kafka-python, kcat) then produce and fetch with bootstrap.servers set to the address shown."""
     from raytxn.kafka.gateway import start_gateway
 
-    with _client(address):
-        gateway = start_gateway(port, bind_host=bind_host, advertised_host=advertised_host, token=_token)
+    with _client(address) as client:
+        gateway = start_gateway(port, bind_host=bind_host, advertised_host=advertised_host, token=_token,
+                                num_coordinators=client.config.coordinator.num_coordinators)
     gateway.pop("actor")
     if as_json:
         print(json.dumps(gateway))

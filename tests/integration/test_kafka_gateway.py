@@ -16,7 +16,7 @@ import ray
 
 import raytxn as rt
 from raytxn.kafka.gateway import start_gateway
-from tests.engine import engine_client, new_topic
+from tests.engine import engine_client, new_topic, visible_values
 
 pytestmark = pytest.mark.ray
 
@@ -229,3 +229,41 @@ def socket_free_port() -> Iterator[int]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         yield sock.getsockname()[1]
+
+
+def test_confluent_transactional_producer_commit_abort_and_fencing(client: rt.Client, bootstrap: str) -> None:
+    """Kafka transactions on raytxn transactions: a read_committed consumer sees the committed
+    transaction only; a second producer with the same transactional.id fences the first."""
+    from confluent_kafka import KafkaException, Producer
+
+    topic = new_topic(client)
+    config = {"bootstrap.servers": bootstrap, "transactional.id": f"tx-{uuid.uuid4().hex[:6]}",
+              "transaction.timeout.ms": 60000}
+    producer = Producer(config)
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(topic, value=b"aborted")
+    producer.flush(30)
+    producer.abort_transaction(30)
+    producer.begin_transaction()
+    for i in range(3):
+        producer.produce(topic, value=f"committed-{i}".encode())
+    producer.commit_transaction(30)
+
+    zombie_txn_data = b"zombie"
+    producer.begin_transaction()
+    producer.produce(topic, value=zombie_txn_data)
+    producer.flush(30)
+    successor = Producer(config)
+    successor.init_transactions(30)                 # fences the first producer, aborts its open txn
+    with pytest.raises(KafkaException):
+        producer.commit_transaction(30)
+    successor.begin_transaction()
+    successor.produce(topic, value=b"successor")
+    successor.commit_transaction(30)
+
+    consumer = ck_consumer(bootstrap, topic, "read_committed")
+    values = [m.value() for m in ck_values(consumer, 4, quiet_s=1.5)]
+    consumer.close()
+    assert values == [b"committed-0", b"committed-1", b"committed-2", b"successor"]
+    assert visible_values(topic) == values              # the same through raytxn's own read path

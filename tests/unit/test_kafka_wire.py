@@ -145,3 +145,35 @@ def test_topic_names_producer_ids_and_error_codes() -> None:
                                             RuntimeError("r"))] == [
         wire.UNKNOWN_TOPIC_OR_PARTITION, wire.INVALID_TOPIC_EXCEPTION, wire.MESSAGE_TOO_LARGE,
         wire.OUT_OF_ORDER_SEQUENCE_NUMBER, wire.INVALID_RECORD, wire.NOT_ENOUGH_REPLICAS, wire.UNKNOWN_SERVER_ERROR]
+
+
+def test_transactional_ids_have_stable_producer_ids_apart_from_the_others() -> None:
+    from raytxn.kafka.transactions import tid_producer_id
+
+    ids = {tid_producer_id(f"tx-{i}") for i in range(500)}
+    assert len(ids) == 500 and all(1 << 61 <= i < 1 << 62 for i in ids)
+    assert tid_producer_id("orders") == tid_producer_id("orders")
+
+
+def test_calls_under_an_unknown_id_or_an_old_epoch_are_refused() -> None:
+    import asyncio
+
+    from raytxn.kafka.transactions import INVALID_PRODUCER_ID_MAPPING, KafkaTransactions, TxnState
+
+    async def register(tid: str, method: str, *args: object) -> int:
+        assert method == "register_transactional_id"
+        return 4
+
+    async def never(*args: object) -> None:
+        raise AssertionError("no call expected")
+
+    txns = KafkaTransactions("gw", register, never)
+    error, producer_id, epoch = asyncio.run(txns.init_producer_id("tx", 1000))
+    assert (error, epoch) == (wire.NONE, 4)
+    assert isinstance(txns.state("tx", producer_id, 4), TxnState)
+    assert txns.state("tx", producer_id, 3) == wire.INVALID_PRODUCER_EPOCH
+    assert txns.state("other", producer_id, 4) == INVALID_PRODUCER_ID_MAPPING
+    assert txns.state("tx", producer_id + 1, 4) == INVALID_PRODUCER_ID_MAPPING
+    state = txns.state("tx", producer_id, 4)
+    assert isinstance(state, TxnState) and txns.txn_for(state, "t", 0) is None  # nothing added
+    assert asyncio.run(txns.end(state, commit=True)) == wire.NONE  # nothing to end
