@@ -13,6 +13,10 @@ Recovery: open the ledger (sealing the previous incarnation's), restore the newe
 snapshot, replay the entries after it, prune aborted txns whose ledgers were trimmed, then abort
 dangling txns at or below the known low watermarks.
 
+Kafka offsets (``protocol.offsets``): each entry's header is stamped with its dense base offset as
+it is handed to the ledger; ``kafka_offsets``, ``locate_offset`` and ``kafka_read`` serve the
+Kafka gateway (``raytxn.kafka``).
+
 Retention: every ``retention_check_s`` the partition reads its subscriptions' persisted cursors
 and its topic's retention policy from storage (``actors/retention.py``), lets
 ``protocol.retention`` decide how far it may trim, and trims there (never past its newest

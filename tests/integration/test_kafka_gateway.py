@@ -267,3 +267,15 @@ def test_confluent_transactional_producer_commit_abort_and_fencing(client: rt.Cl
     consumer.close()
     assert values == [b"committed-0", b"committed-1", b"committed-2", b"successor"]
     assert visible_values(topic) == values              # the same through raytxn's own read path
+
+
+def test_metadata_errors_for_unknown_and_invalid_topic_names(client: rt.Client, bootstrap: str) -> None:
+    from confluent_kafka import KafkaError, Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "allow.auto.create.topics": False})
+    unknown = producer.list_topics(topic=f"no-such-{uuid.uuid4().hex[:6]}", timeout=30)
+    (topic,) = unknown.topics.values()
+    assert topic.error is not None and topic.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+    invalid = producer.list_topics(topic="__consumer_offsets", timeout=30)
+    assert invalid.topics["__consumer_offsets"].error.code() == KafkaError.TOPIC_EXCEPTION
+    assert [b.port for b in invalid.brokers.values()] == [int(bootstrap.rsplit(":", 1)[1])]
