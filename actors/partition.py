@@ -13,6 +13,10 @@ Recovery: open the ledger (sealing the previous incarnation's), restore the newe
 snapshot, replay the entries after it, prune aborted txns whose ledgers were trimmed, then abort
 dangling txns at or below the known low watermarks.
 
+Kafka offsets (``protocol.offsets``): each entry's header is stamped with its dense base offset as
+it is handed to the ledger; ``kafka_offsets``, ``locate_offset`` and ``kafka_read`` serve the
+Kafka gateway (``raytxn.kafka``).
+
 Retention: every ``retention_check_s`` the partition reads its subscriptions' persisted cursors
 and its topic's retention policy from storage (``actors/retention.py``), lets
 ``protocol.retention`` decide how far it may trim, and trims there (never past its newest
@@ -47,7 +51,6 @@ from raytxn.protocol.entry_format import (
     EntryHeader,
     decode_header,
     decode_submitted_message,
-    encode_entry,
     entry_records,
 )
 from raytxn.protocol.lease import RangePlan
@@ -74,6 +77,7 @@ class AppendResult:
     position: Position | None     # None: a duplicate whose original entry is no longer known
     count: int
     duplicate: bool
+    base_offset: int | None = None  # the entry's first Kafka offset (None for a duplicate)
 
 
 log = logging.getLogger(__name__)
@@ -221,18 +225,17 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
         if decision.duplicate:
             self.info["duplicates"] += 1
             return AppendResult(decision.position, len(messages), True)
-        records = entry_records(header, messages)
         try:
-            position = await self._ledger_append(records, header)
+            position, base_offset = await self._ledger_append(header, messages)
         except MessageTooLarge:
             self.buffer.cancel_append(header)
             raise
         self.info["appends"] += 1
         self.info["bytes_in"] += value_bytes
-        self.metrics.appended(len(messages), sum(len(r) for r in records) - len(records[0]))  # records[0]: header
+        self.metrics.appended(len(messages), sum(len(m) for m in messages))
         await self._notify()
         await self.faults.hit("partition.after_append_before_reply", txn=txn, producer=producer)
-        return AppendResult(position, len(messages), False)
+        return AppendResult(position, len(messages), False, base_offset)
 
     async def _next_prepared(self, timeout_s: float) -> None:
         """Wait until another append is prepared here (or ``timeout_s`` passed)."""
@@ -252,10 +255,20 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
             if not waiter.done():
                 waiter.set_result(None)
 
-    async def _ledger_append(self, records: list[bytes], header: EntryHeader) -> Position:
-        """Append one entry; a failed write stops this incarnation (see the actor shell)."""
+    async def _ledger_append(self, header: EntryHeader, messages: list[bytes]) -> tuple[Position, int]:
+        """Append one entry; a failed write stops this incarnation (see the actor shell). The
+        header gets its Kafka base offset here, with no await before the ledger queues the entry,
+        so offsets follow ledger order (``protocol.offsets``). Returns position and base offset."""
         assert self._ledger is not None
-        return await self._write(self._ledger.append(records, on_durable=self._apply(header)))
+        stamped = self.buffer.stamp(header)
+        records = entry_records(stamped, messages)
+        assert stamped.base_offset is not None
+        try:
+            position = await self._write(self._ledger.append(records, on_durable=self._apply(stamped)))
+            return position, stamped.base_offset
+        except MessageTooLarge:  # refused before it was queued: the newest stamp, taken back
+            self.buffer.unstamp(stamped)
+            raise
 
     async def _notify(self) -> None:
         """After appends and markers: wake waiting readers (the readable end may have moved)."""
@@ -286,7 +299,7 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
             return
         await self.faults.hit("partition.before_marker", txn=decision.txn)
         # Queued back to back (no await between), so they land in this order.
-        appends = [asyncio.ensure_future(self._ledger_append(encode_entry(h), h)) for h in headers]
+        appends = [asyncio.ensure_future(self._ledger_append(h, [])) for h in headers]
         await asyncio.gather(*appends)
         self.info["markers"] += len(headers)
         self._ended_since_snapshot += len(headers)
@@ -555,7 +568,82 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
         stats["ledgers"] = [i.ledger_id for i in self._ledger.ledgers]
         stats["rss_bytes"] = psutil.Process().memory_info().rss
         stats["trimmed_below"] = str(self._ledger.trimmed_below)
+        stats["kafka_offsets"] = self._kafka_offsets()
         return stats
+
+    def _kafka_offsets(self) -> dict[str, int]:
+        assert self._ledger is not None
+        return {"log_start": self.buffer.offsets.start_offset(self._ledger.trimmed_below),
+                "last_stable": self.buffer.last_stable_offset, "high_watermark": self.buffer.offsets.next_offset}
+
+    @guarded(Access.CONSUME)
+    async def kafka_offsets(self) -> dict[str, int]:
+        """Kafka's log start offset, last stable offset and high watermark of this partition."""
+        await self._started()
+        return self._kafka_offsets()
+
+    @guarded(Access.CONSUME)
+    async def kafka_read(self, offset: int, max_entries: int = 100, committed: bool = True,
+                         max_wait_s: float = 0.0) -> dict[str, Any]:
+        """Entries for a Kafka fetch from ``offset``: ``entries`` as ``(base_offset, records)``
+        (records[0] the header; markers included, as Kafka sends control batches), up to the last
+        stable offset (``committed``, read_committed) or the high watermark; with ``committed``,
+        ``aborted`` as ``(txn, first_offset)`` for the aborted txns among them. Waits up to
+        ``max_wait_s`` for data; ``out_of_range`` when ``offset`` is not stored here."""
+        await self._started()
+        assert self._ledger is not None
+        if type(offset) is not int or type(max_entries) is not int or max_entries < 1:
+            raise InvalidArgument(f"kafka_read takes an int offset and max_entries >= 1, got {offset!r}, "
+                                  f"{max_entries!r}")
+        offsets = self.buffer.offsets
+
+        def limit() -> int:
+            return self.buffer.last_stable_offset if committed else offsets.next_offset
+
+        deadline = self.clock.monotonic() + max_wait_s
+        while limit() <= offset and self.clock.monotonic() < deadline:
+            async with self._advanced:
+                try:
+                    await asyncio.wait_for(self._advanced.wait(), deadline - self.clock.monotonic())
+                except TimeoutError:
+                    break
+        marks = self._kafka_offsets()
+        out: dict[str, Any] = {**marks, "entries": [], "aborted": [], "out_of_range": False}
+        if not marks["log_start"] <= offset <= marks["high_watermark"]:
+            return {**out, "out_of_range": True}
+        end_offset = limit()
+        point = offsets.locate(offset, self._ledger.trimmed_below)
+        if offset >= end_offset or point is None:
+            return out
+        end = self.buffer.max_read_position if committed else self.buffer.last_position
+        position, base = point.position, point.offset
+        first = last = None
+        while base < end_offset and len(out["entries"]) < max_entries and position <= end:
+            read_from, entries = await self._read_retained(position, self.config.max_read_entries, end)
+            if not entries or read_from != position:  # trimmed under the read: the client asks again
+                break
+            for entry in entries:
+                header = decode_header(entry.records[0], f"{self.stream}@{entry.position}")
+                span = 1 if header.is_marker else header.count
+                if base + span > offset and base < end_offset and len(out["entries"]) < max_entries:
+                    out["entries"].append((base, entry.records))
+                    first = entry.position if first is None else first
+                    last = entry.position
+                base += span
+            position = next_position(entries[-1].position)
+        if committed and first is not None and last is not None:
+            out["aborted"] = [(a.txn, a.first_offset) for a in self.buffer.aborted_between(first, last)
+                              if a.first_offset is not None]
+        return out
+
+    @guarded(Access.CONSUME)
+    async def locate_offset(self, offset: int) -> Position | None:
+        """The position of the index point to read from to find Kafka ``offset`` (the entry at
+        it has a base offset at or below ``offset``); None if ``offset`` is not stored here."""
+        await self._started()
+        assert self._ledger is not None
+        point = self.buffer.offsets.locate(offset, self._ledger.trimmed_below)
+        return None if point is None else point.position
 
 
 

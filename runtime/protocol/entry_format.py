@@ -35,7 +35,9 @@ class EntryHeader(msgspec.Struct, frozen=True, array_like=True, tag="h1"):
     DATA: ``producer`` and the batch's sequence ids ``first_sequence..last_sequence`` (dedup key),
     ``count`` >= 1 messages follow. Markers: ``txn`` set, ``producer`` empty, sequences -1,
     ``count`` 0, and ``low_watermark`` = the coordinator's low watermark the end came with (so a
-    replay relearns it). ``publish_time_ms`` is stamped by the partition actor's clock."""
+    replay relearns it). ``publish_time_ms`` is stamped by the partition actor's clock.
+    ``base_offset``: the entry's first dense Kafka offset (``protocol.offsets``), stamped when the
+    entry is handed to the ledger; None in entries written before offsets existed."""
 
     kind: EntryKind
     txn: TxnID | None
@@ -45,6 +47,7 @@ class EntryHeader(msgspec.Struct, frozen=True, array_like=True, tag="h1"):
     count: int
     publish_time_ms: int
     low_watermark: int | None = None
+    base_offset: int | None = None
 
     @property
     def is_marker(self) -> bool:
@@ -113,6 +116,7 @@ def _check_header(header: EntryHeader, where: str) -> EntryHeader:
     else:
         ok = (header.count >= 1 and 0 <= header.first_sequence <= header.last_sequence
               and header.producer != "")
+    ok = ok and (header.base_offset is None or header.base_offset >= 0)
     if not ok:
         raise CorruptLedger(f"inconsistent entry header {header!r} at {where}", where)
     return header

@@ -77,6 +77,7 @@ from raytxn.errors import (
 )
 from raytxn.ids import EARLIEST, Position, TxnID
 from raytxn.protocol.entry_format import EntryHeader, marker_header
+from raytxn.protocol.offsets import DEFAULT_INDEX_INTERVAL, OffsetIndex, OffsetSnapshot
 from raytxn.protocol.txnlog import EndAction, end_action
 
 DEFAULT_MAX_PRODUCERS = 10_000
@@ -129,22 +130,28 @@ class EndDecision(msgspec.Struct, frozen=True):
 class OngoingTxn(msgspec.Struct, frozen=True, array_like=True):
     """An open transaction on this partition. ``before_position`` is the entry applied just before
     ``first_position`` (EARLIEST if none); ``entries_before`` counts the entries applied before it
-    (for the exact lag)."""
+    (for the exact lag); ``first_offset`` is its first entry's Kafka offset (the last stable
+    offset while it is the oldest; None in snapshots from before offsets)."""
 
     txn: TxnID
     first_position: Position
     before_position: Position
     entries_before: int
     start_ms: int
+    first_offset: int | None = None
 
 
 class AbortedTxn(msgspec.Struct, frozen=True, array_like=True):
     """An aborted transaction: its data in ``first_position..marker_position`` is hidden. For an
-    abort of a txn never seen here (a fence against late appends), both are the marker."""
+    abort of a txn never seen here (a fence against late appends), both are the marker.
+    ``first_offset``/``marker_offset``: the same span in Kafka offsets (Kafka's aborted-transactions
+    list of a fetch; None in snapshots from before offsets)."""
 
     txn: TxnID
     first_position: Position
     marker_position: Position
+    first_offset: int | None = None
+    marker_offset: int | None = None
 
 
 class DedupEntry(msgspec.Struct, frozen=True, array_like=True):
@@ -165,6 +172,7 @@ class TxnBufferSnapshot(msgspec.Struct, frozen=True):
     aborted: list[AbortedTxn]
     dedup: list[DedupEntry]
     low_watermarks: dict[int, int]
+    offsets: OffsetSnapshot | None = None  # None: written before Kafka offsets existed
 
 
 class TxnBufferStats(msgspec.Struct, frozen=True):
@@ -194,7 +202,8 @@ def _check_data_header(header: EntryHeader) -> None:
 class TransactionBuffer:
     """Ongoing and aborted txns, max read position and dedup table of one partition."""
 
-    def __init__(self, *, max_producers: int = DEFAULT_MAX_PRODUCERS) -> None:
+    def __init__(self, *, max_producers: int = DEFAULT_MAX_PRODUCERS,
+                 offset_index_interval: int = DEFAULT_INDEX_INTERVAL) -> None:
         if max_producers < 1:
             raise InvalidArgument("max_producers must be >= 1")
         self.max_producers = max_producers
@@ -206,6 +215,7 @@ class TransactionBuffer:
         self._aborted: dict[TxnID, AbortedTxn] = {}
         self._dedup: OrderedDict[str, DedupEntry] = OrderedDict()  # least recently used first
         self._low_watermarks: dict[int, int] = {}  # from markers only, so replay relearns them
+        self.offsets = OffsetIndex(interval=offset_index_interval)  # Kafka offsets, stamped via ``stamp``
         # --- volatile ---
         self._pending_sequences: dict[str, list[int]] = {}  # producer -> prepared last sequences, ascending
         self._pending_appends: dict[TxnID, int] = {}  # txn -> prepared, unapplied data entries
@@ -230,6 +240,25 @@ class TransactionBuffer:
         ongoing txn (0 when none is ongoing)."""
         head = next(iter(self._ongoing.values()), None)
         return self._applied_entries - head.entries_before if head else 0
+
+    @property
+    def last_stable_offset(self) -> int:
+        """Kafka's last stable offset: the first offset of the oldest ongoing txn, or the next
+        offset when none is ongoing (every offset below it is at or below max_read_position). An
+        ongoing txn from a snapshot before offsets has no first offset: then the next offset at
+        the snapshot's end, the lowest it can be, is not known either, and 0 is answered."""
+        head = next(iter(self._ongoing.values()), None)
+        if head is None:
+            return self.offsets.next_offset
+        return head.first_offset if head.first_offset is not None else 0
+
+    def stamp(self, header: EntryHeader) -> EntryHeader:
+        """``header`` with its Kafka base offset, for the entry handed to the ledger right now
+        (``protocol.offsets``); ``unstamp`` it if the ledger refuses it before queuing."""
+        return self.offsets.stamp(header)
+
+    def unstamp(self, header: EntryHeader) -> None:
+        self.offsets.unstamp(header)
 
     def ongoing_txns(self) -> list[TxnID]:
         return list(self._ongoing)
@@ -339,7 +368,7 @@ class TransactionBuffer:
             self.apply_append(header, position)
         else:
             assert header.txn is not None
-            self.apply_end(header.txn, action, position, header.low_watermark)
+            self.apply_end(header.txn, action, position, header.low_watermark, base_offset=header.base_offset)
 
     def apply_append(self, header: EntryHeader, position: Position) -> None:
         """A DATA entry became durable at ``position``."""
@@ -350,7 +379,7 @@ class TransactionBuffer:
                 pending.pop(0)
             if not pending:
                 del self._pending_sequences[header.producer]
-        before, entries_before = self._advance(position)
+        before, entries_before, offset = self._advance(position, header.count, header.base_offset)
         known = self._dedup.pop(header.producer, None)
         if known is None or header.last_sequence > known.last_sequence:
             known = DedupEntry(header.producer, header.last_sequence, position)
@@ -363,7 +392,8 @@ class TransactionBuffer:
             if txn not in self._ongoing:
                 # Also for a txn ended before (a late append that slipped past the checks): it is
                 # open again from here on, so the dangling sweep can abort just this part of it.
-                self._ongoing[txn] = OngoingTxn(txn, position, before, entries_before, header.publish_time_ms)
+                self._ongoing[txn] = OngoingTxn(txn, position, before, entries_before, header.publish_time_ms,
+                                                offset)
         self._update_max_read_position()
 
     # --- ends ------------------------------------------------------------------------------
@@ -422,13 +452,14 @@ class TransactionBuffer:
         return dangling
 
     def apply_end(self, txn: TxnID, action: EndAction | str, marker_position: Position,
-                  low_watermark: int | None = None) -> None:
-        """A COMMIT or ABORT marker of ``txn`` became durable at ``marker_position``."""
+                  low_watermark: int | None = None, *, base_offset: int | None = None) -> None:
+        """A COMMIT or ABORT marker of ``txn`` became durable at ``marker_position``, carrying Kafka
+        offset ``base_offset`` (None: a marker from before offsets)."""
         action = end_action(action)
         if action is EndAction.COMMIT and txn in self._aborted:
             raise InvalidTxnState(f"COMMIT marker at {marker_position} for {txn}, aborted at "
                                   f"{self._aborted[txn].marker_position}")
-        self._advance(marker_position)
+        _, _, marker_offset = self._advance(marker_position, 1, base_offset)
         if self._ending.get(txn) is action:
             del self._ending[txn]
         if low_watermark is not None and low_watermark > self._low_watermarks.get(txn.tc_id, -1):
@@ -437,20 +468,22 @@ class TransactionBuffer:
         if action is EndAction.ABORT:
             previous = self._aborted.get(txn)
             if ongoing is not None:
-                first = ongoing.first_position
+                first, first_offset = ongoing.first_position, ongoing.first_offset
                 if previous is not None:
                     first = min(first, previous.first_position)
-                self._aborted[txn] = AbortedTxn(txn, first, marker_position)
+                    first_offset = previous.first_offset
+                self._aborted[txn] = AbortedTxn(txn, first, marker_position, first_offset, marker_offset)
             elif previous is None:  # a fence: nothing of it here, later appends refused
-                self._aborted[txn] = AbortedTxn(txn, marker_position, marker_position)
+                self._aborted[txn] = AbortedTxn(txn, marker_position, marker_position, marker_offset, marker_offset)
             # else: a repeated abort; the first marker stays
         self._update_max_read_position()
 
     # --- shared bookkeeping ----------------------------------------------------------------
 
-    def _advance(self, position: Position) -> tuple[Position, int]:
-        """Record ``position`` as the last entry; return the previous last entry and the count of
-        entries applied before this one."""
+    def _advance(self, position: Position, span: int, base_offset: int | None) -> tuple[Position, int, int]:
+        """Record ``position`` as the last entry, of ``span`` Kafka offsets, carrying
+        ``base_offset``; return the previous last entry, the count of entries applied before this
+        one and its base offset."""
         last = self._last_position
         if last != EARLIEST:
             follows = (position.entry_id == last.entry_id + 1 if position.ledger_id == last.ledger_id
@@ -460,10 +493,11 @@ class TransactionBuffer:
                                       "in ledger order, each once, none skipped")
         elif position.ledger_id < 0 or position.entry_id < 0:
             raise InvalidArgument(f"invalid entry position {position}")
+        offset = self.offsets.apply(position, span, base_offset)
         entries_before = self._applied_entries
         self._last_position = position
         self._applied_entries += 1
-        return last, entries_before
+        return last, entries_before, offset
 
     def _update_max_read_position(self) -> None:
         if self._ongoing:
@@ -481,6 +515,7 @@ class TransactionBuffer:
         gone = [txn for txn, entry in self._aborted.items() if entry.marker_position < trimmed_below]
         for txn in gone:
             del self._aborted[txn]
+        self.offsets.prune(trimmed_below)
         return len(gone)
 
     # --- stats -----------------------------------------------------------------------------
@@ -512,15 +547,17 @@ class TransactionBuffer:
             aborted=list(self._aborted.values()),
             dedup=list(self._dedup.values()),
             low_watermarks=dict(sorted(self._low_watermarks.items())),
+            offsets=self.offsets.snapshot(),
         )
 
     @classmethod
     def from_snapshot(cls, snapshot: TxnBufferSnapshot, *,
-                      max_producers: int = DEFAULT_MAX_PRODUCERS) -> TransactionBuffer:
+                      max_producers: int = DEFAULT_MAX_PRODUCERS,
+                      offset_index_interval: int = DEFAULT_INDEX_INTERVAL) -> TransactionBuffer:
         """A buffer in the state ``snapshot`` recorded; then replay the entries after
         ``snapshot.last_position`` with ``apply``. Raises ``CorruptLedger`` on an inconsistent
         snapshot."""
-        buffer = cls(max_producers=max_producers)
+        buffer = cls(max_producers=max_producers, offset_index_interval=offset_index_interval)
         previous_first = EARLIEST
         for entry in snapshot.ongoing:
             if not (previous_first < entry.first_position <= snapshot.last_position
@@ -533,6 +570,7 @@ class TransactionBuffer:
         for entry in snapshot.dedup[-max_producers:]:
             buffer._dedup[entry.producer] = entry
         buffer._low_watermarks = dict(snapshot.low_watermarks)
+        buffer.offsets = OffsetIndex.from_snapshot(snapshot.offsets, interval=offset_index_interval)
         buffer._last_position = snapshot.last_position
         buffer._applied_entries = snapshot.applied_entries
         head = next(iter(buffer._ongoing.values()), None)

@@ -172,6 +172,26 @@ def status(address: Address = "auto", as_json: Json = False) -> None:
         raise typer.Exit(1)
 
 
+@app.command()
+def kafka(port: Annotated[int, typer.Option("--port", help="TCP port Kafka clients connect to (0: any free)")] = 9092,
+          bind_host: Annotated[str, typer.Option("--bind-host", help="interface to listen on")] = "0.0.0.0",
+          advertised_host: Annotated[str | None, typer.Option(
+              "--advertised-host", help="host clients are told to connect to (default: the node's IP)")] = None,
+          address: Address = "auto", as_json: Json = False) -> None:
+    """Start a Kafka-protocol gateway actor on the cluster: Kafka clients (confluent-kafka,
+    kafka-python, kcat) then produce and fetch with bootstrap.servers set to the address shown."""
+    from raytxn.kafka.gateway import start_gateway
+
+    with _client(address) as client:
+        gateway = start_gateway(port, bind_host=bind_host, advertised_host=advertised_host, token=_token,
+                                num_coordinators=client.config.coordinator.num_coordinators)
+    gateway.pop("actor")
+    if as_json:
+        print(json.dumps(gateway))
+        return
+    console.print(f"Kafka gateway serving; bootstrap.servers={gateway['bootstrap']}")
+
+
 # --- topics ----------------------------------------------------------------------------------------
 
 

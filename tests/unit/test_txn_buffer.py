@@ -17,6 +17,7 @@ from raytxn.protocol.entry_format import (
     MessageRecord,
     decode_entry,
     decode_entry_header,
+    decode_header,
     encode_entry,
     encode_header,
     marker_header,
@@ -153,8 +154,13 @@ def test_marker_headers_keep_their_on_disk_tags() -> None:
     hold (lowercase tags), so those ledgers still replay."""
     commit = marker_header(COMMIT, TxnID(0, 1), 7, low_watermark=0)
     abort = marker_header(ABORT, TxnID(2, 5), 9, low_watermark=4)
-    assert encode_header(commit) == b"\x99\xa2h1\xa6commit\x92\x00\x01\xa0\xff\xff\x00\x07\x00"
-    assert encode_header(abort) == b"\x99\xa2h1\xa5abort\x92\x02\x05\xa0\xff\xff\x00\t\x04"
+    # As ledgers hold them (9 fields, before Kafka offsets): they decode to the same headers ...
+    old_commit = b"\x99\xa2h1\xa6commit\x92\x00\x01\xa0\xff\xff\x00\x07\x00"
+    old_abort = b"\x99\xa2h1\xa5abort\x92\x02\x05\xa0\xff\xff\x00\t\x04"
+    assert (decode_header(old_commit), decode_header(old_abort)) == (commit, abort)
+    # ... and are written the same with a tenth field, the base offset (nil until stamped).
+    assert encode_header(commit) == b"\x9a" + old_commit[1:] + b"\xc0"
+    assert encode_header(abort) == b"\x9a" + old_abort[1:] + b"\xc0"
     assert (commit.end_action, abort.end_action) == (COMMIT, ABORT)
     assert EntryHeader("data", T1, "p", 3, 4, 2, 99).end_action is None
 

@@ -1,0 +1,297 @@
+"""The Kafka APIs on raytxn: one handler per API, each taking the decoded request and returning
+the response's fields (``wire`` encodes them). Partitions are called through their actors, so a
+gateway holds no partition state: any number of gateways serve the same topics.
+
+This gateway is one Kafka node (id 0) that leads every partition and coordinates every Kafka
+transaction (``transactions``); Metadata and FindCoordinator say so, and clients send it
+everything. Consumer groups are not served yet: FindCoordinator for a group answers
+COORDINATOR_NOT_AVAILABLE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kafka.protocol.consumer import FetchResponse, ListOffsetsResponse
+from kafka.protocol.metadata import FindCoordinatorResponse, MetadataResponse
+from kafka.protocol.producer import AddPartitionsToTxnResponse, ProduceResponse
+
+from raytxn.errors import InvalidArgument, RaytxnError, TopicNotFound
+from raytxn.kafka import mapping, wire
+from raytxn.kafka.records import decode_batches, encode_entry
+from raytxn.kafka.transactions import INVALID_TXN_STATE, KafkaTransactions, TxnState
+from raytxn.protocol.entry_format import encode_message
+
+log = logging.getLogger(__name__)
+NODE_ID = 0
+CLUSTER_ID = "raytxn"
+EARLIEST_TIMESTAMP, LATEST_TIMESTAMP = -2, -1
+TOPIC_CACHE_S = 2.0
+FETCH_ENTRIES = 500
+
+# How the broker reaches raytxn: ``topic_partitions(name)`` (TopicNotFound if none),
+# ``call(topic, partition, method, *args)`` on a partition actor, ``topics()`` all topic names.
+TopicPartitions = Callable[[str], Awaitable[int]]
+PartitionCall = Callable[..., Awaitable[Any]]
+TopicNames = Callable[[], Awaitable[list[str]]]
+
+
+@dataclass
+class Connection:
+    """Per-connection state: the raytxn producer a Kafka producer without id writes as."""
+
+    anonymous_producer: str
+    sequences: dict[tuple[str, int], int] = field(default_factory=dict)
+
+
+class Broker:
+    def __init__(self, host: str, port: int, topic_partitions: TopicPartitions, call: PartitionCall,
+                 topics: TopicNames, transactions: KafkaTransactions) -> None:
+        self.host, self.port, self.transactions = host, port, transactions
+        self._topic_partitions, self._call, self._topics = topic_partitions, call, topics
+        self._cache: dict[str, tuple[float, int]] = {}
+        self._connections = itertools.count()
+        self.gateway_id = secrets.token_hex(6)
+
+    def connection(self) -> Connection:
+        return Connection(f"kafka-anon-{self.gateway_id}-{next(self._connections)}")
+
+    async def partitions(self, kafka_topic: str) -> int:
+        """Partition count of the raytxn topic for ``kafka_topic`` (cached briefly)."""
+        topic = mapping.raytxn_topic(kafka_topic)
+        now = time.monotonic()
+        cached = self._cache.get(topic)
+        if cached is not None and now - cached[0] < TOPIC_CACHE_S:
+            return cached[1]
+        count = await self._topic_partitions(topic)
+        self._cache[topic] = (now, count)
+        return count
+
+    async def _partition_error(self, kafka_topic: str, partition: int) -> int:
+        """NONE when the partition exists, else the Kafka error code saying why not."""
+        try:
+            count = await self.partitions(kafka_topic)
+        except (TopicNotFound, InvalidArgument) as e:
+            return mapping.error_code(e)
+        return wire.NONE if 0 <= partition < count else wire.UNKNOWN_TOPIC_OR_PARTITION
+
+    # --- metadata ------------------------------------------------------------------------------
+
+    async def metadata(self, request: Any, version: int) -> dict[str, Any]:
+        names = None if request.topics is None else [t.name for t in request.topics]
+        if names is None or (version == 0 and not names):
+            names = await self._topics()
+        topics = []
+        for name in names:
+            try:
+                count, error = await self.partitions(name), wire.NONE
+            except (TopicNotFound, InvalidArgument) as e:
+                count, error = 0, mapping.error_code(e)
+            partitions = [MetadataResponse.MetadataResponseTopic.MetadataResponsePartition(
+                error_code=wire.NONE, partition_index=p, leader_id=NODE_ID, leader_epoch=0,
+                replica_nodes=[NODE_ID], isr_nodes=[NODE_ID], offline_replicas=[]) for p in range(count)]
+            topics.append(MetadataResponse.MetadataResponseTopic(error_code=error, name=name, is_internal=False,
+                                                                 partitions=partitions))
+        broker = MetadataResponse.MetadataResponseBroker(node_id=NODE_ID, host=self.host, port=self.port, rack=None)
+        return {"throttle_time_ms": 0, "brokers": [broker], "cluster_id": CLUSTER_ID, "controller_id": NODE_ID,
+                "topics": topics}
+
+    async def find_coordinator(self, request: Any, version: int) -> dict[str, Any]:
+        """This node for transactions (key type 1); none for consumer groups, not served yet."""
+        if getattr(request, "key_type", 0) == 1:
+            error, message, node, host, port = wire.NONE, None, NODE_ID, self.host, self.port
+        else:
+            error, message = wire.COORDINATOR_NOT_AVAILABLE, "consumer groups are not served by this gateway yet"
+            node, host, port = -1, "", -1
+        keys = request.coordinator_keys or [request.key]
+        coordinators = [FindCoordinatorResponse.Coordinator(key=k, node_id=node, host=host, port=port,
+                                                            error_code=error, error_message=message) for k in keys]
+        return {"throttle_time_ms": 0, "error_code": error, "error_message": message,
+                "node_id": node, "host": host, "port": port, "coordinators": coordinators}
+
+    async def init_producer_id(self, request: Any, version: int) -> dict[str, Any]:
+        if request.transactional_id is not None:
+            error, producer_id, epoch = await self.transactions.init_producer_id(
+                request.transactional_id, request.transaction_timeout_ms)
+            return {"throttle_time_ms": 0, "error_code": error, "producer_id": producer_id,
+                    "producer_epoch": epoch}
+        given = getattr(request, "producer_id", -1)
+        if given is not None and given >= 0:  # KIP-360: the producer asks for its next epoch
+            return {"throttle_time_ms": 0, "error_code": wire.NONE, "producer_id": given,
+                    "producer_epoch": request.producer_epoch + 1}
+        return {"throttle_time_ms": 0, "error_code": wire.NONE, "producer_id": secrets.randbelow(1 << 61),
+                "producer_epoch": 0}
+
+    async def add_partitions_to_txn(self, request: Any, version: int) -> dict[str, Any]:
+        topics = request.v3_and_below_topics
+        state = self.transactions.state(request.v3_and_below_transactional_id, request.v3_and_below_producer_id,
+                                        request.v3_and_below_producer_epoch)
+        error = state if not isinstance(state, TxnState) else wire.NONE
+        wanted = [(topic.name, p) for topic in topics for p in topic.partitions]
+        for name, p in wanted:  # every partition exists, or none is added
+            if error == wire.NONE:
+                error = await self._partition_error(name, p)
+        if error == wire.NONE and isinstance(state, TxnState):
+            error = await self.transactions.add_partitions(state, wanted)
+        result = AddPartitionsToTxnResponse.AddPartitionsToTxnTopicResult
+        return {"throttle_time_ms": 0, "results_by_topic_v3_and_below": [
+            result(name=t.name, results_by_partition=[result.AddPartitionsToTxnPartitionResult(
+                partition_index=p, partition_error_code=error) for p in t.partitions]) for t in topics]}
+
+    async def end_txn(self, request: Any, version: int) -> dict[str, Any]:
+        state = self.transactions.state(request.transactional_id, request.producer_id, request.producer_epoch)
+        error = await self.transactions.end(state, request.committed) if isinstance(state, TxnState) else state
+        return {"throttle_time_ms": 0, "error_code": error}
+
+    # --- offsets -------------------------------------------------------------------------------
+
+    async def list_offsets(self, request: Any, version: int) -> dict[str, Any]:
+        committed = getattr(request, "isolation_level", 0) == 1
+        topics = []
+        for topic in request.topics:
+            partitions = []
+            for part in topic.partitions:
+                offset, error = -1, await self._partition_error(topic.name, part.partition_index)
+                if error == wire.NONE:
+                    try:
+                        marks = await self._call(topic.name, part.partition_index, "kafka_offsets")
+                    except RaytxnError as e:
+                        error = mapping.error_code(e)
+                    else:
+                        if part.timestamp == EARLIEST_TIMESTAMP:
+                            offset = marks["log_start"]
+                        elif part.timestamp == LATEST_TIMESTAMP:
+                            offset = marks["last_stable" if committed else "high_watermark"]
+                        else:  # lookups by time are not served: raytxn keeps no time index
+                            error = wire.UNSUPPORTED_FOR_MESSAGE_FORMAT
+                partitions.append(ListOffsetsResponse.ListOffsetsTopicResponse.ListOffsetsPartitionResponse(
+                    partition_index=part.partition_index, error_code=error, timestamp=-1, offset=offset,
+                    leader_epoch=0))
+            topics.append(ListOffsetsResponse.ListOffsetsTopicResponse(name=topic.name, partitions=partitions))
+        return {"throttle_time_ms": 0, "topics": topics}
+
+    # --- produce -------------------------------------------------------------------------------
+
+    async def produce(self, request: Any, version: int, conn: Connection) -> dict[str, Any] | None:
+        """None for acks=0: Kafka sends no response then."""
+        results = []
+        for topic in request.topic_data:
+            partitions = []
+            for data in topic.partition_data:
+                error, base_offset, message = await self._produce_partition(request, topic.name, data, conn)
+                partitions.append(ProduceResponse.TopicProduceResponse.PartitionProduceResponse(
+                    index=data.index, error_code=error, base_offset=base_offset, log_append_time_ms=-1,
+                    log_start_offset=-1, record_errors=[], error_message=message))
+            results.append(ProduceResponse.TopicProduceResponse(name=topic.name, partition_responses=partitions))
+        if request.acks == 0:
+            return None
+        return {"responses": results, "throttle_time_ms": 0}
+
+    async def _produce_partition(self, request: Any, topic: str, data: Any,
+                                 conn: Connection) -> tuple[int, int, str | None]:
+        if request.acks not in (0, 1, -1):
+            return wire.INVALID_REQUIRED_ACKS, -1, f"acks={request.acks}: use 0, 1 or -1"
+        error = await self._partition_error(topic, data.index)
+        if error != wire.NONE:
+            return error, -1, None
+        try:
+            batches = decode_batches(data.records)
+            base_offset = -1
+            for batch in batches:
+                txn = None
+                if batch.transactional:
+                    state = self.transactions.state(request.transactional_id, batch.producer_id,
+                                                    batch.producer_epoch)
+                    if not isinstance(state, TxnState):
+                        return state, -1, "not the current producer of its transactional id"
+                    txn = self.transactions.txn_for(state, topic, data.index)
+                    if txn is None:
+                        return INVALID_TXN_STATE, -1, "partition not added to the transaction"
+                result = await self._append(topic, data.index, batch, conn, txn)
+                if base_offset < 0 and result.base_offset is not None:
+                    base_offset = result.base_offset
+            return wire.NONE, base_offset, None
+        except RaytxnError as e:
+            log.info("produce to %s-%d refused: %r", topic, data.index, e)
+            return mapping.error_code(e), -1, str(e)
+
+    async def _append(self, topic: str, partition: int, batch: Any, conn: Connection, txn: Any) -> Any:
+        messages = [encode_message(m) for m in batch.messages]
+        if batch.producer_id >= 0:  # idempotent: Kafka's sequence numbers are raytxn's
+            first = batch.base_sequence
+            if first < 0:
+                raise InvalidArgument(f"producer {batch.producer_id} sent a batch without a sequence")
+            producer, previous = mapping.producer_name(batch.producer_id, batch.producer_epoch), first - 1
+        else:
+            producer = conn.anonymous_producer
+            first = conn.sequences.get((topic, partition), 0)
+            previous = -1
+        result = await self._call(topic, partition, "append", producer, first, messages, txn, previous)
+        if batch.producer_id < 0:
+            conn.sequences[(topic, partition)] = first + len(messages)
+        return result
+
+    # --- fetch ---------------------------------------------------------------------------------
+
+    async def fetch(self, request: Any, version: int) -> dict[str, Any]:
+        committed = request.isolation_level == 1
+        wanted = [(t.topic, p) for t in request.topics for p in t.partitions]
+        reads = await self._fetch_all(wanted, committed, 0.0)
+        if request.max_wait_ms > 0 and not any(r.get("entries") for r in reads):
+            waits = [asyncio.ensure_future(self._read(t, p, committed, request.max_wait_ms / 1000))
+                     for t, p in wanted]
+            if waits:
+                await asyncio.wait(waits, timeout=request.max_wait_ms / 1000 + 1,
+                                   return_when=asyncio.FIRST_COMPLETED)
+                for w in waits:
+                    w.cancel()
+                reads = await self._fetch_all(wanted, committed, 0.0)
+        by_topic: dict[str, list[Any]] = {}
+        for (topic, part), read in zip(wanted, reads, strict=True):
+            by_topic.setdefault(topic, []).append(self._partition_data(part, read, committed))
+        responses = [FetchResponse.FetchableTopicResponse(topic=t, partitions=ps) for t, ps in by_topic.items()]
+        return {"throttle_time_ms": 0, "error_code": wire.NONE, "session_id": 0, "responses": responses}
+
+    async def _fetch_all(self, wanted: list[tuple[str, Any]], committed: bool, wait_s: float) -> list[dict]:
+        return list(await asyncio.gather(*(self._read(t, p, committed, wait_s) for t, p in wanted)))
+
+    async def _read(self, topic: str, part: Any, committed: bool, wait_s: float) -> dict[str, Any]:
+        error = await self._partition_error(topic, part.partition)
+        if error != wire.NONE:
+            return {"error": error}
+        try:
+            read = await self._call(topic, part.partition, "kafka_read", part.fetch_offset, FETCH_ENTRIES,
+                                    committed, wait_s)
+        except RaytxnError as e:
+            return {"error": mapping.error_code(e)}
+        read["max_bytes"] = part.partition_max_bytes
+        return read
+
+    def _partition_data(self, part: Any, read: dict[str, Any], committed: bool) -> Any:
+        data = FetchResponse.FetchableTopicResponse.PartitionData
+        if "error" in read or read["out_of_range"]:
+            error = read.get("error", wire.OFFSET_OUT_OF_RANGE)
+            return data(partition_index=part.partition, error_code=error, high_watermark=-1,
+                        last_stable_offset=-1, log_start_offset=-1, aborted_transactions=None,
+                        preferred_read_replica=-1, records=b"")
+        batches, size = [], 0
+        for base, records in read["entries"]:
+            _, batch = encode_entry(base, records)
+            if batches and size + len(batch) > read["max_bytes"]:
+                break
+            batches.append(batch)
+            size += len(batch)
+        aborted = None
+        if committed:
+            aborted = [data.AbortedTransaction(producer_id=mapping.txn_producer_id(txn), first_offset=first)
+                       for txn, first in read["aborted"]]
+        return data(partition_index=part.partition, error_code=wire.NONE, high_watermark=read["high_watermark"],
+                    last_stable_offset=read["last_stable"], log_start_offset=read["log_start"],
+                    aborted_transactions=aborted, preferred_read_replica=-1, records=b"".join(batches))

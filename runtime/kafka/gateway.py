@@ -1,0 +1,164 @@
+"""The gateway actor: an asyncio TCP server inside a Ray actor, speaking the Kafka protocol.
+
+Why an actor: it runs on the Ray cluster next to the partition actors it calls, is found by name
+(``kafka-gateway-<port>``), and outlives the driver that started it (detached), like the
+engine's own actors. It advertises the address Kafka clients should connect to: the node's IP
+(or ``advertised_host``) and the port it bound.
+
+Each connection's requests are handled one at a time, in order, as a Kafka broker does: a
+producer's batches to a partition arrive in the order it sent them, which its sequence numbers
+rely on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import ray
+
+from raytxn.client.rpc import ActorRef
+from raytxn.errors import InvalidArgument, RaytxnError
+from raytxn.hashing import coordinator_for
+from raytxn.ids import NAMESPACE, SUPERVISOR_NAME, TxnID, coordinator_actor_name, partition_actor_name
+from raytxn.kafka import wire
+from raytxn.kafka.broker import Broker, Connection
+from raytxn.kafka.mapping import raytxn_topic
+from raytxn.kafka.transactions import KafkaTransactions
+
+log = logging.getLogger(__name__)
+CALL_DEADLINE_S = 30.0
+
+
+def gateway_actor_name(port: int) -> str:
+    return f"kafka-gateway-{port}"
+
+
+class KafkaGateway:
+    def __init__(self, port: int = 9092, bind_host: str = "0.0.0.0", advertised_host: str | None = None,
+                 token: str | None = None, num_coordinators: int = 2) -> None:
+        self.port, self.bind_host, self.token = port, bind_host, token
+        self._coordinators = [ActorRef(coordinator_actor_name(i), token) for i in range(num_coordinators)]
+        self.advertised_host = advertised_host or ray.util.get_node_ip_address()
+        self._server: asyncio.base_events.Server | None = None
+        self._refs: dict[str, ActorRef] = {}
+        self._supervisor = ActorRef(SUPERVISOR_NAME, token)
+        self.broker: Broker | None = None
+        self.served = {"connections": 0, "requests": 0, "closed_unsupported": 0}
+
+    async def start(self) -> dict[str, Any]:
+        """Bind and serve (idempotent); returns the advertised address."""
+        if self._server is None:
+            self._server = await asyncio.start_server(self._serve, self.bind_host, self.port)
+            self.port = self._server.sockets[0].getsockname()[1]  # the port bound, also for port 0
+            transactions = KafkaTransactions(f"kafka-gateway-{self.advertised_host}-{self.port}",
+                                             self._home_call, self._txn_call)
+            self.broker = Broker(self.advertised_host, self.port, self._topic_partitions, self._call,
+                                 self._topic_names, transactions)
+        return self.address()
+
+    def address(self) -> dict[str, Any]:
+        return {"host": self.advertised_host, "port": self.port,
+                "bootstrap": f"{self.advertised_host}:{self.port}", **self.served}
+
+    # --- raytxn side ---------------------------------------------------------------------------
+
+    async def _topic_partitions(self, topic: str) -> int:
+        info = await self._supervisor.call_async("get_topic", topic, deadline_s=CALL_DEADLINE_S)
+        return int(info["partitions"])
+
+    async def _topic_names(self) -> list[str]:
+        topics = await self._supervisor.call_async("list_topics", deadline_s=CALL_DEADLINE_S)
+        return [t["name"] for t in topics]
+
+    async def _call(self, kafka_topic: str, partition: int, method: str, *args: Any) -> Any:
+        name = partition_actor_name(raytxn_topic(kafka_topic), partition)
+        ref = self._refs.get(name)
+        if ref is None:
+            ref = self._refs[name] = ActorRef(name, self.token)
+        return await ref.call_async(method, *args, deadline_s=CALL_DEADLINE_S)
+
+    async def _home_call(self, transactional_id: str, method: str, *args: Any) -> Any:
+        home = self._coordinators[coordinator_for(transactional_id, len(self._coordinators))]
+        return await home.call_async(method, *args, deadline_s=CALL_DEADLINE_S)
+
+    async def _txn_call(self, txn: TxnID, method: str, *args: Any) -> Any:
+        return await self._coordinators[txn.tc_id].call_async(method, *args, deadline_s=CALL_DEADLINE_S)
+
+    # --- Kafka side ----------------------------------------------------------------------------
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        assert self.broker is not None
+        conn = self.broker.connection()
+        self.served["connections"] += 1
+        try:
+            while True:
+                try:
+                    prefix = await reader.readexactly(4)
+                    payload = await reader.readexactly(wire.frame_size(prefix))
+                except asyncio.IncompleteReadError:
+                    return  # the client closed
+                response = await self._respond(payload, conn)
+                if response is not None:
+                    writer.write(response)
+                    await writer.drain()
+        except (InvalidArgument, ConnectionError) as e:
+            if isinstance(e, wire.Unsupported):
+                self.served["closed_unsupported"] += 1
+            log.warning("closing Kafka connection from %s: %s", writer.get_extra_info("peername"), e)
+        finally:
+            writer.close()
+
+    async def _respond(self, payload: bytes, conn: Connection) -> bytes | None:
+        assert self.broker is not None
+        header = wire.peek_header(payload)
+        self.served["requests"] += 1
+        if header.api_key == wire.API_VERSIONS:
+            return wire.api_versions(header)
+        request = wire.decode_request(header, payload)
+        broker, version = self.broker, header.api_version
+        handlers = {3: broker.metadata, 10: broker.find_coordinator, 2: broker.list_offsets,
+                    1: broker.fetch, 22: broker.init_producer_id, 24: broker.add_partitions_to_txn,
+                    26: broker.end_txn}
+        try:
+            if header.api_key == 0:
+                fields = await broker.produce(request, version, conn)
+                if fields is None:
+                    return None
+            else:
+                fields = await handlers[header.api_key](request, version)
+        except RaytxnError as e:  # a bug or an outage past every retry: the client reconnects
+            raise ConnectionError(f"{type(request).__name__} failed: {e!r}") from e
+        return wire.encode_response(header, **fields)
+
+    async def stats(self) -> dict[str, Any]:
+        return self.address()
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+
+# Not restarted by Ray: a restarted actor would not serve until start() is called again; `raytxn
+# kafka` (or start_gateway) with the same port starts it again.
+KafkaGatewayActor = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=10_000)(KafkaGateway)
+
+
+def start_gateway(port: int = 9092, *, bind_host: str = "0.0.0.0", advertised_host: str | None = None,
+                  token: str | None = None, num_coordinators: int = 2) -> dict[str, Any]:
+    """Start a Kafka gateway actor on the Ray cluster this driver is connected to (after
+    ``raytxn.connect``), serving ``port`` (0: any free port); returns its advertised address,
+    ``bootstrap`` being what Kafka clients take as ``bootstrap.servers``. Idempotent per port.
+    ``num_coordinators``: the engine's (``client.config.coordinator.num_coordinators``)."""
+    if type(port) is not int or not 0 <= port < 65536:
+        raise InvalidArgument(f"port must be an int in 0..65535, got {port!r}")
+    name = gateway_actor_name(port) if port else None
+    options: dict[str, Any] = {"namespace": NAMESPACE, "lifetime": "detached"}
+    if name is not None:
+        options.update(name=name, get_if_exists=True)
+    actor = KafkaGatewayActor.options(**options).remote(port, bind_host, advertised_host, token, num_coordinators)
+    address = ray.get(actor.start.remote())
+    address["actor"] = actor
+    return address

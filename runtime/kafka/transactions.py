@@ -1,0 +1,123 @@
+"""Kafka transactions on raytxn transactions (Kafka's transaction coordinator, in the gateway).
+
+A Kafka ``transactional.id`` is a raytxn transactional id: InitProducerId registers it with its
+raytxn coordinator, which bumps its epoch, aborts its open transaction and fences older epochs
+(Kafka's initTransactions); the Kafka epoch handed out is that raytxn epoch. The Kafka producer
+id of a transactional id is fixed (``tid_producer_id``), so a restarted producer gets the same id
+with a higher epoch, as from Kafka. AddPartitionsToTxn begins the raytxn transaction (under the
+id and epoch) with the first partition and registers the partitions; transactional Produce appends
+into it; EndTxn commits or aborts it.
+
+What a gateway keeps per transactional id (the epoch and the open raytxn transaction) is
+volatile: after a gateway restart the producer's next call gets INVALID_PRODUCER_EPOCH, it
+re-initializes, and raytxn aborts the open transaction (registration aborts it; its timeout
+would too). Not served: AddOffsetsToTxn and TxnOffsetCommit (consumer groups come first).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from raytxn.errors import Fenced, InvalidTxnState, RaytxnError, TransactionNotFound, TransactionTimedOut
+from raytxn.ids import TxnID
+from raytxn.kafka import mapping, wire
+from raytxn.protocol.txnlog import EndAction
+
+MAX_KAFKA_EPOCH = 32766
+PRODUCER_FENCED = 90
+INVALID_TXN_STATE = 48
+INVALID_PRODUCER_ID_MAPPING = 49
+CONCURRENT_TRANSACTIONS = 51
+
+# ``coordinator(transactional_id, method, *args)``: a call to that id's raytxn coordinator;
+# ``txn_call(txn, method, *args)``: a call to the coordinator of ``txn``.
+CoordinatorCall = Callable[..., Awaitable[Any]]
+
+
+def tid_producer_id(transactional_id: str) -> int:
+    """The Kafka producer id of a transactional id: stable, in [2**61, 2**62), so apart from the
+    random ids of idempotent producers (below 2**61) and of fetched raytxn txns (2**62 and up)."""
+    digest = hashlib.blake2b(transactional_id.encode(), digest_size=8).digest()
+    return (1 << 61) | int.from_bytes(digest, "big") & ((1 << 61) - 1)
+
+
+@dataclass
+class TxnState:
+    transactional_id: str
+    producer_id: int
+    epoch: int
+    timeout_ms: int
+    txn: TxnID | None = None
+    partitions: set[tuple[str, int]] | None = None
+
+
+def _code(error: RaytxnError) -> int:
+    if isinstance(error, Fenced):
+        return PRODUCER_FENCED
+    if isinstance(error, (InvalidTxnState, TransactionNotFound, TransactionTimedOut)):
+        return INVALID_TXN_STATE
+    return mapping.error_code(error)
+
+
+class KafkaTransactions:
+    def __init__(self, owner: str, home_call: CoordinatorCall, txn_call: CoordinatorCall) -> None:
+        self.owner = owner
+        self._home_call, self._txn_call = home_call, txn_call
+        self._states: dict[str, TxnState] = {}
+
+    def state(self, transactional_id: str | None, producer_id: int, epoch: int) -> TxnState | int:
+        """The state of a call made under (id, producer id, epoch), or the Kafka error code."""
+        state = self._states.get(transactional_id or "")
+        if state is None or state.producer_id != producer_id:
+            return INVALID_PRODUCER_ID_MAPPING
+        if state.epoch != epoch:
+            return wire.INVALID_PRODUCER_EPOCH
+        return state
+
+    async def init_producer_id(self, transactional_id: str, timeout_ms: int) -> tuple[int, int, int]:
+        """(error, producer id, epoch)."""
+        try:
+            epoch = await self._home_call(transactional_id, "register_transactional_id", transactional_id)
+        except RaytxnError as e:
+            return _code(e), -1, -1
+        if epoch > MAX_KAFKA_EPOCH:
+            return wire.INVALID_PRODUCER_EPOCH, -1, -1  # Kafka epochs are int16
+        producer_id = tid_producer_id(transactional_id)
+        self._states[transactional_id] = TxnState(transactional_id, producer_id, epoch, timeout_ms)
+        return wire.NONE, producer_id, epoch
+
+    async def add_partitions(self, state: TxnState, partitions: list[tuple[str, int]]) -> int:
+        try:
+            if state.txn is None:
+                state.txn = await self._home_call(state.transactional_id, "new_txn", state.timeout_ms, self.owner,
+                                                  state.transactional_id, state.epoch)
+                state.partitions = set()
+            assert state.partitions is not None
+            new = [(mapping.raytxn_topic(t), p) for t, p in partitions if (t, p) not in state.partitions]
+            if new:
+                await self._txn_call(state.txn, "add_partitions", state.txn, new, self.owner, state.epoch)
+                state.partitions.update(partitions)
+        except RaytxnError as e:
+            return _code(e)
+        return wire.NONE
+
+    def txn_for(self, state: TxnState, topic: str, partition: int) -> TxnID | None:
+        """The raytxn txn a transactional batch to (topic, partition) goes into (None: the
+        partition was not added, Kafka's INVALID_TXN_STATE)."""
+        if state.txn is None or state.partitions is None or (topic, partition) not in state.partitions:
+            return None
+        return state.txn
+
+    async def end(self, state: TxnState, commit: bool) -> int:
+        txn, state.txn, state.partitions = state.txn, None, None
+        if txn is None:
+            return wire.NONE  # nothing was added: nothing to end (as Kafka)
+        try:
+            await self._txn_call(txn, "end_txn", txn, EndAction.COMMIT if commit else EndAction.ABORT, self.owner,
+                                 state.epoch, state.transactional_id)
+        except RaytxnError as e:
+            return _code(e)
+        return wire.NONE

@@ -1,0 +1,149 @@
+"""The Kafka wire layer: size-prefixed frames, request headers, and which APIs and versions this
+gateway serves (``SERVED``). The encodings themselves are kafka-python's ``kafka.protocol``
+messages, generated from Kafka's JSON schemas, so no byte layout is written by hand here.
+
+A request for an API or a version not in ``SERVED`` is answered as Kafka brokers do: ApiVersions
+with UNSUPPORTED_VERSION (and the versions served, so the client can pick), anything else by
+closing the connection after logging why (``Unsupported``): a Kafka client only sends what the
+ApiVersions answer offered, so that only happens to a client that ignores it.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from kafka.protocol.consumer import FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse
+from kafka.protocol.metadata import (
+    ApiVersionsRequest,
+    ApiVersionsResponse,
+    FindCoordinatorRequest,
+    FindCoordinatorResponse,
+    MetadataRequest,
+    MetadataResponse,
+)
+from kafka.protocol.producer import (
+    AddPartitionsToTxnRequest,
+    AddPartitionsToTxnResponse,
+    EndTxnRequest,
+    EndTxnResponse,
+    InitProducerIdRequest,
+    InitProducerIdResponse,
+    ProduceRequest,
+    ProduceResponse,
+)
+
+from raytxn.errors import InvalidArgument
+
+# Kafka error codes used here (Kafka's ``Errors``).
+NONE = 0
+OFFSET_OUT_OF_RANGE = 1
+CORRUPT_MESSAGE = 2
+UNKNOWN_TOPIC_OR_PARTITION = 3
+MESSAGE_TOO_LARGE = 10
+REQUEST_TIMED_OUT = 7
+NOT_ENOUGH_REPLICAS = 19
+COORDINATOR_NOT_AVAILABLE = 15
+INVALID_TOPIC_EXCEPTION = 17
+INVALID_REQUIRED_ACKS = 21
+TOPIC_AUTHORIZATION_FAILED = 29
+UNSUPPORTED_VERSION = 35
+INVALID_REQUEST = 42
+OUT_OF_ORDER_SEQUENCE_NUMBER = 45
+INVALID_PRODUCER_EPOCH = 47
+UNSUPPORTED_FOR_MESSAGE_FORMAT = 43
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
+UNKNOWN_SERVER_ERROR = -1
+INVALID_RECORD = 87
+
+
+@dataclass(frozen=True)
+class Api:
+    """One API served: its request and response messages and the versions served."""
+
+    key: int
+    request: Any
+    response: Any
+    min_version: int
+    max_version: int
+
+
+# What this gateway serves, by API key. Versions: Produce from 3 and Fetch from 4 (record batches,
+# magic 2, and isolation levels), Fetch to 12 (13 addresses topics by id), Metadata to 9 (10 adds
+# topic ids), FindCoordinator to 3 (4 batches keys), InitProducerId to 4, AddPartitionsToTxn to 3
+# (4 is the brokers' batched form), EndTxn to 3.
+SERVED: dict[int, Api] = {api.key: api for api in (
+    Api(18, ApiVersionsRequest, ApiVersionsResponse, 0, 3),
+    Api(3, MetadataRequest, MetadataResponse, 0, 9),
+    Api(10, FindCoordinatorRequest, FindCoordinatorResponse, 0, 3),
+    Api(2, ListOffsetsRequest, ListOffsetsResponse, 1, 7),
+    Api(0, ProduceRequest, ProduceResponse, 3, 9),
+    Api(1, FetchRequest, FetchResponse, 4, 12),
+    Api(22, InitProducerIdRequest, InitProducerIdResponse, 0, 4),
+    Api(24, AddPartitionsToTxnRequest, AddPartitionsToTxnResponse, 0, 3),
+    Api(26, EndTxnRequest, EndTxnResponse, 0, 3),
+)}
+API_VERSIONS = 18
+MAX_FRAME_BYTES = 100 << 20
+
+
+class Unsupported(InvalidArgument):
+    """A request for an API or version this gateway does not serve (the connection is closed)."""
+
+
+@dataclass(frozen=True)
+class RequestHeader:
+    api_key: int
+    api_version: int
+    correlation_id: int
+
+
+_HEADER = struct.Struct(">hhi")
+_SIZE = struct.Struct(">i")
+
+
+def frame_size(prefix: bytes) -> int:
+    """The payload size a 4-byte frame prefix announces; ``InvalidArgument`` past the limit."""
+    (size,) = _SIZE.unpack(prefix)
+    if not 0 < size <= MAX_FRAME_BYTES:
+        raise InvalidArgument(f"Kafka frame of {size} bytes (limit {MAX_FRAME_BYTES})")
+    return size
+
+
+def peek_header(payload: bytes) -> RequestHeader:
+    """API key, version and correlation id: the part of every request header that never changes."""
+    if len(payload) < _HEADER.size:
+        raise InvalidArgument(f"Kafka request of {len(payload)} bytes has no header")
+    return RequestHeader(*_HEADER.unpack_from(payload))
+
+
+def decode_request(header: RequestHeader, payload: bytes) -> Any:
+    """The request message; ``Unsupported`` for an API or version not served."""
+    api = SERVED.get(header.api_key)
+    if api is None:
+        raise Unsupported(f"Kafka API key {header.api_key} is not served by this gateway")
+    if not api.min_version <= header.api_version <= api.max_version:
+        raise Unsupported(f"{api.request.name} v{header.api_version} is not served "
+                          f"(v{api.min_version}-{api.max_version} are)")
+    return api.request[header.api_version].decode(payload, header=True)
+
+
+def encode_response(header: RequestHeader, **fields: Any) -> bytes:
+    """The framed response to ``header``'s request, in the request's version."""
+    api = SERVED[header.api_key]
+    response = api.response[header.api_version](**fields)
+    response.with_header(correlation_id=header.correlation_id)
+    return bytes(response.encode(header=True, framed=True))
+
+
+def api_versions(header: RequestHeader) -> bytes:
+    """The ApiVersions answer: the table above; UNSUPPORTED_VERSION in v0 for a version past it
+    (Kafka's rule, so that any client can read it and retry with one served)."""
+    keys = [ApiVersionsResponse.ApiVersion(api_key=a.key, min_version=a.min_version, max_version=a.max_version)
+            for a in SERVED.values()]
+    api = SERVED[API_VERSIONS]
+    if not api.min_version <= header.api_version <= api.max_version:
+        header = RequestHeader(API_VERSIONS, 0, header.correlation_id)
+        return encode_response(header, error_code=UNSUPPORTED_VERSION, api_keys=keys)
+    return encode_response(header, error_code=NONE, api_keys=keys, throttle_time_ms=0)

@@ -1,0 +1,171 @@
+"""Dense Kafka offsets of one partition, and the sparse index from offsets to ledger positions.
+
+Kafka clients address a partition's messages by dense offsets 0, 1, 2, ...; raytxn addresses
+entries by ledger position. Every entry takes ``span`` offsets: a DATA entry one per message, a
+COMMIT/ABORT marker exactly one (as Kafka's control records do), so a Kafka consumer sees the
+gaps it expects at transaction markers and none elsewhere.
+
+Why the entry *carries* its base offset (``EntryHeader.base_offset``) rather than having it only
+derived: a reader of any entry (the Kafka gateway, a range reader reading ledger objects straight
+from storage) learns its offsets without counting from the start; and ``apply`` checks the carried
+value against the count, so a writer bug shows up as ``CorruptLedger`` instead of silently
+renumbering messages a client has already seen.
+
+The offset is stamped when the entry is handed to the ledger (``stamp``, then the ledger append
+with no await in between), not when it is prepared: the partition actor prepares markers before an
+await, so preparation order is not always ledger order, but hand-over order is. ``apply`` runs in
+ledger order, live and in replay, and is the only mutator of durable state, as in
+``txn_buffer``; the state is in the partition's snapshots (``OffsetSnapshot``).
+
+The index keeps a point (offset, position) at the first entry applied in each ledger and then
+one at least every ``interval`` offsets: finding an offset reads at most ``interval`` offsets'
+worth of entries from the point at or below it. Retention deletes ledgers from the front; points
+below the trim point go with them (``prune``). The log start offset is the first point at or
+after the trim point, so entries between a trim point that is not at a ledger's start and the next
+point are not reachable by offset (retention trims at ledger starts in practice, and those are
+points).
+
+Old entries without a base offset (written before offsets existed) get the offset the count gives
+them on apply, the same in every replay. A snapshot written before offsets existed has none: the
+count then starts at 0 with the first entry after it, and the entries it covers have no offset
+(they lie below the log start offset, as if trimmed).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections import deque
+
+import msgspec
+
+from raytxn.errors import CorruptLedger, InvalidArgument
+from raytxn.ids import Position
+from raytxn.protocol.entry_format import EntryHeader
+
+DEFAULT_INDEX_INTERVAL = 256
+
+
+class OffsetPoint(msgspec.Struct, frozen=True, array_like=True):
+    """The entry at ``position`` has base offset ``offset``."""
+
+    offset: int
+    position: Position
+
+
+class OffsetSnapshot(msgspec.Struct, frozen=True, array_like=True):
+    """The durable state: the next offset to give and the index, ascending."""
+
+    next_offset: int
+    points: list[OffsetPoint]
+
+
+def entry_span(header: EntryHeader) -> int:
+    """Offsets an entry takes: its messages, or one for a marker."""
+    return 1 if header.is_marker else header.count
+
+
+class OffsetIndex:
+    """Next offset, sparse offset -> position index, and the stamps handed to the ledger."""
+
+    def __init__(self, *, interval: int = DEFAULT_INDEX_INTERVAL) -> None:
+        if type(interval) is not int or interval < 1:
+            raise InvalidArgument(f"index interval must be an int >= 1, got {interval!r}")
+        self.interval = interval
+        # --- durable ---
+        self._next_offset = 0
+        self._points: list[OffsetPoint] = []
+        self._offsets: list[int] = []  # the points' offsets, for bisect
+        # --- volatile: (base, span) stamped and handed to the ledger, not applied yet, in order ---
+        self._stamped: deque[tuple[int, int]] = deque()
+        self._last_ledger: int | None = None
+
+    # --- queries ---------------------------------------------------------------------------
+
+    @property
+    def next_offset(self) -> int:
+        """The offset the next entry applied will start at (Kafka's log end offset)."""
+        return self._next_offset
+
+    def start_offset(self, trimmed_below: Position) -> int:
+        """The lowest offset reachable by ``locate`` (Kafka's log start offset)."""
+        for point in self._points:
+            if point.position >= trimmed_below:
+                return point.offset
+        return self._next_offset
+
+    def locate(self, offset: int, trimmed_below: Position) -> OffsetPoint | None:
+        """The index point to read from to find ``offset``: the last point at or below it. None
+        if ``offset`` is below the log start offset or at or past the next offset."""
+        if type(offset) is not int:
+            raise InvalidArgument(f"an offset is an int, got {offset!r}")
+        if not self.start_offset(trimmed_below) <= offset < self._next_offset:
+            return None
+        i = bisect.bisect_right(self._offsets, offset) - 1
+        return self._points[i] if i >= 0 else None
+
+    # --- writing ---------------------------------------------------------------------------
+
+    def stamp(self, header: EntryHeader) -> EntryHeader:
+        """``header`` with the base offset it gets when handed to the ledger now (next after
+        everything applied or stamped before). Hand it over at once, or ``unstamp`` it."""
+        base = self._stamped[-1][0] + self._stamped[-1][1] if self._stamped else self._next_offset
+        self._stamped.append((base, entry_span(header)))
+        return msgspec.structs.replace(header, base_offset=base)
+
+    def unstamp(self, header: EntryHeader) -> None:
+        """Take back the newest stamp: its entry was refused before the ledger queued it."""
+        if not self._stamped or self._stamped[-1][0] != header.base_offset:
+            raise InvalidArgument(f"unstamp of {header!r}: not the newest stamp")
+        self._stamped.pop()
+
+    def apply(self, position: Position, span: int, carried: int | None = None) -> int:
+        """An entry of ``span`` offsets became durable at ``position`` (in ledger order), carrying
+        base offset ``carried`` (None: an entry from before offsets). Returns its base offset;
+        ``CorruptLedger`` if it carries another than the count gives."""
+        base = self._next_offset
+        if carried is not None and carried != base:
+            raise CorruptLedger(f"entry at {position} carries base offset {carried}, the count gives {base}",
+                                str(position))
+        if self._stamped and self._stamped[0][0] == base:
+            self._stamped.popleft()
+        if (position.ledger_id != self._last_ledger or not self._points
+                or base - self._points[-1].offset >= self.interval):
+            self._points.append(OffsetPoint(base, position))
+            self._offsets.append(base)
+        self._last_ledger = position.ledger_id
+        self._next_offset = base + span
+        return base
+
+    # --- retention -------------------------------------------------------------------------
+
+    def prune(self, trimmed_below: Position) -> int:
+        """Forget the points of entries below ``trimmed_below`` (deleted). Returns how many."""
+        keep = bisect.bisect_left([p.position for p in self._points], trimmed_below)
+        del self._points[:keep]
+        del self._offsets[:keep]
+        return keep
+
+    # --- snapshots -------------------------------------------------------------------------
+
+    def snapshot(self) -> OffsetSnapshot:
+        return OffsetSnapshot(self._next_offset, list(self._points))
+
+    @classmethod
+    def from_snapshot(cls, snapshot: OffsetSnapshot | None, *,
+                      interval: int = DEFAULT_INDEX_INTERVAL) -> OffsetIndex:
+        """The index a snapshot recorded (None: a snapshot from before offsets, counting starts
+        at 0). ``CorruptLedger`` if the points are not ascending or pass the next offset."""
+        index = cls(interval=interval)
+        if snapshot is None:
+            return index
+        points = snapshot.points
+        ascending = all(a.offset < b.offset and a.position < b.position for a, b in itertools.pairwise(points))
+        if not ascending or (points and points[-1].offset >= snapshot.next_offset) or snapshot.next_offset < 0:
+            raise CorruptLedger(f"inconsistent offset index in snapshot (next {snapshot.next_offset}, "
+                                f"{len(points)} points)")
+        index._next_offset = snapshot.next_offset
+        index._points = list(points)
+        index._offsets = [p.offset for p in points]
+        index._last_ledger = points[-1].position.ledger_id if points else None
+        return index

@@ -1,0 +1,281 @@
+"""The Kafka gateway with real Kafka clients (kafka-python, confluent-kafka, kcat), no mocks: a
+local Ray, an engine on file:// storage, a gateway actor on a free port of 127.0.0.1."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import ray
+
+import raytxn as rt
+from raytxn.kafka.gateway import start_gateway
+from tests.engine import engine_client, new_topic, visible_values
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def client(ray_session: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[rt.Client]:
+    yield from engine_client(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def bootstrap(client: rt.Client) -> Iterator[str]:
+    address = start_gateway(0, bind_host="127.0.0.1", advertised_host="127.0.0.1")
+    try:
+        yield address["bootstrap"]
+    finally:
+        ray.kill(address["actor"], no_restart=True)
+
+
+def kp_records(consumer: Any, count: int, timeout_s: float = 30) -> list[Any]:
+    """Poll a kafka-python consumer until ``count`` records came (or the time is up)."""
+    out: list[Any] = []
+    deadline = time.monotonic() + timeout_s
+    while len(out) < count and time.monotonic() < deadline:
+        for records in consumer.poll(timeout_ms=500).values():
+            out.extend(records)
+    return out
+
+
+def test_kafka_python_produces_and_consumes_in_assign_mode(client: rt.Client, bootstrap: str) -> None:
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+    topic = new_topic(client, partitions=2)
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    futures = [producer.send(topic, key=f"k{i}".encode(), value=f"v{i}".encode(), partition=i % 2,
+                             headers=[("h", b"x")]) for i in range(10)]
+    metadata = [f.get(timeout=30) for f in futures]
+    producer.close()
+    assert sorted(m.offset for m in metadata if m.partition == 0) == [0, 1, 2, 3, 4]
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
+    consumer.assign([TopicPartition(topic, 0), TopicPartition(topic, 1)])
+    consumer.seek_to_beginning()
+    got = kp_records(consumer, 10)
+    assert sorted((r.partition, r.offset, r.key, r.value) for r in got) == sorted(
+        (i % 2, i // 2, f"k{i}".encode(), f"v{i}".encode()) for i in range(10))
+    assert all(r.headers == [("h", b"x")] for r in got)
+    assert consumer.end_offsets([TopicPartition(topic, 0)]) == {TopicPartition(topic, 0): 5}
+    consumer.close()
+
+
+def ck_values(consumer: Any, count: int, timeout_s: float = 30, quiet_s: float = 0.0) -> list[Any]:
+    """Poll a confluent-kafka consumer until ``count`` messages came, then ``quiet_s`` longer (to
+    see that nothing more comes)."""
+    out: list[Any] = []
+    deadline = time.monotonic() + timeout_s
+    quiet_until = None
+    while time.monotonic() < deadline:
+        message = consumer.poll(0.2)
+        if message is not None:
+            assert message.error() is None, message.error()
+            out.append(message)
+        if len(out) >= count:
+            quiet_until = quiet_until or time.monotonic() + quiet_s
+            if time.monotonic() >= quiet_until:
+                break
+    return out
+
+
+def ck_consumer(bootstrap: str, topic: str, isolation: str) -> Any:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{uuid.uuid4().hex[:6]}",
+                         "isolation.level": isolation, "enable.auto.commit": False,
+                         "auto.offset.reset": "earliest", "fetch.wait.max.ms": 100})
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    return consumer
+
+
+def test_confluent_idempotent_producer_and_read_committed_consumer(client: rt.Client, bootstrap: str) -> None:
+    """A read_committed consumer never sees the data of a raytxn transaction that aborted, nor of
+    one still open (nor what follows it); a read_uncommitted one sees the aborted data too, so
+    the filtering is the client's, from the gateway's aborted-transactions list and markers."""
+    from confluent_kafka import Producer
+
+    topic = new_topic(client)
+    native = client.create_producer(topic)
+    with client.transaction() as txn:
+        native.send(b"committed", txn=txn)                  # 0, marker 1
+    aborted = client.new_transaction()
+    native.send(b"aborted-1", txn=aborted)                  # 2
+    native.send(b"aborted-2", txn=aborted)                  # 3, marker 4
+    aborted.abort()
+    delivered: list[Any] = []
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
+    for i in range(5):                                      # 5..9
+        producer.produce(topic, value=f"kafka-{i}".encode(), key=b"k",
+                         on_delivery=lambda e, m: delivered.append((e, m)))
+    assert producer.flush(30) == 0
+    assert [(e, m.offset()) for e, m in delivered] == [(None, 5 + i) for i in range(5)]
+    open_txn = client.new_transaction()
+    native.send(b"open", txn=open_txn)                      # 10: holds back what follows
+    producer.produce(topic, value=b"after-open")            # 11
+    assert producer.flush(30) == 0
+
+    committed = ck_consumer(bootstrap, topic, "read_committed")
+    values = [m.value() for m in ck_values(committed, 6, quiet_s=1.5)]
+    assert values == [b"committed", *(f"kafka-{i}".encode() for i in range(5))]
+    uncommitted = ck_consumer(bootstrap, topic, "read_uncommitted")
+    values = [m.value() for m in ck_values(uncommitted, 10, quiet_s=1.0)]
+    assert values == [b"committed", b"aborted-1", b"aborted-2", *(f"kafka-{i}".encode() for i in range(5)),
+                      b"open", b"after-open"]
+    uncommitted.close()
+    open_txn.commit()                                        # marker 12
+    later = ck_values(committed, 2, quiet_s=0.5)
+    assert [(m.offset(), m.value()) for m in later] == [(10, b"open"), (11, b"after-open")]
+    committed.close()
+    stats = client.topic_stats(topic)["partition_stats"][0]
+    assert stats["duplicates"] == 0 and stats["kafka_offsets"]["high_watermark"] == 13
+
+
+def test_mixed_use_kafka_and_raytxn_clients(client: rt.Client, bootstrap: str) -> None:
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+    topic = new_topic(client)
+    raytxn_consumer = client.subscribe(topic, "native", initial_position="earliest")
+    producer = KafkaProducer(bootstrap_servers=bootstrap)
+    producer.send(topic, key=b"from-kafka", value=b"kafka-value", headers=[("origin", b"kafka")]).get(timeout=30)
+    producer.close()
+    message = raytxn_consumer.receive(timeout=30)
+    assert (message.value(), message.key(), message.properties()) == (b"kafka-value", "from-kafka", {"origin": "kafka"})
+    raytxn_consumer.acknowledge(message)
+
+    client.create_producer(topic).send(b"raytxn-value", key="from-raytxn", properties={"origin": "raytxn"})
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
+    consumer.assign([TopicPartition(topic, 0)])
+    consumer.seek(TopicPartition(topic, 0), 1)
+    (record,) = kp_records(consumer, 1)
+    assert (record.offset, record.key, record.value, record.headers) == (
+        1, b"from-raytxn", b"raytxn-value", [("origin", b"raytxn")])
+    consumer.close()
+
+
+def test_kcat_lists_metadata_and_consumes(client: rt.Client, bootstrap: str) -> None:
+    kcat = shutil.which("kcat")
+    if kcat is None:
+        pytest.skip("kcat is not installed (Debian package kcat; .ci/run installs it)")
+    topic = new_topic(client, partitions=3)
+    producer = client.create_producer(topic)
+    for i in range(4):
+        producer.send(f"m{i}".encode(), key=f"k{i}")
+    listing = subprocess.run([kcat, "-b", bootstrap, "-L", "-t", topic], capture_output=True, text=True,
+                             timeout=60, check=True).stdout
+    assert f'topic "{topic}" with 3 partitions' in listing
+    consumed = []
+    for p in range(3):
+        out = subprocess.run([kcat, "-b", bootstrap, "-C", "-t", topic, "-p", str(p), "-o", "beginning", "-e",
+                              "-q", "-f", "%p %o %k %s\\n"], capture_output=True, text=True, timeout=60, check=True)
+        consumed += out.stdout.splitlines()
+    assert sorted(line.split(" ", 2)[2] for line in consumed) == [f"k{i} m{i}" for i in range(4)]
+    assert all(line.split()[1] in ("0", "1", "2", "3") for line in consumed)
+
+
+def test_unserved_api_versions_get_unsupported_version(bootstrap: str) -> None:
+    """An ApiVersions request of a version past the served ones gets UNSUPPORTED_VERSION (35) in
+    a v0 answer; a request of an API not served closes the connection."""
+    import socket
+    import struct
+
+    host, port = bootstrap.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        body = struct.pack(">hhih", 18, 99, 7, 1) + b"t"
+        sock.sendall(struct.pack(">i", len(body)) + body)
+        size = struct.unpack(">i", sock.recv(4))[0]
+        answer = sock.recv(size)
+        assert struct.unpack(">ih", answer[:6]) == (7, 35)
+        body = struct.pack(">hhih", 11, 0, 8, 1) + b"t"  # JoinGroup: not served
+        sock.sendall(struct.pack(">i", len(body)) + body)
+        assert sock.recv(4) == b""
+
+
+def test_cli_starts_a_gateway(client: rt.Client) -> None:
+    """``raytxn kafka`` starts a gateway actor that serves Kafka clients after the CLI returned."""
+    import json
+
+    from kafka import KafkaConsumer
+    from typer.testing import CliRunner
+
+    from raytxn.kafka.gateway import gateway_actor_name
+    from raytxn.tools.cli import app
+
+    topic = new_topic(client)
+    with socket_free_port() as port:
+        pass
+    result = CliRunner().invoke(app, ["kafka", "--port", str(port), "--bind-host", "127.0.0.1",
+                                      "--advertised-host", "127.0.0.1", "--json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    address = json.loads(result.output.strip().splitlines()[-1])
+    assert address["bootstrap"] == f"127.0.0.1:{port}"
+    try:
+        consumer = KafkaConsumer(bootstrap_servers=address["bootstrap"], group_id=None)
+        assert topic in consumer.topics()
+        consumer.close()
+    finally:
+        ray.kill(ray.get_actor(gateway_actor_name(port), namespace="raytxn"), no_restart=True)
+
+
+@contextlib.contextmanager
+def socket_free_port() -> Iterator[int]:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]
+
+
+def test_confluent_transactional_producer_commit_abort_and_fencing(client: rt.Client, bootstrap: str) -> None:
+    """Kafka transactions on raytxn transactions: a read_committed consumer sees the committed
+    transaction only; a second producer with the same transactional.id fences the first."""
+    from confluent_kafka import KafkaException, Producer
+
+    topic = new_topic(client)
+    config = {"bootstrap.servers": bootstrap, "transactional.id": f"tx-{uuid.uuid4().hex[:6]}",
+              "transaction.timeout.ms": 60000}
+    producer = Producer(config)
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(topic, value=b"aborted")
+    producer.flush(30)
+    producer.abort_transaction(30)
+    producer.begin_transaction()
+    for i in range(3):
+        producer.produce(topic, value=f"committed-{i}".encode())
+    producer.commit_transaction(30)
+
+    zombie_txn_data = b"zombie"
+    producer.begin_transaction()
+    producer.produce(topic, value=zombie_txn_data)
+    producer.flush(30)
+    successor = Producer(config)
+    successor.init_transactions(30)                 # fences the first producer, aborts its open txn
+    with pytest.raises(KafkaException):
+        producer.commit_transaction(30)
+    successor.begin_transaction()
+    successor.produce(topic, value=b"successor")
+    successor.commit_transaction(30)
+
+    consumer = ck_consumer(bootstrap, topic, "read_committed")
+    values = [m.value() for m in ck_values(consumer, 4, quiet_s=1.5)]
+    consumer.close()
+    assert values == [b"committed-0", b"committed-1", b"committed-2", b"successor"]
+    assert visible_values(topic) == values              # the same through raytxn's own read path
+
+
+def test_metadata_errors_for_unknown_and_invalid_topic_names(client: rt.Client, bootstrap: str) -> None:
+    from confluent_kafka import KafkaError, Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "allow.auto.create.topics": False})
+    unknown = producer.list_topics(topic=f"no-such-{uuid.uuid4().hex[:6]}", timeout=30)
+    (topic,) = unknown.topics.values()
+    assert topic.error is not None and topic.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+    invalid = producer.list_topics(topic="__consumer_offsets", timeout=30)
+    assert invalid.topics["__consumer_offsets"].error.code() == KafkaError.TOPIC_EXCEPTION
+    assert [b.port for b in invalid.brokers.values()] == [int(bootstrap.rsplit(":", 1)[1])]

@@ -1,0 +1,84 @@
+"""Dense Kafka offsets on a real partition actor (local Ray, file:// storage): every entry carries
+its base offset, and offsets, the log start offset, the last stable offset and the high watermark
+are the same after a restart (full replay, then snapshot + replay) and after trimming."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+import raytxn as rt
+from raytxn.ids import Position, partition_actor_name
+from raytxn.protocol.entry_format import decode_entry
+from tests.engine import engine_client, new_topic, partition_ref, restart_actor
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def client(ray_session: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[rt.Client]:
+    yield from engine_client(tmp_path_factory)
+
+
+def offsets(topic: str) -> list[tuple[int, list[bytes]]]:
+    """(base offset, values) of every visible entry, read through the partition actor."""
+    out, position = [], Position(0, 0)
+    while True:
+        result = partition_ref(topic).call("read", position, 1000)
+        for _pos, records in result["entries"]:
+            header, messages = decode_entry(records)
+            out.append((header.base_offset, [m.value for m in messages]))
+        if result["next"] == position:
+            return out
+        position = result["next"]
+
+
+def marks(topic: str) -> dict[str, int]:
+    return partition_ref(topic).call("kafka_offsets")
+
+
+def test_offsets_survive_restarts_and_trimming(client: rt.Client) -> None:
+    topic = new_topic(client)
+    producer = client.create_producer(topic)
+    producer.send(b"a")                                   # 0
+    with client.transaction() as txn:
+        producer.send(b"b", txn=txn)                      # 1
+        producer.send(b"c", txn=txn)                      # 2, commit marker 3
+    aborted = client.new_transaction()
+    producer.send(b"x", txn=aborted)                      # 4, abort marker 5
+    aborted.abort()
+    producer.send(b"d")                                   # 6
+    open_txn = client.new_transaction()
+    producer.send(b"o", txn=open_txn)                     # 7, open: the last stable offset
+    producer.send(b"e")                                   # 8, held back behind it
+    seen = offsets(topic)
+    assert seen == [(0, [b"a"]), (1, [b"b"]), (2, [b"c"]), (6, [b"d"])]
+    assert marks(topic) == {"log_start": 0, "last_stable": 7, "high_watermark": 9}
+
+    info = restart_actor(partition_actor_name(topic, 0))  # full replay
+    assert info["recovered_from_snapshot"] is None
+    assert offsets(topic) == seen and marks(topic) == {"log_start": 0, "last_stable": 7, "high_watermark": 9}
+    partition_ref(topic).call("snapshot")
+    info = restart_actor(partition_actor_name(topic, 0))  # snapshot + replay
+    assert info["recovered_from_snapshot"] is not None
+    assert offsets(topic) == seen and marks(topic)["high_watermark"] == 9
+
+    open_txn.commit()                                     # marker 9
+    producer.send(b"f")                                   # 10
+    assert offsets(topic) == [*seen, (7, [b"o"]), (8, [b"e"]), (10, [b"f"])]
+    assert marks(topic) == {"log_start": 0, "last_stable": 11, "high_watermark": 11}
+
+    restart_actor(partition_actor_name(topic, 0))         # the next incarnation writes a new ledger
+    producer.send(b"g")                                   # 11, at entry 0 of it
+    current = max(partition_ref(topic).call("stats")["ledgers"])
+    assert partition_ref(topic).call("locate_offset", 11) == Position(current, 0)
+    partition_ref(topic).call("trim", Position(current, 0))
+    assert offsets(topic) == [(11, [b"g"])]
+    assert marks(topic) == {"log_start": 11, "last_stable": 12, "high_watermark": 12}
+    assert partition_ref(topic).call("locate_offset", 10) is None  # trimmed
+    restart_actor(partition_actor_name(topic, 0))
+    assert offsets(topic) == [(11, [b"g"])]
+    assert marks(topic) == {"log_start": 11, "last_stable": 12, "high_watermark": 12}
+    producer.send(b"h")
+    assert offsets(topic)[-1] == (12, [b"h"])
