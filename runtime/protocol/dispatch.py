@@ -71,7 +71,9 @@ DeliverableCheck = Callable[[Position, int, list[int]], list[int]]
 
 class QueuedEntry:
     """An entry with messages waiting for a consumer: its records as read (``records[0]`` is the
-    header, ``records[i + 1]`` message ``i``) and the batch indexes still queued, ascending."""
+    header, ``records[i + 1]`` message ``i``; None for a message that was not queued, so a mostly
+    acked batch read again does not keep every payload) and the batch indexes still queued,
+    ascending."""
 
     __slots__ = ("batch_size", "indexes", "key_hashes", "position", "publish_time_ms", "records")
 

@@ -201,9 +201,15 @@ class SubscriptionState:
             if not header.count:
                 continue
             indexes = self.deliverable_indexes(position, header.count, list(range(header.count)))
-            if indexes:
-                queued += self.dispatcher.offer_entry(position, header.count, header.publish_time_ms,
-                                                      list(records), indexes)
+            if not indexes:
+                continue
+            if len(indexes) == header.count:
+                kept = list(records)
+            else:  # keep only what is queued: a re-read batch may be mostly acked
+                kept = [None] * (header.count + 1)
+                for index in indexes:
+                    kept[index + 1] = records[index + 1]
+            queued += self.dispatcher.offer_entry(position, header.count, header.publish_time_ms, kept, indexes)
         if self.read_position == start:
             self.read_position = max(start, next_read)
         return queued
