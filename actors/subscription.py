@@ -206,7 +206,7 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
         finally:
             state.dispatcher.touch(consumer_id, self.clock.monotonic(), fetching=-1)
         self.metrics.dispatched(sum(len(entry[4]) for entry in messages),  # entry[4]: batch indexes
-                                sum(len(record) for entry in messages for record in entry[6]))
+                                sum(sum(map(len, entry[6])) for entry in messages))
         return {"registered": state.dispatcher.has_consumer(consumer_id), "generation": self._generation(),
                 "messages": messages}
 
