@@ -67,6 +67,10 @@ class Workload:
     # Off in the classic profiles (their traces stay as they are); see workloads.py:
     exclusive_turns: bool = False  # the pipeline's consumers: Exclusive ones taking turns, cumulative acks
     doomed_topics: int = 0         # topics deleted under the txns that write and ack there
+    # Off in the classic profiles too; see pipelined.py (the real Producer, max_in_flight > 1):
+    pipelined_producers: int = 0   # producers of keyed plain sends to the output, appends pipelined
+    pipelined_messages: int = 60   # messages each of them sends
+    client_crash: float = 0.0      # per producer incarnation: its client process crashes mid-run
 
 
 @dataclass
@@ -99,6 +103,8 @@ class Driver:
         self._worker_coordinators: dict[str, CoordinatorClient] = {}
         self.last_received = 0.0
         self.txns_started = 0  # txns the clients set out to begin (for max_txns)
+        self.pipelined_acked: list[str] = []  # pipelined sends whose future resolved without error
+        self.pipelined_failed: list[str] = []  # and those whose future failed: "uid: error"
 
     def workers_done(self) -> bool:
         """Every input transformed; or, once faults stopped, nothing received for longer than a

@@ -62,4 +62,13 @@ PROFILES: dict[str, Profile] = {
         CrashFaults(mean_interval_s=0.5, zombie=0.25),
         workload=Workload(doomed_topics=2),
     ),
+    # default's faults, and producers of the real client class with appends pipelined
+    # (max_in_flight 5) whose client processes crash (pipelined.py): each producer's messages are
+    # stored once, in the order they were sent, every acknowledged one.
+    "pipelined": Profile(
+        StorageFaults(put_fail=0.01, put_reply_lost=0.005, get_fail=0.01, slow=0.01),
+        NetworkFaults(drop=0.01, reply_lost=0.01, duplicate=0.01),
+        CrashFaults(mean_interval_s=0.5, zombie=0.25),
+        workload=Workload(pipelined_producers=2, pipelined_messages=100, client_crash=0.5),
+    ),
 }

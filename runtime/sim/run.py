@@ -39,6 +39,8 @@ from raytxn.ids import SUPERVISOR_NAME, coordinator_actor_name, partition_actor_
 from raytxn.sim.driver import SUB_PIPE, SUB_VERIFY, TOPIC_IN, TOPIC_OUT, Driver, Workload
 from raytxn.sim.gate import FaultGate
 from raytxn.sim.loop import Deadlock, SimLoop
+from raytxn.sim.pipelined import pipelined_producer
+from raytxn.sim.pipelined import violations as pipelined_violations
 from raytxn.sim.profiles import PROFILES, Profile
 from raytxn.sim.schedule import Schedule
 from raytxn.sim.supervisor import CatalogStore, SimSupervisor
@@ -154,6 +156,8 @@ async def _scenario(world: World, driver: Driver, profile: Profile, workload: Wo
     else:
         jobs += [loop.create_task(driver.worker(i)) for i in range(workload.workers)]
     doomed = [loop.create_task(doomed_topic(driver, i)) for i in range(workload.doomed_topics)]
+    jobs += [loop.create_task(pipelined_producer(driver, i, TOPIC_OUT, workload.pipelined_messages))
+             for i in range(workload.pipelined_producers)]
 
     # Faults run for the profile's window; then the quiet period: every actor up, no faults.
     await asyncio.sleep(profile.fault_window_s)
@@ -249,6 +253,10 @@ def run_seed(seed: int, profile_name: str = "default", workload: Workload | None
         elif untransformed := _untransformed_inputs(history, report):
             failure = (f"lost: {len(untransformed)} inputs consumed but neither transformed by a committed txn "
                        f"nor left in the drain of {SUB_PIPE}: {untransformed[:5]}")
+    if failure is None and workload.pipelined_producers and (
+            broken_pipeline := pipelined_violations(history, TOPIC_OUT, SUB_VERIFY, driver.pipelined_acked,
+                                                   driver.pipelined_failed)):
+        failure = f"pipelined producers: {'; '.join(broken_pipeline)}"
     if failure is None and extra_check is not None and (broken_property := extra_check(history)) is not None:
         failure = f"extra check: {broken_property}"
     for event in history.events:  # what the workload saw is part of the trace too
