@@ -71,6 +71,7 @@ class Workload:
     pipelined_producers: int = 0   # producers of keyed plain sends to the output, appends pipelined
     pipelined_messages: int = 60   # messages each of them sends
     client_crash: float = 0.0      # per producer incarnation: its client process crashes mid-run
+    lease_holders: int = 0         # holders of range leases on the output's own subscription (leases.py)
 
 
 @dataclass
@@ -105,6 +106,11 @@ class Driver:
         self.txns_started = 0  # txns the clients set out to begin (for max_txns)
         self.pipelined_acked: list[str] = []  # pipelined sends whose future resolved without error
         self.pipelined_failed: list[str] = []  # and those whose future failed: "uid: error"
+        self.lease_acks: list[Any] = []        # leases.LeaseAck of every ack_lease that succeeded
+        self.last_leased = 0.0                 # when a lease holder last read a message
+        self.lease_read_errors: list[str] = []
+        self.call_deadline_s = CALL_DEADLINE_S
+        self.output_topic = TOPIC_OUT
 
     def workers_done(self) -> bool:
         """Every input transformed; or, once faults stopped, nothing received for longer than a
@@ -115,6 +121,16 @@ class Driver:
         if self.quiet_since is None:
             return False
         idle_since = max(self.quiet_since, self.last_received)
+        return self.now() - idle_since > 2 * self.w.txn_timeout_ms / 1000 + IDLE_SLACK_S
+
+    def leases_done(self) -> bool:
+        """``workers_done`` for the lease holders: once faults stopped, no leased message read for
+        longer than a txn can hold one back; or no txn may begin any more."""
+        if self._txn_cap_reached():
+            return True
+        if self.quiet_since is None:
+            return False
+        idle_since = max(self.quiet_since, self.last_leased)
         return self.now() - idle_since > 2 * self.w.txn_timeout_ms / 1000 + IDLE_SLACK_S
 
     def now(self) -> float:
