@@ -80,4 +80,13 @@ PROFILES: dict[str, Profile] = {
         CrashFaults(mean_interval_s=0.5, zombie=0.25),
         workload=Workload(lease_holders=2),
     ),
+    # default's faults, keyed inputs consumed through Key_Shared subscriptions by workers that
+    # join late and leave and come back (keyshared.py): per key, first deliveries in order and
+    # no two consumers holding a key's messages at once.
+    "key-shared": Profile(
+        StorageFaults(put_fail=0.01, put_reply_lost=0.005, get_fail=0.01, slow=0.01),
+        NetworkFaults(drop=0.01, reply_lost=0.01, duplicate=0.01),
+        CrashFaults(mean_interval_s=0.5, zombie=0.25),
+        workload=Workload(key_shared=True, workers=3),
+    ),
 }

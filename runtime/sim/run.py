@@ -38,6 +38,7 @@ from raytxn.errors import InvalidArgument
 from raytxn.ids import SUPERVISOR_NAME, coordinator_actor_name, partition_actor_name, subscription_actor_name
 from raytxn.sim.driver import SUB_PIPE, SUB_VERIFY, TOPIC_IN, TOPIC_OUT, Driver, Workload
 from raytxn.sim.gate import FaultGate
+from raytxn.sim.keyshared import violations as key_shared_violations
 from raytxn.sim.leases import LEASE_TIMEOUT_S, SUB_LEASE, lease_holder
 from raytxn.sim.leases import unprocessed as lease_unprocessed
 from raytxn.sim.leases import violations as lease_violations
@@ -263,12 +264,17 @@ def run_seed(seed: int, profile_name: str = "default", workload: Workload | None
     if failure is None and broken:
         failure = f"invariant broken in a task: {broken[:3]}"
     if failure is None:
-        report = check(history, txn_timeout_s=workload.txn_timeout_ms / 1000, stuck_slack_s=STUCK_SLACK_S)
+        report = check(history, txn_timeout_s=workload.txn_timeout_ms / 1000, stuck_slack_s=STUCK_SLACK_S,
+                       key_shared=[SUB_PIPE] if workload.key_shared else [])
         if not report.clean:
             failure = f"checker found {', '.join(sorted(report.kinds()))}: {report.summary(3)}"
         elif untransformed := _untransformed_inputs(history, report):
             failure = (f"lost: {len(untransformed)} inputs consumed but neither transformed by a committed txn "
                        f"nor left in the drain of {SUB_PIPE}: {untransformed[:5]}")
+        elif workload.key_shared and (broken_keys := key_shared_violations(driver.key_log, {
+                p: world.started_at.get(subscription_actor_name(TOPIC_IN, p, SUB_PIPE), [])
+                for p in range(workload.partitions)})):
+            failure = f"Key_Shared: {'; '.join(broken_keys)}"
         elif workload.lease_holders and (missed := lease_unprocessed(history, report.txn_outcomes, TOPIC_OUT)):
             failure = (f"lost: {len(missed)} messages of {TOPIC_OUT} neither consumed by a committed txn of a lease "
                        f"holder nor left in the drain of {SUB_LEASE}: {missed[:5]}")
