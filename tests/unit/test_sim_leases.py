@@ -13,7 +13,7 @@ from raytxn.protocol.txn_buffer import TransactionBuffer
 from raytxn.sim.leases import LeaseAck, violations
 from raytxn.sim.run import run_seed
 
-SEEDS = range(5)
+SEEDS = range(3)
 
 
 def _moves(lines: list[str]) -> dict[str, int]:
