@@ -79,16 +79,19 @@ def test_the_per_key_rules() -> None:
 
 
 # Found by this profile, not fixed here (the subscription state and dispatcher are being reworked
-# by the lead; reported with this seed): the subscription sub-in-0-cp restarted; w0, not yet aware,
-# acked in txns messages it had got from the old incarnation, which the new one had meanwhile
-# handed to w2 (the acks settled them, taking them from w2's outstanding set). Those txns aborted,
-# giving the messages back while w2 still held one of them (in-0:0:7:0, key k5): key k5 went to
-# w1 (its ring owner) at t=3.229, in-0:0:6:0 and in-0:0:7:0 included, while w2 still held
-# in-0:0:7:0, so two consumers held key k5's messages at once (and the same message). Strict: a
-# fix makes it pass, and this becomes a regression seed.
-@pytest.mark.xfail(strict=True, reason="an abort gives back a message another consumer still holds (reported)")
-def test_known_issue_seed_an_abort_gives_back_a_message_another_consumer_holds() -> None:
-    result = run_seed(66, "key-shared")
+# by the lead; reported with these seeds): an abort gives back messages that a live consumer still
+# holds, and they go out again, so two consumers hold one key's messages (and the same message).
+# - seed 268 (no restart): w1 held in-1:0:7:0..2 and in-1:0:9:0 (key k6); its txn acking
+#   in-1:0:7:1 aborted; at t=3.069 w0, which had just joined (k6 moved to it), got in-1:0:7:1 and
+#   also in-1:0:9:0, 10:0, ... while w1 still held in-1:0:9:0 unacked.
+# - seeds 66 and 347: the subscription restarted; a consumer not yet aware of it acked in txns
+#   messages from the old incarnation that the new one had meanwhile handed to another consumer;
+#   those txns aborted and gave them back while that consumer still held some of them.
+# Strict: a fix makes these pass, and they become regression seeds.
+@pytest.mark.xfail(strict=True, reason="an abort gives back messages another consumer still holds (reported)")
+@pytest.mark.parametrize("seed", [66, 268, 347])
+def test_known_issue_seed_an_abort_gives_back_messages_another_consumer_holds(seed: int) -> None:
+    result = run_seed(seed, "key-shared")
     assert result.ok, result.failure
 
 
