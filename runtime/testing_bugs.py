@@ -30,6 +30,12 @@ REINTRODUCED: dict[str, bool] = {
     # was deleted forever: the txn stayed COMMITTING/ABORTING and pinned the low watermark.
     # Read in actors/participants.py.
     "deleted_topic_stuck": False,
+    # Found by the simulator (pipelined, seeds 50, 61, 138...): a producer re-created with the same
+    # name (its client crashed) asked each partition for its last sequence, which counted only
+    # durable appends; an append of the dead client still being written got the same sequence
+    # ids as the new producer's first batch: an overlap refused for good, or, for the same range,
+    # a duplicate acknowledged for messages never stored. Read in actors/partition.py.
+    "restarted_producer_collision": False,
 }
 
 

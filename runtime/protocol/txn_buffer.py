@@ -284,6 +284,15 @@ class TransactionBuffer:
         entry = self._dedup.get(producer)
         return (entry.last_sequence, entry.position) if entry else None
 
+    def highest_sequence(self, producer: str) -> int:
+        """The producer's highest sequence id stored *or being stored* here (-1 if none is known):
+        where a producer re-created with the same name continues. An append prepared but not
+        durable yet counts: continuing at its sequence would collide with it (an overlap refused,
+        or, for the same range, a duplicate acknowledged for messages never stored)."""
+        known = self._dedup.get(producer)
+        pending = self._pending_sequences.get(producer)
+        return max(known.last_sequence if known else -1, pending[-1] if pending else -1)
+
     def aborted_between(self, start: Position, end: Position) -> list[AbortedTxn]:
         """The aborted txns whose hidden span ``first_position..marker_position`` meets
         ``start..end``: all a range reader needs (``raytxn.ledger.ranges``) to hide their data."""

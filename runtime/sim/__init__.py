@@ -7,6 +7,10 @@ subscription actor classes, without Ray, on one seeded virtual-time event loop.
   reorder, drop, lost reply, duplicate);
 - ``world.py``: the actor processes, crashes, restarts and zombies;
 - ``driver.py``: the workload (producers, fenced transactional producers, consume-transform-produce);
+- ``workloads.py``, ``pipelined.py``, ``leases.py``, ``keyshared.py``: workloads some profiles add
+  (Exclusive consumers taking turns, deleted topics; the real ``Producer`` with pipelined appends
+  and crashing client processes; range leases read from storage and acked in txns; keyed inputs
+  through Key_Shared consumers that come and go);
 - ``run.py``: one seed -> a verdict and a trace hash (the same seed gives the same trace);
 - ``profiles.py``: the fault profiles of ``raytxn sim --faults``;
 - ``gate.py``: which drawn faults take effect (all, unless a schedule masks or caps them);

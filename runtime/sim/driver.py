@@ -31,9 +31,11 @@ from raytxn.errors import (
     TransactionAlreadyCommitted,
     TransactionTimedOut,
 )
+from raytxn.hashing import partition_for
 from raytxn.ids import Position, TxnID, coordinator_actor_name, partition_actor_name, subscription_actor_name
-from raytxn.protocol.entry_format import decode_message
+from raytxn.protocol.entry_format import MessageRecord, decode_message, encode_message
 from raytxn.protocol.txnlog import EndAction
+from raytxn.sim.keyshared import KEYS, KeyLog
 from raytxn.sim.world import World
 from raytxn.tools.history import History
 
@@ -46,6 +48,9 @@ MAX_DRAIN_FETCHES = 10_000
 MAX_REGISTER_ATTEMPTS = 100
 REGISTER_RETRY_S = 1.0
 IDLE_SLACK_S = 5.0         # with the txn timeout: how long idle workers wait for redeliveries
+KEY_SHARED_JOIN_S = (0.1, 1.5)   # when the Key_Shared workers after the first subscribe
+KEY_SHARED_CHURN = 0.03          # per poll: a Key_Shared worker leaves a partition and comes back
+KEY_SHARED_AWAY_S = (0.0, 0.3)
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,12 @@ class Workload:
     # Off in the classic profiles (their traces stay as they are); see workloads.py:
     exclusive_turns: bool = False  # the pipeline's consumers: Exclusive ones taking turns, cumulative acks
     doomed_topics: int = 0         # topics deleted under the txns that write and ack there
+    # Off in the classic profiles too; see pipelined.py (the real Producer, max_in_flight > 1):
+    pipelined_producers: int = 0   # producers of keyed plain sends to the output, appends pipelined
+    pipelined_messages: int = 60   # messages each of them sends
+    client_crash: float = 0.0      # per producer incarnation: its client process crashes mid-run
+    lease_holders: int = 0         # holders of range leases on the output's own subscription (leases.py)
+    key_shared: bool = False       # keyed inputs, consumed through Key_Shared subscriptions (keyshared.py)
 
 
 @dataclass
@@ -99,6 +110,14 @@ class Driver:
         self._worker_coordinators: dict[str, CoordinatorClient] = {}
         self.last_received = 0.0
         self.txns_started = 0  # txns the clients set out to begin (for max_txns)
+        self.pipelined_acked: list[str] = []  # pipelined sends whose future resolved without error
+        self.pipelined_failed: list[str] = []  # and those whose future failed: "uid: error"
+        self.lease_acks: list[Any] = []        # leases.LeaseAck of every ack_lease that succeeded
+        self.last_leased = 0.0                 # when a lease holder last read a message
+        self.lease_read_errors: list[str] = []
+        self.call_deadline_s = CALL_DEADLINE_S
+        self.key_log = KeyLog()  # what the Key_Shared workers got, acked and gave back (keyshared.py)
+        self.output_topic = TOPIC_OUT
 
     def workers_done(self) -> bool:
         """Every input transformed; or, once faults stopped, nothing received for longer than a
@@ -109,6 +128,16 @@ class Driver:
         if self.quiet_since is None:
             return False
         idle_since = max(self.quiet_since, self.last_received)
+        return self.now() - idle_since > 2 * self.w.txn_timeout_ms / 1000 + IDLE_SLACK_S
+
+    def leases_done(self) -> bool:
+        """``workers_done`` for the lease holders: once faults stopped, no leased message read for
+        longer than a txn can hold one back; or no txn may begin any more."""
+        if self._txn_cap_reached():
+            return True
+        if self.quiet_since is None:
+            return False
+        idle_since = max(self.quiet_since, self.last_leased)
         return self.now() - idle_since > 2 * self.w.txn_timeout_ms / 1000 + IDLE_SLACK_S
 
     def now(self) -> float:
@@ -136,15 +165,17 @@ class Driver:
 
     # --- producing -------------------------------------------------------------------------
 
-    async def append(self, producer: str, topic: str, partition: int, uids: list[str], txn: TxnID | None) -> bool:
+    async def append(self, producer: str, topic: str, partition: int, uids: list[str], txn: TxnID | None,
+                     routing_key: str | None = None) -> bool:
         """One batch, as the producer's resend path sends it (``previous_sequence`` -1), recorded
-        per message; True when it is stored."""
+        per message (all with the key ``routing_key``, if any); True when it is stored."""
         key = (producer, topic, partition)
         first = self._sequences.get(key, 0)
         self._sequences[key] = first + len(uids)
         for uid in uids:
             self.history.send(uid, topic, partition, txn, producer, self.now())
-        records = [encode_plain(uid.encode()) for uid in uids]
+        records = [encode_plain(uid.encode()) if routing_key is None
+                   else encode_message(MessageRecord(uid.encode(), routing_key)) for uid in uids]
         try:
             result = await self._ref(partition_actor_name(topic, partition)).call_async(
                 "append", producer, first, records, txn, -1, deadline_s=CALL_DEADLINE_S)
@@ -168,7 +199,13 @@ class Driver:
         while i < self.w.inputs:
             count = min(self.rng.randint(1, 3), self.w.inputs - i)
             partition = self.rng.randrange(self.w.partitions)
-            await self.append("seeder", TOPIC_IN, partition, [f"in-{j}" for j in range(i, i + count)], None)
+            uids = [f"in-{j}" for j in range(i, i + count)]
+            key = None
+            if self.w.key_shared:  # a key per batch, routed as the producer routes keys
+                key = f"k{self.rng.randrange(KEYS)}"
+                partition = partition_for(key, self.w.partitions)
+                self.key_log.keys.update(dict.fromkeys(uids, key))
+            await self.append("seeder", TOPIC_IN, partition, uids, None, key)
             i += count
 
     # --- ending transactions ---------------------------------------------------------------
@@ -300,11 +337,13 @@ class Driver:
 
     async def _subscribe(self, consumer: str, partition: int) -> None:
         await self._subscription(TOPIC_IN, partition, SUB_PIPE).call_async(
-            "subscribe", consumer, consumer, "Shared", deadline_s=None)
+            "subscribe", consumer, consumer, "Key_Shared" if self.w.key_shared else "Shared", deadline_s=None)
 
     async def worker(self, index: int) -> None:
         consumer = f"w{index}"
         self._worker_coordinators[consumer] = self.coordinator_client(f"owner-{consumer}")
+        if self.w.key_shared and index > 0:  # joins late: keys move to it from the others
+            await asyncio.sleep(self.rng.uniform(*KEY_SHARED_JOIN_S))
         for partition in range(self.w.partitions):
             await self._subscribe(consumer, partition)
         self.history.subscribe(consumer, SUB_PIPE, TOPIC_IN, self.now(), from_earliest=True)
@@ -312,6 +351,8 @@ class Driver:
         while not self.workers_done():
             polls += 1
             partition = polls % self.w.partitions
+            if self.w.key_shared and self.rng.random() < KEY_SHARED_CHURN:
+                await self._leave_and_rejoin(consumer, partition)
             try:
                 reply = await self._subscription(TOPIC_IN, partition, SUB_PIPE).call_async(
                     "fetch", consumer, MAX_FETCH, FETCH_WAIT_S, deadline_s=CALL_DEADLINE_S)
@@ -320,6 +361,7 @@ class Driver:
                 self.counts.error(error)
                 continue
             if not reply["registered"]:
+                self.key_log.reset(consumer, partition, self.now())
                 await self._subscribe(consumer, partition)
                 self.history.reset(consumer, SUB_PIPE, self.now())
                 continue
@@ -339,6 +381,7 @@ class Driver:
                 mid = MessageId(TOPIC_IN, partition, ledger_id, entry_id, batch_index)
                 self.history.receive(consumer, SUB_PIPE, TOPIC_IN, partition, mid, uid,
                                      counts[k] if counts else 0, self.now())
+                self.key_log.received(consumer, mid, uid, self.now())
                 self.last_received = self.now()
                 yield mid, uid, batch_size
 
@@ -366,6 +409,7 @@ class Driver:
             # As the client's transaction: a failed send makes it ABORT_ONLY (commit aborts it).
             machine.transition_to(TxnClientState.ABORT_ONLY, cause=RuntimeError("send failed"), if_allowed=True)
         self.history.ack(consumer, SUB_PIPE, mid, txn, self.now())
+        self.key_log.acked(consumer, mid, self.now())
         await self.ack_in_txn(self._subscription(TOPIC_IN, partition, SUB_PIPE), consumer, mid, batch_size,
                               False, txn, machine)
         self.history.consume_transform_produce(uid, [out_uid], txn, subscription=SUB_PIPE, t=self.now())
@@ -396,12 +440,28 @@ class Driver:
         return machine.state is TxnClientState.COMMITTED
 
     async def _give_back(self, consumer: str, partition: int, mid: MessageId) -> None:
+        self.key_log.released(consumer, mid, self.now())
         try:
             await self._subscription(TOPIC_IN, partition, SUB_PIPE).call_async(
                 "redeliver", consumer, [(Position(mid.ledger_id, mid.entry_id), mid.batch_index)],
                 deadline_s=CALL_DEADLINE_S)
         except Exception as error:  # noqa: BLE001 - the subscription restarted: it redelivers anyway
             self.counts.error(error)
+
+    async def _leave_and_rejoin(self, consumer: str, partition: int) -> None:
+        """Key_Shared churn: close this partition's consumer (what it holds goes back, its keys
+        move to the others) and subscribe again a moment later (some keys move back)."""
+        self._trace("leave", consumer, partition)
+        self.key_log.reset(consumer, partition, self.now())
+        self.history.reset(consumer, SUB_PIPE, self.now())
+        try:
+            await self._subscription(TOPIC_IN, partition, SUB_PIPE).call_async(
+                "close_consumer", consumer, deadline_s=CALL_DEADLINE_S)
+        except Exception as error:  # noqa: BLE001 - away: its restart forgets the consumer anyway
+            self._unexpected(f"close {consumer}", error)
+            self.counts.error(error)
+        await asyncio.sleep(self.rng.uniform(*KEY_SHARED_AWAY_S))
+        await self._subscribe(consumer, partition)
 
     # --- the end ---------------------------------------------------------------------------
 

@@ -62,4 +62,31 @@ PROFILES: dict[str, Profile] = {
         CrashFaults(mean_interval_s=0.5, zombie=0.25),
         workload=Workload(doomed_topics=2),
     ),
+    # default's faults, and producers of the real client class with appends pipelined
+    # (max_in_flight 5) whose client processes crash (pipelined.py): each producer's messages are
+    # stored once, in the order they were sent, every acknowledged one.
+    "pipelined": Profile(
+        StorageFaults(put_fail=0.01, put_reply_lost=0.005, get_fail=0.01, slow=0.01),
+        NetworkFaults(drop=0.01, reply_lost=0.01, duplicate=0.01),
+        CrashFaults(mean_interval_s=0.5, zombie=0.25),
+        workload=Workload(pipelined_producers=2, pipelined_messages=100, client_crash=0.5),
+    ),
+    # default's faults, and holders of range leases consuming the output (where the txns write)
+    # on a subscription of their own (leases.py): grant, read from storage with the aborted
+    # spans, ack in a txn, release, renew, expire, takeover by a newer epoch.
+    "leases": Profile(
+        StorageFaults(put_fail=0.01, put_reply_lost=0.005, get_fail=0.01, slow=0.01),
+        NetworkFaults(drop=0.01, reply_lost=0.01, duplicate=0.01),
+        CrashFaults(mean_interval_s=0.5, zombie=0.25),
+        workload=Workload(lease_holders=2),
+    ),
+    # default's faults, keyed inputs consumed through Key_Shared subscriptions by workers that
+    # join late and leave and come back (keyshared.py): per key, first deliveries in order and
+    # no two consumers holding a key's messages at once.
+    "key-shared": Profile(
+        StorageFaults(put_fail=0.01, put_reply_lost=0.005, get_fail=0.01, slow=0.01),
+        NetworkFaults(drop=0.01, reply_lost=0.01, duplicate=0.01),
+        CrashFaults(mean_interval_s=0.5, zombie=0.25),
+        workload=Workload(key_shared=True, workers=3),
+    ),
 }

@@ -38,7 +38,13 @@ from raytxn.errors import InvalidArgument
 from raytxn.ids import SUPERVISOR_NAME, coordinator_actor_name, partition_actor_name, subscription_actor_name
 from raytxn.sim.driver import SUB_PIPE, SUB_VERIFY, TOPIC_IN, TOPIC_OUT, Driver, Workload
 from raytxn.sim.gate import FaultGate
+from raytxn.sim.keyshared import violations as key_shared_violations
+from raytxn.sim.leases import LEASE_TIMEOUT_S, SUB_LEASE, lease_holder
+from raytxn.sim.leases import unprocessed as lease_unprocessed
+from raytxn.sim.leases import violations as lease_violations
 from raytxn.sim.loop import Deadlock, SimLoop
+from raytxn.sim.pipelined import pipelined_producer
+from raytxn.sim.pipelined import violations as pipelined_violations
 from raytxn.sim.profiles import PROFILES, Profile
 from raytxn.sim.schedule import Schedule
 from raytxn.sim.supervisor import CatalogStore, SimSupervisor
@@ -117,7 +123,7 @@ def build_world(loop: SimLoop, rng: random.Random, trace: Trace, profile: Profil
         for p in range(workload.partitions):
             world.add(partition_actor_name(topic, p),
                       lambda topic=topic, p=p, **seams: PartitionBuffer(topic, p, config=partition_config, **seams))
-    for topic, name in ((TOPIC_IN, SUB_PIPE), (TOPIC_OUT, SUB_VERIFY)):
+    for topic, name in _subscriptions(workload):
         for p in range(workload.partitions):
             world.add(subscription_actor_name(topic, p, name),
                       lambda topic=topic, p=p, name=name, **seams: Subscription(
@@ -125,6 +131,15 @@ def build_world(loop: SimLoop, rng: random.Random, trace: Trace, profile: Profil
     if workload.doomed_topics:
         _add_doomed_topics(world, workload, partition_config, subscription_config)
     return world
+
+
+def _subscriptions(workload: Workload) -> list[tuple[str, str]]:
+    """(topic, subscription) of the run's subscriptions (the lease holders' own, on the output,
+    only when there are some, so other runs keep their traces)."""
+    subscriptions = [(TOPIC_IN, SUB_PIPE), (TOPIC_OUT, SUB_VERIFY)]
+    if workload.lease_holders:
+        subscriptions.append((TOPIC_OUT, SUB_LEASE))
+    return subscriptions
 
 
 def _add_doomed_topics(world: World, workload: Workload, partition_config: PartitionConfig,
@@ -156,6 +171,9 @@ async def _scenario(world: World, driver: Driver, profile: Profile, workload: Wo
     else:
         jobs += [loop.create_task(driver.worker(i)) for i in range(workload.workers)]
     doomed = [loop.create_task(doomed_topic(driver, i)) for i in range(workload.doomed_topics)]
+    jobs += [loop.create_task(pipelined_producer(driver, i, TOPIC_OUT, workload.pipelined_messages))
+             for i in range(workload.pipelined_producers)]
+    jobs += [loop.create_task(lease_holder(driver, i, TOPIC_OUT)) for i in range(workload.lease_holders)]
 
     # Faults run for the profile's window; then the quiet period: every actor up, no faults.
     await asyncio.sleep(profile.fault_window_s)
@@ -181,6 +199,9 @@ async def _scenario(world: World, driver: Driver, profile: Profile, workload: Wo
             raise Failure(f"liveness: coordinator {tc_id} low watermark {low}, next sequence {next_sequence}")
     await driver.drain(TOPIC_OUT, SUB_VERIFY)
     await driver.drain(TOPIC_IN, SUB_PIPE)
+    if workload.lease_holders:
+        await asyncio.sleep(2 * LEASE_TIMEOUT_S)  # a lease the holders left standing expires
+        await driver.drain(TOPIC_OUT, SUB_LEASE)
     _check_actor_invariants(world, workload)
 
 
@@ -192,7 +213,7 @@ def _check_actor_invariants(world: World, workload: Workload) -> None:
             ongoing = world.actor(partition_actor_name(topic, p)).buffer.ongoing_coordinators()
             if ongoing:
                 raise Failure(f"liveness: partition {topic}-{p} still has ongoing txns of coordinators {ongoing}")
-    for topic, name in ((TOPIC_IN, SUB_PIPE), (TOPIC_OUT, SUB_VERIFY)):
+    for topic, name in _subscriptions(workload):
         for p in range(workload.partitions):
             state = world.actor(subscription_actor_name(topic, p, name)).state
             state.pending.check_invariants()
@@ -245,12 +266,27 @@ def run_seed(seed: int, profile_name: str = "default", workload: Workload | None
     if failure is None and broken:
         failure = f"invariant broken in a task: {broken[:3]}"
     if failure is None:
-        report = check(history, txn_timeout_s=workload.txn_timeout_ms / 1000, stuck_slack_s=STUCK_SLACK_S)
+        report = check(history, txn_timeout_s=workload.txn_timeout_ms / 1000, stuck_slack_s=STUCK_SLACK_S,
+                       key_shared=[SUB_PIPE] if workload.key_shared else [])
         if not report.clean:
             failure = f"checker found {', '.join(sorted(report.kinds()))}: {report.summary(3)}"
         elif untransformed := _untransformed_inputs(history, report):
             failure = (f"lost: {len(untransformed)} inputs consumed but neither transformed by a committed txn "
                        f"nor left in the drain of {SUB_PIPE}: {untransformed[:5]}")
+        elif workload.key_shared and (broken_keys := key_shared_violations(driver.key_log, {
+                p: world.started_at.get(subscription_actor_name(TOPIC_IN, p, SUB_PIPE), [])
+                for p in range(workload.partitions)})):
+            failure = f"Key_Shared: {'; '.join(broken_keys)}"
+        elif workload.lease_holders and (missed := lease_unprocessed(history, report.txn_outcomes, TOPIC_OUT)):
+            failure = (f"lost: {len(missed)} messages of {TOPIC_OUT} neither consumed by a committed txn of a lease "
+                       f"holder nor left in the drain of {SUB_LEASE}: {missed[:5]}")
+        elif workload.lease_holders and (broken_leases := lease_violations(
+                driver.lease_acks, report.txn_outcomes, driver.lease_read_errors)):
+            failure = f"leases: {'; '.join(broken_leases)}"
+    if failure is None and workload.pipelined_producers and (
+            broken_pipeline := pipelined_violations(history, TOPIC_OUT, SUB_VERIFY, driver.pipelined_acked,
+                                                   driver.pipelined_failed)):
+        failure = f"pipelined producers: {'; '.join(broken_pipeline)}"
     if failure is None and extra_check is not None and (broken_property := extra_check(history)) is not None:
         failure = f"extra check: {broken_property}"
     for event in history.events:  # what the workload saw is part of the trace too
@@ -292,7 +328,7 @@ def load_check(spec: str) -> ExtraCheck:
     return check
 
 
-def _untransformed_inputs(history: History, report: Report) -> list[str]:
+def _untransformed_inputs(history: History, report: Report, subscription: str = SUB_PIPE) -> list[str]:
     """The pipeline's stored inputs that no committed (or undecided) txn transformed and that
     the final drain of its subscription does not show either: consumed without being processed.
     The checker cannot see this: a cumulative ack covers every message up to it, received or not."""
@@ -301,9 +337,10 @@ def _untransformed_inputs(history: History, report: Report) -> list[str]:
     for event in history.events:
         if isinstance(event, SendOk) and event.message_id.topic == TOPIC_IN:
             stored[event.msg_uid] = None
-        elif isinstance(event, Transformed) and report.txn_outcomes.get(event.txn) in (COMMITTED, UNDECIDED):
+        elif (isinstance(event, Transformed) and event.subscription == subscription
+              and report.txn_outcomes.get(event.txn) in (COMMITTED, UNDECIDED)):
             done.add(event.input_msg_uid)
-        elif isinstance(event, FinalState) and event.subscription == SUB_PIPE:
+        elif isinstance(event, FinalState) and event.subscription == subscription:
             done.update(message.msg_uid for message in event.messages)
     return [uid for uid in stored if uid not in done]
 

@@ -94,6 +94,7 @@ class World:
         self._factories: dict[str, Callable[[], ActorShell]] = {}
         self._current: dict[str, Process] = {}
         self._incarnations: dict[str, int] = {}
+        self.started_at: dict[str, list[float]] = {}  # name -> when each incarnation started
         self.crashes = 0
         self.zombies = 0
 
@@ -110,6 +111,7 @@ class World:
         self._incarnations[name] = incarnation
         process = Process(self, name, incarnation, self._factories[name]())
         self._current[name] = process
+        self.started_at.setdefault(name, []).append(self.loop.time())
         self.trace.add("start", process.label)
         return process
 

@@ -51,7 +51,8 @@ The rules (one anomaly per subject)
 - ``order``: per (subscription, consumer, topic, partition), in recording order, a first delivery
   whose message id is below an earlier first delivery in that stream since the consumer's last
   reset. Redeliveries (redelivery_count > 0, or an id any consumer of the subscription received
-  before) are exempt.
+  before) are exempt, and so are the subscriptions ``check`` is told are Key_Shared (order per
+  key there, judged by the caller).
 - ``stuck``: a consumer recorded ``receive_timeout`` at time b while a message m of its
   subscription had been visible (plain: its send_ok time; txn: when its "committed" outcome came
   back) and unreceived for more than txn_timeout_s + stuck_slack_s, and the whole subscription
@@ -71,7 +72,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import defaultdict
-from collections.abc import Hashable, Iterable
+from collections.abc import Collection, Hashable, Iterable
 from dataclasses import dataclass, field
 
 from raytxn.client.message import MessageId
@@ -159,12 +160,17 @@ class Report:
         return "\n".join(lines)
 
 
-def check(history: History | Iterable[Event], txn_timeout_s: float, *, stuck_slack_s: float = 5.0) -> Report:
+def check(history: History | Iterable[Event], txn_timeout_s: float, *, stuck_slack_s: float = 5.0,
+          key_shared: Collection[str] = ()) -> Report:
     """Judge ``history``. ``txn_timeout_s``: the longest txn timeout the workload used (an open txn
     may legitimately block a partition that long); ``stuck_slack_s``: what else may delay a
-    delivery on top (abort round trips, ack-timeout redelivery, actor restarts)."""
+    delivery on top (abort round trips, ack-timeout redelivery, actor restarts). ``key_shared``:
+    the subscriptions consumed Key_Shared, left out of the ``order`` rule: there order holds per
+    key, not per consumer (a message waits while its key's earlier ones are held by another
+    consumer, and other keys' later messages pass it), which needs the keys the history does not
+    record; the caller judges it (the simulator does, ``raytxn.sim.keyshared``)."""
     events = history.events if isinstance(history, History) else tuple(history)
-    return _Checker(sorted(events, key=lambda e: e.seq), txn_timeout_s + stuck_slack_s).run()
+    return _Checker(sorted(events, key=lambda e: e.seq), txn_timeout_s + stuck_slack_s, frozenset(key_shared)).run()
 
 
 # --- internals -----------------------------------------------------------------------------------
@@ -237,9 +243,10 @@ def _covers(ack: Acked, mid: MessageId) -> bool:
 
 
 class _Checker:
-    def __init__(self, events: list[Event], stuck_after_s: float) -> None:
+    def __init__(self, events: list[Event], stuck_after_s: float, key_shared: frozenset[str] = frozenset()) -> None:
         self.events = events
         self.stuck_after_s = stuck_after_s
+        self.key_shared = key_shared
         self.report = Report()
         self.seen: set[tuple[str, str]] = set()  # (kind, subject): one anomaly per subject
         self.attempts: list[_Attempt] = []
@@ -655,6 +662,8 @@ class _Checker:
             if isinstance(event, Reset):
                 for stream in [s for s in last_first if s[:2] == (event.subscription, event.consumer)]:
                     del last_first[stream]
+                continue
+            if event.subscription in self.key_shared:
                 continue
             mid, seen = event.message_id, seen_in_sub[event.subscription, event.topic]
             redelivered = event.redelivery_count > 0 or mid in seen
