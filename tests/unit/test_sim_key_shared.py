@@ -42,12 +42,12 @@ def test_no_draining_of_moved_keys_is_caught(monkeypatch: pytest.MonkeyPatch) ->
 def test_round_robin_instead_of_the_key_ring_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     route = dispatch.Dispatcher._route
 
-    def shared_route(self: dispatch.Dispatcher, message: dispatch.QueuedMessage) -> object:
+    def shared_route(self: dispatch.Dispatcher, entry: dispatch.QueuedEntry, index: int) -> object:
         if self.type is not dispatch.ConsumerType.KeyShared:
-            return route(self, message)
+            return route(self, entry, index)
         self.type = dispatch.ConsumerType.Shared
         try:
-            return route(self, message)
+            return route(self, entry, index)
         finally:
             self.type = dispatch.ConsumerType.KeyShared
 
