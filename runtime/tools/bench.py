@@ -204,6 +204,7 @@ BENCHMARKS: dict[str, Callable[..., list[dict]]] = {
     "ray-data": _lazy("raytxn.tools.bench_ray_data", "bench_ray_data"),
     "auth": _lazy("raytxn.tools.bench_auth", "bench_auth"),
     "scale": _lazy("raytxn.tools.bench_scale", "bench_scale"),
+    "kafka": _lazy("raytxn.tools.bench_kafka", "bench_kafka"),
 }
 
 

@@ -18,6 +18,7 @@ from raytxn.tools import (
     bench_auth,
     bench_ceiling,
     bench_commit,
+    bench_kafka,
     bench_produce,
     bench_ray_data,
     bench_scale,
@@ -79,6 +80,14 @@ ROWS: dict[str, Callable[[], list[dict]]] = {
     "scale": lambda: bench_scale.scale_rows(10_000, 2.5, 200, 3.25, [0.5, 0.75], [1.25, 1.5, 2.75], True, 120,
                                             [[0.5, 30], [1.5, 120], [9.0, 3]], 4 * 2**30, 5 * 2**30,
                                             {4: 90_000.5, 64: 80_000.25}, 200_000),
+    "kafka": lambda: [*bench_kafka.kafka_rows(1, 5_000, {"produce": {"gateway": [20_000.5, 22_000.25],
+                                                                     "native": [60_000.75, 58_000.5]},
+                                                         "consume": {"gateway": [40_000.25, 41_000.5],
+                                                                     "native": [90_000.5, 95_000.25]}},
+                                       {"gateway": [1.0125, 0.5], "native": [0.25, 0.0125]}),
+                      *bench_kafka.kafka_rows(4, 5_000, {"produce": {"gateway": [30_000.5], "native": [70_000.25]},
+                                                         "consume": {"gateway": [50_000.25], "native": [99_000.5]}},
+                                       {"gateway": [0.75], "native": [0.125]})],
 }
 
 
@@ -142,3 +151,16 @@ def test_a_table_taking_its_columns_from_the_first_row_is_caught() -> None:
     throughputs, others = rows[:5], rows[5:]  # the first kind, and the ratios, recovery, memory
     assert missing_figures(rows, out.getvalue()) == [str(row) for row in others]
     assert missing_figures(throughputs, out.getvalue()) == []
+
+
+def test_kafka_rows_take_the_best_round_of_each_side_and_their_ratio() -> None:
+    produce, consume = bench_kafka.kafka_rows(1, 5_000, {"produce": {"gateway": [20_000.0, 25_000.0],
+                                                                     "native": [50_000.0, 40_000.0]},
+                                                         "consume": {"gateway": [30_000.0, 10_000.0],
+                                                                     "native": [60_000.0, 61_000.0]}},
+                                                        {"gateway": [1.0, 0.5], "native": [0.25, 0.5]})
+    assert (produce["op"], produce["gateway_msgs_per_s"], produce["native_msgs_per_s"]) == ("produce", 25_000, 50_000)
+    assert produce["gateway_over_native"] == 0.5 and produce["gateway_runs"] == [20_000, 25_000]
+    assert (consume["op"], consume["gateway_over_native"], consume["rounds"]) == ("consume", round(30 / 61, 3), 2)
+    assert (consume["gateway_first_message_ms"], consume["native_first_message_ms"]) == (500.0, 250.0)
+    assert produce["gateway_first_message_ms"] is None
