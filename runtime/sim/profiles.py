@@ -21,13 +21,19 @@ class Profile:
     workload: Workload = field(default_factory=Workload)
 
 
+_DEFAULT_STORAGE = StorageFaults(put_fail=0.01, put_reply_lost=0.005, get_fail=0.01, slow=0.01)
+_DEFAULT_NETWORK = NetworkFaults(drop=0.01, reply_lost=0.01, duplicate=0.01)
+_DEFAULT_CRASHES = CrashFaults(mean_interval_s=0.5, zombie=0.25)
+
+
+def _default_faults_running(workload: Workload) -> Profile:
+    """default's faults, running another workload."""
+    return Profile(_DEFAULT_STORAGE, _DEFAULT_NETWORK, _DEFAULT_CRASHES, workload=workload)
+
+
 PROFILES: dict[str, Profile] = {
     "none": Profile(StorageFaults(), NetworkFaults(), CrashFaults()),
-    "default": Profile(
-        StorageFaults(put_fail=0.01, put_reply_lost=0.005, get_fail=0.01, slow=0.01),
-        NetworkFaults(drop=0.01, reply_lost=0.01, duplicate=0.01),
-        CrashFaults(mean_interval_s=0.5, zombie=0.25),
-    ),
+    "default": Profile(_DEFAULT_STORAGE, _DEFAULT_NETWORK, _DEFAULT_CRASHES),
     "heavy": Profile(
         StorageFaults(put_fail=0.05, put_reply_lost=0.03, get_fail=0.05, slow=0.05),
         NetworkFaults(drop=0.05, reply_lost=0.03, duplicate=0.05),
@@ -56,37 +62,17 @@ PROFILES: dict[str, Profile] = {
     ),
     # default's faults and topics deleted under open txns (workloads.py): finds bug f49da2f
     # (raytxn.testing_bugs "deleted_topic_stuck").
-    "topic-delete": Profile(
-        StorageFaults(put_fail=0.01, put_reply_lost=0.005, get_fail=0.01, slow=0.01),
-        NetworkFaults(drop=0.01, reply_lost=0.01, duplicate=0.01),
-        CrashFaults(mean_interval_s=0.5, zombie=0.25),
-        workload=Workload(doomed_topics=2),
-    ),
+    "topic-delete": _default_faults_running(Workload(doomed_topics=2)),
     # default's faults, and producers of the real client class with appends pipelined
     # (max_in_flight 5) whose client processes crash (pipelined.py): each producer's messages are
     # stored once, in the order they were sent, every acknowledged one.
-    "pipelined": Profile(
-        StorageFaults(put_fail=0.01, put_reply_lost=0.005, get_fail=0.01, slow=0.01),
-        NetworkFaults(drop=0.01, reply_lost=0.01, duplicate=0.01),
-        CrashFaults(mean_interval_s=0.5, zombie=0.25),
-        workload=Workload(pipelined_producers=2, pipelined_messages=100, client_crash=0.5),
-    ),
+    "pipelined": _default_faults_running(Workload(pipelined_producers=2, pipelined_messages=100, client_crash=0.5)),
     # default's faults, and holders of range leases consuming the output (where the txns write)
     # on a subscription of their own (leases.py): grant, read from storage with the aborted
     # spans, ack in a txn, release, renew, expire, takeover by a newer epoch.
-    "leases": Profile(
-        StorageFaults(put_fail=0.01, put_reply_lost=0.005, get_fail=0.01, slow=0.01),
-        NetworkFaults(drop=0.01, reply_lost=0.01, duplicate=0.01),
-        CrashFaults(mean_interval_s=0.5, zombie=0.25),
-        workload=Workload(lease_holders=2),
-    ),
+    "leases": _default_faults_running(Workload(lease_holders=2)),
     # default's faults, keyed inputs consumed through Key_Shared subscriptions by workers that
     # join late and leave and come back (keyshared.py): per key, first deliveries in order and
     # no two consumers holding a key's messages at once.
-    "key-shared": Profile(
-        StorageFaults(put_fail=0.01, put_reply_lost=0.005, get_fail=0.01, slow=0.01),
-        NetworkFaults(drop=0.01, reply_lost=0.01, duplicate=0.01),
-        CrashFaults(mean_interval_s=0.5, zombie=0.25),
-        workload=Workload(key_shared=True, workers=3),
-    ),
+    "key-shared": _default_faults_running(Workload(key_shared=True, workers=3)),
 }
