@@ -25,7 +25,7 @@ def client(ray_session: object, tmp_path_factory: pytest.TempPathFactory) -> Ite
 @pytest.mark.timeout(900)
 def test_chaos_with_passivation_on_many_partitions_is_exactly_once(client: rt.Client) -> None:
     # seed 7: of its 5 faults, two partition/subscription kills are for good
-    result = run_chaos(client, txns=60, seed=7, workers=3, txn_timeout_s=8.0, fault_interval_s=1.0,
+    result = run_chaos(client, txns=40, seed=7, workers=3, txn_timeout_s=8.0, fault_interval_s=1.0,
                        partitions=(8, 2, 2), dormant_ratio=0.5)
     print(result.summary(), result.errors)
     rows = client.health()["actors"]
@@ -35,5 +35,5 @@ def test_chaos_with_passivation_on_many_partitions_is_exactly_once(client: rt.Cl
     assert any(e["do"] == "kill_for_good" for e in result.schedule)
     assert result.faults_fired >= len(result.schedule) // 2, "the faults did not happen"
     assert passivations > 0 and activations > passivations // 2, (passivations, activations)
-    assert result.committed >= 60
+    assert result.committed >= 40
     assert result.clean, f"schedule {result.schedule}\n{result.report.summary()}"

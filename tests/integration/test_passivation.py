@@ -2,7 +2,7 @@
 again, and nothing is lost or duplicated across it; what holds an actor up (an open txn, an
 attached consumer) keeps it; a txn whose participant is dormant still commits and aborts; and an
 actor the cluster has no room for is a clear error, not a hang. One engine for the module,
-passivating after 1 s idle, whose watcher probes at most 2 live actors per round (so every test
+passivating after 1 s idle, whose watcher probes at most 4 live actors per round (so every test
 here also runs with the probes rotating)."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ IDLE_S = 1.0
 
 @pytest.fixture(scope="module")
 def client(ray_session: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[rt.Client]:
-    yield from engine_client(tmp_path_factory, watch_interval_s=0.3, passivate_idle_s=IDLE_S, max_probes_per_watch=2)
+    yield from engine_client(tmp_path_factory, watch_interval_s=0.3, passivate_idle_s=IDLE_S, max_probes_per_watch=4)
 
 
 def live(name: str) -> bool:
