@@ -66,7 +66,7 @@ def test_idle_actors_are_passivated_and_the_next_call_activates_them_exactly_onc
     assert visible_values(topic) == [b"before-1", b"before-2", b"after"]
 
 
-def test_with_two_probes_a_round_six_idle_partitions_are_all_passivated(client: rt.Client) -> None:
+def test_under_a_probe_budget_six_idle_partitions_are_all_passivated(client: rt.Client) -> None:
     """The end-to-end check of the probe budget (the rotation itself: tests/unit/test_shell.py)."""
     topic = new_topic(client, prefix="rotate", partitions=6)
     producer = client.create_producer(topic)
