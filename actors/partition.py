@@ -55,6 +55,7 @@ from raytxn.protocol.entry_format import (
     entry_records,
 )
 from raytxn.protocol.lease import RangePlan
+from raytxn.protocol.offsets import entries_from_offset
 from raytxn.protocol.retention import StoredObject, acked_bound, retention_cut
 from raytxn.protocol.txn_buffer import TransactionBuffer, TxnBufferSnapshot
 from raytxn.protocol.txnlog import EndAction
@@ -625,14 +626,14 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
             read_from, entries = await self._read_retained(position, self.config.max_read_entries, end)
             if not entries or read_from != position:  # trimmed under the read: the client asks again
                 break
-            for entry in entries:
-                header = decode_header(entry.records[0], f"{self.stream}@{entry.position}")
-                span = 1 if header.is_marker else header.count
-                if base + span > offset and base < end_offset and len(out["entries"]) < max_entries:
-                    out["entries"].append((base, entry.records))
-                    first = entry.position if first is None else first
-                    last = entry.position
-                base += span
+            headed = [(decode_header(entry.records[0], f"{self.stream}@{entry.position}"), entry)
+                      for entry in entries]
+            picked, base = entries_from_offset(headed, base, offset, end_offset,
+                                               max_entries - len(out["entries"]))
+            for entry_base, entry in picked:
+                out["entries"].append((entry_base, entry.records))
+                first = entry.position if first is None else first
+                last = entry.position
             position = next_position(entries[-1].position)
         if committed and first is not None and last is not None:
             out["aborted"] = [(a.txn, a.first_offset) for a in self.buffer.aborted_between(first, last)

@@ -36,12 +36,16 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections import deque
+from collections.abc import Sequence
+from typing import TypeVar
 
 import msgspec
 
 from raytxn.errors import CorruptLedger, InvalidArgument
 from raytxn.ids import Position
 from raytxn.protocol.entry_format import EntryHeader
+
+T = TypeVar("T")
 
 DEFAULT_INDEX_INTERVAL = 256
 
@@ -63,6 +67,20 @@ class OffsetSnapshot(msgspec.Struct, frozen=True, array_like=True):
 def entry_span(header: EntryHeader) -> int:
     """Offsets an entry takes: its messages, or one for a marker."""
     return 1 if header.is_marker else header.count
+
+
+def entries_from_offset(entries: Sequence[tuple[EntryHeader, T]], base: int, offset: int, end_offset: int,
+                        room: int) -> tuple[list[tuple[int, T]], int]:
+    """Of consecutive entries, the first at base offset ``base``: those holding an offset at or
+    after ``offset`` that start before ``end_offset``, at most ``room``, as ``(base offset, item)``;
+    and the base offset after the last entry given (a Kafka fetch's window on a read)."""
+    picked: list[tuple[int, T]] = []
+    for header, item in entries:
+        span = entry_span(header)
+        if base + span > offset and base < end_offset and len(picked) < room:
+            picked.append((base, item))
+        base += span
+    return picked, base
 
 
 class OffsetIndex:
