@@ -131,13 +131,13 @@ class _Consumer:
         self.fetching = 0                   # fetches in progress (a consumer waiting is alive)
 
     def add_outbox(self, entry: QueuedEntry, indexes: list[int]) -> None:
-        """Append to the outbox, extending its last chunk when it is of the same entry."""
+        """Append to the outbox, extending its last chunk when it is of the same entry (the
+        caller took them off the consumer's demand when it chose them)."""
         if self.outbox and self.outbox[-1][0] is entry and self.outbox[-1][1][-1] < indexes[0]:
             self.outbox[-1][1].extend(indexes)  # (chunks stay ascending: a whole one is 0..n-1)
         else:
             self.outbox.append((entry, indexes))
         self.outbox_count += len(indexes)
-        self.demand -= len(indexes)
 
 class Dispatcher:
     """Consumers, queued and outstanding messages of one subscription partition."""
@@ -267,15 +267,6 @@ class Dispatcher:
         return bool(self.offer_entry(message.position, message.batch_size, message.publish_time_ms, records,
                                      [message.batch_index]))
 
-    def is_tracked(self, key: MessageKey) -> bool:
-        """Whether the message is queued or outstanding (so reading it again must not queue it)."""
-        position, index = key
-        owners = self._owner.get(position)
-        if owners is not None and index in owners:
-            return True
-        queued = self._queue.get(position)
-        return queued is not None and _contains(queued.indexes, index)
-
     @property
     def queued(self) -> int:
         return self._queued
@@ -337,6 +328,7 @@ class Dispatcher:
             handed, entry.indexes = entry.indexes, []
         else:
             handed, entry.indexes = entry.indexes[:count], entry.indexes[count:]
+        consumer.demand -= count
         self._hand_out(consumer, entry, handed, None)
         served[consumer.consumer_id] = None
         return count
@@ -361,13 +353,12 @@ class Dispatcher:
                 waiting.extend(entry.indexes[position_in_queue:])
                 stopped = True
                 break
-            consumer.demand -= 1  # (counted again by _hand_out: give it back first)
+            consumer.demand -= 1
             handed_to.setdefault(consumer.consumer_id, []).append(index)
             handed += 1
         entry.indexes = waiting
         for consumer_id, indexes in handed_to.items():
             consumer = self._consumers[consumer_id]
-            consumer.demand += len(indexes)
             key_hashes = entry.key_hashes if key_shared else None
             self._hand_out(consumer, entry, indexes, key_hashes)
             served[consumer_id] = None
