@@ -252,12 +252,21 @@ class Broker:
                                    return_when=asyncio.FIRST_COMPLETED)
                 for w in waits:
                     w.cancel()
-                reads = await self._fetch_all(wanted, committed, 0.0)
+                # A wait that returned is that partition's read; only the others are read again.
+                reads = list(await asyncio.gather(*(self._answered(w) or self._read(t, p, committed, 0.0)
+                                                    for w, (t, p) in zip(waits, wanted, strict=True))))
         by_topic: dict[str, list[Any]] = {}
         for (topic, part), read in zip(wanted, reads, strict=True):
             by_topic.setdefault(topic, []).append(self._partition_data(part, read, committed))
         responses = [FetchResponse.FetchableTopicResponse(topic=t, partitions=ps) for t, ps in by_topic.items()]
         return {"throttle_time_ms": 0, "error_code": wire.NONE, "session_id": 0, "responses": responses}
+
+    @staticmethod
+    def _answered(wait: asyncio.Future) -> Awaitable[dict[str, Any]] | None:
+        """The finished read of a wait that completed (as an awaitable), else None."""
+        if not wait.done() or wait.cancelled() or wait.exception() is not None:
+            return None
+        return wait
 
     async def _fetch_all(self, wanted: list[tuple[str, Any]], committed: bool, wait_s: float) -> list[dict]:
         return list(await asyncio.gather(*(self._read(t, p, committed, wait_s) for t, p in wanted)))
