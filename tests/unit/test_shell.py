@@ -17,6 +17,7 @@ from raytxn.actors.coordinator import TransactionCoordinator, log_stream
 from raytxn.actors.partition import PartitionBuffer, partition_stream
 from raytxn.actors.shell import EXIT_CODE, ActorShell, Clock, replay
 from raytxn.actors.subscription import Subscription, pending_ack_stream
+from raytxn.actors.supervisor import probes_due
 from raytxn.auth import Access, guarded
 from raytxn.errors import (
     ActorUnavailable,
@@ -375,8 +376,6 @@ def test_passivation_needs_idleness_and_no_blocker_and_a_quiet_persist() -> None
 def test_the_watcher_probes_live_actors_in_turn_under_its_budget() -> None:
     """Two probes per round over five actors: the least recently probed go first, so every
     actor is probed within three rounds and none twice before all were probed once."""
-    from raytxn.actors.supervisor import probes_due
-
     probed_at: dict[str, float] = {"a": 5.0}  # "a" was probed; the others never were
     names = ["a", "b", "c", "d", "e"]
     rounds = []
