@@ -234,7 +234,7 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
             raise
         self.info["appends"] += 1
         self.info["bytes_in"] += value_bytes
-        self.metrics.appended(len(messages), sum(len(m) for m in messages))
+        self.metrics.appended(len(messages), sum(map(len, messages)))
         await self._notify()
         await self.faults.hit("partition.after_append_before_reply", txn=txn, producer=producer)
         return AppendResult(position, len(messages), False, base_offset)
