@@ -310,14 +310,19 @@ class ManagedLedger:
                 self._metrics.put_latency((time.perf_counter() - started) * 1000)
                 return
             except ObjectExists as e:
-                existing = await self.storage.get(path)
-                if existing == data:
-                    self._metrics.put_latency((time.perf_counter() - started) * 1000)
-                    return
-                raise Fenced(f"stream {self.stream}: {path} was written by another incarnation") from e
+                try:  # the read that tells a lost reply from another writer is retried like the put
+                    existing = await self.storage.get(path)
+                except StorageUnavailable:
+                    existing = None
+                else:
+                    if existing == data:
+                        self._metrics.put_latency((time.perf_counter() - started) * 1000)
+                        return
+                    raise Fenced(f"stream {self.stream}: {path} was written by another incarnation") from e
             except (StorageUnavailable, InjectedFault):  # an injected fault stands for a storage error
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, max_delay)
+                pass
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, max_delay)
 
     async def _roll(self) -> None:
         """Close the current ledger (SEAL, then metadata) and continue in a new one."""

@@ -125,6 +125,35 @@ def test_a_task_dying_of_a_broken_assertion_is_noted_also_when_wrapped() -> None
         "test_a_task_dying_of_a_broken_assertion_is_noted_also_when_wrapped.<locals>.wrapped"]
 
 
+def test_a_ledger_put_whose_reply_was_lost_retries_the_read_that_checks_its_bytes() -> None:
+    """A put lands but its reply is lost; the retry finds the object (``ObjectExists``) and reads
+    it to tell its own bytes from another writer's. That read failing too is a storage outage,
+    retried like the put, not the end of this writer: the append succeeds once storage is back."""
+    loop = SimLoop()
+    trace = Trace(loop.time)
+    storage = SimStorage(random.Random(3), StorageFaults(put_reply_lost=1.0, get_fail=1.0), trace, lambda: 0)
+    storage.faults_on = False
+
+    async def scenario() -> list[bytes]:
+        ledger = await ManagedLedger.open(storage, "t/lost-reply")
+        storage.faults_on = True
+        before = storage.injected
+        append = asyncio.ensure_future(ledger.append([b"once"]))
+        for _ in range(1000):  # ten simulated seconds for a lost reply, then two failed reads
+            if storage.injected >= before + 3 or append.done():
+                break
+            await asyncio.sleep(0.01)
+        assert storage.injected >= before + 3, f"the writer stopped retrying: {append}"
+        storage.faults_on = False
+        position = await append
+        return [record for entry in await ledger.read(position) for record in entry.records]
+
+    try:
+        assert loop.run_until_complete(scenario()) == [b"once"]
+    finally:
+        loop.close()
+
+
 def test_sim_storage_create_is_conditional_and_a_lost_reply_still_wrote() -> None:
     loop = SimLoop()
     trace = Trace(loop.time)
