@@ -29,7 +29,7 @@ from raytxn.errors import (
 from raytxn.ids import NAMESPACE, subscription_actor_name
 from tests.engine import engine_client, new_topic, nothing_more, receive_all
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("drop_new_topics")]
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from raytxn.errors import TopicNotFound
 from raytxn.ids import NAMESPACE, SUPERVISOR_NAME, partition_actor_name, subscription_actor_name
 from tests.engine import engine_client, nothing_more, receive_all
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("drop_new_topics")]
 
 CREATE_POINTS = ["supervisor.after_save_creating", "supervisor.after_create_actors", "supervisor.after_activate"]
 DELETE_POINTS = ["supervisor.after_mark_deleting", "supervisor.after_stop_actors",
