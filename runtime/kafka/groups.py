@@ -357,6 +357,17 @@ class Group:
             self._prepare_rebalance(now)
         self._maybe_complete_join(now)
 
+    def abandon(self, kind: str, member_id: str) -> None:
+        """The member's waiting JoinGroup ("join") or SyncGroup ("sync") was answered without
+        the table (it waited past its bound): it waits no more, so it may expire, and a join
+        completing without it leaves it out."""
+        member = self.members.get(member_id)
+        if member is not None:
+            if kind == "join":
+                member.awaiting_join = False
+            else:
+                member.awaiting_sync = False
+
     # --- offset commits --------------------------------------------------------------------
 
     def check_commit(self, member_id: str, generation: int, now: float) -> int:
@@ -462,6 +473,11 @@ class GroupTable:
         error = group.check_txn_commit(member_id, generation, now)
         self._settle(group)
         return error
+
+    def abandon(self, group_id: str, kind: str, member_id: str) -> None:
+        group = self.groups.get(group_id)
+        if group is not None:
+            group.abandon(kind, member_id)
 
     def tick(self, now: float) -> None:
         """Expire members and complete joins whose rebalance timeout passed, in every group."""

@@ -543,20 +543,20 @@ class SubscriptionState:
                               request: str | None = None) -> AckRecord | None:
         """A commit inside ``txn``: the record of a cumulative ack of everything before message
         ``index`` of the entry at ``first`` (None: nothing to log, ``txn`` holds that ack, or
-        the cursor is there already). It may only move forward: ``NotAllowed`` for a position
-        before the cursor's, or before an ack ``txn`` holds already."""
+        the cursor is there already). It may only move forward: ``InvalidArgument`` for a
+        position before the cursor's, or before an ack ``txn`` holds already."""
         ack = normalize_ack(self._check_reader_commit(first, index, size))
         target = (first, index)
         if target < self.first_unacked():
-            raise NotAllowed(f"{txn} commits {first} index {index}, before the committed {self.first_unacked()}: "
-                             "a transaction does not move a committed position back")
+            raise InvalidArgument(f"{txn} commits {first} index {index}, before the committed "
+                                  f"{self.first_unacked()}: a transaction does not move a committed position back")
         if target == self.first_unacked():
             return None
         own = self.pending.cumulative_point_of(txn)
         if own is not None and cumulative_point(ack) <= own:
             if cumulative_point(ack) == own:
                 return None  # the same commit again (a retry with a new request id)
-            raise NotAllowed(f"{txn} commits {first} index {index}, before its own pending commit")
+            raise InvalidArgument(f"{txn} commits {first} index {index}, before its own pending commit")
         return self.pending.prepare_ack(txn, AckKind.CUMULATIVE, [ack], lambda _: True, request)
 
     def _check_reader_commit(self, first: Position, index: int, size: int | None) -> AckTuple:

@@ -121,7 +121,7 @@ def test_a_transactional_commit_moves_the_cursor_only_when_the_txn_commits() -> 
         state.prepare_reader_commit(T2, P(5, 4), 0, None, "r3")
     with pytest.raises(TransactionConflict):                              # a plain one meanwhile
         state.reader_commit(P(5, 4), 0, None)
-    with pytest.raises(NotAllowed):                                       # back, inside its own txn
+    with pytest.raises(InvalidArgument):                                  # back, inside its own txn
         state.prepare_reader_commit(T1, P(5, 2), 0, None, "r4")
     end(state, T1, EndAction.COMMIT)
     assert state.first_unacked() == (P(5, 3), 1) and state.pending.pending_txn_count == 0
@@ -130,7 +130,7 @@ def test_a_transactional_commit_moves_the_cursor_only_when_the_txn_commits() -> 
     state.apply(record, P(100, 5))
     end(state, T2, EndAction.ABORT)
     assert state.first_unacked() == (P(5, 3), 1)                          # the aborted commit is gone
-    with pytest.raises(NotAllowed):                                       # a txn never moves it back
+    with pytest.raises(InvalidArgument):                                  # a txn never moves it back
         state.prepare_reader_commit(TxnID(0, 3), P(5, 0), 0, None, "r6")
     assert state.prepare_reader_commit(TxnID(0, 3), P(5, 3), 1, 3, "r7") is None  # already there
     state.cursor.check_invariants()

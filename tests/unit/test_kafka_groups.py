@@ -162,7 +162,7 @@ def test_transitions_are_checked() -> None:
 
 MEMBERS = ["m0", "m1", "m2", "m3"]
 operations = st.lists(st.tuples(
-    st.sampled_from(["join_new", "rejoin", "sync", "heartbeat", "leave", "tick", "change"]),
+    st.sampled_from(["join_new", "rejoin", "sync", "heartbeat", "leave", "tick", "change", "abandon"]),
     st.sampled_from(MEMBERS), st.floats(min_value=0.0, max_value=12.0)), max_size=60)
 
 
@@ -199,6 +199,11 @@ def test_invariants_hold_under_any_schedule(ops: list[tuple[str, str, float]]) -
             table.leave("G", [member], now)
         elif op == "tick":
             table.tick(now)
+        elif op == "abandon":  # the gateway stopped waiting for the member's answer
+            for kind in ("join", "sync"):
+                if (kind, member) in waiting:
+                    table.abandon("G", kind, member)
+                    waiting.remove((kind, member))
         for answer in table.take_answers():
             key = (answer.kind, answer.member_id)
             assert key in waiting, f"an answer nobody waits for: {answer}"
