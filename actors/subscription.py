@@ -339,12 +339,14 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
     @guarded(Access.CONSUME)
     async def kafka_committed(self) -> dict[str, Any]:
         """Where a Kafka group's committed position is: ``position`` and ``index`` of the first
-        message not acked (map them to an offset with the partition's ``kafka_offset_of``), and
-        ``pending``: whether a transaction holds acks here (Kafka's pending transactional
-        offsets, which a ``require_stable`` OffsetFetch waits out)."""
+        message not acked (map them to an offset with the partition's ``kafka_offset_of``);
+        ``acked_nothing``: the cursor never moved (no commit yet); ``pending``: whether a
+        transaction holds acks here (Kafka's pending transactional offsets, which a
+        ``require_stable`` OffsetFetch waits out)."""
         await self._started()
         position, index = self.state.first_unacked()
-        return {"position": position, "index": index, "pending": self.state.pending.pending_txn_count > 0}
+        return {"position": position, "index": index, "acked_nothing": self.state.acked_nothing(),
+                "pending": self.state.pending.pending_txn_count > 0}
 
     # --- seek ------------------------------------------------------------------------------
 

@@ -10,7 +10,8 @@ are as durable as any cursor and outlive the gateway. Nothing about offsets is k
   created at ``earliest`` on a group's first commit to a topic; the transaction registers it with
   its coordinator before the ack.
 * Fetch: the subscription's first unacked message (``kafka_committed``) mapped back to an offset
-  (``kafka_offset_of``); -1 when the group never committed on the topic (no subscription).
+  (``kafka_offset_of``); -1 when the group never committed on the topic (no subscription, or
+  one whose cursor never moved: where a group's aborted first transaction leaves it).
   ``require_stable`` (read_committed consumers) gets UNSTABLE_OFFSET_COMMIT while a transaction
   holds acks on the partition, as from Kafka (KIP-447): the consumer asks again after it ended.
 
@@ -176,6 +177,8 @@ class GroupOffsets:
         committed = await self.engine.subscription_call(topic, partition, group, "kafka_committed")
         if stable and committed["pending"]:
             return -1, wire.UNSTABLE_OFFSET_COMMIT
+        if committed["acked_nothing"]:
+            return -1, wire.NONE
         offset = await self.engine.partition_call(topic, partition, "kafka_offset_of", committed["position"],
                                                   committed["index"])
         return offset, wire.NONE

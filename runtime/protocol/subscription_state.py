@@ -521,6 +521,11 @@ class SubscriptionState:
         size, unacked = partial
         return bound, next(index for index in range(size) if unacked >> index & 1)
 
+    def acked_nothing(self) -> bool:
+        """Nothing was ever acked: the cursor is where an ``earliest`` subscription starts (a
+        Kafka group that never committed, though a transaction of it may have created this)."""
+        return self.cursor.snapshot() == Cursor().snapshot()
+
     def reader_commit(self, first: Position, index: int, size: int | None) -> bool:
         """A plain commit: message ``index`` of the entry at ``first`` (of ``size`` messages) is
         the first one not consumed; everything before it is acked and nothing after it, so the

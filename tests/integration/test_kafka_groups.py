@@ -113,3 +113,173 @@ def test_a_group_consumer_commits_and_the_next_one_resumes_after_it(client: rt.C
     assert nothing_more(native)
     native.close()
 
+
+
+def test_two_consumers_of_a_group_split_the_partitions(client: rt.Client, bootstrap: str) -> None:
+    topic, group = new_topic(client, partitions=4), f"g-{uuid.uuid4().hex[:8]}"
+    first, second = group_consumer(bootstrap, group), group_consumer(bootstrap, group)
+    first.subscribe([topic])
+    second.subscribe([topic])
+    deadline = time.monotonic() + 30
+    while not (len(first.assignment()) == 2 and len(second.assignment()) == 2):
+        assert time.monotonic() < deadline, (first.assignment(), second.assignment())
+        for consumer in (first, second):
+            assert consumer.poll(0.05) is None  # nothing produced yet
+    owned = {c: {tp.partition for tp in c.assignment()} for c in (first, second)}
+    assert owned[first] | owned[second] == {0, 1, 2, 3} and not owned[first] & owned[second]
+
+    produce(bootstrap, topic, [f"v{i}".encode() for i in range(20)], partitions=4)
+    got: dict[Any, list[Any]] = {first: [], second: []}
+    deadline = time.monotonic() + 30
+    while sum(map(len, got.values())) < 20 and time.monotonic() < deadline:
+        for consumer in (first, second):
+            message = consumer.poll(0.05)
+            if message is not None:
+                assert message.error() is None, message.error()
+                got[consumer].append(message)
+    for consumer, messages in got.items():
+        assert {m.partition() for m in messages} == owned[consumer]
+    assert sorted(m.value() for ms in got.values() for m in ms) == sorted(f"v{i}".encode() for i in range(20))
+    first.close()
+    second.close()
+
+
+# --- exactly-once consume-transform-produce ----------------------------------------------------
+
+def rewind_to_committed(consumer: Any) -> None:
+    """After an abort: fetch again from the committed offsets (Kafka's EOS loop does this)."""
+    from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+    for tp in consumer.committed(consumer.assignment(), timeout=30):
+        consumer.seek(TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING))
+
+
+def committed_total(consumer: Any, topic: str, partitions: int) -> int:
+    from confluent_kafka import TopicPartition
+
+    committed = consumer.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=30)
+    return sum(max(tp.offset, 0) for tp in committed)
+
+
+def take(consumer: Any, most: int, wait_s: float = 1.0) -> list[Any]:
+    out: list[Any] = []
+    deadline = time.monotonic() + wait_s
+    while len(out) < most and time.monotonic() < deadline:
+        message = consumer.poll(0.05)
+        if message is not None:
+            assert message.error() is None, message.error()
+            out.append(message)
+    return out
+
+
+def eos_loop(bootstrap: str, source: str, sink: str, partitions: int, count: int, group: str,
+             between: Any = None, max_rounds: int = 60) -> int:
+    """Consume from ``source`` in ``group``, produce each value upper-cased to ``sink`` and send
+    the offsets to the same transaction, until the group's committed offsets cover ``count``
+    inputs. ``between(round, consumer, producer)`` runs after a round's sends, before its offsets
+    and commit (where tests abort or kill actors). Returns the rounds it took."""
+    from confluent_kafka import KafkaException, Producer
+
+    consumer = group_consumer(bootstrap, group, **{"isolation.level": "read_committed"})
+    consumer.subscribe([source])
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"eos-{group}",
+                         "transaction.timeout.ms": 60000, "linger.ms": 5})
+    producer.init_transactions(30)
+    rounds = 0
+    try:
+        while committed_total(consumer, source, partitions) < count:
+            rounds += 1
+            assert rounds <= max_rounds, f"no progress after {max_rounds} rounds"
+            batch = take(consumer, 6)
+            if not batch:
+                continue
+            producer.begin_transaction()
+            for message in batch:
+                producer.produce(sink, value=message.value().upper())
+            if between is not None and between(rounds, consumer, producer):
+                continue  # it aborted the round
+            try:
+                producer.send_offsets_to_transaction(consumer.position(consumer.assignment()),
+                                                     consumer.consumer_group_metadata(), 30)
+                producer.commit_transaction(30)
+            except KafkaException as e:
+                if not e.args[0].txn_requires_abort():
+                    raise
+                producer.abort_transaction(30)
+                rewind_to_committed(consumer)
+    finally:
+        consumer.close()
+    return rounds
+
+
+def read_committed_values(bootstrap: str, topic: str, count: int) -> list[bytes]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{uuid.uuid4().hex[:6]}",
+                         "isolation.level": "read_committed", "enable.auto.commit": False,
+                         "fetch.wait.max.ms": 100})
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    values = [m.value() for m in poll_values(consumer, count, quiet_s=1.0)]
+    consumer.close()
+    return values
+
+
+def test_exactly_once_consume_transform_produce_with_an_aborted_round(client: rt.Client, bootstrap: str) -> None:
+    """send_offsets_to_transaction: the offsets commit with the output or not at all. The first
+    round is aborted: neither its output nor its offsets are ever visible, and the loop redoes
+    its inputs from the committed offsets."""
+    from confluent_kafka import TopicPartition
+
+    source, sink, group = new_topic(client, partitions=2), new_topic(client), f"g-{uuid.uuid4().hex[:8]}"
+    inputs = [f"in-{i}".encode() for i in range(16)]
+    produce(bootstrap, source, inputs, partitions=2)
+
+    def abort_first(round_: int, consumer: Any, producer: Any) -> bool:
+        if round_ != 1:
+            return False
+        producer.send_offsets_to_transaction(consumer.position(consumer.assignment()),
+                                             consumer.consumer_group_metadata(), 30)
+        producer.abort_transaction(30)
+        committed = consumer.committed([TopicPartition(source, 0), TopicPartition(source, 1)], timeout=30)
+        assert all(tp.offset < 0 for tp in committed), committed   # the aborted offsets are not committed
+        rewind_to_committed(consumer)
+        return True
+
+    eos_loop(bootstrap, source, sink, 2, len(inputs), group, abort_first)
+    assert sorted(read_committed_values(bootstrap, sink, len(inputs))) == sorted(v.upper() for v in inputs)
+    # The group's committed offsets are the ends of the source's partitions.
+    later = group_consumer(bootstrap, group, **{"isolation.level": "read_committed"})
+    committed = later.committed([TopicPartition(source, 0), TopicPartition(source, 1)], timeout=30)
+    assert [tp.offset for tp in committed] == [8, 8]
+    later.close()
+
+
+def test_exactly_once_under_actor_kills(client: rt.Client, bootstrap: str) -> None:
+    """The same loop while the source partition's actor, the group subscription's actor, the
+    transaction's coordinator and the sink partition's actor are killed mid-transaction (after
+    the round's sends, before its offsets and commit; Ray restarts each, and it recovers from
+    storage): the sink, read read_committed, holds each input exactly once."""
+    from raytxn.client.rpc import ActorRef
+    from raytxn.hashing import coordinator_for
+    from raytxn.ids import NAMESPACE, coordinator_actor_name, partition_actor_name, subscription_actor_name
+
+    source, sink, group = new_topic(client), new_topic(client), f"g-{uuid.uuid4().hex[:8]}"
+    inputs = [f"in-{i}".encode() for i in range(24)]
+    produce(bootstrap, source, inputs)
+    home = coordinator_for(f"eos-{group}", client.config.coordinator.num_coordinators)
+    victims = {1: partition_actor_name(source, 0), 2: subscription_actor_name(source, 0, group),
+               3: coordinator_actor_name(home), 4: partition_actor_name(sink, 0)}
+    incarnations: dict[str, int] = {}
+
+    def kill(round_: int, consumer: Any, producer: Any) -> bool:
+        name = victims.get(round_)
+        if name is not None:
+            incarnations[name] = ActorRef(name).call("ready")["incarnation"]
+            ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=False)
+        return False
+
+    eos_loop(bootstrap, source, sink, 1, len(inputs), group, kill)
+    assert list(incarnations) == list(victims.values())
+    for name, before in incarnations.items():  # each was killed and recovered
+        assert ActorRef(name).call("ready")["incarnation"] > before, name
+    assert sorted(read_committed_values(bootstrap, sink, len(inputs))) == sorted(v.upper() for v in inputs)
