@@ -99,20 +99,27 @@ def test_a_group_consumer_commits_and_the_next_one_resumes_after_it(client: rt.C
     assert sorted(m.value() for m in got) == [b"b0", b"b1", b"b2", b"b3"]
     second.commit(message=got[-1], asynchronous=False)   # one partition's offset, past that message
     second.close()
-    # The offsets are the subscription's cursor, so another client sees them too ...
-    other = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
-    assert other.committed(KpTopicPartition(topic, got[-1].partition())) == got[-1].offset() + 1
-    assert other.committed(KpTopicPartition(topic, 1 - got[-1].partition())) == 5
-    other.close()
-    # ... and raytxn's: a raytxn consumer of the subscription named after the group gets exactly
-    # what was not committed.
     last = got[-1]
     uncommitted = sorted(m.value() for m in got if m.partition() != last.partition() or m.offset() > last.offset())
+    # The offsets are the subscription's, so a kafka-python member of the group resumes there too
+    # and commits the rest ...
+    other = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False,
+                          auto_offset_reset="earliest", heartbeat_interval_ms=300, session_timeout_ms=6000)
+    records = []
+    deadline = time.monotonic() + 30
+    while len(records) < len(uncommitted) and time.monotonic() < deadline:
+        for batch in other.poll(timeout_ms=200).values():
+            records.extend(batch)
+    assert sorted(r.value for r in records) == uncommitted
+    other.commit()
+    assert other.committed(KpTopicPartition(topic, 0)) == 7 and other.committed(KpTopicPartition(topic, 1)) == 7
+    other.close()
+    # ... and a raytxn consumer of the subscription named after the group finds nothing left.
     native = client.subscribe(topic, group)
-    assert sorted(m.value() for m in receive_all(native, len(uncommitted))) == uncommitted
     assert nothing_more(native)
+    produce(bootstrap, topic, [b"c0"])
+    assert [m.value() for m in receive_all(native, 1)] == [b"c0"]
     native.close()
-
 
 
 def test_two_consumers_of_a_group_split_the_partitions(client: rt.Client, bootstrap: str) -> None:
@@ -283,3 +290,165 @@ def test_exactly_once_under_actor_kills(client: rt.Client, bootstrap: str) -> No
     for name, before in incarnations.items():  # each was killed and recovered
         assert ActorRef(name).call("ready")["incarnation"] > before, name
     assert sorted(read_committed_values(bootstrap, sink, len(inputs))) == sorted(v.upper() for v in inputs)
+
+
+# --- bad input -------------------------------------------------------------------------------
+
+class RawKafka:
+    """Requests as a Kafka client sends them (kafka-python's encodings), one at a time."""
+
+    def __init__(self, bootstrap: str) -> None:
+        import socket
+
+        host, port = bootstrap.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=30)
+        self.correlation = 0
+
+    def call(self, api: Any, version: int, **fields: Any) -> Any:
+        import struct
+
+        from raytxn.kafka import wire
+
+        request = api[version](**fields)
+        self.correlation += 1
+        request.with_header(correlation_id=self.correlation, client_id="raw")
+        self.sock.sendall(bytes(request.encode(header=True, framed=True)))
+        size = struct.unpack(">i", self._exactly(4))[0]
+        return wire.SERVED[request.API_KEY].response[version].decode(self._exactly(size), header=True)
+
+    def _exactly(self, size: int) -> bytes:
+        data = b""
+        while len(data) < size:
+            chunk = self.sock.recv(size - len(data))
+            assert chunk, "the gateway closed the connection"
+            data += chunk
+        return data
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_bad_group_requests_get_kafka_errors_and_change_nothing(client: rt.Client, bootstrap: str) -> None:
+    from kafka.protocol.consumer import (
+        HeartbeatRequest,
+        JoinGroupRequest,
+        LeaveGroupRequest,
+        OffsetCommitRequest,
+        OffsetFetchRequest,
+        SyncGroupRequest,
+    )
+    from kafka.protocol.producer import (
+        AddOffsetsToTxnRequest,
+        EndTxnRequest,
+        InitProducerIdRequest,
+        TxnOffsetCommitRequest,
+    )
+
+    from raytxn.kafka import wire
+
+    topic, group = new_topic(client), f"g-{uuid.uuid4().hex[:8]}"
+    produce(bootstrap, topic, [b"x0", b"x1", b"x2"])
+    raw = RawKafka(bootstrap)
+    protocols = [JoinGroupRequest.JoinGroupRequestProtocol(name="range", metadata=b"m")]
+
+    def join(group_id: str = group, instance: str | None = None, session_ms: int = 6000) -> Any:
+        return raw.call(JoinGroupRequest, 5, group_id=group_id, session_timeout_ms=session_ms,
+                        rebalance_timeout_ms=6000, member_id="", group_instance_id=instance,
+                        protocol_type="consumer", protocols=protocols)
+
+    def commit(offset: int, member: str, generation: int, name: str = topic, group_id: str = group) -> int:
+        part = OffsetCommitRequest.OffsetCommitRequestTopic.OffsetCommitRequestPartition(
+            partition_index=0, committed_offset=offset, committed_leader_epoch=-1, committed_metadata="")
+        answer = raw.call(OffsetCommitRequest, 8, group_id=group_id, generation_id_or_member_epoch=generation,
+                          member_id=member, group_instance_id=None,
+                          topics=[OffsetCommitRequest.OffsetCommitRequestTopic(name=name, partitions=[part])])
+        return answer.topics[0].partitions[0].error_code
+
+    def committed() -> int:
+        answer = raw.call(OffsetFetchRequest, 7, group_id=group, require_stable=True,
+                          topics=[OffsetFetchRequest.OffsetFetchRequestTopic(name=topic, partition_indexes=[0])])
+        return answer.topics[0].partitions[0].committed_offset
+
+    joined = join()
+    member, generation = joined.member_id, joined.generation_id
+    assert (joined.error_code, joined.leader) == (wire.NONE, member) and generation >= 1
+    stale = generation + 7
+    beat = {"group_id": group, "group_instance_id": None}
+    assert raw.call(HeartbeatRequest, 3, generation_id=generation, member_id="nobody", **beat).error_code == 25
+    assert raw.call(HeartbeatRequest, 3, generation_id=stale, member_id=member, **beat).error_code == 22
+    sync = {"group_id": group, "group_instance_id": None, "protocol_type": "consumer", "protocol_name": "range"}
+    assert raw.call(SyncGroupRequest, 5, generation_id=stale, member_id=member, assignments=[], **sync).error_code == 22
+    assert raw.call(SyncGroupRequest, 5, generation_id=generation, member_id="x", assignments=[],
+                    **sync).error_code == 25
+    assignment = [SyncGroupRequest.SyncGroupRequestAssignment(member_id=member, assignment=b"all")]
+    synced = raw.call(SyncGroupRequest, 5, generation_id=generation, member_id=member, assignments=assignment, **sync)
+    assert (synced.error_code, synced.assignment) == (wire.NONE, b"all")
+
+    assert commit(2, member, generation) == wire.NONE and committed() == 2
+    assert commit(1, member, stale) == 22                         # ILLEGAL_GENERATION
+    assert commit(1, "nobody", generation) == 25                       # UNKNOWN_MEMBER_ID
+    assert commit(1, "", -1) == 25                            # a managed group takes no member-less commit
+    assert commit(9, member, generation) == wire.OFFSET_OUT_OF_RANGE   # past the high watermark (3)
+    assert commit(1, member, generation, name="no-such-topic") == wire.UNKNOWN_TOPIC_OR_PARTITION
+    assert commit(1, member, generation, group_id="bad group!") == wire.INVALID_GROUP_ID
+    assert join("bad group!").error_code == wire.INVALID_GROUP_ID
+    assert join(instance="static-1").error_code == wire.UNSUPPORTED_VERSION   # static membership
+    assert join(session_ms=10).error_code == 26                                # INVALID_SESSION_TIMEOUT
+    assert committed() == 2                                   # none of them changed the offset
+
+    # Raytxn consumers on the group's subscription and the group's commits do not mix.
+    native = client.subscribe(topic, group)
+    assert commit(3, member, generation) == wire.INCONSISTENT_GROUP_PROTOCOL
+    native.close()
+    assert commit(3, member, generation) == wire.NONE and committed() == 3
+    assert commit(0, member, generation) == wire.NONE and committed() == 0  # a plain commit may go back
+
+    # Transactional offsets from a producer the gateway does not know.
+    txn_fields = {"transactional_id": "nobody", "producer_id": 42, "producer_epoch": 0, "group_id": group}
+    assert raw.call(AddOffsetsToTxnRequest, 0, **txn_fields).error_code == 49      # INVALID_PRODUCER_ID_MAPPING
+    part = TxnOffsetCommitRequest.TxnOffsetCommitRequestTopic.TxnOffsetCommitRequestPartition(
+        partition_index=0, committed_offset=1, committed_leader_epoch=-1, committed_metadata="")
+    answer = raw.call(TxnOffsetCommitRequest, 3, generation_id=generation, member_id=member, group_instance_id=None,
+                      topics=[TxnOffsetCommitRequest.TxnOffsetCommitRequestTopic(name=topic, partitions=[part])],
+                      **txn_fields)
+    assert answer.topics[0].partitions[0].error_code == 49 and committed() == 0
+
+    # A known transactional producer: the txn's offsets are checked against the group and the log.
+    init = raw.call(InitProducerIdRequest, 3, transactional_id=f"raw-{group}", transaction_timeout_ms=60000,
+                    producer_id=-1, producer_epoch=-1)
+    ids = {"transactional_id": f"raw-{group}", "producer_id": init.producer_id,
+           "producer_epoch": init.producer_epoch, "group_id": group}
+
+    def txn_commit(offset: int, generation: int = generation, member_id: str = member) -> int:
+        part = TxnOffsetCommitRequest.TxnOffsetCommitRequestTopic.TxnOffsetCommitRequestPartition(
+            partition_index=0, committed_offset=offset, committed_leader_epoch=-1, committed_metadata="")
+        topics = [TxnOffsetCommitRequest.TxnOffsetCommitRequestTopic(name=topic, partitions=[part])]
+        return raw.call(TxnOffsetCommitRequest, 3, generation_id=generation, member_id=member_id,
+                        group_instance_id=None, topics=topics, **ids).topics[0].partitions[0].error_code
+
+    assert txn_commit(1) == 48                                # INVALID_TXN_STATE: no AddOffsetsToTxn yet
+    assert raw.call(AddOffsetsToTxnRequest, 0, **ids).error_code == wire.NONE
+    assert txn_commit(1, generation=stale) == 22
+    assert txn_commit(1, member_id="nobody") == 25
+    assert txn_commit(9) == wire.OFFSET_OUT_OF_RANGE
+    assert commit(2, member, generation) == wire.NONE
+    assert txn_commit(1) == wire.OFFSET_OUT_OF_RANGE          # a transaction only moves it forward
+    assert txn_commit(3) == wire.NONE
+    assert commit(3, member, generation) == wire.CONCURRENT_TRANSACTIONS   # the txn's offsets are pending
+    pending = raw.call(OffsetFetchRequest, 7, group_id=group, require_stable=True,
+                       topics=[OffsetFetchRequest.OffsetFetchRequestTopic(name=topic, partition_indexes=[0])])
+    assert pending.topics[0].partitions[0].error_code == wire.UNSTABLE_OFFSET_COMMIT
+    ended = raw.call(EndTxnRequest, 3, committed=False, **{k: v for k, v in ids.items() if k != "group_id"})
+    assert ended.error_code == wire.NONE and committed() == 2     # aborted with the txn
+
+    # A member not heard from for its session timeout is gone, by time alone.
+    other_group = f"{group}-short"
+    short = join(other_group, session_ms=1000)
+    assert short.error_code == wire.NONE
+    time.sleep(1.6)
+    assert raw.call(HeartbeatRequest, 3, group_id=other_group, generation_id=short.generation_id,
+                    member_id=short.member_id, group_instance_id=None).error_code == 25
+    assert raw.call(LeaveGroupRequest, 1, group_id=other_group, member_id=short.member_id).error_code == 25
+    assert raw.call(LeaveGroupRequest, 1, group_id=group, member_id=member).error_code == wire.NONE
+    assert raw.call(HeartbeatRequest, 3, generation_id=generation, member_id=member, **beat).error_code == 25
+    raw.close()
