@@ -95,7 +95,7 @@ def test_a_group_consumer_commits_and_the_next_one_resumes_after_it(client: rt.C
     produce(bootstrap, topic, [f"b{i}".encode() for i in range(4)], partitions=2)
     second = group_consumer(bootstrap, group)
     second.subscribe([topic])
-    got = poll_values(second, 4, quiet_s=1.0)
+    got = poll_values(second, 4, quiet_s=0.5)
     assert sorted(m.value() for m in got) == [b"b0", b"b1", b"b2", b"b3"]
     second.commit(message=got[-1], asynchronous=False)   # one partition's offset, past that message
     second.close()
@@ -226,7 +226,7 @@ def read_committed_values(bootstrap: str, topic: str, count: int) -> list[bytes]
                          "isolation.level": "read_committed", "enable.auto.commit": False,
                          "fetch.wait.max.ms": 100})
     consumer.assign([TopicPartition(topic, 0, 0)])
-    values = [m.value() for m in poll_values(consumer, count, quiet_s=1.0)]
+    values = [m.value() for m in poll_values(consumer, count, quiet_s=0.5)]
     consumer.close()
     return values
 
@@ -452,3 +452,87 @@ def test_bad_group_requests_get_kafka_errors_and_change_nothing(client: rt.Clien
     assert raw.call(LeaveGroupRequest, 1, group_id=group, member_id=member).error_code == wire.NONE
     assert raw.call(HeartbeatRequest, 3, generation_id=generation, member_id=member, **beat).error_code == 25
     raw.close()
+
+
+def test_every_served_version_of_the_group_apis_answers(client: rt.Client, bootstrap: str) -> None:
+    """The oldest and newest version served of each group API, as a client would send it."""
+    from kafka.protocol.consumer import (
+        HeartbeatRequest,
+        JoinGroupRequest,
+        LeaveGroupRequest,
+        OffsetCommitRequest,
+        OffsetFetchRequest,
+        SyncGroupRequest,
+    )
+    from kafka.protocol.producer import AddOffsetsToTxnRequest, TxnOffsetCommitRequest
+
+    from raytxn.kafka import wire
+
+    topic = new_topic(client)
+    produce(bootstrap, topic, [b"y0", b"y1"])
+    raw = RawKafka(bootstrap)
+    protocols = [JoinGroupRequest.JoinGroupRequestProtocol(name="range", metadata=b"m")]
+    for low, high in [(0, 0), (7, 4)]:  # (JoinGroup/SyncGroup/Heartbeat/OffsetFetch version, LeaveGroup's)
+        group = f"g-{uuid.uuid4().hex[:8]}"
+        joined = raw.call(JoinGroupRequest, low, group_id=group, session_timeout_ms=6000, rebalance_timeout_ms=6000,
+                          member_id="", group_instance_id=None, protocol_type="consumer", protocols=protocols)
+        member, generation = joined.member_id, joined.generation_id
+        assert joined.error_code == wire.NONE and [m.member_id for m in joined.members] == [member]
+        assignment = [SyncGroupRequest.SyncGroupRequestAssignment(member_id=member, assignment=b"a")]
+        synced = raw.call(SyncGroupRequest, min(low, 5), group_id=group, generation_id=generation, member_id=member,
+                          group_instance_id=None, protocol_type="consumer", protocol_name="range",
+                          assignments=assignment)
+        assert (synced.error_code, synced.assignment) == (wire.NONE, b"a")
+        assert raw.call(HeartbeatRequest, min(low, 4), group_id=group, generation_id=generation, member_id=member,
+                        group_instance_id=None).error_code == wire.NONE
+        commit_version = 2 if low == 0 else 8
+        part = OffsetCommitRequest.OffsetCommitRequestTopic.OffsetCommitRequestPartition(
+            partition_index=0, committed_offset=1, committed_leader_epoch=-1, committed_metadata="")
+        committed = raw.call(OffsetCommitRequest, commit_version, group_id=group, member_id=member,
+                             generation_id_or_member_epoch=generation, group_instance_id=None, retention_time_ms=-1,
+                             topics=[OffsetCommitRequest.OffsetCommitRequestTopic(name=topic, partitions=[part])])
+        assert committed.topics[0].partitions[0].error_code == wire.NONE
+        fetch_version = 1 if low == 0 else 7
+        fetched = raw.call(OffsetFetchRequest, fetch_version, group_id=group, require_stable=False,
+                           topics=[OffsetFetchRequest.OffsetFetchRequestTopic(name=topic, partition_indexes=[0])])
+        assert fetched.topics[0].partitions[0].committed_offset == 1
+        if low:  # v2+: no topics asks for every topic the group committed on
+            every = raw.call(OffsetFetchRequest, fetch_version, group_id=group, require_stable=False, topics=None)
+            assert [(t.name, [p.committed_offset for p in t.partitions]) for t in every.topics] == [(topic, [1])]
+        members = [LeaveGroupRequest.MemberIdentity(member_id=member, group_instance_id=None, reason=None)]
+        left = raw.call(LeaveGroupRequest, high, group_id=group, member_id=member, members=members)
+        assert left.error_code == wire.NONE
+        txn = {"transactional_id": "nobody", "producer_id": 1, "producer_epoch": 0, "group_id": group}
+        assert raw.call(AddOffsetsToTxnRequest, 3 if low else 0, **txn).error_code == 49
+        topics = [TxnOffsetCommitRequest.TxnOffsetCommitRequestTopic(name=topic, partitions=[
+            TxnOffsetCommitRequest.TxnOffsetCommitRequestTopic.TxnOffsetCommitRequestPartition(
+                partition_index=0, committed_offset=1, committed_leader_epoch=-1, committed_metadata="")])]
+        answer = raw.call(TxnOffsetCommitRequest, 3 if low else 0, generation_id=-1, member_id="",
+                          group_instance_id=None, topics=topics, **txn)
+        assert answer.topics[0].partitions[0].error_code == 49
+    raw.close()
+
+
+def test_committed_offsets_outlive_the_gateway_and_the_subscription_actor(client: rt.Client, bootstrap: str) -> None:
+    """Nothing about offsets is the gateway's: after the group's subscription actor restarts and
+    through another gateway, the committed offset is the same."""
+    from confluent_kafka import TopicPartition
+
+    from raytxn.ids import subscription_actor_name
+    from tests.engine import restart_actor
+
+    topic, group = new_topic(client), f"g-{uuid.uuid4().hex[:8]}"
+    produce(bootstrap, topic, [b"z0", b"z1", b"z2"])
+    consumer = group_consumer(bootstrap, group)
+    consumer.commit(offsets=[TopicPartition(topic, 0, 2)], asynchronous=False)
+    consumer.close()
+    restart_actor(subscription_actor_name(topic, 0, group))
+    other = start_gateway(0, bind_host="127.0.0.1", advertised_host="127.0.0.1")
+    try:
+        later = group_consumer(other["bootstrap"], group)
+        assert [tp.offset for tp in later.committed([TopicPartition(topic, 0)], timeout=30)] == [2]
+        later.subscribe([topic])
+        assert [m.value() for m in poll_values(later, 1)] == [b"z2"]
+        later.close()
+    finally:
+        ray.kill(other["actor"], no_restart=True)
