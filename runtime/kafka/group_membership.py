@@ -71,7 +71,10 @@ class GroupMembership:
 
     async def _answer(self, key: tuple[str, str, str], call: Callable[[], Any], wait_s: float, gave_up: Any) -> Any:
         """``call``'s answer, or the one the table hands out for ``key`` later (``gave_up``
-        after ``wait_s``)."""
+        after ``wait_s``). Answers time made due go out first, to the calls made before this one
+        (the member's own earlier call among them); an earlier call still waiting is replaced."""
+        self.table.expire(key[0], self._clock())
+        self._deliver()
         older = self._waiting.pop(key, None)
         if older is not None and not older.done():
             older.set_result(gave_up)

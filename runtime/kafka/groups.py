@@ -19,7 +19,9 @@ from (``VALID_PREVIOUS``, as ``GroupState.validPreviousStates`` in Kafka):
 
 JoinGroup and SyncGroup answers are not always ready when the call is made: a call returns its
 answer or None, and answers become ready in ``answers`` (taken by ``GroupTable.take_answers``),
-keyed by member, for the caller that waits on them. A member waiting in JoinGroup or SyncGroup is
+keyed by member, for the caller that waits on them. A member has at most one waiting call of each
+kind: a newer one replaces the older, so callers expire the group and hand out what time made due
+(``GroupTable.expire``) before a member's new call waits. A member waiting in JoinGroup or SyncGroup is
 not expired (as in Kafka); every other member is once ``session_timeout_ms`` passed since it was
 last heard from. ``GroupTable.tick`` expires members and completes joins whose rebalance timeout
 passed.
@@ -473,6 +475,15 @@ class GroupTable:
         error = group.check_txn_commit(member_id, generation, now)
         self._settle(group)
         return error
+
+    def expire(self, group_id: str, now: float) -> None:
+        """``Group.expire`` for one group. A caller about to make a member's JoinGroup or
+        SyncGroup wait expires the group and takes the answers first: answers that time made due
+        belong to calls made before (the member's earlier call among them), not to this one."""
+        group = self.groups.get(group_id)
+        if group is not None:
+            group.expire(now)
+            self._settle(group)
 
     def abandon(self, group_id: str, kind: str, member_id: str) -> None:
         group = self.groups.get(group_id)

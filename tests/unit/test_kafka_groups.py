@@ -177,10 +177,24 @@ def test_invariants_hold_under_any_schedule(ops: list[tuple[str, str, float]]) -
     now, last_generation = 0.0, 0
     waiting: set[tuple[str, str]] = set()
     generation_of: dict[str, int] = {}
+
+    def take_answers() -> None:
+        for answer in table.take_answers():
+            key = (answer.kind, answer.member_id)
+            assert key in waiting, f"an answer nobody waits for: {answer}"
+            waiting.remove(key)
+            if answer.kind == "join" and answer.answer.error == g.NONE:
+                generation_of[answer.member_id] = answer.answer.generation
+
     for op, member, dt in ops:
         now += dt
+        if op in ("join_new", "rejoin", "change", "sync"):  # as the gateway does before a call waits
+            table.expire("G", now)
+            take_answers()
         group = table.groups.get("G")
         present = group is not None and member in group.members
+        if present and op in ("rejoin", "change", "sync"):
+            waiting.discard(("sync" if op == "sync" else "join", member))  # the newer call replaces it
         if op == "join_new" and not present:
             if join(table, new_id=member, now=now) is None:
                 waiting.add(("join", member))
@@ -204,12 +218,7 @@ def test_invariants_hold_under_any_schedule(ops: list[tuple[str, str, float]]) -
                 if (kind, member) in waiting:
                     table.abandon("G", kind, member)
                     waiting.remove((kind, member))
-        for answer in table.take_answers():
-            key = (answer.kind, answer.member_id)
-            assert key in waiting, f"an answer nobody waits for: {answer}"
-            waiting.remove(key)
-            if answer.kind == "join" and answer.answer.error == g.NONE:
-                generation_of[answer.member_id] = answer.answer.generation
+        take_answers()
         group = table.groups.get("G")
         if group is None:
             assert not waiting
