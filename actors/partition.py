@@ -73,6 +73,7 @@ FAULT_POINTS = (
 # How long an append that arrived before the batch it follows waits for it (Ray's delivery to an
 # async actor can reorder one caller's calls by a few ms) before it is refused as out of order.
 OUT_OF_ORDER_WAIT_S = 0.05
+SCAN_ATTEMPTS = 3  # Kafka offset lookups read again this often when retention trims under them
 
 
 @dataclass
@@ -685,15 +686,19 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
         assert self._ledger is not None
         if not isinstance(position, Position) or type(index) is not int or index < 0:
             raise InvalidArgument(f"kafka_offset_of takes a Position and an index >= 0, got {position!r}, {index!r}")
-        marks = self._kafka_offsets()
-        if position > self.buffer.last_position:
-            return marks["high_watermark"]
-        point = self.buffer.offsets.point_at_or_before(position)
-        if point is None or point.position < self._ledger.trimmed_below:
-            return marks["log_start"]
-        found = await self._scan_offsets(point.position, point.offset,
-                                         lambda headed, base: offset_at(headed, base, position, index))
-        return marks["high_watermark"] if found is None else found
+        for _ in range(SCAN_ATTEMPTS):  # again only when retention trimmed under the scan
+            marks = self._kafka_offsets()
+            if position > self.buffer.last_position:
+                return marks["high_watermark"]
+            point = self.buffer.offsets.point_at_or_before(position)
+            if point is None or point.position < self._ledger.trimmed_below:
+                return marks["log_start"]
+            found = await self._scan_offsets(point.position, point.offset,
+                                             lambda headed, base: offset_at(headed, base, position, index))
+            if found is not None:  # (an entry at or after ``position`` exists: only a trim hides it)
+                return found
+        raise PositionTrimmed(f"{self.stream}: retention trimmed {SCAN_ATTEMPTS} times under the offset lookup "
+                              f"of {position}")
 
     async def _scan_offsets(self, start: Position, base: int,
                             find: Callable[[list[tuple[Position, EntryHeader]], int], Any]) -> Any:
