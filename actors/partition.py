@@ -14,8 +14,8 @@ snapshot, replay the entries after it, prune aborted txns whose ledgers were tri
 dangling txns at or below the known low watermarks.
 
 Kafka offsets (``protocol.offsets``): each entry's header is stamped with its dense base offset as
-it is handed to the ledger; ``kafka_offsets``, ``locate_offset`` and ``kafka_read`` serve the
-Kafka gateway (``raytxn.kafka``).
+it is handed to the ledger; ``kafka_offsets``, ``locate_offset``, ``kafka_read``, ``kafka_locate``
+and ``kafka_offset_of`` serve the Kafka gateway (``raytxn.kafka``).
 
 Retention: every ``retention_check_s`` the partition reads its subscriptions' persisted cursors
 and its topic's retention policy from storage (``actors/retention.py``), lets
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,7 +56,7 @@ from raytxn.protocol.entry_format import (
     entry_records,
 )
 from raytxn.protocol.lease import RangePlan
-from raytxn.protocol.offsets import entries_from_offset
+from raytxn.protocol.offsets import entries_from_offset, entry_holding, entry_span, offset_at
 from raytxn.protocol.retention import StoredObject, acked_bound, retention_cut
 from raytxn.protocol.txn_buffer import TransactionBuffer, TxnBufferSnapshot
 from raytxn.protocol.txnlog import EndAction
@@ -72,6 +73,7 @@ FAULT_POINTS = (
 # How long an append that arrived before the batch it follows waits for it (Ray's delivery to an
 # async actor can reorder one caller's calls by a few ms) before it is refused as out of order.
 OUT_OF_ORDER_WAIT_S = 0.05
+SCAN_ATTEMPTS = 3  # Kafka offset lookups read again this often when retention trims under them
 
 
 @dataclass
@@ -649,6 +651,75 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
         point = self.buffer.offsets.locate(offset, self._ledger.trimmed_below)
         return None if point is None else point.position
 
+
+    @guarded(Access.CONSUME)
+    async def kafka_locate(self, offset: int) -> dict[str, Any] | None:
+        """Where Kafka ``offset`` is, for a consumer group committing it: ``position`` of the
+        entry holding it, ``index`` of the message in that entry and ``size`` (its messages); for
+        the high watermark, the position after the last entry, index 0, size None. None when
+        ``offset`` lies outside [log start offset, high watermark]."""
+        await self._started()
+        assert self._ledger is not None
+        if type(offset) is not int:
+            raise InvalidArgument(f"a Kafka offset is an int, got {offset!r}")
+        marks = self._kafka_offsets()
+        if not marks["log_start"] <= offset <= marks["high_watermark"]:
+            return None
+        if offset == marks["high_watermark"]:
+            return {"position": next_position(self.buffer.last_position), "index": 0, "size": None}
+        point = self.buffer.offsets.locate(offset, self._ledger.trimmed_below)
+        if point is None:
+            return None
+        found = await self._scan_offsets(point.position, point.offset,
+                                         lambda headed, base: entry_holding(headed, base, offset))
+        if found is None:
+            return None  # trimmed under the scan
+        position, index, size = found
+        return {"position": position, "index": index, "size": size}
+
+    @guarded(Access.CONSUME)
+    async def kafka_offset_of(self, position: Position, index: int) -> int:
+        """The Kafka offset of the first message at or after message ``index`` of the entry at
+        ``position`` (a consumer group's committed position, as a Kafka offset): the log start
+        offset for a position before every entry kept, the high watermark past the last."""
+        await self._started()
+        assert self._ledger is not None
+        if not isinstance(position, Position) or type(index) is not int or index < 0:
+            raise InvalidArgument(f"kafka_offset_of takes a Position and an index >= 0, got {position!r}, {index!r}")
+        for _ in range(SCAN_ATTEMPTS):  # again only when retention trimmed under the scan
+            marks = self._kafka_offsets()
+            if position > self.buffer.last_position:
+                return marks["high_watermark"]
+            point = self.buffer.offsets.point_at_or_before(position)
+            if point is None or point.position < self._ledger.trimmed_below:
+                return marks["log_start"]
+            found = await self._scan_offsets(point.position, point.offset,
+                                             lambda headed, base: offset_at(headed, base, position, index))
+            if found is not None:  # (an entry at or after ``position`` exists: only a trim hides it)
+                return found
+        raise PositionTrimmed(f"{self.stream}: retention trimmed {SCAN_ATTEMPTS} times under the offset lookup "
+                              f"of {position}")
+
+    async def _scan_offsets(self, start: Position, base: int,
+                            find: Callable[[list[tuple[Position, EntryHeader]], int], Any]) -> Any:
+        """Read entries from the index point at ``start`` (base offset ``base``) up to the last
+        entry, a batch at a time, until ``find(headers, base)`` (over ``(position, header)`` of
+        the batch, and the batch's first base offset) answers. None: nothing answered, or the
+        entries were trimmed under the read. At most one index interval of offsets is read
+        before the entry wanted (the index has a point at least every interval)."""
+        end, position = self.buffer.last_position, start
+        while position <= end:
+            read_from, entries = await self._read_retained(position, self.config.max_read_entries, end)
+            if not entries or read_from != position:
+                return None
+            headed = [(entry.position, decode_header(entry.records[0], f"{self.stream}@{entry.position}"))
+                      for entry in entries]
+            found = find(headed, base)
+            if found is not None:
+                return found
+            base += sum(entry_span(header) for _, header in headed)
+            position = next_position(entries[-1].position)
+        return None
 
 
 PartitionActor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0,

@@ -15,6 +15,9 @@ persisted cursor, and does the I/O, locking and timers; every decision is the st
   ledger's ``on_durable`` callback, so the state changes in log order, and an ack is answered
   only once its record is durable. ``end_txn`` is the coordinator's participant call (idempotent).
   Plain acks take the same lock, so none lands between a txn ack's preparation and its apply.
+* Kafka consumer groups (``kafka_commit``, ``kafka_committed``): a group reads the partition
+  through the Kafka gateway and commits offsets here, plainly (persisted before the answer) or
+  inside a transaction (a cumulative ack in the pending-ack log, like any other).
 * Durability: the cursor is persisted (at most every ``cursor_snapshot_interval_s``, and always
   before the log is trimmed) as a property of the pending-ack ledger together with the log
   position it includes. Recovery: restore it, replay the log (rebuilding the index), and deliver
@@ -306,6 +309,44 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
             state.apply(record, position)
 
         return await self._write(self._ledger.append([encode_record(record)], on_durable=apply))
+
+    # --- Kafka consumer groups (see SubscriptionState.first_unacked) ------------------------
+
+    @guarded(Access.CONSUME)
+    async def kafka_commit(self, first: Position, index: int, size: int | None, txn: TxnID | None = None,
+                           request_id: str | None = None) -> None:
+        """A Kafka consumer group's commit (the gateway maps the offset to a position with the
+        partition's ``kafka_locate``): message ``index`` of the entry at ``first`` is the first
+        not consumed. Plain: the cursor moves there (forward, or back) and is persisted before
+        this returns. In ``txn``: a cumulative ack of everything before it, returned once logged
+        (retries by ``request_id`` succeed), applied when ``txn`` commits."""
+        await self._started()
+        async with self._lock:
+            if txn is None:
+                self.state.reader_commit(first, index, size)
+            else:
+                record = self.state.prepare_reader_commit(txn, first, index, size, request_id)
+                if record is not None:
+                    await self.faults.hit("subscription.before_pending_ack_log", txn=txn)
+                    await self._log(record)
+                    await self.faults.hit("subscription.after_pending_ack_log", txn=txn)
+                self._pending_ack_changed()
+        self._changed()
+        if txn is None:
+            async with self._persist_lock:
+                await self._persist()
+
+    @guarded(Access.CONSUME)
+    async def kafka_committed(self) -> dict[str, Any]:
+        """Where a Kafka group's committed position is: ``position`` and ``index`` of the first
+        message not acked (map them to an offset with the partition's ``kafka_offset_of``);
+        ``acked_nothing``: the cursor never moved (no commit yet); ``pending``: whether a
+        transaction holds acks here (Kafka's pending transactional offsets, which a
+        ``require_stable`` OffsetFetch waits out)."""
+        await self._started()
+        position, index = self.state.first_unacked()
+        return {"position": position, "index": index, "acked_nothing": self.state.acked_nothing(),
+                "pending": self.state.pending.pending_txn_count > 0}
 
     # --- seek ------------------------------------------------------------------------------
 

@@ -124,6 +124,11 @@ class Fenced(RaytxnError):
     over; the caller is a zombie and must stop."""
 
 
+class GroupStateError(RaytxnError):
+    """A consumer group's state machine was asked for a transition its state does not allow
+    (Kafka's IllegalStateException): a bug, as the Kafka gateway's handlers check first."""
+
+
 # --- storage ---------------------------------------------------------------------------------
 
 

@@ -1,4 +1,5 @@
-"""A Kafka-protocol gateway: Kafka clients produce to and fetch from raytxn topics.
+"""A Kafka-protocol gateway: Kafka clients produce to and fetch from raytxn topics, in consumer
+groups and transactions too.
 
 Layers, so each can be read and tested on its own:
 
@@ -7,7 +8,14 @@ Layers, so each can be read and tested on its own:
 * ``records``: Kafka record batches (``kafka.record``) to and from raytxn messages and entries.
 * ``mapping``: names and ids: Kafka topics onto raytxn topics, Kafka producer ids onto raytxn
   producer names and sequences, raytxn transactions onto the producer ids of fetched batches,
-  raytxn errors onto Kafka error codes.
-* ``broker``: one handler per API, calling the partition actors.
+  Kafka group ids onto raytxn subscriptions, raytxn errors onto Kafka error codes.
+* ``transactions``: Kafka transactions on raytxn transactions (the gateway's transaction
+  coordinator; AddOffsetsToTxn's groups and the subscriptions their offsets register).
+* ``groups``: the consumer-group state machine (Kafka's GroupMetadata), pure, in memory.
+* ``broker``: the handlers of Metadata, FindCoordinator, ListOffsets, Produce, Fetch and the
+  transaction APIs, calling the partition actors.
+* ``group_membership``: JoinGroup, SyncGroup, Heartbeat and LeaveGroup on ``groups``.
+* ``group_offsets``: OffsetCommit, OffsetFetch, AddOffsetsToTxn and TxnOffsetCommit on the raytxn
+  subscription named after the group (plain cursor moves, or acks in the Kafka transaction).
 * ``gateway``: the Ray actor running the asyncio TCP server, and ``start_gateway``.
 """

@@ -2,10 +2,9 @@
 the response's fields (``wire`` encodes them). Partitions are called through their actors, so a
 gateway holds no partition state: any number of gateways serve the same topics.
 
-This gateway is one Kafka node (id 0) that leads every partition and coordinates every Kafka
-transaction (``transactions``); Metadata and FindCoordinator say so, and clients send it
-everything. Consumer groups are not served yet: FindCoordinator for a group answers
-COORDINATOR_NOT_AVAILABLE.
+This gateway is one Kafka node (id 0) that leads every partition, coordinates every Kafka
+transaction (``transactions``) and every consumer group (``group_membership``, ``group_offsets``);
+Metadata and FindCoordinator say so, and clients send it everything.
 """
 
 from __future__ import annotations
@@ -104,11 +103,11 @@ class Broker:
                 "topics": topics}
 
     async def find_coordinator(self, request: Any, version: int) -> dict[str, Any]:
-        """This node for transactions (key type 1); none for consumer groups, not served yet."""
-        if getattr(request, "key_type", 0) == 1:
+        """This node, for consumer groups (key type 0) and transactions (key type 1)."""
+        if getattr(request, "key_type", 0) in (0, 1):
             error, message, node, host, port = wire.NONE, None, NODE_ID, self.host, self.port
         else:
-            error, message = wire.COORDINATOR_NOT_AVAILABLE, "consumer groups are not served by this gateway yet"
+            error, message = wire.INVALID_REQUEST, f"coordinator key type {request.key_type} is not served"
             node, host, port = -1, "", -1
         keys = request.coordinator_keys or [request.key]
         coordinators = [FindCoordinatorResponse.Coordinator(key=k, node_id=node, host=host, port=port,

@@ -7,7 +7,8 @@ engine's own actors. It advertises the address Kafka clients should connect to: 
 
 Each connection's requests are handled one at a time, in order, as a Kafka broker does: a
 producer's batches to a partition arrive in the order it sent them, which its sequence numbers
-rely on.
+rely on. Consumer-group membership is this actor's memory (``group_membership``, ticked every
+``TICK_S``); committed offsets are raytxn subscriptions (``group_offsets``).
 """
 
 from __future__ import annotations
@@ -21,14 +22,24 @@ import ray
 from raytxn.client.rpc import ActorRef
 from raytxn.errors import InvalidArgument, RaytxnError
 from raytxn.hashing import coordinator_for
-from raytxn.ids import NAMESPACE, SUPERVISOR_NAME, TxnID, coordinator_actor_name, partition_actor_name
+from raytxn.ids import (
+    NAMESPACE,
+    SUPERVISOR_NAME,
+    TxnID,
+    coordinator_actor_name,
+    partition_actor_name,
+    subscription_actor_name,
+)
 from raytxn.kafka import wire
 from raytxn.kafka.broker import Broker, Connection
-from raytxn.kafka.mapping import raytxn_topic
+from raytxn.kafka.group_membership import TICK_S, GroupMembership
+from raytxn.kafka.group_offsets import Engine, GroupOffsets
+from raytxn.kafka.mapping import raytxn_subscription, raytxn_topic
 from raytxn.kafka.transactions import KafkaTransactions
 
 log = logging.getLogger(__name__)
 CALL_DEADLINE_S = 30.0
+MAX_ACTOR_REFS = 10_000
 
 
 def gateway_actor_name(port: int) -> str:
@@ -45,7 +56,11 @@ class KafkaGateway:
         self._refs: dict[str, ActorRef] = {}
         self._supervisor = ActorRef(SUPERVISOR_NAME, token)
         self.broker: Broker | None = None
+        self.groups: GroupMembership | None = None
+        self.offsets: GroupOffsets | None = None
+        self._ticker: asyncio.Task | None = None
         self.served = {"connections": 0, "requests": 0, "closed_unsupported": 0}
+        self.versions: dict[str, int] = {}  # "api_key/version" -> requests (served ones only: bounded)
 
     async def start(self) -> dict[str, Any]:
         """Bind and serve (idempotent); returns the advertised address."""
@@ -56,7 +71,22 @@ class KafkaGateway:
                                              self._home_call, self._txn_call)
             self.broker = Broker(self.advertised_host, self.port, self._topic_partitions, self._call,
                                  self._topic_names, transactions)
+            self.groups = GroupMembership()
+            engine = Engine(self.broker.partitions, self._call, self._subscription_call, self._subscription_names,
+                            self._create_subscription, self._topic_rows)
+            self.offsets = GroupOffsets(engine, self.groups, transactions)
+            self._ticker = asyncio.get_running_loop().create_task(self._tick())
         return self.address()
+
+    async def _tick(self) -> None:
+        """Time drives consumer groups too: sessions expire, rebalance timeouts pass."""
+        assert self.groups is not None
+        while True:
+            await asyncio.sleep(TICK_S)
+            try:
+                self.groups.tick()
+            except Exception:  # a bug in one tick must not stop the next
+                log.exception("consumer group tick failed")
 
     def address(self) -> dict[str, Any]:
         return {"host": self.advertised_host, "port": self.port,
@@ -69,13 +99,31 @@ class KafkaGateway:
         return int(info["partitions"])
 
     async def _topic_names(self) -> list[str]:
-        topics = await self._supervisor.call_async("list_topics", deadline_s=CALL_DEADLINE_S)
-        return [t["name"] for t in topics]
+        return [t["name"] for t in await self._topic_rows()]
+
+    async def _topic_rows(self) -> list[dict[str, Any]]:
+        return await self._supervisor.call_async("list_topics", deadline_s=CALL_DEADLINE_S)
+
+    async def _subscription_names(self, kafka_topic: str) -> list[str]:
+        info = await self._supervisor.call_async("get_topic", raytxn_topic(kafka_topic), deadline_s=CALL_DEADLINE_S)
+        return list(info["subscriptions"])
+
+    async def _create_subscription(self, kafka_topic: str, group: str) -> Any:
+        return await self._supervisor.call_async("create_subscription", raytxn_topic(kafka_topic),
+                                                 raytxn_subscription(group), "earliest", deadline_s=CALL_DEADLINE_S)
 
     async def _call(self, kafka_topic: str, partition: int, method: str, *args: Any) -> Any:
-        name = partition_actor_name(raytxn_topic(kafka_topic), partition)
+        return await self._actor_call(partition_actor_name(raytxn_topic(kafka_topic), partition), method, *args)
+
+    async def _subscription_call(self, kafka_topic: str, partition: int, group: str, method: str, *args: Any) -> Any:
+        name = subscription_actor_name(raytxn_topic(kafka_topic), partition, raytxn_subscription(group))
+        return await self._actor_call(name, method, *args)
+
+    async def _actor_call(self, name: str, method: str, *args: Any) -> Any:
         ref = self._refs.get(name)
         if ref is None:
+            if len(self._refs) >= MAX_ACTOR_REFS:
+                self._refs.clear()  # a lookup again is cheap; the table stays bounded
             ref = self._refs[name] = ActorRef(name, self.token)
         return await ref.call_async(method, *args, deadline_s=CALL_DEADLINE_S)
 
@@ -117,15 +165,22 @@ class KafkaGateway:
         if header.api_key == wire.API_VERSIONS:
             return wire.api_versions(header)
         request = wire.decode_request(header, payload)
-        broker, version = self.broker, header.api_version
+        broker, groups, offsets, version = self.broker, self.groups, self.offsets, header.api_version
+        assert groups is not None and offsets is not None
+        seen = f"{header.api_key}/{version}"
+        self.versions[seen] = self.versions.get(seen, 0) + 1
         handlers = {3: broker.metadata, 10: broker.find_coordinator, 2: broker.list_offsets,
                     1: broker.fetch, 22: broker.init_producer_id, 24: broker.add_partitions_to_txn,
-                    26: broker.end_txn}
+                    26: broker.end_txn, 14: groups.sync_group, 12: groups.heartbeat, 13: groups.leave_group,
+                    8: offsets.offset_commit, 9: offsets.offset_fetch, 25: offsets.add_offsets_to_txn,
+                    28: offsets.txn_offset_commit}
         try:
             if header.api_key == 0:
                 fields = await broker.produce(request, version, conn)
                 if fields is None:
                     return None
+            elif header.api_key == 11:
+                fields = await groups.join_group(request, version, request.header.client_id)
             else:
                 fields = await handlers[header.api_key](request, version)
         except RaytxnError as e:  # a bug or an outage past every retry: the client reconnects
@@ -133,12 +188,19 @@ class KafkaGateway:
         return wire.encode_response(header, **fields)
 
     async def stats(self) -> dict[str, Any]:
-        return self.address()
+        """The address, request counts, the API versions clients used and the consumer groups."""
+        groups = {} if self.groups is None else {
+            g.group_id: {"state": str(g.state), "generation": g.generation, "members": len(g.members)}
+            for g in self.groups.table.groups.values()}
+        return {**self.address(), "versions": dict(self.versions), "groups": groups}
 
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
             self._server = None
+        if self._ticker is not None:
+            self._ticker.cancel()
+            self._ticker = None
 
 
 # Not restarted by Ray: a restarted actor would not serve until start() is called again; `raytxn

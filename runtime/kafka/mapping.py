@@ -12,6 +12,9 @@ sequence ids, so raytxn's dedup drops its retries; a new epoch starts sequences 
 name. A Kafka producer without id writes as one raytxn producer per connection with sequences
 counted by the gateway (Kafka's at-least-once for such producers).
 
+Consumer groups: a Kafka group G's committed offsets on topic T are the raytxn subscription named
+G on T (``raytxn_subscription``), so a group id must also be a raytxn name (else INVALID_GROUP_ID).
+
 Fetched transactions: raytxn transactions are not Kafka producers, so a transaction's batches and
 its marker are fetched under a producer id standing for the transaction (``txn_producer_id``),
 which is what read_committed clients use to match data to markers and aborted-transaction lists.
@@ -43,6 +46,12 @@ def raytxn_topic(kafka_topic: object) -> str:
     if not isinstance(kafka_topic, str) or not _KAFKA_TOPIC.match(kafka_topic):
         raise InvalidTopicName(f"{kafka_topic!r} is not a Kafka topic name")
     return check_name(kafka_topic)
+
+
+def raytxn_subscription(group_id: object) -> str:
+    """The raytxn subscription holding a Kafka group's offsets; ``InvalidTopicName`` when the
+    group id cannot name one."""
+    return check_name(group_id, "subscription (the Kafka group id)")
 
 
 def txn_producer_id(txn: TxnID) -> int:

@@ -6,12 +6,14 @@ raytxn coordinator, which bumps its epoch, aborts its open transaction and fence
 id of a transactional id is fixed (``tid_producer_id``), so a restarted producer gets the same id
 with a higher epoch, as from Kafka. AddPartitionsToTxn begins the raytxn transaction (under the
 id and epoch) with the first partition and registers the partitions; transactional Produce appends
-into it; EndTxn commits or aborts it.
+into it; EndTxn commits or aborts it. AddOffsetsToTxn begins it too and notes the consumer group;
+TxnOffsetCommit registers the group's subscriptions (``add_subscriptions``) before the gateway
+acks in them, so the group's offsets commit or abort with the transaction.
 
 What a gateway keeps per transactional id (the epoch and the open raytxn transaction) is
 volatile: after a gateway restart the producer's next call gets INVALID_PRODUCER_EPOCH, it
 re-initializes, and raytxn aborts the open transaction (registration aborts it; its timeout
-would too). Not served: AddOffsetsToTxn and TxnOffsetCommit (consumer groups come first).
+would too).
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ class TxnState:
     timeout_ms: int
     txn: TxnID | None = None
     partitions: set[tuple[str, int]] | None = None
+    groups: set[str] | None = None  # consumer groups whose offsets may go into the txn
+    subscriptions: set[tuple[str, int, str]] | None = None  # (Kafka topic, partition, group) registered
 
 
 def _code(error: RaytxnError) -> int:
@@ -89,12 +93,17 @@ class KafkaTransactions:
         self._states[transactional_id] = TxnState(transactional_id, producer_id, epoch, timeout_ms)
         return wire.NONE, producer_id, epoch
 
+    async def _begin(self, state: TxnState) -> TxnID:
+        """The open raytxn transaction of ``state``, begun now if there is none."""
+        if state.txn is None:
+            state.txn = await self._home_call(state.transactional_id, "new_txn", state.timeout_ms, self.owner,
+                                              state.transactional_id, state.epoch)
+            state.partitions, state.groups, state.subscriptions = set(), set(), set()
+        return state.txn
+
     async def add_partitions(self, state: TxnState, partitions: list[tuple[str, int]]) -> int:
         try:
-            if state.txn is None:
-                state.txn = await self._home_call(state.transactional_id, "new_txn", state.timeout_ms, self.owner,
-                                                  state.transactional_id, state.epoch)
-                state.partitions = set()
+            await self._begin(state)
             assert state.partitions is not None
             new = [(mapping.raytxn_topic(t), p) for t, p in partitions if (t, p) not in state.partitions]
             if new:
@@ -104,6 +113,38 @@ class KafkaTransactions:
             return _code(e)
         return wire.NONE
 
+    async def add_offsets(self, state: TxnState, group: str) -> int:
+        """AddOffsetsToTxn: ``group``'s offsets may go into the transaction (begun now if need be)."""
+        try:
+            await self._begin(state)
+        except RaytxnError as e:
+            return _code(e)
+        assert state.groups is not None
+        state.groups.add(group)
+        return wire.NONE
+
+    async def add_subscriptions(self, state: TxnState, subscriptions: list[tuple[str, int, str]]) -> int:
+        """Register (Kafka topic, partition, group) subscriptions with the transaction's
+        coordinator, before anything is acked in them: its end then reaches them."""
+        if state.txn is None or state.subscriptions is None:
+            return INVALID_TXN_STATE
+        new = [s for s in subscriptions if s not in state.subscriptions]
+        try:
+            if new:
+                await self._txn_call(state.txn, "add_subscriptions", state.txn,
+                                     [(mapping.raytxn_topic(t), p, g) for t, p, g in new], self.owner, state.epoch)
+        except RaytxnError as e:
+            return _code(e)
+        state.subscriptions.update(new)
+        return wire.NONE
+
+    def offsets_txn(self, state: TxnState, group: str) -> TxnID | None:
+        """The raytxn txn ``group``'s offsets go into (None: AddOffsetsToTxn did not add the
+        group, Kafka's INVALID_TXN_STATE here)."""
+        if state.txn is None or state.groups is None or group not in state.groups:
+            return None
+        return state.txn
+
     def txn_for(self, state: TxnState, topic: str, partition: int) -> TxnID | None:
         """The raytxn txn a transactional batch to (topic, partition) goes into (None: the
         partition was not added, Kafka's INVALID_TXN_STATE)."""
@@ -112,7 +153,7 @@ class KafkaTransactions:
         return state.txn
 
     async def end(self, state: TxnState, commit: bool) -> int:
-        txn, state.txn, state.partitions = state.txn, None, None
+        txn, state.txn, state.partitions, state.groups, state.subscriptions = state.txn, None, None, None, None
         if txn is None:
             return wire.NONE  # nothing was added: nothing to end (as Kafka)
         try:

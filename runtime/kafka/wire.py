@@ -14,7 +14,24 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from kafka.protocol.consumer import FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse
+from kafka.protocol.consumer import (
+    FetchRequest,
+    FetchResponse,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    JoinGroupRequest,
+    JoinGroupResponse,
+    LeaveGroupRequest,
+    LeaveGroupResponse,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    OffsetCommitRequest,
+    OffsetCommitResponse,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
+    SyncGroupRequest,
+    SyncGroupResponse,
+)
 from kafka.protocol.metadata import (
     ApiVersionsRequest,
     ApiVersionsResponse,
@@ -24,6 +41,8 @@ from kafka.protocol.metadata import (
     MetadataResponse,
 )
 from kafka.protocol.producer import (
+    AddOffsetsToTxnRequest,
+    AddOffsetsToTxnResponse,
     AddPartitionsToTxnRequest,
     AddPartitionsToTxnResponse,
     EndTxnRequest,
@@ -32,6 +51,8 @@ from kafka.protocol.producer import (
     InitProducerIdResponse,
     ProduceRequest,
     ProduceResponse,
+    TxnOffsetCommitRequest,
+    TxnOffsetCommitResponse,
 )
 
 from raytxn.errors import InvalidArgument
@@ -47,6 +68,8 @@ NOT_ENOUGH_REPLICAS = 19
 COORDINATOR_NOT_AVAILABLE = 15
 INVALID_TOPIC_EXCEPTION = 17
 INVALID_REQUIRED_ACKS = 21
+INCONSISTENT_GROUP_PROTOCOL = 23
+INVALID_GROUP_ID = 24
 TOPIC_AUTHORIZATION_FAILED = 29
 UNSUPPORTED_VERSION = 35
 INVALID_REQUEST = 42
@@ -54,6 +77,8 @@ OUT_OF_ORDER_SEQUENCE_NUMBER = 45
 INVALID_PRODUCER_EPOCH = 47
 UNSUPPORTED_FOR_MESSAGE_FORMAT = 43
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
+CONCURRENT_TRANSACTIONS = 51
+UNSTABLE_OFFSET_COMMIT = 88
 UNKNOWN_SERVER_ERROR = -1
 INVALID_RECORD = 87
 
@@ -72,7 +97,12 @@ class Api:
 # What this gateway serves, by API key. Versions: Produce from 3 and Fetch from 4 (record batches,
 # magic 2, and isolation levels), Fetch to 12 (13 addresses topics by id), Metadata to 9 (10 adds
 # topic ids), FindCoordinator to 3 (4 batches keys), InitProducerId to 4, AddPartitionsToTxn to 3
-# (4 is the brokers' batched form), EndTxn to 3.
+# (4 is the brokers' batched form), EndTxn to 3. Groups: JoinGroup to 7, SyncGroup to 5, Heartbeat
+# to 4, LeaveGroup to 4 (5 adds a reason), OffsetCommit 2-8 (9 is KIP-848's, 10 topic ids),
+# OffsetFetch 1-7 (8 batches groups), AddOffsetsToTxn 0-3, TxnOffsetCommit 0-3 (4 is KIP-890's).
+# Clients negotiate: confluent-kafka 2.16 (librdkafka) sends JoinGroup 5, SyncGroup 3, Heartbeat 3,
+# LeaveGroup 1, OffsetCommit 8, OffsetFetch 7, TxnOffsetCommit 3, AddOffsetsToTxn 0; kafka-python
+# 3.0 JoinGroup 7, SyncGroup 5, OffsetCommit 8, OffsetFetch 7.
 SERVED: dict[int, Api] = {api.key: api for api in (
     Api(18, ApiVersionsRequest, ApiVersionsResponse, 0, 3),
     Api(3, MetadataRequest, MetadataResponse, 0, 9),
@@ -83,6 +113,14 @@ SERVED: dict[int, Api] = {api.key: api for api in (
     Api(22, InitProducerIdRequest, InitProducerIdResponse, 0, 4),
     Api(24, AddPartitionsToTxnRequest, AddPartitionsToTxnResponse, 0, 3),
     Api(26, EndTxnRequest, EndTxnResponse, 0, 3),
+    Api(11, JoinGroupRequest, JoinGroupResponse, 0, 7),
+    Api(14, SyncGroupRequest, SyncGroupResponse, 0, 5),
+    Api(12, HeartbeatRequest, HeartbeatResponse, 0, 4),
+    Api(13, LeaveGroupRequest, LeaveGroupResponse, 0, 4),
+    Api(8, OffsetCommitRequest, OffsetCommitResponse, 2, 8),
+    Api(9, OffsetFetchRequest, OffsetFetchResponse, 1, 7),
+    Api(25, AddOffsetsToTxnRequest, AddOffsetsToTxnResponse, 0, 3),
+    Api(28, TxnOffsetCommitRequest, TxnOffsetCommitResponse, 0, 3),
 )}
 API_VERSIONS = 18
 MAX_FRAME_BYTES = 100 << 20

@@ -83,6 +83,35 @@ def entries_from_offset(entries: Sequence[tuple[EntryHeader, T]], base: int, off
     return picked, base
 
 
+def entry_holding(entries: Sequence[tuple[Position, EntryHeader]], base: int,
+                  offset: int) -> tuple[Position, int, int] | None:
+    """Of consecutive entries, the first at base offset ``base``: the one holding ``offset``, as
+    ``(position, index of the message in it, messages in it)`` (a marker: index 0, 0 messages);
+    None if they end before it."""
+    for position, header in entries:
+        span = entry_span(header)
+        if base + span > offset:
+            return position, offset - base, header.count
+        base += span
+    return None
+
+
+def offset_at(entries: Sequence[tuple[Position, EntryHeader]], base: int, position: Position,
+              index: int) -> int | None:
+    """Of consecutive entries, the first at base offset ``base``: the offset of the first message
+    at or after message ``index`` of the entry at ``position`` (the next entry's base offset when
+    ``index`` is past its messages, or when no entry is at ``position``); None if every entry
+    lies before ``position``."""
+    for entry_position, header in entries:
+        span = entry_span(header)
+        if entry_position == position:
+            return base + min(index, span)
+        if entry_position > position:
+            return base
+        base += span
+    return None
+
+
 class OffsetIndex:
     """Next offset, sparse offset -> position index, and the stamps handed to the ledger."""
 
@@ -120,6 +149,11 @@ class OffsetIndex:
         if not self.start_offset(trimmed_below) <= offset < self._next_offset:
             return None
         i = bisect.bisect_right(self._offsets, offset) - 1
+        return self._points[i] if i >= 0 else None
+
+    def point_at_or_before(self, position: Position) -> OffsetPoint | None:
+        """The last index point at or before ``position`` (None: it lies before every point)."""
+        i = bisect.bisect_right(self._points, position, key=lambda point: point.position) - 1
         return self._points[i] if i >= 0 else None
 
     # --- writing ---------------------------------------------------------------------------

@@ -256,6 +256,12 @@ class PendingAck:
                 result.extend(Ack(position, index, size) for index in range(size) if mask >> index & 1)
         return result, acks.cumulative
 
+    def cumulative_point_of(self, txn: TxnID) -> tuple[Position, int] | None:
+        """How far ``txn``'s pending cumulative ack reaches, comparable with ``cumulative_point``
+        (None: it has none)."""
+        acks = self._txns.get(txn)
+        return None if acks is None else acks.point
+
     def pending_at_or_below(self, tc_id: int, low_watermark: int) -> list[TxnID]:
         """Pending transactions of coordinator ``tc_id`` with sequence <= ``low_watermark``:
         they ended at the coordinator, so abort them here (dangling, e.g. the end was lost)."""
@@ -690,6 +696,12 @@ def _whole_if_last(ack: Ack) -> Ack:
     if ack.batch_index is not None and ack.batch_index == ack.batch_size - 1:  # type: ignore[operator]
         return Ack(ack.position)
     return ack
+
+
+def cumulative_point(ack: Ack) -> tuple[Position, int]:
+    """How far a cumulative ack of ``ack`` reaches (a batch's last index counting as the whole
+    entry), comparable with ``PendingAck.cumulative_point_of``."""
+    return _point(_whole_if_last(ack))
 
 
 def _point(ack: Ack) -> tuple[Position, int]:

@@ -44,6 +44,7 @@ from raytxn.protocol.pending_ack import (
     PendingAck,
     PendingAckLogIndex,
     Record,
+    cumulative_point,
 )
 from raytxn.protocol.txnlog import EndAction, end_action
 
@@ -500,6 +501,85 @@ class SubscriptionState:
                 self.rewind(redelivery.messages[0][0], note_given_back=not in_cursor_snapshot)
             if redelivery.cumulative_through is not None:
                 self.rewind(self.cursor.acked_below, note_given_back=not in_cursor_snapshot)
+
+    # --- readers of the partition: Kafka consumer groups ------------------------------------------
+
+    # A Kafka consumer group reads the partition through the Kafka gateway, not through this
+    # subscription's dispatcher, and commits an offset: "everything before this message is
+    # consumed". The subscription named after the group keeps that as its cursor. As nothing is
+    # delivered here, the delivery guards of consumer acks (``delivered_through``, ``given_back``)
+    # do not apply: the reader says what it read. Consumers or a lease on the same subscription
+    # would be a second reader of it, so they do not mix.
+
+    def first_unacked(self) -> tuple[Position, int]:
+        """The first message not acked, as (entry position, batch index): the mark-delete bound,
+        and the first unacked index of a batch partly acked there (acks above are not counted)."""
+        bound = self.cursor.acked_below
+        partial = self.cursor.partial_batch(bound)
+        if partial is None:
+            return bound, 0
+        size, unacked = partial
+        return bound, next(index for index in range(size) if unacked >> index & 1)
+
+    def acked_nothing(self) -> bool:
+        """Nothing was ever acked: the cursor is where an ``earliest`` subscription starts (a
+        Kafka group that never committed, though a transaction of it may have created this)."""
+        return self.cursor.snapshot() == Cursor().snapshot()
+
+    def reader_commit(self, first: Position, index: int, size: int | None) -> bool:
+        """A plain commit: message ``index`` of the entry at ``first`` (of ``size`` messages) is
+        the first one not consumed; everything before it is acked and nothing after it, so the
+        committed position also moves back (a seek). Returns whether the cursor changed."""
+        ack = self._check_reader_commit(first, index, size)
+        if (first, index) == self.first_unacked():
+            return False
+        if self.pending.pending_txn_count:
+            raise TransactionConflict(f"acks of {self.pending.pending_txns()[0]} are pending: a plain commit waits "
+                                      "for it to end")
+        if (first, index) < self.first_unacked():
+            self.seek(first)
+            for earlier in range(index):
+                self.cursor.ack(first, earlier, size)
+            return True
+        self._ack_cumulative(normalize_ack(ack))
+        return True
+
+    def prepare_reader_commit(self, txn: TxnID, first: Position, index: int, size: int | None,
+                              request: str | None = None) -> AckRecord | None:
+        """A commit inside ``txn``: the record of a cumulative ack of everything before message
+        ``index`` of the entry at ``first`` (None: nothing to log, ``txn`` holds that ack, or
+        the cursor is there already). It may only move forward: ``InvalidArgument`` for a
+        position before the cursor's, or before an ack ``txn`` holds already."""
+        ack = normalize_ack(self._check_reader_commit(first, index, size))
+        target = (first, index)
+        if target < self.first_unacked():
+            raise InvalidArgument(f"{txn} commits {first} index {index}, before the committed "
+                                  f"{self.first_unacked()}: a transaction does not move a committed position back")
+        if target == self.first_unacked():
+            return None
+        own = self.pending.cumulative_point_of(txn)
+        if own is not None and cumulative_point(ack) <= own:
+            if cumulative_point(ack) == own:
+                return None  # the same commit again (a retry with a new request id)
+            raise InvalidArgument(f"{txn} commits {first} index {index}, before its own pending commit")
+        return self.pending.prepare_ack(txn, AckKind.CUMULATIVE, [ack], lambda _: True, request)
+
+    def _check_reader_commit(self, first: Position, index: int, size: int | None) -> AckTuple:
+        """The cumulative ack that acks everything before message ``index`` of ``first``;
+        ``InvalidArgument`` for a malformed one, ``NotAllowed`` while consumers or a lease read
+        this subscription."""
+        if not isinstance(first, Position) or type(index) is not int or index < 0:
+            raise InvalidArgument(f"a reader commit names an entry position and an index >= 0, got {first!r}, "
+                                  f"{index!r}")
+        if index > 0 and (type(size) is not int or not index < size):
+            raise InvalidArgument(f"index {index} of an entry of {size!r} messages")
+        if self.dispatcher.consumer_ids():
+            raise NotAllowed("consumers are attached: a Kafka group and consumers do not mix on one subscription")
+        if self.leases.current is not None:
+            raise NotAllowed("a lease is held: a Kafka group and leases do not mix on one subscription")
+        if index == 0:
+            return (position_before(first), None, None)
+        return (first, index - 1, size)
 
     # --- leases (the bulk path, see ``lease.py``) -----------------------------------------------
 

@@ -82,3 +82,39 @@ def test_offsets_survive_restarts_and_trimming(client: rt.Client) -> None:
     assert marks(topic) == {"log_start": 11, "last_stable": 12, "high_watermark": 12}
     producer.send(b"h")
     assert offsets(topic)[-1] == (12, [b"h"])
+
+
+def test_offsets_map_to_messages_and_back_across_ledgers_and_trims(client: rt.Client) -> None:
+    """What a Kafka group's commit and fetch use: every offset in [log start, high watermark]
+    names a message (entry position, index) and that message maps back to the offset, also
+    across a ledger boundary, markers and batches; below the log start an offset is out of range
+    and a position is the log start."""
+    topic = new_topic(client)
+    producer = client.create_producer(topic)
+    producer.send_batch([b"a", b"b", b"c"]).result()       # 0-2, one entry
+    with client.transaction() as txn:
+        producer.send(b"d", txn=txn)                        # 3, marker 4
+    restart_actor(partition_actor_name(topic, 0))           # the next entries go to a new ledger
+    producer.send_batch([b"e", b"f"]).result()              # 5-6
+    ref = partition_ref(topic)
+
+    def round_trip() -> list[int]:
+        marks = ref.call("kafka_offsets")
+        out = []
+        for offset in range(marks["log_start"], marks["high_watermark"] + 1):
+            where = ref.call("kafka_locate", offset)
+            out.append(ref.call("kafka_offset_of", where["position"], where["index"]))
+        return out
+
+    assert round_trip() == list(range(8))
+    assert [ref.call("kafka_locate", o)["index"] for o in (0, 1, 2, 3, 4)] == [0, 1, 2, 0, 0]
+    end = ref.call("kafka_locate", 7)
+    assert (end["index"], end["size"]) == (0, None)         # the high watermark: past the last entry
+    assert ref.call("kafka_locate", 8) is None and ref.call("kafka_locate", -1) is None
+    assert ref.call("kafka_offset_of", Position(0, 0), 0) == 0   # before every entry: the log start
+    current = max(ref.call("stats")["ledgers"])
+    ref.call("trim", Position(current, 0))
+    assert ref.call("kafka_offsets")["log_start"] == 5
+    assert round_trip() == [5, 6, 7]
+    assert ref.call("kafka_locate", 4) is None                   # trimmed
+    assert ref.call("kafka_offset_of", Position(0, 0), 0) == 5   # a cursor before the trim point

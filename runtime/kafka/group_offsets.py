@@ -1,0 +1,231 @@
+"""OffsetCommit, OffsetFetch, AddOffsetsToTxn and TxnOffsetCommit: a Kafka group's committed
+offsets are the cursor of the raytxn subscription named after the group (``mapping``), so they
+are as durable as any cursor and outlive the gateway. Nothing about offsets is kept here.
+
+* Commit offset O on partition p: the partition maps O to the message it names (``kafka_locate``:
+  entry position and index, or the partition's end for the high watermark), then the
+  subscription takes "everything before that message is consumed" (``kafka_commit``): plainly
+  (the cursor moves there, also back, persisted before the answer) or in the Kafka transaction's
+  raytxn transaction, as a cumulative ack that commits or aborts with it. The subscription is
+  created at ``earliest`` on a group's first commit to a topic; the transaction registers it with
+  its coordinator before the ack.
+* Fetch: the subscription's first unacked message (``kafka_committed``) mapped back to an offset
+  (``kafka_offset_of``); -1 when the group never committed on the topic (no subscription, or
+  one whose cursor never moved: where a group's aborted first transaction leaves it).
+  ``require_stable`` (read_committed consumers) gets UNSTABLE_OFFSET_COMMIT while a transaction
+  holds acks on the partition, as from Kafka (KIP-447): the consumer asks again after it ended.
+
+Commit metadata strings are not kept (fetches answer ""). Offsets outside [log start offset, high
+watermark] get OFFSET_OUT_OF_RANGE, as does a transactional commit below the committed offset
+(a transaction only moves it forward). A group's commits and raytxn consumers (or leases) on the
+same subscription do not mix: INCONSISTENT_GROUP_PROTOCOL.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kafka.protocol.consumer import OffsetCommitResponse, OffsetFetchResponse
+from kafka.protocol.producer import TxnOffsetCommitResponse
+
+from raytxn.errors import InvalidArgument, NotAllowed, RaytxnError, Timeout, TopicNotFound, TransactionConflict
+from raytxn.ids import TxnID
+from raytxn.kafka import mapping, wire
+from raytxn.kafka.group_membership import GroupMembership, group_id_error
+from raytxn.kafka.transactions import INVALID_TXN_STATE, KafkaTransactions, TxnState
+
+KNOWN_SUBSCRIPTION_S = 2.0  # how long "this group's subscription exists" is trusted without asking
+MAX_KNOWN = 10_000
+
+
+@dataclass(frozen=True)
+class Engine:
+    """How the offset handlers reach raytxn (the gateway's calls). ``partitions(topic)``: the
+    count (``TopicNotFound`` if none); ``partition_call(topic, p, method, *args)``;
+    ``subscription_call(topic, p, group, method, *args)``; ``subscriptions(topic)``: its
+    subscription names; ``create_subscription(topic, group)`` at earliest; ``topics()``: every
+    topic as ``{"name", "partitions", "subscriptions"}``."""
+
+    partitions: Callable[[str], Awaitable[int]]
+    partition_call: Callable[..., Awaitable[Any]]
+    subscription_call: Callable[..., Awaitable[Any]]
+    subscriptions: Callable[[str], Awaitable[list[str]]]
+    create_subscription: Callable[[str, str], Awaitable[Any]]
+    topics: Callable[[], Awaitable[list[dict[str, Any]]]]
+
+
+def commit_error(error: RaytxnError) -> int:
+    """The Kafka error code of a commit or fetch that raytxn refused."""
+    if isinstance(error, TransactionConflict):
+        return wire.CONCURRENT_TRANSACTIONS  # another txn's offsets are pending there: retry later
+    if isinstance(error, NotAllowed):
+        return wire.INCONSISTENT_GROUP_PROTOCOL  # raytxn consumers or a lease read the subscription
+    if type(error) is InvalidArgument:
+        return wire.OFFSET_OUT_OF_RANGE  # a transactional commit moving the offset back
+    if isinstance(error, Timeout):
+        return wire.REQUEST_TIMED_OUT
+    if error.retriable:
+        return wire.COORDINATOR_NOT_AVAILABLE  # an actor restarting: the client finds us and retries
+    return mapping.error_code(error)
+
+
+class GroupOffsets:
+    def __init__(self, engine: Engine, membership: GroupMembership, transactions: KafkaTransactions) -> None:
+        self.engine, self.membership, self.transactions = engine, membership, transactions
+        self._known: dict[tuple[str, str], float] = {}  # (topic, group) -> when its subscription was seen
+
+    async def _partition_error(self, topic: str, partition: int) -> int:
+        try:
+            count = await self.engine.partitions(topic)
+        except (TopicNotFound, InvalidArgument) as e:
+            return mapping.error_code(e)
+        return wire.NONE if 0 <= partition < count else wire.UNKNOWN_TOPIC_OR_PARTITION
+
+    async def _ensure_subscription(self, topic: str, group: str) -> None:
+        now = time.monotonic()
+        seen = self._known.get((topic, group))
+        if seen is not None and now - seen < KNOWN_SUBSCRIPTION_S:
+            return
+        if group not in await self.engine.subscriptions(topic):
+            await self.engine.create_subscription(topic, group)
+        if len(self._known) >= MAX_KNOWN:
+            self._known.clear()
+        self._known[(topic, group)] = now
+
+    async def _locate(self, topic: str, partition: int, offset: int) -> dict[str, Any] | int:
+        """Where ``offset`` is (see the partition's ``kafka_locate``), or the Kafka error code."""
+        error = await self._partition_error(topic, partition)
+        if error != wire.NONE:
+            return error
+        try:
+            where = await self.engine.partition_call(topic, partition, "kafka_locate", offset)
+        except RaytxnError as e:
+            return commit_error(e)
+        return wire.OFFSET_OUT_OF_RANGE if where is None else where
+
+    async def _commit(self, topic: str, partition: int, group: str, where: dict[str, Any],
+                      txn: TxnID | None) -> int:
+        try:
+            await self._ensure_subscription(topic, group)
+            await self.engine.subscription_call(topic, partition, group, "kafka_commit", where["position"],
+                                                where["index"], where["size"], txn, f"kafka-{uuid.uuid4().hex}")
+        except RaytxnError as e:
+            return commit_error(e)
+        return wire.NONE
+
+    # --- plain commits and fetches -----------------------------------------------------------
+
+    async def offset_commit(self, request: Any, version: int) -> dict[str, Any]:
+        group = request.group_id
+        error = group_id_error(group)
+        if error == wire.NONE:
+            error = self.membership.check_commit(group, request.member_id, request.generation_id_or_member_epoch)
+        result = OffsetCommitResponse.OffsetCommitResponseTopic
+        topics = []
+        for topic in request.topics:
+            partitions = []
+            for part in topic.partitions:
+                code = error
+                if code == wire.NONE:
+                    where = await self._locate(topic.name, part.partition_index, part.committed_offset)
+                    code = where if isinstance(where, int) else await self._commit(
+                        topic.name, part.partition_index, group, where, None)
+                partitions.append(result.OffsetCommitResponsePartition(partition_index=part.partition_index,
+                                                                       error_code=code))
+            topics.append(result(name=topic.name, partitions=partitions))
+        return {"throttle_time_ms": 0, "topics": topics}
+
+    async def offset_fetch(self, request: Any, version: int) -> dict[str, Any]:
+        """Committed offsets of the topics asked for (None, v2+: every topic the group has a
+        subscription on)."""
+        group, stable = request.group_id, bool(getattr(request, "require_stable", False))
+        error = group_id_error(group)
+        wanted: list[tuple[str, list[int]]] = []
+        if error == wire.NONE and request.topics is None:
+            wanted = [(row["name"], list(range(row["partitions"]))) for row in await self.engine.topics()
+                      if group in row["subscriptions"]]
+        elif request.topics is not None:
+            wanted = [(t.name, list(t.partition_indexes)) for t in request.topics]
+        result = OffsetFetchResponse.OffsetFetchResponseTopic
+        topics = []
+        for name, indexes in wanted:
+            subscribed: bool | None = None
+            partitions = []
+            for index in indexes:
+                offset, code = -1, error
+                if code == wire.NONE:
+                    code = await self._partition_error(name, index)
+                if code == wire.NONE:
+                    try:
+                        if subscribed is None:
+                            subscribed = group in await self.engine.subscriptions(name)
+                        if subscribed:
+                            offset, code = await self._committed(name, index, group, stable)
+                    except RaytxnError as e:
+                        code = commit_error(e)
+                partitions.append(result.OffsetFetchResponsePartition(
+                    partition_index=index, committed_offset=offset, committed_leader_epoch=-1, metadata="",
+                    error_code=code))
+            topics.append(result(name=name, partitions=partitions))
+        return {"throttle_time_ms": 0, "topics": topics, "error_code": error}
+
+    async def _committed(self, topic: str, partition: int, group: str, stable: bool) -> tuple[int, int]:
+        committed = await self.engine.subscription_call(topic, partition, group, "kafka_committed")
+        if stable and committed["pending"]:
+            return -1, wire.UNSTABLE_OFFSET_COMMIT
+        if committed["acked_nothing"]:
+            return -1, wire.NONE
+        offset = await self.engine.partition_call(topic, partition, "kafka_offset_of", committed["position"],
+                                                  committed["index"])
+        return offset, wire.NONE
+
+    # --- offsets in transactions -------------------------------------------------------------
+
+    async def add_offsets_to_txn(self, request: Any, version: int) -> dict[str, Any]:
+        state = self.transactions.state(request.transactional_id, request.producer_id, request.producer_epoch)
+        error = state if isinstance(state, int) else group_id_error(request.group_id)
+        if error == wire.NONE and isinstance(state, TxnState):
+            error = await self.transactions.add_offsets(state, request.group_id)
+        return {"throttle_time_ms": 0, "error_code": error}
+
+    async def txn_offset_commit(self, request: Any, version: int) -> dict[str, Any]:
+        """Each partition's offset as a cumulative ack in the transaction, after every partition
+        was located and its subscription registered with the transaction's coordinator."""
+        group = request.group_id
+        state = self.transactions.state(request.transactional_id, request.producer_id, request.producer_epoch)
+        error = state if isinstance(state, int) else group_id_error(group)
+        txn = self.transactions.offsets_txn(state, group) if isinstance(state, TxnState) else None
+        if error == wire.NONE and txn is None:
+            error = INVALID_TXN_STATE  # AddOffsetsToTxn did not add the group
+        if error == wire.NONE and version >= 3:
+            error = self.membership.check_txn_commit(group, request.member_id, request.generation_id)
+        wanted = [(t.name, p.partition_index, p.committed_offset) for t in request.topics for p in t.partitions]
+        codes: dict[tuple[str, int], int] = {}
+        located: dict[tuple[str, int], dict[str, Any]] = {}
+        for name, index, offset in wanted:
+            where = error if error != wire.NONE else await self._locate(name, index, offset)
+            if isinstance(where, int):
+                codes[(name, index)] = where
+            else:
+                located[(name, index)] = where
+        if located and isinstance(state, TxnState):
+            try:
+                for name, _ in located:
+                    await self._ensure_subscription(name, group)
+            except RaytxnError as e:
+                registered = commit_error(e)
+            else:
+                registered = await self.transactions.add_subscriptions(
+                    state, [(name, index, group) for name, index in located])
+            for (name, index), where in located.items():
+                codes[(name, index)] = registered if registered != wire.NONE else await self._commit(
+                    name, index, group, where, txn)
+        result = TxnOffsetCommitResponse.TxnOffsetCommitResponseTopic
+        return {"throttle_time_ms": 0, "topics": [
+            result(name=t.name, partitions=[result.TxnOffsetCommitResponsePartition(
+                partition_index=p.partition_index, error_code=codes[(t.name, p.partition_index)])
+                for p in t.partitions]) for t in request.topics]}

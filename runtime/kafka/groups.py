@@ -1,0 +1,510 @@
+"""Kafka consumer groups, the classic eager protocol, as a pure state machine (Kafka's
+GroupMetadata and the membership half of its GroupCoordinator). No Ray, no asyncio, no I/O and no
+clock: every call takes ``now`` (seconds, monotonic) from the caller.
+
+One group moves through Kafka's states, each transition checked against the states it may come
+from (``VALID_PREVIOUS``, as ``GroupState.validPreviousStates`` in Kafka):
+
+* Empty: no members (a group here is dropped once Empty: its committed offsets are not kept
+  here but in raytxn subscriptions, so an Empty group holds nothing; dropping it goes via Dead).
+* PreparingRebalance: a member joined, left, expired or changed its protocols; every member must
+  send JoinGroup again. The join completes once all have (or the rebalance timeout passed: those
+  that did not are removed), giving the next generation.
+* CompletingRebalance: the generation's JoinGroup answers are out; the leader (whose answer lists
+  every member's protocol metadata) computes the assignment on its side and sends it in its
+  SyncGroup, which moves the group to Stable and answers every member's SyncGroup.
+* Stable: members heartbeat; a join of a new member, a leave or an expiry starts a rebalance, and
+  heartbeats answer REBALANCE_IN_PROGRESS until each member joined again.
+* Dead: dropped.
+
+JoinGroup and SyncGroup answers are not always ready when the call is made: a call returns its
+answer or None, and answers become ready in ``answers`` (taken by ``GroupTable.take_answers``),
+keyed by member, for the caller that waits on them. A member has at most one waiting call of each
+kind: a newer one replaces the older, so callers expire the group and hand out what time made due
+(``GroupTable.expire``) before a member's new call waits. A member waiting in JoinGroup or SyncGroup is
+not expired (as in Kafka); every other member is once ``session_timeout_ms`` passed since it was
+last heard from. ``GroupTable.tick`` expires members and completes joins whose rebalance timeout
+passed.
+
+Everything here is volatile: a gateway that restarts forgets its groups, and members learn it
+from UNKNOWN_MEMBER_ID or ILLEGAL_GENERATION and join again. Bounds: groups, members per group,
+members in all, and the bytes of a member's protocol metadata and of its assignment.
+
+Not served: static membership (``group.instance.id``), KIP-394's MEMBER_ID_REQUIRED round trip (a
+new member gets its id in its first JoinGroup answer, which every client accepts) and Kafka's
+initial rebalance delay.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from raytxn.errors import GroupStateError
+
+# Kafka error codes answered here (Kafka's ``Errors``).
+NONE = 0
+COORDINATOR_NOT_AVAILABLE = 15
+ILLEGAL_GENERATION = 22
+INCONSISTENT_GROUP_PROTOCOL = 23
+UNKNOWN_MEMBER_ID = 25
+INVALID_SESSION_TIMEOUT = 26
+REBALANCE_IN_PROGRESS = 27
+INVALID_REQUEST = 42
+GROUP_MAX_SIZE_REACHED = 81
+
+MIN_SESSION_TIMEOUT_MS = 1_000
+MAX_SESSION_TIMEOUT_MS = 1_800_000  # Kafka's group.max.session.timeout.ms default (30 min)
+MAX_GROUPS = 1_000
+MAX_MEMBERS_PER_GROUP = 500
+MAX_MEMBERS = 5_000
+MAX_PROTOCOLS = 16
+MAX_METADATA_BYTES = 32 << 10  # a member's protocol metadata, all protocols together
+MAX_ASSIGNMENT_BYTES = 32 << 10
+
+
+class GroupState(enum.StrEnum):
+    EMPTY = "Empty"
+    PREPARING_REBALANCE = "PreparingRebalance"
+    COMPLETING_REBALANCE = "CompletingRebalance"
+    STABLE = "Stable"
+    DEAD = "Dead"
+
+
+_S = GroupState
+VALID_PREVIOUS: dict[GroupState, frozenset[GroupState]] = {
+    _S.PREPARING_REBALANCE: frozenset({_S.STABLE, _S.COMPLETING_REBALANCE, _S.EMPTY}),
+    _S.COMPLETING_REBALANCE: frozenset({_S.PREPARING_REBALANCE}),
+    _S.STABLE: frozenset({_S.COMPLETING_REBALANCE}),
+    _S.EMPTY: frozenset({_S.PREPARING_REBALANCE}),
+    _S.DEAD: frozenset({_S.STABLE, _S.PREPARING_REBALANCE, _S.COMPLETING_REBALANCE, _S.EMPTY, _S.DEAD}),
+}
+
+Protocols = tuple[tuple[str, bytes], ...]  # (name, metadata), in the member's order of preference
+
+
+@dataclass(frozen=True)
+class JoinAnswer:
+    """A JoinGroup answer; ``members`` (member id, metadata of the chosen protocol) for the
+    leader only."""
+
+    error: int
+    member_id: str = ""
+    generation: int = -1
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+    leader: str = ""
+    members: tuple[tuple[str, bytes], ...] = ()
+
+
+@dataclass(frozen=True)
+class SyncAnswer:
+    error: int
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+    assignment: bytes = b""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """An answer that became ready for a member's waiting JoinGroup (``kind`` "join") or
+    SyncGroup ("sync")."""
+
+    group_id: str
+    kind: str
+    member_id: str
+    answer: JoinAnswer | SyncAnswer
+
+
+@dataclass
+class Member:
+    member_id: str
+    client_id: str
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    protocols: Protocols
+    last_heard: float
+    awaiting_join: bool = False
+    awaiting_sync: bool = False
+    assignment: bytes = b""
+
+    def expired(self, now: float) -> bool:
+        waiting = self.awaiting_join or self.awaiting_sync
+        return not waiting and now - self.last_heard > self.session_timeout_ms / 1000
+
+
+def check_join(session_timeout_ms: int, rebalance_timeout_ms: int, protocol_type: str,
+               protocols: Protocols) -> int:
+    """The error a JoinGroup's own fields earn (NONE: none)."""
+    if not MIN_SESSION_TIMEOUT_MS <= session_timeout_ms <= MAX_SESSION_TIMEOUT_MS:
+        return INVALID_SESSION_TIMEOUT
+    if not 0 < rebalance_timeout_ms <= MAX_SESSION_TIMEOUT_MS:
+        return INVALID_REQUEST
+    if not protocol_type or not protocols:
+        return INCONSISTENT_GROUP_PROTOCOL
+    if len(protocols) > MAX_PROTOCOLS or sum(len(m) for _, m in protocols) > MAX_METADATA_BYTES:
+        return INVALID_REQUEST
+    return NONE
+
+
+@dataclass
+class Group:
+    """One group's membership and generation (see the module docstring)."""
+
+    group_id: str
+    max_members: int = MAX_MEMBERS_PER_GROUP
+    state: GroupState = GroupState.EMPTY
+    generation: int = 0
+    protocol_type: str | None = None
+    protocol: str | None = None
+    leader: str | None = None
+    members: dict[str, Member] = field(default_factory=dict)  # in the order they joined
+    rebalance_deadline: float | None = None
+    answers: list[Answer] = field(default_factory=list)
+
+    def transition(self, target: GroupState) -> None:
+        if self.state not in VALID_PREVIOUS[target]:
+            raise GroupStateError(f"group {self.group_id!r}: {self.state} -> {target} is not a transition "
+                                  f"(allowed from {sorted(VALID_PREVIOUS[target])})")
+        self.state = target
+
+    # --- queries ---------------------------------------------------------------------------
+
+    def common_protocols(self) -> set[str]:
+        """The protocols every member supports."""
+        names: set[str] | None = None
+        for member in self.members.values():
+            own = {name for name, _ in member.protocols}
+            names = own if names is None else names & own
+        return names or set()
+
+    def _accepts(self, protocol_type: str, protocols: Protocols) -> bool:
+        if not self.members:
+            return True
+        return protocol_type == self.protocol_type and bool(self.common_protocols() & {n for n, _ in protocols})
+
+    def _select_protocol(self) -> str:
+        """Each member votes for its most preferred common protocol; most votes wins (ties: the
+        name, so the choice does not depend on dict order)."""
+        common = self.common_protocols()
+        votes: dict[str, int] = {}
+        for member in self.members.values():
+            choice = next(name for name, _ in member.protocols if name in common)
+            votes[choice] = votes.get(choice, 0) + 1
+        return min(votes, key=lambda name: (-votes[name], name))
+
+    def _join_answer(self, member: Member) -> JoinAnswer:
+        members: tuple[tuple[str, bytes], ...] = ()
+        if member.member_id == self.leader and self.protocol is not None:
+            members = tuple((m.member_id, dict(m.protocols)[self.protocol]) for m in self.members.values())
+        return JoinAnswer(NONE, member.member_id, self.generation, self.protocol_type, self.protocol,
+                          self.leader or "", members)
+
+    # --- JoinGroup -------------------------------------------------------------------------
+
+    def join(self, member_id: str, new_member_id: str, client_id: str, protocol_type: str, protocols: Protocols,
+             session_timeout_ms: int, rebalance_timeout_ms: int, now: float, room: bool = True) -> JoinAnswer | None:
+        """A JoinGroup: its answer now, or None when the answer comes in ``answers`` once the
+        join completes. ``member_id`` "" for a new member, which gets ``new_member_id``;
+        ``room``: whether the gateway has room for one more member."""
+        self.expire(now)
+        error = check_join(session_timeout_ms, rebalance_timeout_ms, protocol_type, protocols)
+        if error == NONE and not self._accepts(protocol_type, protocols):
+            error = INCONSISTENT_GROUP_PROTOCOL
+        if error != NONE:
+            return JoinAnswer(error, member_id)
+        if self.state is GroupState.DEAD:
+            return JoinAnswer(COORDINATOR_NOT_AVAILABLE, member_id)
+        if not member_id:
+            if len(self.members) >= self.max_members or not room:
+                return JoinAnswer(GROUP_MAX_SIZE_REACHED)
+            member = Member(new_member_id, client_id, session_timeout_ms, rebalance_timeout_ms, protocols, now,
+                            awaiting_join=True)
+            self.members[new_member_id] = member
+            if self.protocol_type is None:
+                self.protocol_type = protocol_type
+            if self.leader is None:
+                self.leader = new_member_id
+            self._prepare_rebalance(now)
+            self._maybe_complete_join(now)
+            return None
+        member = self.members.get(member_id)
+        if member is None:
+            return JoinAnswer(UNKNOWN_MEMBER_ID, member_id)
+        changed = member.protocols != protocols
+        member.protocols, member.last_heard = protocols, now
+        member.session_timeout_ms, member.rebalance_timeout_ms = session_timeout_ms, rebalance_timeout_ms
+        if self.state is GroupState.COMPLETING_REBALANCE and not changed:
+            return self._join_answer(member)  # its answer was lost: the same again
+        if self.state is GroupState.STABLE and not changed and member_id != self.leader:
+            return self._join_answer(member)  # a follower rejoining changes nothing (Kafka)
+        if self.state is not GroupState.PREPARING_REBALANCE:
+            self._prepare_rebalance(now)
+        member.awaiting_join = True
+        self._maybe_complete_join(now)
+        return None
+
+    def _prepare_rebalance(self, now: float) -> None:
+        if self.state is GroupState.PREPARING_REBALANCE:
+            return
+        if self.state is GroupState.COMPLETING_REBALANCE:
+            for member in self.members.values():  # the assignment under way will not come
+                self._answer_sync(member, SyncAnswer(REBALANCE_IN_PROGRESS))
+        self.transition(GroupState.PREPARING_REBALANCE)
+        longest = max((m.rebalance_timeout_ms for m in self.members.values()), default=0)
+        self.rebalance_deadline = now + longest / 1000
+
+    def _maybe_complete_join(self, now: float) -> None:
+        if self.state is not GroupState.PREPARING_REBALANCE:
+            return
+        everyone = all(m.awaiting_join for m in self.members.values())
+        if everyone or (self.rebalance_deadline is not None and now >= self.rebalance_deadline):
+            self._complete_join(now)
+
+    def _complete_join(self, now: float) -> None:
+        """The next generation: members that did not join again are out; everyone else gets
+        its JoinGroup answer (the leader's with every member's metadata)."""
+        for member in [m for m in self.members.values() if not m.awaiting_join]:
+            self._remove(member, UNKNOWN_MEMBER_ID)
+        self.generation += 1
+        self.rebalance_deadline = None
+        if not self.members:
+            self.protocol = self.protocol_type = self.leader = None
+            self.transition(GroupState.EMPTY)
+            return
+        self.protocol = self._select_protocol()
+        self.transition(GroupState.COMPLETING_REBALANCE)
+        for member in self.members.values():
+            member.awaiting_join, member.last_heard, member.assignment = False, now, b""
+            self.answers.append(Answer(self.group_id, "join", member.member_id, self._join_answer(member)))
+
+    # --- SyncGroup -------------------------------------------------------------------------
+
+    def sync(self, member_id: str, generation: int, protocol_type: str | None, protocol_name: str | None,
+             assignments: dict[str, bytes], now: float) -> SyncAnswer | None:
+        """A SyncGroup: its answer now, or None when it comes in ``answers`` (a member waiting
+        for the leader's assignment). ``assignments``: the leader's, else empty."""
+        self.expire(now)
+        member = self.members.get(member_id)
+        if member is None:
+            return SyncAnswer(UNKNOWN_MEMBER_ID)
+        if generation != self.generation:
+            return SyncAnswer(ILLEGAL_GENERATION)
+        if (protocol_type is not None and protocol_type != self.protocol_type) or (
+                protocol_name is not None and protocol_name != self.protocol):
+            return SyncAnswer(INCONSISTENT_GROUP_PROTOCOL)
+        if any(len(a) > MAX_ASSIGNMENT_BYTES for a in assignments.values()):
+            return SyncAnswer(INVALID_REQUEST)
+        member.last_heard = now
+        if self.state is GroupState.PREPARING_REBALANCE:
+            return SyncAnswer(REBALANCE_IN_PROGRESS)
+        if self.state is GroupState.STABLE:
+            return SyncAnswer(NONE, self.protocol_type, self.protocol, member.assignment)
+        member.awaiting_sync = True
+        if member_id == self.leader:
+            for other in self.members.values():  # members the leader left out get nothing
+                other.assignment = assignments.get(other.member_id, b"")
+            self.transition(GroupState.STABLE)
+            for other in self.members.values():
+                self._answer_sync(other, SyncAnswer(NONE, self.protocol_type, self.protocol, other.assignment))
+        return None
+
+    def _answer_sync(self, member: Member, answer: SyncAnswer) -> None:
+        if member.awaiting_sync:
+            member.awaiting_sync = False
+            self.answers.append(Answer(self.group_id, "sync", member.member_id, answer))
+
+    # --- Heartbeat, LeaveGroup, expiry -----------------------------------------------------
+
+    def heartbeat(self, member_id: str, generation: int, now: float) -> int:
+        self.expire(now)
+        member = self.members.get(member_id)
+        if member is None:
+            return UNKNOWN_MEMBER_ID
+        if generation != self.generation:
+            return ILLEGAL_GENERATION
+        member.last_heard = now
+        return REBALANCE_IN_PROGRESS if self.state is GroupState.PREPARING_REBALANCE else NONE
+
+    def leave(self, member_id: str, now: float) -> int:
+        member = self.members.get(member_id)
+        if member is None:
+            return UNKNOWN_MEMBER_ID
+        self._remove(member, UNKNOWN_MEMBER_ID)
+        self._after_removal(now)
+        return NONE
+
+    def expire(self, now: float) -> None:
+        """Remove members not heard from within their session timeout; complete a join whose
+        rebalance timeout passed."""
+        expired = [m for m in self.members.values() if m.expired(now)]
+        for member in expired:
+            self._remove(member, UNKNOWN_MEMBER_ID)
+        if expired:
+            self._after_removal(now)
+        self._maybe_complete_join(now)
+
+    def _remove(self, member: Member, error: int) -> None:
+        """Take a member out, answering a JoinGroup or SyncGroup it waits in."""
+        if member.awaiting_join:
+            self.answers.append(Answer(self.group_id, "join", member.member_id, JoinAnswer(error, member.member_id)))
+        if member.awaiting_sync:
+            self.answers.append(Answer(self.group_id, "sync", member.member_id, SyncAnswer(error)))
+        del self.members[member.member_id]
+        if self.leader == member.member_id:
+            self.leader = next(iter(self.members), None)
+
+    def _after_removal(self, now: float) -> None:
+        if self.state in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
+            self._prepare_rebalance(now)
+        self._maybe_complete_join(now)
+
+    def abandon(self, kind: str, member_id: str) -> None:
+        """The member's waiting JoinGroup ("join") or SyncGroup ("sync") was answered without
+        the table (it waited past its bound): it waits no more, so it may expire, and a join
+        completing without it leaves it out."""
+        member = self.members.get(member_id)
+        if member is not None:
+            if kind == "join":
+                member.awaiting_join = False
+            else:
+                member.awaiting_sync = False
+
+    # --- offset commits --------------------------------------------------------------------
+
+    def check_commit(self, member_id: str, generation: int, now: float) -> int:
+        """Whether an OffsetCommit under (member, generation) may commit (Kafka's rules; a
+        generation below 0 is a consumer outside group management, allowed while the group is
+        Empty). A member's commit counts as hearing from it."""
+        self.expire(now)
+        if generation < 0 and self.state is GroupState.EMPTY:
+            return NONE
+        if self.state is GroupState.COMPLETING_REBALANCE:
+            return REBALANCE_IN_PROGRESS
+        member = self.members.get(member_id)
+        if member is None:
+            return UNKNOWN_MEMBER_ID
+        if generation != self.generation:
+            return ILLEGAL_GENERATION
+        member.last_heard = now
+        return NONE
+
+    def check_txn_commit(self, member_id: str, generation: int, now: float) -> int:
+        """Whether a TxnOffsetCommit may commit (KIP-447): a member id, when given, must be a
+        member; a generation, when given (>= 0), the current one."""
+        self.expire(now)
+        if member_id and member_id not in self.members:
+            return UNKNOWN_MEMBER_ID
+        if generation >= 0 and generation != self.generation:
+            return ILLEGAL_GENERATION
+        return NONE
+
+
+class GroupTable:
+    """Every group of a gateway, bounded: Empty groups are dropped (via Dead), at most
+    ``max_groups`` others and ``max_members`` members in all."""
+
+    def __init__(self, max_groups: int = MAX_GROUPS, max_members: int = MAX_MEMBERS,
+                 max_members_per_group: int = MAX_MEMBERS_PER_GROUP) -> None:
+        self.max_groups, self.max_members, self.max_members_per_group = max_groups, max_members, max_members_per_group
+        self.groups: dict[str, Group] = {}
+        self._answers: list[Answer] = []
+        # A group dropped and created again goes on from the highest generation any dropped group
+        # reached, so a generation is never handed out twice for one group id.
+        self._generation_floor = 0
+
+    def member_count(self) -> int:
+        return sum(len(g.members) for g in self.groups.values())
+
+    def join(self, group_id: str, member_id: str, new_member_id: str, client_id: str, protocol_type: str,
+             protocols: Protocols, session_timeout_ms: int, rebalance_timeout_ms: int,
+             now: float) -> JoinAnswer | None:
+        group = self.groups.get(group_id)
+        if group is None:
+            if member_id:
+                return JoinAnswer(UNKNOWN_MEMBER_ID, member_id)
+            if len(self.groups) >= self.max_groups:
+                return JoinAnswer(COORDINATOR_NOT_AVAILABLE)  # retriable: room comes as groups empty
+            group = Group(group_id, self.max_members_per_group, generation=self._generation_floor)
+        room = self.member_count() < self.max_members
+        answer = group.join(member_id, new_member_id, client_id, protocol_type, protocols, session_timeout_ms,
+                            rebalance_timeout_ms, now, room)
+        if group.members or group.answers:
+            self.groups[group_id] = group
+        self._settle(group)
+        return answer
+
+    def sync(self, group_id: str, member_id: str, generation: int, protocol_type: str | None,
+             protocol_name: str | None, assignments: dict[str, bytes], now: float) -> SyncAnswer | None:
+        group = self.groups.get(group_id)
+        if group is None:
+            return SyncAnswer(UNKNOWN_MEMBER_ID)
+        answer = group.sync(member_id, generation, protocol_type, protocol_name, assignments, now)
+        self._settle(group)
+        return answer
+
+    def heartbeat(self, group_id: str, member_id: str, generation: int, now: float) -> int:
+        group = self.groups.get(group_id)
+        if group is None:
+            return UNKNOWN_MEMBER_ID
+        error = group.heartbeat(member_id, generation, now)
+        self._settle(group)
+        return error
+
+    def leave(self, group_id: str, member_ids: list[str], now: float) -> list[int]:
+        """One error per member id."""
+        group = self.groups.get(group_id)
+        if group is None:
+            return [UNKNOWN_MEMBER_ID for _ in member_ids]
+        errors = [group.leave(member_id, now) for member_id in member_ids]
+        self._settle(group)
+        return errors
+
+    def check_commit(self, group_id: str, member_id: str, generation: int, now: float) -> int:
+        group = self.groups.get(group_id)
+        if group is None:  # Empty (dropped) or never seen: only consumers outside group management
+            return NONE if generation < 0 else ILLEGAL_GENERATION
+        error = group.check_commit(member_id, generation, now)
+        self._settle(group)
+        return error
+
+    def check_txn_commit(self, group_id: str, member_id: str, generation: int, now: float) -> int:
+        group = self.groups.get(group_id)
+        if group is None:
+            group = Group(group_id, generation=self._generation_floor)  # Empty, as Kafka creates one here
+        error = group.check_txn_commit(member_id, generation, now)
+        self._settle(group)
+        return error
+
+    def expire(self, group_id: str, now: float) -> None:
+        """``Group.expire`` for one group. A caller about to make a member's JoinGroup or
+        SyncGroup wait expires the group and takes the answers first: answers that time made due
+        belong to calls made before (the member's earlier call among them), not to this one."""
+        group = self.groups.get(group_id)
+        if group is not None:
+            group.expire(now)
+            self._settle(group)
+
+    def abandon(self, group_id: str, kind: str, member_id: str) -> None:
+        group = self.groups.get(group_id)
+        if group is not None:
+            group.abandon(kind, member_id)
+
+    def tick(self, now: float) -> None:
+        """Expire members and complete joins whose rebalance timeout passed, in every group."""
+        for group in list(self.groups.values()):
+            group.expire(now)
+            self._settle(group)
+
+    def take_answers(self) -> list[Answer]:
+        answers, self._answers = self._answers, []
+        return answers
+
+    def _settle(self, group: Group) -> None:
+        """Collect the group's ready answers; drop it (Empty -> Dead) once it has no members."""
+        self._answers.extend(group.answers)
+        group.answers.clear()
+        if group.state is GroupState.EMPTY and not group.members:
+            group.transition(GroupState.DEAD)
+            self.groups.pop(group.group_id, None)
+            self._generation_floor = max(self._generation_floor, group.generation)

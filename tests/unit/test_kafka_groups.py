@@ -1,0 +1,245 @@
+"""The consumer-group state machine (``raytxn.kafka.groups``), driven directly: joins, the
+leader's sync, rebalances on join/leave/expiry, Kafka's error codes for stale members and
+generations, the bounds, and a property test of the invariants over random schedules."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from raytxn.errors import GroupStateError
+from raytxn.kafka import groups as g
+from raytxn.kafka.groups import Group, GroupState, GroupTable, JoinAnswer, SyncAnswer
+
+PROTOCOLS = (("range", b"meta-range"), ("roundrobin", b"meta-rr"))
+SESSION_MS, REBALANCE_MS = 10_000, 30_000
+
+
+def join(table: GroupTable, member_id: str = "", new_id: str = "m", now: float = 0.0,
+         protocols: tuple = PROTOCOLS, protocol_type: str = "consumer", group: str = "G") -> JoinAnswer | None:
+    return table.join(group, member_id, new_id, "client", protocol_type, protocols, SESSION_MS, REBALANCE_MS, now)
+
+
+def answers(table: GroupTable) -> dict[tuple[str, str], JoinAnswer | SyncAnswer]:
+    return {(a.kind, a.member_id): a.answer for a in table.take_answers()}
+
+
+def stable_pair(table: GroupTable) -> None:
+    """Members a (leader) and b, Stable at generation 2."""
+    assert join(table, new_id="a") is None
+    first = answers(table)[("join", "a")]
+    assert (first.error, first.generation, first.leader) == (g.NONE, 1, "a")
+    assert table.sync("G", "a", 1, "consumer", "range", {"a": b"all"}, 0.0) is None
+    assert answers(table)[("sync", "a")] == SyncAnswer(g.NONE, "consumer", "range", b"all")
+    assert join(table, new_id="b", now=1.0) is None              # a rebalance: a must join again
+    assert table.heartbeat("G", "a", 1, 1.5) == g.REBALANCE_IN_PROGRESS
+    assert join(table, member_id="a", now=2.0) is None           # everyone joined: generation 2
+    joined = answers(table)
+    assert joined[("join", "a")].members == (("a", b"meta-range"), ("b", b"meta-range"))
+    assert joined[("join", "b")] == JoinAnswer(g.NONE, "b", 2, "consumer", "range", "a", ())
+    assert table.sync("G", "b", 2, "consumer", "range", {}, 2.1) is None  # waits for the leader
+    assert answers(table) == {}
+    assert table.sync("G", "a", 2, "consumer", "range", {"a": b"p0", "b": b"p1"}, 2.2) is None
+    assert answers(table) == {("sync", "a"): SyncAnswer(g.NONE, "consumer", "range", b"p0"),
+                              ("sync", "b"): SyncAnswer(g.NONE, "consumer", "range", b"p1")}
+    assert table.groups["G"].state is GroupState.STABLE
+
+
+def test_first_member_leads_and_a_second_one_rebalances() -> None:
+    table = GroupTable()
+    stable_pair(table)
+    assert table.heartbeat("G", "b", 2, 3.0) == g.NONE
+    # A follower joining again with the same protocols changes nothing: the same answer at once.
+    assert join(table, member_id="b", now=3.0) == JoinAnswer(g.NONE, "b", 2, "consumer", "range", "a", ())
+    assert table.groups["G"].state is GroupState.STABLE
+
+
+def test_stale_members_and_generations_get_kafkas_errors() -> None:
+    table = GroupTable()
+    stable_pair(table)
+    assert table.heartbeat("G", "nobody", 2, 3.0) == g.UNKNOWN_MEMBER_ID
+    assert table.heartbeat("G", "a", 1, 3.0) == g.ILLEGAL_GENERATION
+    assert table.heartbeat("other", "a", 2, 3.0) == g.UNKNOWN_MEMBER_ID
+    assert table.sync("G", "b", 1, "consumer", "range", {}, 3.0) == SyncAnswer(g.ILLEGAL_GENERATION)
+    assert table.sync("G", "b", 2, "consumer", "sticky", {}, 3.0) == SyncAnswer(g.INCONSISTENT_GROUP_PROTOCOL)
+    assert join(table, member_id="nobody", now=3.0) == JoinAnswer(g.UNKNOWN_MEMBER_ID, "nobody")
+    assert table.check_commit("G", "a", 1, 3.0) == g.ILLEGAL_GENERATION
+    assert table.check_commit("G", "zzz", 2, 3.0) == g.UNKNOWN_MEMBER_ID
+    assert table.check_commit("G", "", -1, 3.0) == g.UNKNOWN_MEMBER_ID   # the group is managed
+    assert table.check_commit("G", "a", 2, 3.0) == g.NONE
+    assert table.check_commit("H", "", -1, 3.0) == g.NONE                # no group: a plain commit
+    assert table.check_commit("H", "x", 4, 3.0) == g.ILLEGAL_GENERATION
+    assert table.check_txn_commit("G", "a", 2, 3.0) == g.NONE
+    assert table.check_txn_commit("G", "", -1, 3.0) == g.NONE
+    assert table.check_txn_commit("G", "a", 1, 3.0) == g.ILLEGAL_GENERATION
+    assert table.check_txn_commit("G", "zzz", 2, 3.0) == g.UNKNOWN_MEMBER_ID
+    assert table.check_txn_commit("H", "x", -1, 3.0) == g.UNKNOWN_MEMBER_ID
+    assert table.groups["G"].state is GroupState.STABLE and table.groups["G"].generation == 2  # nothing changed
+
+
+def test_bad_joins_change_nothing() -> None:
+    table = GroupTable()
+    stable_pair(table)
+    before = (table.groups["G"].state, table.groups["G"].generation, list(table.groups["G"].members))
+    assert join(table, new_id="c", protocol_type="connect").error == g.INCONSISTENT_GROUP_PROTOCOL
+    assert join(table, new_id="c", protocols=(("sticky", b""),)).error == g.INCONSISTENT_GROUP_PROTOCOL
+    assert join(table, new_id="c", protocols=()).error == g.INCONSISTENT_GROUP_PROTOCOL
+    assert table.join("G", "", "c", "client", "consumer", PROTOCOLS, 10, REBALANCE_MS, 3.0).error == \
+        g.INVALID_SESSION_TIMEOUT
+    big = (("range", b"x" * (g.MAX_METADATA_BYTES + 1)),)
+    assert join(table, new_id="c", protocols=big).error == g.INVALID_REQUEST
+    assert (table.groups["G"].state, table.groups["G"].generation, list(table.groups["G"].members)) == before
+    assert answers(table) == {}
+
+
+def test_a_member_that_leaves_or_expires_starts_a_rebalance() -> None:
+    table = GroupTable()
+    stable_pair(table)
+    assert table.leave("G", ["b", "nobody"], 3.0) == [g.NONE, g.UNKNOWN_MEMBER_ID]
+    assert table.groups["G"].state is GroupState.PREPARING_REBALANCE
+    assert table.heartbeat("G", "a", 2, 3.1) == g.REBALANCE_IN_PROGRESS
+    assert join(table, member_id="a", now=3.2) is None
+    assert answers(table)[("join", "a")].generation == 3
+    assert table.sync("G", "a", 3, None, None, {"a": b"p0p1"}, 3.3) is None
+    answers(table)
+    # a is not heard from for longer than its session timeout: it is removed, the group empties.
+    table.tick(3.3 + SESSION_MS / 1000 - 0.1)
+    assert "G" in table.groups
+    table.tick(3.3 + SESSION_MS / 1000 + 0.1)
+    assert "G" not in table.groups
+    assert table.heartbeat("G", "a", 3, 20.0) == g.UNKNOWN_MEMBER_ID
+
+
+def test_a_member_that_does_not_join_again_is_removed_at_the_rebalance_timeout() -> None:
+    table = GroupTable()
+    stable_pair(table)
+    assert join(table, new_id="c", now=3.0) is None      # a rebalance; a heartbeats, b is silent
+    for t in (4.0, 8.0, 12.0):
+        assert table.heartbeat("G", "a", 2, t) == g.REBALANCE_IN_PROGRESS
+    assert join(table, member_id="a", now=12.0) is None
+    assert answers(table) == {}                            # waits for b ...
+    table.tick(3.0 + REBALANCE_MS / 1000 + 0.01)           # ... until the rebalance timeout
+    joined = answers(table)
+    assert joined[("join", "a")].generation == 3 and [m for m, _ in joined[("join", "a")].members] == ["a", "c"]
+    assert "b" not in table.groups["G"].members
+    assert table.heartbeat("G", "b", 2, 34.0) == g.UNKNOWN_MEMBER_ID
+
+
+def test_a_waiting_follower_gets_rebalance_in_progress_when_the_leader_leaves() -> None:
+    table = GroupTable()
+    stable_pair(table)
+    assert join(table, new_id="c", now=3.0) is None
+    assert join(table, member_id="a", now=3.1) is None
+    assert join(table, member_id="b", now=3.2) is None
+    assert {k for k in answers(table)} == {("join", "a"), ("join", "b"), ("join", "c")}
+    assert table.sync("G", "b", 3, None, None, {}, 3.3) is None
+    assert table.leave("G", ["a"], 3.4) == [g.NONE]
+    assert answers(table) == {("sync", "b"): SyncAnswer(g.REBALANCE_IN_PROGRESS)}
+    assert table.groups["G"].leader == "b"
+
+
+def test_bounds() -> None:
+    table = GroupTable(max_groups=1, max_members=3, max_members_per_group=2)
+    assert join(table, new_id="a") is None
+    assert join(table, new_id="b") is None
+    assert join(table, new_id="c").error == g.GROUP_MAX_SIZE_REACHED
+    assert join(table, new_id="x", group="H").error == g.COORDINATOR_NOT_AVAILABLE
+    assert len(table.groups) == 1 and len(table.groups["G"].members) == 2
+
+
+def test_transitions_are_checked() -> None:
+    group = Group("G")
+    with pytest.raises(GroupStateError):
+        group.transition(GroupState.STABLE)          # Empty -> Stable skips two states
+    group.transition(GroupState.PREPARING_REBALANCE)
+    with pytest.raises(GroupStateError):
+        group.transition(GroupState.STABLE)
+    assert group.state is GroupState.PREPARING_REBALANCE
+
+
+# --- property test ---------------------------------------------------------------------------
+
+MEMBERS = ["m0", "m1", "m2", "m3"]
+operations = st.lists(st.tuples(
+    st.sampled_from(["join_new", "rejoin", "sync", "heartbeat", "leave", "tick", "change", "abandon"]),
+    st.sampled_from(MEMBERS), st.floats(min_value=0.0, max_value=12.0)), max_size=60)
+
+
+@settings(max_examples=300, deadline=None)
+@given(operations)
+def test_invariants_hold_under_any_schedule(ops: list[tuple[str, str, float]]) -> None:
+    """Whatever members do and however time passes: transitions stay legal (no GroupStateError),
+    generations only grow, a completing or stable group has a leader among its members and a
+    protocol they all support, and every JoinGroup/SyncGroup left waiting gets exactly one answer
+    (a removed member's too) - a waiting call is never forgotten."""
+    table = GroupTable()
+    now, last_generation = 0.0, 0
+    waiting: set[tuple[str, str]] = set()
+    generation_of: dict[str, int] = {}
+
+    def take_answers() -> None:
+        for answer in table.take_answers():
+            key = (answer.kind, answer.member_id)
+            assert key in waiting, f"an answer nobody waits for: {answer}"
+            waiting.remove(key)
+            if answer.kind == "join" and answer.answer.error == g.NONE:
+                generation_of[answer.member_id] = answer.answer.generation
+
+    for op, member, dt in ops:
+        now += dt
+        if op in ("join_new", "rejoin", "change", "sync"):  # as the gateway does before a call waits
+            table.expire("G", now)
+            take_answers()
+        group = table.groups.get("G")
+        present = group is not None and member in group.members
+        if present and op in ("rejoin", "change", "sync"):
+            waiting.discard(("sync" if op == "sync" else "join", member))  # the newer call replaces it
+        if op == "join_new" and not present:
+            if join(table, new_id=member, now=now) is None:
+                waiting.add(("join", member))
+        elif op in ("rejoin", "change") and present:
+            protocols = PROTOCOLS if op == "rejoin" else PROTOCOLS[::-1]
+            answer = join(table, member_id=member, now=now, protocols=protocols)
+            if answer is None:
+                waiting.add(("join", member))
+        elif op == "sync" and present:
+            assignments = {m: m.encode() for m in MEMBERS} if group.leader == member else {}
+            if table.sync("G", member, generation_of.get(member, -1), None, None, assignments, now) is None:
+                waiting.add(("sync", member))
+        elif op == "heartbeat":
+            table.heartbeat("G", member, generation_of.get(member, -1), now)
+        elif op == "leave":
+            table.leave("G", [member], now)
+        elif op == "tick":
+            table.tick(now)
+        elif op == "abandon":  # the gateway stopped waiting for the member's answer
+            for kind in ("join", "sync"):
+                if (kind, member) in waiting:
+                    table.abandon("G", kind, member)
+                    waiting.remove((kind, member))
+        take_answers()
+        group = table.groups.get("G")
+        if group is None:
+            assert not waiting
+            continue
+        assert group.members, "an empty group is dropped"
+        assert group.generation >= last_generation
+        last_generation = group.generation
+        for kind, member_id in waiting:
+            flag = group.members[member_id].awaiting_join if kind == "join" else group.members[member_id].awaiting_sync
+            assert flag, f"{member_id} waits in {kind} but the group does not know"
+        if group.state in (GroupState.COMPLETING_REBALANCE, GroupState.STABLE):
+            assert group.leader in group.members
+            assert group.protocol in group.common_protocols()
+            assert not any(m.awaiting_join for m in group.members.values())
+        if group.state is GroupState.STABLE:
+            assert not any(m.awaiting_sync for m in group.members.values())
+    # Nobody calls any more: a join under way completes at its rebalance timeout, then everyone's
+    # session times out, and every waiting call has had its answer.
+    answered = []
+    for later in (1000.0, 2000.0, 3000.0):
+        table.tick(now + later)
+        answered += [(a.kind, a.member_id) for a in table.take_answers()]
+    assert sorted(answered) == sorted(waiting)
+    assert not table.groups
