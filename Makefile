@@ -17,9 +17,12 @@ env: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/python examples/quickstart.py
 
+# Two pytest workers, each a whole module at a time (module fixtures stay one Ray engine and one
+# Spark session per module; each worker has its own local Ray): the suite waits on actor starts
+# and timers far more than it computes, and one worker kept this 2-core machine 40% busy.
 test: $(STAMP)
 	$(VENV)/bin/ruff check actors runtime connectors examples tests
-	$(VENV)/bin/python -m pytest
+	$(VENV)/bin/python -m pytest -n 2 --dist loadfile
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check actors runtime connectors examples tests
