@@ -32,6 +32,11 @@ class NotAllowed(RaytxnError):
     for a transaction already below its coordinator's low watermark, ...)."""
 
 
+class ConcurrentTransactions(NotAllowed):
+    """A transactional id's new transaction while its previous one is still open (its end not
+    yet decided or not yet reached): Kafka's CONCURRENT_TRANSACTIONS. Try again once it ended."""
+
+
 class NotAuthorized(RaytxnError):
     """The caller's principal lacks the permission the request needs."""
 

@@ -48,8 +48,9 @@ def gateway_actor_name(port: int) -> str:
 
 class KafkaGateway:
     def __init__(self, port: int = 9092, bind_host: str = "0.0.0.0", advertised_host: str | None = None,
-                 token: str | None = None, num_coordinators: int = 2) -> None:
+                 token: str | None = None, num_coordinators: int = 2, call_deadline_s: float = CALL_DEADLINE_S) -> None:
         self.port, self.bind_host, self.token = port, bind_host, token
+        self.call_deadline_s = call_deadline_s  # how long one Kafka request waits on an engine call
         self._coordinators = [ActorRef(coordinator_actor_name(i), token) for i in range(num_coordinators)]
         self.advertised_host = advertised_host or ray.util.get_node_ip_address()
         self._server: asyncio.base_events.Server | None = None
@@ -95,22 +96,24 @@ class KafkaGateway:
     # --- raytxn side ---------------------------------------------------------------------------
 
     async def _topic_partitions(self, topic: str) -> int:
-        info = await self._supervisor.call_async("get_topic", topic, deadline_s=CALL_DEADLINE_S)
+        info = await self._supervisor.call_async("get_topic", topic, deadline_s=self.call_deadline_s)
         return int(info["partitions"])
 
     async def _topic_names(self) -> list[str]:
         return [t["name"] for t in await self._topic_rows()]
 
     async def _topic_rows(self) -> list[dict[str, Any]]:
-        return await self._supervisor.call_async("list_topics", deadline_s=CALL_DEADLINE_S)
+        return await self._supervisor.call_async("list_topics", deadline_s=self.call_deadline_s)
 
     async def _subscription_names(self, kafka_topic: str) -> list[str]:
-        info = await self._supervisor.call_async("get_topic", raytxn_topic(kafka_topic), deadline_s=CALL_DEADLINE_S)
+        info = await self._supervisor.call_async("get_topic", raytxn_topic(kafka_topic),
+                                                 deadline_s=self.call_deadline_s)
         return list(info["subscriptions"])
 
     async def _create_subscription(self, kafka_topic: str, group: str) -> Any:
         return await self._supervisor.call_async("create_subscription", raytxn_topic(kafka_topic),
-                                                 raytxn_subscription(group), "earliest", deadline_s=CALL_DEADLINE_S)
+                                                 raytxn_subscription(group), "earliest",
+                                                 deadline_s=self.call_deadline_s)
 
     async def _call(self, kafka_topic: str, partition: int, method: str, *args: Any) -> Any:
         return await self._actor_call(partition_actor_name(raytxn_topic(kafka_topic), partition), method, *args)
@@ -125,14 +128,14 @@ class KafkaGateway:
             if len(self._refs) >= MAX_ACTOR_REFS:
                 self._refs.clear()  # a lookup again is cheap; the table stays bounded
             ref = self._refs[name] = ActorRef(name, self.token)
-        return await ref.call_async(method, *args, deadline_s=CALL_DEADLINE_S)
+        return await ref.call_async(method, *args, deadline_s=self.call_deadline_s)
 
     async def _home_call(self, transactional_id: str, method: str, *args: Any) -> Any:
         home = self._coordinators[coordinator_for(transactional_id, len(self._coordinators))]
-        return await home.call_async(method, *args, deadline_s=CALL_DEADLINE_S)
+        return await home.call_async(method, *args, deadline_s=self.call_deadline_s)
 
     async def _txn_call(self, txn: TxnID, method: str, *args: Any) -> Any:
-        return await self._coordinators[txn.tc_id].call_async(method, *args, deadline_s=CALL_DEADLINE_S)
+        return await self._coordinators[txn.tc_id].call_async(method, *args, deadline_s=self.call_deadline_s)
 
     # --- Kafka side ----------------------------------------------------------------------------
 
@@ -209,18 +212,22 @@ KafkaGatewayActor = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=10_00
 
 
 def start_gateway(port: int = 9092, *, bind_host: str = "0.0.0.0", advertised_host: str | None = None,
-                  token: str | None = None, num_coordinators: int = 2) -> dict[str, Any]:
+                  token: str | None = None, num_coordinators: int = 2,
+                  call_deadline_s: float = CALL_DEADLINE_S) -> dict[str, Any]:
     """Start a Kafka gateway actor on the Ray cluster this driver is connected to (after
     ``raytxn.connect``), serving ``port`` (0: any free port); returns its advertised address,
     ``bootstrap`` being what Kafka clients take as ``bootstrap.servers``. Idempotent per port.
-    ``num_coordinators``: the engine's (``client.config.coordinator.num_coordinators``)."""
+    ``num_coordinators``: the engine's (``client.config.coordinator.num_coordinators``);
+    ``call_deadline_s``: how long a request waits on an engine call before it answers a
+    retriable error (the client then sends it again)."""
     if type(port) is not int or not 0 <= port < 65536:
         raise InvalidArgument(f"port must be an int in 0..65535, got {port!r}")
     name = gateway_actor_name(port) if port else None
     options: dict[str, Any] = {"namespace": NAMESPACE, "lifetime": "detached"}
     if name is not None:
         options.update(name=name, get_if_exists=True)
-    actor = KafkaGatewayActor.options(**options).remote(port, bind_host, advertised_host, token, num_coordinators)
+    actor = KafkaGatewayActor.options(**options).remote(port, bind_host, advertised_host, token, num_coordinators,
+                                                        call_deadline_s)
     address = ray.get(actor.start.remote())
     address["actor"] = actor
     return address

@@ -19,20 +19,30 @@ would too).
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from raytxn.errors import Fenced, InvalidTxnState, RaytxnError, TransactionNotFound, TransactionTimedOut
+from raytxn.errors import (
+    ConcurrentTransactions,
+    Fenced,
+    InvalidTxnState,
+    RaytxnError,
+    TransactionNotFound,
+    TransactionTimedOut,
+)
 from raytxn.ids import TxnID
 from raytxn.kafka import mapping, wire
 from raytxn.protocol.txnlog import EndAction
 
+log = logging.getLogger(__name__)
 MAX_KAFKA_EPOCH = 32766
 PRODUCER_FENCED = 90
 INVALID_TXN_STATE = 48
 INVALID_PRODUCER_ID_MAPPING = 49
 CONCURRENT_TRANSACTIONS = 51
+COORDINATOR_LOAD_IN_PROGRESS = 14
 
 # ``coordinator(transactional_id, method, *args)``: a call to that id's raytxn coordinator;
 # ``txn_call(txn, method, *args)``: a call to the coordinator of ``txn``.
@@ -59,11 +69,22 @@ class TxnState:
 
 
 def _code(error: RaytxnError) -> int:
+    """The Kafka error code of a failed coordinator call. Kafka clients retry the same request on
+    CONCURRENT_TRANSACTIONS (the id's previous transaction has not ended yet) and on
+    COORDINATOR_LOAD_IN_PROGRESS, which is what a coordinator that is restarting, or a storage
+    outage, is here; any other error aborts the client's transaction or stops it."""
     if isinstance(error, Fenced):
         return PRODUCER_FENCED
     if isinstance(error, (InvalidTxnState, TransactionNotFound, TransactionTimedOut)):
         return INVALID_TXN_STATE
-    return mapping.error_code(error)
+    if isinstance(error, ConcurrentTransactions):
+        return CONCURRENT_TRANSACTIONS
+    if error.retriable:
+        return COORDINATOR_LOAD_IN_PROGRESS
+    code = mapping.error_code(error)
+    if code == wire.UNKNOWN_SERVER_ERROR:  # the client only sees "unknown": say here what it was
+        log.warning("Kafka transaction call failed: %r", error)
+    return code
 
 
 class KafkaTransactions:
@@ -153,12 +174,23 @@ class KafkaTransactions:
         return state.txn
 
     async def end(self, state: TxnState, commit: bool) -> int:
-        txn, state.txn, state.partitions, state.groups, state.subscriptions = state.txn, None, None, None, None
+        """EndTxn. The transaction stays this id's open one until its end is answered: after a
+        transient failure the client sends the same EndTxn again, and it must reach the same
+        raytxn transaction (ends are idempotent), not find none and answer success for a
+        transaction that was never ended."""
+        txn = state.txn
         if txn is None:
             return wire.NONE  # nothing was added: nothing to end (as Kafka)
         try:
             await self._txn_call(txn, "end_txn", txn, EndAction.COMMIT if commit else EndAction.ABORT, self.owner,
                                  state.epoch, state.transactional_id)
         except RaytxnError as e:
+            if not e.retriable:
+                self._forget_txn(state)
             return _code(e)
+        self._forget_txn(state)
         return wire.NONE
+
+    @staticmethod
+    def _forget_txn(state: TxnState) -> None:
+        state.txn, state.partitions, state.groups, state.subscriptions = None, None, None, None

@@ -32,6 +32,7 @@ from typing import Any
 import msgspec
 
 from raytxn.errors import (
+    ConcurrentTransactions,
     Fenced,
     InvalidArgument,
     InvalidTxnState,
@@ -214,7 +215,7 @@ class CoordinatorState:
                 raise Fenced(f"transactional id {transactional_id!r}: epoch {epoch} is fenced by {current}")
             open_sequence = self._open_by_tid.get(transactional_id)
             if open_sequence is not None:
-                raise NotAllowed(f"transactional id {transactional_id!r} already has an open transaction "
+                raise ConcurrentTransactions(f"transactional id {transactional_id!r} already has an open transaction "
                                  f"{TxnID(self.tc_id, open_sequence)}")
         # Reserve (volatile) so that concurrent preparations never share a sequence.
         sequence = max(self._next_sequence, self._reserved_sequence)

@@ -279,3 +279,34 @@ def test_metadata_errors_for_unknown_and_invalid_topic_names(client: rt.Client, 
     invalid = producer.list_topics(topic="__consumer_offsets", timeout=30)
     assert invalid.topics["__consumer_offsets"].error.code() == KafkaError.TOPIC_EXCEPTION
     assert [b.port for b in invalid.brokers.values()] == [int(bootstrap.rsplit(":", 1)[1])]
+
+
+def test_a_coordinator_restart_longer_than_the_gateways_call_deadline_is_retried_and_commits(
+        client: rt.Client) -> None:
+    """The transaction's coordinator crashes right after logging the commit decision, and its
+    restart takes longer than this gateway's 0.3 s call deadline: the gateway answers EndTxn with
+    a retriable error and keeps the transaction, librdkafka sends EndTxn again, and the same
+    raytxn transaction commits. (The gateway used to forget the transaction and answer an error
+    the client treats as permanent, so the client aborted; its abort then found no transaction
+    and answered success, and the id's next transaction was refused as concurrent.)"""
+    from confluent_kafka import Producer
+
+    address = start_gateway(0, bind_host="127.0.0.1", advertised_host="127.0.0.1", call_deadline_s=0.3)
+    try:
+        topic = new_topic(client)
+        producer = Producer({"bootstrap.servers": address["bootstrap"], "transactional.id": f"slow-{topic}",
+                             "transaction.timeout.ms": 60000})
+        producer.init_transactions(30)
+        client.faults.arm("coordinator.after_log_committing", "crash")
+        try:
+            producer.begin_transaction()
+            producer.produce(topic, value=b"across-a-restart")
+            producer.commit_transaction(30)          # raises if the client had to abort
+        finally:
+            client.faults.disarm("coordinator.after_log_committing")
+        producer.begin_transaction()                 # the id's next transaction starts at once
+        producer.produce(topic, value=b"next")
+        producer.commit_transaction(30)
+        assert visible_values(topic) == [b"across-a-restart", b"next"]
+    finally:
+        ray.kill(address["actor"], no_restart=True)
