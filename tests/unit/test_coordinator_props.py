@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from raytxn.errors import (
+    ConcurrentTransactions,
     Fenced,
     InvalidArgument,
     InvalidTxnState,
@@ -92,7 +93,7 @@ class Model:
             if tid not in self.epochs or epoch != self.epochs[tid]:
                 return Fenced
             if self.open_of(tid) is not None:
-                return NotAllowed
+                return ConcurrentTransactions
         return max(self.next_seq, self.reserved)
 
     def check_live(self, seq: int, owner: str, epoch: int | None, now: int, end: EndAction | None) -> object:
