@@ -318,13 +318,21 @@ class Group:
 
     def heartbeat(self, member_id: str, generation: int, now: float) -> int:
         self.expire(now)
+        error = self._hear_from(member_id, generation, now)
+        if error != NONE:
+            return error
+        return REBALANCE_IN_PROGRESS if self.state is GroupState.PREPARING_REBALANCE else NONE
+
+    def _hear_from(self, member_id: str, generation: int, now: float) -> int:
+        """A call from a member of this generation: it counts as hearing from it (NONE), else
+        UNKNOWN_MEMBER_ID or ILLEGAL_GENERATION."""
         member = self.members.get(member_id)
         if member is None:
             return UNKNOWN_MEMBER_ID
         if generation != self.generation:
             return ILLEGAL_GENERATION
         member.last_heard = now
-        return REBALANCE_IN_PROGRESS if self.state is GroupState.PREPARING_REBALANCE else NONE
+        return NONE
 
     def leave(self, member_id: str, now: float) -> int:
         member = self.members.get(member_id)
@@ -381,13 +389,7 @@ class Group:
             return NONE
         if self.state is GroupState.COMPLETING_REBALANCE:
             return REBALANCE_IN_PROGRESS
-        member = self.members.get(member_id)
-        if member is None:
-            return UNKNOWN_MEMBER_ID
-        if generation != self.generation:
-            return ILLEGAL_GENERATION
-        member.last_heard = now
-        return NONE
+        return self._hear_from(member_id, generation, now)
 
     def check_txn_commit(self, member_id: str, generation: int, now: float) -> int:
         """Whether a TxnOffsetCommit may commit (KIP-447): a member id, when given, must be a

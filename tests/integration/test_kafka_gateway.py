@@ -17,6 +17,7 @@ import ray
 import raytxn as rt
 from raytxn.kafka.gateway import start_gateway
 from tests.engine import engine_client, new_topic, visible_values
+from tests.kafka_clients import poll_values
 
 pytestmark = pytest.mark.ray
 
@@ -66,24 +67,6 @@ def test_kafka_python_produces_and_consumes_in_assign_mode(client: rt.Client, bo
     consumer.close()
 
 
-def ck_values(consumer: Any, count: int, timeout_s: float = 30, quiet_s: float = 0.0) -> list[Any]:
-    """Poll a confluent-kafka consumer until ``count`` messages came, then ``quiet_s`` longer (to
-    see that nothing more comes)."""
-    out: list[Any] = []
-    deadline = time.monotonic() + timeout_s
-    quiet_until = None
-    while time.monotonic() < deadline:
-        message = consumer.poll(0.2)
-        if message is not None:
-            assert message.error() is None, message.error()
-            out.append(message)
-        if len(out) >= count:
-            quiet_until = quiet_until or time.monotonic() + quiet_s
-            if time.monotonic() >= quiet_until:
-                break
-    return out
-
-
 def ck_consumer(bootstrap: str, topic: str, isolation: str) -> Any:
     from confluent_kafka import Consumer, TopicPartition
 
@@ -121,15 +104,15 @@ def test_confluent_idempotent_producer_and_read_committed_consumer(client: rt.Cl
     assert producer.flush(30) == 0
 
     committed = ck_consumer(bootstrap, topic, "read_committed")
-    values = [m.value() for m in ck_values(committed, 6, quiet_s=1.5)]
+    values = [m.value() for m in poll_values(committed, 6, quiet_s=1.5)]
     assert values == [b"committed", *(f"kafka-{i}".encode() for i in range(5))]
     uncommitted = ck_consumer(bootstrap, topic, "read_uncommitted")
-    values = [m.value() for m in ck_values(uncommitted, 10, quiet_s=1.0)]
+    values = [m.value() for m in poll_values(uncommitted, 10, quiet_s=1.0)]
     assert values == [b"committed", b"aborted-1", b"aborted-2", *(f"kafka-{i}".encode() for i in range(5)),
                       b"open", b"after-open"]
     uncommitted.close()
     open_txn.commit()                                        # marker 12
-    later = ck_values(committed, 2, quiet_s=0.5)
+    later = poll_values(committed, 2, quiet_s=0.5)
     assert [(m.offset(), m.value()) for m in later] == [(10, b"open"), (11, b"after-open")]
     committed.close()
     stats = client.topic_stats(topic)["partition_stats"][0]
@@ -263,7 +246,7 @@ def test_confluent_transactional_producer_commit_abort_and_fencing(client: rt.Cl
     successor.commit_transaction(30)
 
     consumer = ck_consumer(bootstrap, topic, "read_committed")
-    values = [m.value() for m in ck_values(consumer, 4, quiet_s=1.5)]
+    values = [m.value() for m in poll_values(consumer, 4, quiet_s=1.5)]
     consumer.close()
     assert values == [b"committed-0", b"committed-1", b"committed-2", b"successor"]
     assert visible_values(topic) == values              # the same through raytxn's own read path

@@ -16,6 +16,7 @@ import ray
 import raytxn as rt
 from raytxn.kafka.gateway import start_gateway
 from tests.engine import engine_client, new_topic, nothing_more, receive_all
+from tests.kafka_clients import poll_values
 
 pytestmark = pytest.mark.ray
 
@@ -47,23 +48,6 @@ def group_consumer(bootstrap: str, group: str, **config: Any) -> Any:
 
     return Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
                      "enable.auto.commit": False, **FAST_GROUP, **config})
-
-
-def poll_values(consumer: Any, count: int, timeout_s: float = 30, quiet_s: float = 0.0) -> list[Any]:
-    """Messages until ``count`` came (then ``quiet_s`` more, to see that nothing else comes)."""
-    out: list[Any] = []
-    deadline = time.monotonic() + timeout_s
-    quiet_until = None
-    while time.monotonic() < deadline:
-        message = consumer.poll(0.1)
-        if message is not None:
-            assert message.error() is None, message.error()
-            out.append(message)
-        if len(out) >= count:
-            quiet_until = quiet_until or time.monotonic() + quiet_s
-            if time.monotonic() >= quiet_until:
-                break
-    return out
 
 
 def produce(bootstrap: str, topic: str, values: list[bytes], partitions: int = 1) -> None:
