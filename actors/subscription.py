@@ -263,12 +263,8 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
             if txn is None:
                 self.state.ack(acks, cumulative, ranges or ())
             else:
-                record = self.state.prepare_ack(txn, acks, cumulative, request_id, ranges or ())
-                if record is not None:
-                    await self.faults.hit("subscription.before_pending_ack_log", txn=txn)
-                    await self._log(record)
-                    await self.faults.hit("subscription.after_pending_ack_log", txn=txn)
-                self._pending_ack_changed()
+                await self._log_pending_ack(txn, self.state.prepare_ack(txn, acks, cumulative, request_id,
+                                                                        ranges or ()))
         self._changed()
 
     @guarded(Access.SUPERUSER)
@@ -310,6 +306,15 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
 
         return await self._write(self._ledger.append([encode_record(record)], on_durable=apply))
 
+    async def _log_pending_ack(self, txn: TxnID, record: Record | None) -> None:
+        """Log a prepared txn ack (None: nothing to log, e.g. a retry) between its fault points;
+        the caller holds ``_lock``."""
+        if record is not None:
+            await self.faults.hit("subscription.before_pending_ack_log", txn=txn)
+            await self._log(record)
+            await self.faults.hit("subscription.after_pending_ack_log", txn=txn)
+        self._pending_ack_changed()
+
     # --- Kafka consumer groups (see SubscriptionState.first_unacked) ------------------------
 
     @guarded(Access.CONSUME)
@@ -325,12 +330,8 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
             if txn is None:
                 self.state.reader_commit(first, index, size)
             else:
-                record = self.state.prepare_reader_commit(txn, first, index, size, request_id)
-                if record is not None:
-                    await self.faults.hit("subscription.before_pending_ack_log", txn=txn)
-                    await self._log(record)
-                    await self.faults.hit("subscription.after_pending_ack_log", txn=txn)
-                self._pending_ack_changed()
+                await self._log_pending_ack(txn, self.state.prepare_reader_commit(txn, first, index, size,
+                                                                                  request_id))
         self._changed()
         if txn is None:
             async with self._persist_lock:
