@@ -55,7 +55,7 @@ from raytxn.protocol.entry_format import (
     decode_submitted_message,
     entry_records,
 )
-from raytxn.protocol.lease import RangePlan
+from raytxn.protocol.lease import RangeCount, RangePlan
 from raytxn.protocol.offsets import entries_from_offset, entry_holding, entry_span, offset_at
 from raytxn.protocol.retention import StoredObject, acked_bound, retention_cut
 from raytxn.protocol.txn_buffer import TransactionBuffer, TxnBufferSnapshot
@@ -369,7 +369,8 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
         """What a subscription needs to lease the range from ``start`` (the bulk path, no
         payloads go out): the readable end, the ledgers' ends, the trim point and the aborted
         spans. With ``max_messages``/``max_bytes`` the end is the last entry within those bounds
-        from ``start`` (at least one entry), counting every entry's messages and record bytes."""
+        from ``start`` (at least one entry), counting every entry's messages and record bytes;
+        the plan then also says what it holds and what the entry the bounds left out holds."""
         await self._started()
         assert self._ledger is not None
         for bound, what in ((max_messages, "max_messages"), (max_bytes, "max_bytes")):
@@ -378,17 +379,19 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
         ledger = self._ledger
         start = max(start, ledger.trimmed_below, Position(0, 0))
         end = self.buffer.max_read_position
+        counted = RangeCount()
         if (max_messages is not None or max_bytes is not None) and end >= start:
-            end = await self._bounded_end(start, end, max_messages, max_bytes)
+            end, counted = await self._bounded_end(start, end, max_messages, max_bytes)
         last = ledger.last_position
         ends = tuple((info.ledger_id, info.last_entry_id if info.closed or info.ledger_id != last.ledger_id
                       else last.entry_id) for info in ledger.ledgers)
-        return RangePlan(end, ends, tuple(self.buffer.aborted_between(start, end)), start)
+        return RangePlan(end, ends, tuple(self.buffer.aborted_between(start, end)), start, counted)
 
     async def _bounded_end(self, start: Position, end: Position, max_messages: int | None,
-                           max_bytes: int | None) -> Position:
+                           max_bytes: int | None) -> tuple[Position, RangeCount]:
         """The last entry in ``start..end`` within the bounds (the first entry even when it alone
-        passes them); reads entry headers, at most ``max_read_entries`` per read."""
+        passes them), with what ``start`` up to it holds and what the next entry, the one the
+        bounds cut off, holds; reads entry headers, at most ``max_read_entries`` per read."""
         messages = size = 0
         position, last = start, None
         while position <= end:
@@ -397,17 +400,16 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
                 break
             for entry in entries:
                 header = decode_header(entry.records[0], f"{self.stream}@{entry.position}")
-                messages += header.count
-                size += sum(len(record) for record in entry.records[1:])
-                over = (max_messages is not None and messages > max_messages) or (
-                    max_bytes is not None and size > max_bytes)
+                entry_size = sum(len(record) for record in entry.records[1:])
+                over = (max_messages is not None and messages + header.count > max_messages) or (
+                    max_bytes is not None and size + entry_size > max_bytes)
                 if over and last is not None:
-                    return last
-                last = entry.position
+                    return last, RangeCount(messages, size, header.count, entry_size)
+                messages, size, last = messages + header.count, size + entry_size, entry.position
                 if over:
-                    return last
+                    return last, RangeCount(messages, size)
             position = Position(last.ledger_id, last.entry_id + 1)
-        return end if last is None else last
+        return (end, RangeCount()) if last is None else (last, RangeCount(messages, size))
 
     @guarded(Access.PRODUCE)
     async def last_sequence(self, producer: str) -> int:

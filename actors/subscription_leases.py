@@ -8,6 +8,7 @@ the partition call, the locking and the expiry timer.
 
 * ``lease``: grant (or, for the holder's retry, return again) the range from the cursor, bounded
   by entries, messages or bytes, and at or below the partition's ``max_read_position``.
+* ``grow_lease``: the holder extends its unacked range within new bounds (filling a bounded set).
 * ``ack_lease``: the holder acknowledges its whole range in a txn, as one cumulative ack of its
   end; refused (``NotAllowed``) once the lease expired, was released, or the subscription
   restarted, so a stalled holder's commit fails while the range went to someone else.
@@ -75,6 +76,20 @@ class SubscriptionLeases:
             if granted is not None:
                 self.info["leases_granted"] = self.info.get("leases_granted", 0) + 1
             return granted
+
+    @guarded(Access.CONSUME)
+    async def grow_lease(self, lease_id: int, holder: str, epoch: int, max_entries: int = 10_000,
+                         max_messages: int | None = None, max_bytes: int | None = None) -> Lease:
+        """The holder's unacked lease grown to the last entry from its start within the bounds
+        (unchanged when that is no further): a reader whose set of ranges has room left under
+        its bound adds the entry a partition's share left out (``RangeCount.next_messages``).
+        ``NotAllowed`` when the lease is not held, or is acked."""
+        await self._started()
+        _check_bounds(max_entries, 1.0)
+        async with self._lock:
+            lease = self.state.leases.held(lease_id, holder, epoch)
+            plan = await self._partition.call_async("range_plan", lease.start, max_messages, max_bytes)
+            return self.state.grow_lease(lease_id, holder, epoch, plan, max_entries)
 
     @guarded(Access.CONSUME)
     async def ack_lease(self, lease_id: int, holder: str, epoch: int, txn: TxnID | None,

@@ -338,8 +338,11 @@ class Client:
                      initial_position: InitialPosition | str = InitialPosition.Earliest) -> LeaseSet:
         """Lease the next committed range of every partition of ``subscription`` (created at
         ``initial_position`` unless it exists) to ``holder``: the bulk path (see
-        ``raytxn.client.leases``). ``max_messages`` and ``max_bytes`` bound the whole set (split
-        evenly over the partitions), ``max_entries`` each partition's range. Partitions with
+        ``raytxn.client.leases``). ``max_messages`` and ``max_bytes`` bound the whole set: split
+        evenly over the partitions, each range ending at a whole entry, then the set filled
+        toward them with the entries the shares left out (``fill_plan``); a range holds at least
+        one entry, so a set of entries larger than a share can pass them. ``max_entries`` bounds
+        each partition's range. Partitions with
         nothing readable, or another holder's lease standing, are left out. A subscription with
         consumers attached refuses leases (``NotAllowed``)."""
         for bound in (max_messages, max_bytes):  # checked before the subscription is created
@@ -349,12 +352,8 @@ class Client:
             raise InvalidArgument(f"max_entries must be a positive int and timeout_s > 0, got {max_entries!r}, "
                                   f"{timeout_s!r}")
         partitions = self.create_subscription(topic, subscription, initial_position)["partitions"]
-
-        def per_partition(bound: int | None) -> int | None:
-            return None if bound is None else -(-bound // partitions)
-
         leases = self.loop.run(lease_partitions(self, topic, subscription, partitions, holder, epoch, max_entries,
-                                                per_partition(max_messages), per_partition(max_bytes), timeout_s))
+                                                max_messages, max_bytes, timeout_s))
         return LeaseSet(self, topic, subscription, holder, epoch, leases)
 
     # --- transactions ------------------------------------------------------------------------

@@ -14,6 +14,7 @@ Kafka source: one range per partition per batch.)
 States (one enum, every transition checked, ``coordinator_state`` style):
 
     GRANTED --its end acked cumulatively in txn T--> ACKED(T)
+    GRANTED --the holder grows it past its end--> GRANTED (same id: a bounded reader filling its batch)
     ACKED(T) --T commits--> (gone: the cursor is past the range)
     ACKED(T) --T aborts--> (gone: the range is handed out again, from the cursor, in order)
     GRANTED --release, timeout, or the holder's newer epoch--> (gone: handed out again)
@@ -47,6 +48,18 @@ class LeaseStatus(enum.StrEnum):
     ACKED = "acked"  # its end is acked cumulatively in ``txn``, pending
 
 
+class RangeCount(msgspec.Struct, frozen=True):
+    """What a bounded range holds (messages and record bytes, markers and aborted data
+    included), and what the entry right after it holds when a bound left that entry out: a
+    reader bounding a set of ranges adds such entries where its set-wide bound has room
+    (``LeaseTable.grow``). -1: not counted (no bound asked), or no entry was left out."""
+
+    messages: int = -1
+    size: int = -1
+    next_messages: int = -1
+    next_size: int = -1
+
+
 class Lease(msgspec.Struct, frozen=True):
     """A range handed to ``holder``: entries ``start..end`` of the partition, inclusive, and the
     aborted txn spans meeting it (what a range reader needs to hide aborted data)."""
@@ -63,6 +76,7 @@ class Lease(msgspec.Struct, frozen=True):
     # ``start..end`` as ``(ledger_id, first_entry_id, last_entry_id)`` per ledger crossed; every
     # id in a span exists, so a reader may cut spans anywhere into chunks (``ledger_spans``).
     spans: tuple[tuple[int, int, int], ...] = ()
+    counted: RangeCount = RangeCount()  # what start..end holds, if known
 
 
 class RangePlan(msgspec.Struct, frozen=True):
@@ -75,6 +89,7 @@ class RangePlan(msgspec.Struct, frozen=True):
     ledger_ends: tuple[tuple[int, int], ...]
     aborted: tuple[AbortedTxn, ...]
     first_readable: Position = Position(0, 0)
+    counted: RangeCount = RangeCount()  # from first_readable to max_read
 
 
 def plan_range(plan: RangePlan, start: Position, max_entries: int) -> tuple[Position, Position] | None:
@@ -118,6 +133,14 @@ def ledger_spans(plan: RangePlan, first: Position, last: Position) -> tuple[tupl
     return tuple(spans)
 
 
+UNCOUNTED = RangeCount()
+
+
+def _meeting(aborted: Sequence[AbortedTxn], first: Position, last: Position) -> tuple[AbortedTxn, ...]:
+    """The aborted spans that meet ``first..last`` (what a reader of it must hide)."""
+    return tuple(a for a in aborted if a.first_position <= last and first <= a.marker_position)
+
+
 class LeaseTable:
     """The outstanding lease of one subscription partition and the holders' newest epochs."""
 
@@ -157,15 +180,30 @@ class LeaseTable:
         return False
 
     def grant(self, holder: str, epoch: int, first: Position, last: Position, aborted: Sequence[AbortedTxn],
-              now_ms: int, timeout_ms: int, spans: tuple[tuple[int, int, int], ...] = ()) -> Lease:
+              now_ms: int, timeout_ms: int, spans: tuple[tuple[int, int, int], ...] = (),
+              counted: RangeCount = UNCOUNTED) -> Lease:
         """Record the lease of ``first..last`` (after ``prepare_grant`` said None)."""
         if self.current is not None:
             raise NotAllowed(f"lease {self.current.lease_id} of {self.current.holder!r} is outstanding")
         if last < first or timeout_ms <= 0:
             raise InvalidArgument(f"invalid lease {first}..{last} for {timeout_ms} ms")
         self._next_id += 1
-        hidden = tuple(a for a in aborted if a.first_position <= last and first <= a.marker_position)
-        self.current = Lease(self._next_id, holder, epoch, first, last, hidden, now_ms + timeout_ms, spans=spans)
+        self.current = Lease(self._next_id, holder, epoch, first, last, _meeting(aborted, first, last),
+                             now_ms + timeout_ms, spans=spans, counted=counted)
+        return self.current
+
+    def grow(self, lease_id: int, holder: str, epoch: int, last: Position, aborted: Sequence[AbortedTxn],
+             spans: tuple[tuple[int, int, int], ...], counted: RangeCount) -> Lease:
+        """Extend the holder's unacked lease to end at ``last`` (past its end; nobody else can
+        have the entries after it, one lease standing per subscription partition): a bounded
+        reader adds the entry its share left out when the set's bound has room for it."""
+        lease = self.held(lease_id, holder, epoch)
+        if lease.status is not LeaseStatus.GRANTED:
+            raise NotAllowed(f"lease {lease_id}: its end is acked in {lease.txn}; it cannot grow")
+        if last <= lease.end:
+            raise InvalidArgument(f"lease {lease_id} ends at {lease.end}; growing it to {last} does not grow it")
+        self.current = msgspec.structs.replace(lease, end=last, aborted=_meeting(aborted, lease.start, last),
+                                               spans=spans, counted=counted)
         return self.current
 
     # --- holder calls ------------------------------------------------------------------------

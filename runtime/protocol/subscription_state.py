@@ -34,7 +34,7 @@ from raytxn.ids import EARLIEST, Position, TxnID
 from raytxn.protocol.cursor import Cursor, CursorSnapshot, gaps_between, next_position, position_before
 from raytxn.protocol.dispatch import ConsumerType, Dispatcher, MessageKey
 from raytxn.protocol.entry_format import decode_entry_header, decode_message
-from raytxn.protocol.lease import Lease, LeaseTable, RangePlan, ledger_spans, plan_range
+from raytxn.protocol.lease import UNCOUNTED, Lease, LeaseTable, RangeCount, RangePlan, ledger_spans, plan_range
 from raytxn.protocol.pending_ack import (
     AbortRecord,
     Ack,
@@ -122,6 +122,12 @@ def count_entries(ledger_ends: Sequence[tuple[int, int]], start: Position, end: 
         last = min(last_entry_id, end.entry_id) if ledger_id == end.ledger_id else last_entry_id
         total += max(0, last - max(first, 0) + 1)
     return total
+
+
+def _counted(plan: RangePlan, last: Position) -> RangeCount:
+    """What the lease ``..last`` holds: the plan's count, unless ``max_entries`` cut the range
+    short of the plan's end (then unknown)."""
+    return plan.counted if last == plan.max_read else UNCOUNTED
 
 
 class SubscriptionState:
@@ -604,14 +610,30 @@ class SubscriptionState:
         if planned is None:
             return None
         lease = self.leases.grant(holder, epoch, *planned, plan.aborted, now_ms, timeout_ms,
-                                  spans=ledger_spans(plan, *planned))
+                                  spans=ledger_spans(plan, *planned), counted=_counted(plan, planned[1]))
+        self._handed_out(lease)
+        return lease
+
+    def grow_lease(self, lease_id: int, holder: str, epoch: int, plan: RangePlan, max_entries: int) -> Lease:
+        """The holder's unacked lease grown to the end of ``plan`` (planned from the lease's
+        start), at most ``max_entries`` entries; unchanged when the plan ends no further."""
+        lease = self.leases.held(lease_id, holder, epoch)
+        planned = plan_range(plan, lease.start, max_entries)
+        if planned is None or planned[1] <= lease.end:
+            return lease
+        assert planned[0] == lease.start, (planned, lease)  # the entries a lease holds are never trimmed
+        grown = self.leases.grow(lease_id, holder, epoch, planned[1], plan.aborted, ledger_spans(plan, *planned),
+                                 _counted(plan, planned[1]))
+        self._handed_out(grown)
+        return grown
+
+    def _handed_out(self, lease: Lease) -> None:
         self.delivered_through = max(self.delivered_through, lease.end)  # its end may now be acked in a txn
         if self.given_back is not None:
             # A lease starts at the first message neither acked nor held (``lease_start``) and is
             # handed out whole: every given-back message up to its end is handed out again.
             last = self.given_back[1]
             self.given_back = None if lease.end >= last else (next_position(lease.end), last)
-        return lease
 
     def prepare_lease_ack(self, lease_id: int, holder: str, epoch: int, txn: TxnID,
                           request: str | None = None) -> AckRecord | None:

@@ -13,6 +13,8 @@ out, as the driver's pipeline does. Now and then a holder instead:
 
 - releases the range unread (``release_lease``);
 - renews the lease before acking (``renew_lease``);
+- grows the lease by a few entries before reading it (``grow_lease``), as a reader filling a
+  bounded set does;
 - stalls past the lease's timeout before it acks: the range may have gone to another holder, and
   its ack must then be refused;
 - is taken over by its own next epoch (a restarted driver): the old epoch goes on as a zombie,
@@ -55,6 +57,7 @@ MAX_ENTRIES = (1, 4)
 IDLE_S = 0.1              # after no lease came (another holder's stands, or nothing readable)
 READ_ATTEMPTS = 5
 RELEASE, RENEW, STALL, TAKEOVER = 0.08, 0.1, 0.05, 0.05   # per lease, the holder's other moves
+GROW = 0.25               # per lease worked: grow it first (``grow_lease``), as a filling bounded reader does
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,8 @@ async def lease_holder(d: Driver, index: int, topic: str) -> None:
             await _call(d, ref, "renew_lease", lease.lease_id, holder, epoch, LEASE_TIMEOUT_S)
         elif move < RELEASE + TAKEOVER + RENEW + STALL:
             await asyncio.sleep(LEASE_TIMEOUT_S * d.rng.uniform(1.0, 2.0))
+        if d.rng.random() < GROW:
+            lease = await _grow(d, ref, holder, epoch, lease)
         await _work(d, ref, coordinators, topic, partition, holder, epoch, lease)
     for partition in range(d.w.partitions):  # give back any lease still standing (so lz drains)
         ref = d._subscription(topic, partition, SUB_LEASE)
@@ -115,6 +120,19 @@ async def _lease(d: Driver, ref: Any, holder: str, epoch: int, plan: bool = True
         d._unexpected(f"lease {holder}", error)
         d.counts.error(error)
         return None
+
+
+async def _grow(d: Driver, ref: Any, holder: str, epoch: int, lease: Any) -> Any:
+    """The lease grown by up to a few entries (a bounded reader filling its set), or as it was
+    when the grow is refused (the lease expired meanwhile: its ack will be refused too)."""
+    entries = sum(last - first + 1 for _, first, last in lease.spans)
+    try:
+        return await ref.call_async("grow_lease", lease.lease_id, holder, epoch, entries + d.rng.randint(1, 3),
+                                    deadline_s=d.call_deadline_s)
+    except Exception as error:  # noqa: BLE001 - expired, restarted, or taken over meanwhile
+        d._unexpected("grow_lease", error)
+        d.counts.error(error)
+        return lease
 
 
 async def _call(d: Driver, ref: Any, method: str, *args: Any) -> bool:

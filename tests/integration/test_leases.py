@@ -115,6 +115,42 @@ def test_bounds_cut_the_range_by_entries_messages_or_bytes(client: rt.Client) ->
             client.lease_ranges(topic, "bad-bounds", "reader", **bad)
 
 
+def test_a_bounded_set_fills_with_the_entries_its_even_shares_left_out(client: rt.Client) -> None:
+    """``max_messages`` over 4 partitions of 3-message entries: each even share (5) holds one
+    entry; the set then grows by the left-out entries that fit (18 of 20, not 12), never past
+    the bound, and acking the grown set in a txn moves every cursor past exactly what was read."""
+    from raytxn.hashing import partition_for
+
+    topic = new_topic(client, partitions=4)
+    producer = client.create_producer(topic, batching_max_messages=3)  # an entry per 3 messages
+    for p in range(4):
+        key = next(k for k in (f"k{i}" for i in range(1000)) if partition_for(k, 4) == p)
+        producer.send_batch([f"p{p}-{i}".encode() for i in range(30)], keys=[key] * 30).result(timeout=60)
+    read: list[bytes] = []
+    for batch in range(8):
+        leases = client.lease_ranges(topic, "filled", "reader", max_messages=20)
+        got = values(leases)
+        assert len(got) <= 20, (batch, leases)
+        if batch < 4:  # 120 messages, 30 a partition: the first batches are full but for a 3-message entry
+            assert len(got) == 18, (batch, leases)
+            assert all(lease.counted.messages == len(values_of(leases, p))
+                       for p, lease in leases.leases.items())
+        txn = client.new_transaction()
+        leases.acknowledge(txn)
+        txn.commit()
+        read.extend(got)
+        if not leases:
+            break
+    assert sorted(read) == sorted(f"p{p}-{i}".encode() for p in range(4) for i in range(30))
+    for p in range(4):  # each partition's messages in order, each once
+        assert [v for v in read if v.startswith(f"p{p}-".encode())] == [f"p{p}-{i}".encode() for i in range(30)]
+
+
+def values_of(leases: rt.LeaseSet, partition: int) -> list[bytes]:
+    return [v for chunk in leases.chunks() if chunk.partition == partition
+            for v in chunk.read(columns=["value"]).column("value").to_pylist()]
+
+
 def test_one_holder_at_a_time_and_a_newer_epoch_takes_over(client: rt.Client) -> None:
     topic = new_topic(client)
     produce(client, topic, 5)
@@ -224,3 +260,16 @@ def test_lease_calls_on_unknown_topics_and_leases_are_refused(client: rt.Client)
     held.release()
     with pytest.raises(NotAllowed):
         held.release()  # released already
+    from raytxn.client.rpc import ActorRef
+
+    subscription = ActorRef(subscription_actor_name(topic, 0, "s"), client.token)
+    lease = held.leases[0]
+    with pytest.raises(NotAllowed):  # not held any more: it cannot grow either
+        client.loop.run(subscription.call_async("grow_lease", lease.lease_id, "reader", 0, 10, 5))
+    again = client.lease_ranges(topic, "s", "reader").leases[0]
+    for bad, error in (((again.lease_id, "reader", 0, 10, 0), InvalidArgument),
+                       ((again.lease_id, "reader", 0, 0, 5), InvalidArgument),
+                       ((again.lease_id, "intruder", 0, 10, 5), NotAllowed)):
+        with pytest.raises(error):
+            client.loop.run(subscription.call_async("grow_lease", *bad))
+    assert client.lease_ranges(topic, "s", "reader").leases[0] == again  # unchanged by the refused calls

@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from raytxn.client.leases import LeaseSet, cut_spans
+from raytxn.client.leases import LeaseSet, cut_spans, fill_plan
 from raytxn.config import EngineConfig
 from raytxn.errors import Fenced, InvalidArgument, NotAllowed
 from raytxn.ids import Position, TxnID
-from raytxn.protocol.lease import Lease, LeaseStatus, LeaseTable, RangePlan, ledger_spans, plan_range
+from raytxn.protocol.lease import Lease, LeaseStatus, LeaseTable, RangeCount, RangePlan, ledger_spans, plan_range
 from raytxn.protocol.txn_buffer import AbortedTxn
 
 T1, T2 = TxnID(0, 1), TxnID(0, 2)
@@ -173,3 +173,93 @@ def test_chunks_refuse_an_in_process_store_and_split_for_parallelism() -> None:
     in_memory = SimpleNamespace(config=EngineConfig(storage_url="memory://x"))
     with pytest.raises(InvalidArgument, match="every process"):
         LeaseSet(in_memory, "t", "s", "h", 0, {0: lease}).chunks()
+
+
+# --- filling a bounded set: grown leases and the client's fill plan -----------------------------
+
+
+def test_a_granted_lease_grows_in_place_and_an_acked_or_foreign_one_does_not() -> None:
+    table = LeaseTable()
+    counted = RangeCount(10, 100, 5, 50)
+    lease = table.grant("driver", 0, P(1, 0), P(1, 1), (), 0, 1000, spans=((1, 0, 1),), counted=counted)
+    assert lease.counted == counted
+    aborted = (AbortedTxn(T2, P(1, 2), P(1, 2)),)  # meets the grown part only
+    grown = table.grow(lease.lease_id, "driver", 0, P(1, 2), aborted, ((1, 0, 2),), RangeCount(15, 150))
+    assert (grown.lease_id, grown.start, grown.end, grown.spans) == (lease.lease_id, P(1, 0), P(1, 2), ((1, 0, 2),))
+    assert grown.aborted == aborted and grown.counted == RangeCount(15, 150) and table.current == grown
+    with pytest.raises(InvalidArgument):  # no further than it was: not a growth
+        table.grow(lease.lease_id, "driver", 0, P(1, 2), (), ((1, 0, 2),), RangeCount())
+    for holder, epoch, error in (("other", 0, NotAllowed), ("driver", 1, NotAllowed)):
+        with pytest.raises(error):
+            table.grow(lease.lease_id, holder, epoch, P(1, 3), (), ((1, 0, 3),), RangeCount())
+    table.prepare_grant("driver", 2, 10)  # the holder's newer epoch took over: the lease is gone
+    with pytest.raises(Fenced):
+        table.grow(lease.lease_id, "driver", 0, P(1, 3), (), ((1, 0, 3),), RangeCount())
+    acked = table.grant("driver", 2, P(1, 0), P(1, 1), (), 20, 1000)
+    table.on_cumulative_ack(T1, acked.end)
+    with pytest.raises(NotAllowed):  # its end is acked in T1: growing it would ack less than it holds
+        table.grow(acked.lease_id, "driver", 2, P(1, 3), (), ((1, 0, 3),), RangeCount())
+    assert table.current is not None and table.current.end == P(1, 1)
+
+
+def test_a_grown_lease_can_be_acked_to_its_new_end_and_commits_all_of_it() -> None:
+    from raytxn.protocol.cursor import Cursor
+    from raytxn.protocol.subscription_state import SubscriptionState
+    from raytxn.protocol.txnlog import EndAction
+
+    state = SubscriptionState(0, Cursor())
+    cut = RangePlan(P(1, 3), ((1, 9),), (), P(1, 0), RangeCount(4, 40, 1, 10))
+    lease = state.grant_lease("driver", 0, 0, cut, 100, 1000)
+    assert lease is not None and lease.end == P(1, 3) and lease.counted == RangeCount(4, 40, 1, 10)
+    assert state.grant_lease("driver", 0, 0, plan(P(1, 5), (1, 9)), 100, 1000) == lease  # a retry: as it was
+    wider = RangePlan(P(1, 4), ((1, 9),), (), P(1, 0), RangeCount(5, 50, 1, 10))
+    grown = state.grow_lease(lease.lease_id, "driver", 0, wider, 100)
+    assert (grown.lease_id, grown.end, grown.counted) == (lease.lease_id, P(1, 4), wider.counted)
+    assert state.grow_lease(lease.lease_id, "driver", 0, wider, 100) == grown  # a retried grow changes nothing
+    assert state.grow_lease(lease.lease_id, "driver", 0, cut, 100) == grown  # nor does a shorter plan
+    narrow = state.grow_lease(lease.lease_id, "driver", 0, plan(P(1, 9), (1, 9)), 2)  # max_entries: no growth
+    assert narrow == grown
+    record = state.prepare_lease_ack(grown.lease_id, "driver", 0, T1)  # its new end is delivered: ackable
+    assert record is not None
+    state.apply(record, P(5, 0))
+    for ending in state.prepare_end(T1, EndAction.COMMIT, None):
+        state.apply(ending, P(5, 1))
+    assert state.cursor.acked_below == P(1, 5)
+
+
+def _counted_lease(lease_id: int, counted: RangeCount) -> Lease:
+    return Lease(lease_id, "driver", 0, P(1, 0), P(1, 0), (), 1000, counted=counted)
+
+
+def test_fill_plan_adds_the_left_out_entries_that_fit_under_the_set_bounds() -> None:
+    # 20,000 messages over 4 partitions of 1,700-message entries: each share (5,000) took 2 entries.
+    leases = {p: _counted_lease(p + 1, RangeCount(3_400, 34_000, 1_700, 17_000)) for p in range(4)}
+    grow = fill_plan(leases, 20_000, None)
+    assert len(grow) == 3 and all(bounds == (5_100, None) for bounds in grow.values())  # 18,700: a 4th passes
+    next_batch = {p: _counted_lease(lease.lease_id + 1, lease.counted) for p, lease in leases.items()}
+    assert set(fill_plan(next_batch, 20_000, None)) != set(grow)  # the turn moves with each batch's lease ids
+    assert len(fill_plan(leases, None, 136_000 + 3 * 17_000)) == 3  # the same by bytes
+    assert fill_plan(leases, 13_600, None) == {} and fill_plan(leases, None, None) == {}
+    reached_end = {**leases, 3: _counted_lease(9, RangeCount(1_000, 10_000))}  # nothing left out there
+    assert set(fill_plan(reached_end, 20_000, None)) == {0, 1, 2}
+    uncounted = {**leases, 3: _counted_lease(9, RangeCount())}  # cut by max_entries: the set's size is unknown
+    assert fill_plan(uncounted, 20_000, None) == {}
+
+
+@given(st.lists(st.tuples(st.integers(0, 50), st.integers(-1, 30)), min_size=1, max_size=8),
+       st.integers(1, 300))
+def test_fill_plan_never_passes_the_bound_and_leaves_no_left_out_entry_that_fits(
+        shares: list[tuple[int, int]], max_messages: int) -> None:
+    leases = {p: _counted_lease(p, RangeCount(messages, messages, left_out, left_out))
+              for p, (messages, left_out) in enumerate(shares)}
+    total = sum(messages for messages, _ in shares)
+    grow = fill_plan(leases, max_messages, None)
+    for p, (bound, _) in grow.items():
+        assert bound == shares[p][0] + shares[p][1] and shares[p][1] >= 0
+    filled = total + sum(shares[p][1] for p in grow)
+    if total <= max_messages:
+        assert filled <= max_messages
+        room = max_messages - filled
+        assert all(left_out < 0 or left_out > room for p, (_, left_out) in enumerate(shares) if p not in grow)
+    else:
+        assert grow == {}

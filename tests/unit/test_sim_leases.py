@@ -17,12 +17,12 @@ SEEDS = range(3)
 
 
 def _moves(lines: list[str]) -> dict[str, int]:
-    moves = {"lease": 0, "ack_lease": 0, "release_lease": 0, "renew_lease": 0, "takeover": 0,
+    moves = {"lease": 0, "ack_lease": 0, "release_lease": 0, "renew_lease": 0, "grow_lease": 0, "takeover": 0,
              "refused NotAllowed": 0, "refused Fenced": 0}
     for line in lines:
         kind = line.split()[1]
         if kind == "call":
-            for method in ("lease", "ack_lease", "release_lease", "renew_lease"):
+            for method in ("lease", "ack_lease", "release_lease", "renew_lease", "grow_lease"):
                 if f" '{method}' " in line:
                     moves[method] += 1
         elif kind == "driver" and "'lease_takeover'" in line:
@@ -33,7 +33,7 @@ def _moves(lines: list[str]) -> dict[str, int]:
     return moves
 
 
-def test_the_profile_grants_acks_releases_renews_expires_and_fences_leases() -> None:
+def test_the_profile_grants_grows_acks_releases_renews_expires_and_fences_leases() -> None:
     results = [run_seed(seed, "leases", keep_trace=True) for seed in SEEDS]
     assert [r.failure for r in results] == [None] * len(results)
     moves = {name: sum(_moves(r.trace_lines or [])[name] for r in results) for name in _moves([])}
