@@ -23,6 +23,7 @@ same subscription do not mix: INCONSISTENT_GROUP_PROTOCOL.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -120,28 +121,53 @@ class GroupOffsets:
     # --- plain commits and fetches -----------------------------------------------------------
 
     async def offset_commit(self, request: Any, version: int) -> dict[str, Any]:
+        """Every partition located at once, each topic's subscription made sure of once, then
+        every commit at once: a group's first commit starts the subscription's actors, and one
+        after another a 4-partition commit took four process starts, long enough under load for
+        librdkafka (which holds heartbeats behind it) to give up the member's session."""
         group = request.group_id
         error = group_id_error(group)
         if error == wire.NONE:
             error = self.membership.check_commit(group, request.member_id, request.generation_id_or_member_epoch)
+        wanted = [(t.name, p.partition_index, p.committed_offset) for t in request.topics for p in t.partitions]
+        codes = await self._commit_all(group, wanted, error, None)
         result = OffsetCommitResponse.OffsetCommitResponseTopic
-        topics = []
-        for topic in request.topics:
-            partitions = []
-            for part in topic.partitions:
-                code = error
-                if code == wire.NONE:
-                    where = await self._locate(topic.name, part.partition_index, part.committed_offset)
-                    code = where if isinstance(where, int) else await self._commit(
-                        topic.name, part.partition_index, group, where, None)
-                partitions.append(result.OffsetCommitResponsePartition(partition_index=part.partition_index,
-                                                                       error_code=code))
-            topics.append(result(name=topic.name, partitions=partitions))
-        return {"throttle_time_ms": 0, "topics": topics}
+        return {"throttle_time_ms": 0, "topics": [
+            result(name=t.name, partitions=[result.OffsetCommitResponsePartition(
+                partition_index=p.partition_index, error_code=codes[(t.name, p.partition_index)])
+                for p in t.partitions]) for t in request.topics]}
+
+    async def _commit_all(self, group: str, wanted: list[tuple[str, int, int]], error: int,
+                          txn_state: TxnState | None) -> dict[tuple[str, int], int]:
+        """Each ``(topic, partition, offset)``'s error code after committing it (in the
+        transaction of ``txn_state``, after registering its subscriptions there)."""
+        if error != wire.NONE:
+            return {(name, index): error for name, index, _ in wanted}
+        wheres = await asyncio.gather(*(self._locate(name, index, offset) for name, index, offset in wanted))
+        codes = {(name, index): where for (name, index, _), where in zip(wanted, wheres, strict=True)
+                 if isinstance(where, int)}
+        located = {(name, index): where for (name, index, _), where in zip(wanted, wheres, strict=True)
+                   if not isinstance(where, int)}
+        for name in dict.fromkeys(name for name, _ in located):  # a group's first commit creates it
+            try:
+                await self._ensure_subscription(name, group)
+            except RaytxnError as e:
+                codes.update({key: commit_error(e) for key in located if key[0] == name})
+        located = {key: where for key, where in located.items() if key not in codes}
+        registered, txn = wire.NONE, None
+        if txn_state is not None and located:
+            txn = self.transactions.offsets_txn(txn_state, group)
+            registered = await self.transactions.add_subscriptions(
+                txn_state, [(name, index, group) for name, index in located])
+        if registered != wire.NONE:
+            return {**codes, **dict.fromkeys(located, registered)}
+        committed = await asyncio.gather(*(self._commit(name, index, group, where, txn)
+                                           for (name, index), where in located.items()))
+        return {**codes, **dict(zip(located, committed, strict=True))}
 
     async def offset_fetch(self, request: Any, version: int) -> dict[str, Any]:
         """Committed offsets of the topics asked for (None, v2+: every topic the group has a
-        subscription on)."""
+        subscription on), every partition asked at once."""
         group, stable = request.group_id, bool(getattr(request, "require_stable", False))
         error = group_id_error(group)
         wanted: list[tuple[str, list[int]]] = []
@@ -153,25 +179,34 @@ class GroupOffsets:
         result = OffsetFetchResponse.OffsetFetchResponseTopic
         topics = []
         for name, indexes in wanted:
-            subscribed: bool | None = None
-            partitions = []
-            for index in indexes:
-                offset, code = -1, error
-                if code == wire.NONE:
-                    code = await self._partition_error(name, index)
-                if code == wire.NONE:
-                    try:
-                        if subscribed is None:
-                            subscribed = group in await self.engine.subscriptions(name)
-                        if subscribed:
-                            offset, code = await self._committed(name, index, group, stable)
-                    except RaytxnError as e:
-                        code = commit_error(e)
-                partitions.append(result.OffsetFetchResponsePartition(
-                    partition_index=index, committed_offset=offset, committed_leader_epoch=-1, metadata="",
-                    error_code=code))
-            topics.append(result(name=name, partitions=partitions))
+            answers = await self._fetch_topic(name, indexes, group, stable, error)
+            topics.append(result(name=name, partitions=[result.OffsetFetchResponsePartition(
+                partition_index=index, committed_offset=offset, committed_leader_epoch=-1, metadata="",
+                error_code=code) for index, (offset, code) in zip(indexes, answers, strict=True)]))
         return {"throttle_time_ms": 0, "topics": topics, "error_code": error}
+
+    async def _fetch_topic(self, name: str, indexes: list[int], group: str, stable: bool,
+                           error: int) -> list[tuple[int, int]]:
+        """``(offset, error code)`` of each partition of ``indexes`` of topic ``name``."""
+        if error != wire.NONE:
+            return [(-1, error)] * len(indexes)
+        codes = await asyncio.gather(*(self._partition_error(name, index) for index in indexes))
+        if all(code != wire.NONE for code in codes):
+            return [(-1, code) for code in codes]
+        try:
+            subscribed = group in await self.engine.subscriptions(name)
+        except RaytxnError as e:
+            return [(-1, code if code != wire.NONE else commit_error(e)) for code in codes]
+
+        async def fetch(index: int, code: int) -> tuple[int, int]:
+            if code != wire.NONE or not subscribed:
+                return -1, code
+            try:
+                return await self._committed(name, index, group, stable)
+            except RaytxnError as e:
+                return -1, commit_error(e)
+
+        return list(await asyncio.gather(*(fetch(index, code) for index, code in zip(indexes, codes, strict=True))))
 
     async def _committed(self, topic: str, partition: int, group: str, stable: bool) -> tuple[int, int]:
         committed = await self.engine.subscription_call(topic, partition, group, "kafka_committed")
@@ -204,26 +239,7 @@ class GroupOffsets:
         if error == wire.NONE and version >= 3:
             error = self.membership.check_txn_commit(group, request.member_id, request.generation_id)
         wanted = [(t.name, p.partition_index, p.committed_offset) for t in request.topics for p in t.partitions]
-        codes: dict[tuple[str, int], int] = {}
-        located: dict[tuple[str, int], dict[str, Any]] = {}
-        for name, index, offset in wanted:
-            where = error if error != wire.NONE else await self._locate(name, index, offset)
-            if isinstance(where, int):
-                codes[(name, index)] = where
-            else:
-                located[(name, index)] = where
-        if located and isinstance(state, TxnState):
-            try:
-                for name, _ in located:
-                    await self._ensure_subscription(name, group)
-            except RaytxnError as e:
-                registered = commit_error(e)
-            else:
-                registered = await self.transactions.add_subscriptions(
-                    state, [(name, index, group) for name, index in located])
-            for (name, index), where in located.items():
-                codes[(name, index)] = registered if registered != wire.NONE else await self._commit(
-                    name, index, group, where, txn)
+        codes = await self._commit_all(group, wanted, error, state if isinstance(state, TxnState) else None)
         result = TxnOffsetCommitResponse.TxnOffsetCommitResponseTopic
         return {"throttle_time_ms": 0, "topics": [
             result(name=t.name, partitions=[result.TxnOffsetCommitResponsePartition(
