@@ -264,7 +264,7 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
                 self.state.ack(acks, cumulative, ranges or ())
             else:
                 await self._log_pending_ack(txn, self.state.prepare_ack(txn, acks, cumulative, request_id,
-                                                                        ranges or ()))
+                                                                        ranges or (), consumer=consumer_id))
         self._changed()
 
     @guarded(Access.SUPERUSER)

@@ -513,6 +513,24 @@ class Dispatcher:
                 removed.append(key)
         return removed
 
+    def settle_for(self, holder: str, keys: Iterable[MessageKey],
+                   entries: Iterable[Position] = ()) -> tuple[list[MessageKey], list[MessageKey]]:
+        """``settle`` the messages ``keys`` and every message of ``entries`` for acks that
+        consumer ``holder`` made, except those outstanding with another consumer: they stay
+        outstanding with it (and their keys keep draining). Returns (settled, kept)."""
+        keys = list(keys)
+        for position in entries:
+            queued = self._queue.pop(position, None)
+            if queued is not None:
+                self._queued -= len(queued.indexes)
+            keys.extend((position, index) for index in self._owner.get(position, ()))
+        mine, kept = [], []
+        for key in keys:
+            owners = self._owner.get(key[0])
+            owner = owners.get(key[1]) if owners is not None else None
+            (kept if owner is not None and owner != holder else mine).append(key)
+        return self.settle(mine), kept
+
     def first_queued(self) -> MessageKey | None:
         """The lowest message read but not yet handed out (None: nothing queued)."""
         if not self._queue:

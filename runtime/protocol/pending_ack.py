@@ -91,6 +91,9 @@ class AckRecord(msgspec.Struct, tag="ack", frozen=True):
     kind: AckKind
     acks: tuple[Ack, ...]
     request: str | None = None
+    # The consumer that made the call (None: not a consumer's, or logged before this existed).
+    # Live bookkeeping only: a message another consumer holds stays with it until the txn commits.
+    consumer: str | None = None
 
     def __post_init__(self) -> None:  # a ValueError here is a ValidationError when decoding
         if not self.acks:

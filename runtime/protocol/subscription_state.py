@@ -154,6 +154,8 @@ class SubscriptionState:
         self.max_read = EARLIEST  # the partition's readable end, as last seen
         self.generation = 0  # seeks so far: consumers drop what they prefetched before a seek
         self._txn_keys: dict[TxnID, list[MessageKey]] = {}  # outstanding messages a txn's acks took
+        # messages a txn acked while another consumer held them: settled when it commits
+        self._txn_foreign: dict[TxnID, list[MessageKey]] = {}
         self._messages_per_entry = 1.0  # a moving average of the partition's batch sizes
         self.leases = LeaseTable()  # volatile: a restart refuses old leases and grants the range again
 
@@ -388,6 +390,25 @@ class SubscriptionState:
                 settled += self.dispatcher.settle_entry(ack.position)
         return settled
 
+    def _settle_txn_acks(self, record: AckRecord) -> list[MessageKey]:
+        """``_settle`` for individual acks in a txn, except that a message outstanding with
+        another consumer than the caller stays with it until the txn commits.
+
+        Why: a consumer that still holds a message from before the subscription restarted (or a
+        zombie incarnation's delivery) may ack it in a txn while this incarnation has handed it
+        to another consumer. Settling it at once made its Key_Shared key look free: had the txn
+        aborted, the message went out again to the key's next consumer while the other one still
+        held it (simulator seeds 66 and 347 of key-shared). Kept outstanding, the key drains
+        until that consumer acks or gives it back; the commit settles it for good."""
+        if record.consumer is None:
+            return self._settle(record.acks)
+        settled, kept = self.dispatcher.settle_for(
+            record.consumer, [(a.position, a.batch_index) for a in record.acks if a.batch_index is not None],
+            [a.position for a in record.acks if a.batch_index is None])
+        if kept:
+            self._txn_foreign.setdefault(record.txn, []).extend(kept)
+        return settled
+
     def _settle_cumulative(self, ack: Ack) -> list[MessageKey]:
         """``_settle`` for a cumulative ack (of a whole entry, or up to a batch index of it)."""
         if ack.batch_index is None:
@@ -428,11 +449,20 @@ class SubscriptionState:
     # --- transactional acks and ends ---------------------------------------------------------
 
     def prepare_ack(self, txn: TxnID, acks: Sequence[AckTuple], cumulative: bool = False,
-                    request: str | None = None, ranges: Sequence[AckRange] = ()) -> AckRecord | None:
+                    request: str | None = None, ranges: Sequence[AckRange] = (),
+                    consumer: str | None = None) -> AckRecord | None:
         """The record to log for one ack call made in ``txn`` (None: nothing to log, success:
         it holds them all already, or ``request``, the call's id, is a retry of a logged call).
         ``ranges``: whole entries a range at a time (individual acks only); the record names
-        each entry, so that the pending-ack rules, the log and its replay stay as they are."""
+        each entry, so that the pending-ack rules, the log and its replay stay as they are.
+        ``consumer``: who calls (see ``apply``: what another consumer holds stays with it)."""
+        record = self._prepare_ack(txn, acks, cumulative, request, ranges)
+        if record is not None and consumer is not None:
+            record = msgspec.structs.replace(record, consumer=consumer)
+        return record
+
+    def _prepare_ack(self, txn: TxnID, acks: Sequence[AckTuple], cumulative: bool,
+                     request: str | None, ranges: Sequence[AckRange]) -> AckRecord | None:
         normalized = [normalize_ack(ack) for ack in acks]
         if ranges:
             if cumulative:
@@ -492,15 +522,19 @@ class SubscriptionState:
                 self.leases.on_cumulative_ack(record.txn, record.acks[0].position)
                 taken = self._settle_cumulative(record.acks[0])
             else:
-                taken = self._settle(record.acks)
+                taken = self._settle_txn_acks(record)
             if taken:
                 self._txn_keys.setdefault(record.txn, []).extend(taken)
         elif isinstance(record, CommitRecord):
             self.leases.on_txn_end(record.txn)
             self.dispatcher.forget_redeliveries(self._txn_keys.pop(record.txn, ()))
+            self.dispatcher.forget_redeliveries(self.dispatcher.settle(self._txn_foreign.pop(record.txn, ())))
         elif isinstance(record, AbortRecord):
             self.leases.on_txn_end(record.txn)
             self.dispatcher.count_redelivery(self._txn_keys.pop(record.txn, ()))
+            # Messages another consumer holds stay with it: the rewind below reads them again,
+            # and the dispatcher does not queue what is outstanding.
+            self._txn_foreign.pop(record.txn, None)
             assert redelivery is not None
             # (An abort the persisted cursor includes: its give-back is in that form already.)
             if redelivery.messages:

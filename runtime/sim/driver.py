@@ -365,7 +365,7 @@ class Driver:
                 await self._subscribe(consumer, partition)
                 self.history.reset(consumer, SUB_PIPE, self.now())
                 continue
-            messages = list(self._received(consumer, partition, reply["messages"]))
+            messages = list(self._received(consumer, partition, reply["messages"], reply["generation"][0]))
             if not messages:
                 self.history.receive_timeout(consumer, SUB_PIPE, self.now(), topic=TOPIC_IN)
             for message in messages:
@@ -374,14 +374,14 @@ class Driver:
             await self._subscription(TOPIC_IN, partition, SUB_PIPE).call_async(
                 "close_consumer", consumer, deadline_s=None)
 
-    def _received(self, consumer: str, partition: int, wire: list) -> Any:
+    def _received(self, consumer: str, partition: int, wire: list, incarnation: int) -> Any:
         for ledger_id, entry_id, batch_size, _publish_ms, indexes, counts, records in wire:
             for k, batch_index in enumerate(indexes):
                 uid = decode_message(records[k]).value.decode()
                 mid = MessageId(TOPIC_IN, partition, ledger_id, entry_id, batch_index)
                 self.history.receive(consumer, SUB_PIPE, TOPIC_IN, partition, mid, uid,
                                      counts[k] if counts else 0, self.now())
-                self.key_log.received(consumer, mid, uid, self.now())
+                self.key_log.received(consumer, mid, uid, self.now(), incarnation)
                 self.last_received = self.now()
                 yield mid, uid, batch_size
 
@@ -413,8 +413,10 @@ class Driver:
         await self.ack_in_txn(self._subscription(TOPIC_IN, partition, SUB_PIPE), consumer, mid, batch_size,
                               False, txn, machine)
         self.history.consume_transform_produce(uid, [out_uid], txn, subscription=SUB_PIPE, t=self.now())
+        ending = self.now()
         if await self.finish(txn, machine, coordinators):
             self.transformed.add(uid)
+            self.key_log.settled(mid, ending)
 
     async def ack_in_txn(self, ref: Any, consumer: str, mid: MessageId, batch_size: int, cumulative: bool,
                          txn: TxnID, machine: TxnStateMachine) -> None:

@@ -13,9 +13,15 @@ checker and its per-consumer order check:
   earlier one did;
 - **exclusivity**: when a consumer receives a message of a key, no other consumer holds a
   different message of that key still outstanding: received by it, and neither acked, given back,
-  nor released by its closing, with no restart of the subscription's actor since it was received
-  (a restart forgets every consumer, and the new incarnation hands everything out again). Conservative:
-  an ack or a give-back counts from the moment the worker makes the call.
+  nor released by its closing, nor acked in a committed txn by anyone (a consumer still holding a
+  message from before a restart may ack it in a txn after the new incarnation handed it on;
+  once that commits, the message is consumed, and its other holder can no longer commit it),
+  with no restart of the subscription's actor since it was received
+  (a restart forgets every consumer, and the new incarnation hands everything out again), and
+  handed out by the same incarnation (a zombie incarnation answering a fetch after its successor
+  started hands out what its successor never knew was out: the same forgetting as a restart, the
+  receipt just lands after it; each fetch reply names its incarnation in ``generation``).
+  Conservative: an ack or a give-back counts from the moment the worker makes the call.
 """
 
 from __future__ import annotations
@@ -29,24 +35,31 @@ KEYS = 7   # keys of the input
 
 @dataclass
 class KeyLog:
-    # ("recv", consumer, id, uid, t), ("ack" or "release", consumer, id, None, t),
-    # ("reset", consumer, partition, None, t)
+    # ("recv", consumer, id, uid, t, incarnation), ("ack" or "release", consumer, id, None, t, None),
+    # ("reset", consumer, partition, None, t, None)
     events: list[tuple] = field(default_factory=list)
     keys: dict[str, str] = field(default_factory=dict)  # input uid -> its key
 
-    def received(self, consumer: str, mid: MessageId, uid: str, t: float) -> None:
-        self.events.append(("recv", consumer, mid, uid, t))
+    def received(self, consumer: str, mid: MessageId, uid: str, t: float, incarnation: int | None = None) -> None:
+        """``incarnation``: of the subscription actor that handed the message out (None: unknown)."""
+        self.events.append(("recv", consumer, mid, uid, t, incarnation))
 
     def acked(self, consumer: str, mid: MessageId, t: float) -> None:
-        self.events.append(("ack", consumer, mid, None, t))
+        self.events.append(("ack", consumer, mid, None, t, None))
 
     def released(self, consumer: str, mid: MessageId, t: float) -> None:
-        self.events.append(("release", consumer, mid, None, t))
+        self.events.append(("release", consumer, mid, None, t, None))
+
+    def settled(self, mid: MessageId, t: float) -> None:
+        """``mid`` was acked in a txn whose commit was asked for at ``t`` and went through: from
+        then on nobody holds it, whoever received it last (a consumer still processing it can
+        no longer commit it)."""
+        self.events.append(("settled", None, mid, None, t, None))
 
     def reset(self, consumer: str, partition: int | None, t: float) -> None:
         """``consumer`` closed, or learned that the subscription forgot it (on ``partition``;
         None: all)."""
-        self.events.append(("reset", consumer, partition, None, t))
+        self.events.append(("reset", consumer, partition, None, t, None))
 
 
 def violations(log: KeyLog, restarts: dict[int, list[float]]) -> list[str]:
@@ -55,9 +68,11 @@ def violations(log: KeyLog, restarts: dict[int, list[float]]) -> list[str]:
     found: list[str] = []
     first_seen: dict[MessageId, float] = {}
     last_first: dict[str, tuple[MessageId, str]] = {}   # key -> (highest first-delivered id, uid)
-    outstanding: dict[str, dict[MessageId, tuple[str, float]]] = {}  # key -> id -> (consumer, t)
+    # key -> id -> (consumer, t, incarnation that handed it out)
+    outstanding: dict[str, dict[MessageId, tuple[str, float, int | None]]] = {}
     owner_of: dict[MessageId, str] = {}
-    for kind, consumer, what, uid, t in log.events:
+    # (stable by time: a commit's "settled" is logged once it is answered, stamped when it was asked for)
+    for kind, consumer, what, uid, t, incarnation in sorted(log.events, key=lambda event: event[4]):
         if kind == "recv":
             mid: MessageId = what
             key = log.keys.get(uid, "")
@@ -70,21 +85,27 @@ def violations(log: KeyLog, restarts: dict[int, list[float]]) -> list[str]:
                 else:
                     last_first[key] = (mid, uid)
             held = outstanding.setdefault(key, {})
-            for other_mid, (other, since) in held.items():
-                if other != consumer and other_mid != mid and not any(
-                        since <= r <= t for r in restarts.get(mid.partition, ())):
+            for other_mid, (other, since, other_incarnation) in held.items():
+                forgotten = (incarnation is not None and other_incarnation is not None
+                             and incarnation != other_incarnation) or any(
+                    since <= r <= t for r in restarts.get(mid.partition, ()))
+                if other != consumer and other_mid != mid and not forgotten:
                     found.append(f"exclusivity: key {key}: {consumer} got {uid} ({mid}) at t={t:.3f} while "
                                  f"{other} held {other_mid} since t={since:.3f}")
                     break
-            held[mid] = (consumer, t)
+            held[mid] = (consumer, t, incarnation)
             owner_of[mid] = key
+        elif kind == "settled":
+            key = owner_of.get(what)
+            if key is not None:
+                outstanding[key].pop(what, None)
         elif kind in ("ack", "release"):
             key = owner_of.get(what)
             if key is not None and outstanding[key].get(what, ("",))[0] == consumer:
                 del outstanding[key][what]
         else:  # reset
             for held in outstanding.values():
-                for held_mid in [m for m, (c, _) in held.items()
+                for held_mid in [m for m, (c, _, _) in held.items()
                                  if c == consumer and (what is None or m.partition == what)]:
                     del held[held_mid]
         if len(found) >= 3:

@@ -481,3 +481,38 @@ def test_whole_batches_are_acked_as_entries_and_contiguous_entries_as_ranges() -
     assert coalesce_acks(acks) == ([(0, 1, 2), (0, 4, 4), (1, 0, 0)], [(P(0, 3), 0, 3)])
     assert coalesce_acks(acks[3:4]) == ([], [(P(0, 3), 0, 3)])
     assert coalesce_acks([]) == ([], [])
+
+
+def test_a_txn_ack_of_a_message_another_consumer_holds_leaves_it_there_until_the_txn_commits() -> None:
+    """A consumer may ack in a txn a message this incarnation handed to another consumer (it
+    received it before a restart). Settled at once, an abort of that txn handed it out a third
+    time while the other consumer still held it: two consumers held one Key_Shared key
+    (simulator seed 66 of key-shared). It stays with its holder until the txn commits."""
+    state = SubscriptionState(0, Cursor())
+    for consumer in ("a", "b"):
+        state.add_consumer(consumer, consumer, ConsumerType.Shared, 0.0)
+    entries = [data_entry(i, [b"x"]) for i in range(4)]
+    state.on_read(state.read_position, entries, P(0, 4), P(0, 3))
+    state.dispatcher.want("a", 2)
+    state.dispatch()
+    assert [entry for _, entry, *_ in state.take("a")] == [0, 1]
+    foreign = state.prepare_ack(T1, [(P(0, 0), None, None)], consumer="b")
+    assert foreign is not None and foreign.consumer == "b"
+    state.apply(foreign, P(9, 0))
+    assert state.dispatcher.outstanding == 2  # entry 0 is still out with "a"
+    for end in state.prepare_end(T1, EndAction.ABORT, None):
+        state.apply(end, P(9, 1))
+    state.on_read(state.read_position, entries, P(0, 4), P(0, 3))  # read again after the abort's rewind
+    state.dispatcher.want("b", 10)
+    state.dispatch()
+    assert [entry for _, entry, *_ in state.take("b")] == [2, 3]  # not entry 0: "a" holds it
+    committed = state.prepare_ack(T2, [(P(0, 1), None, None)], consumer="b")
+    assert committed is not None
+    state.apply(committed, P(9, 2))
+    for end in state.prepare_end(T2, EndAction.COMMIT, None):
+        state.apply(end, P(9, 3))
+    assert state.dispatcher.release("a") == [(P(0, 0), 0)]  # entry 1 is consumed: "a" holds it no more
+    own = state.prepare_ack(TxnID(0, 3), [(P(0, 2), None, None)], consumer="b")
+    assert own is not None
+    state.apply(own, P(9, 4))
+    assert state.dispatcher.outstanding == 1  # its own ack settles at once, as before
