@@ -170,10 +170,11 @@ def fill_plan(leases: dict[int, Lease], max_messages: int | None,
     fills toward ``max_messages``/``max_bytes`` without passing them.
 
     Why: a set-wide bound is split evenly over the partitions, and each range ends at the last
-    whole entry within its share. With entries of ~1,700 messages a 20,000-message batch of 4
-    partitions got ~15,000. Greedy, smallest left-out entry first (more of them fit); ties go in
-    a turn that moves with each batch's lease ids, so no partition is always first. Leases not counted
-    (no bound, or cut by ``max_entries``) and ranges that reached the readable end stay as they are."""
+    whole entry within its share, so a set fell short of its bound by up to an entry per
+    partition (an entry is a producer batch: up to 1,000 messages by default). Greedy, smallest
+    left-out entry first (more of them fit); ties go in a turn that moves with each batch's lease
+    ids, so no partition is always first. Leases not counted (no bound, or cut by
+    ``max_entries``) and ranges that reached the readable end stay as they are."""
     counts = {p: lease.counted for p, lease in leases.items()}
     if (max_messages is None and max_bytes is None) or any(c.messages < 0 for c in counts.values()):
         return {}
