@@ -110,8 +110,7 @@ class GroupOffsets:
 
     async def _commit(self, topic: str, partition: int, group: str, where: dict[str, Any],
                       txn: TxnID | None) -> int:
-        try:
-            await self._ensure_subscription(topic, group)
+        try:  # (the subscription exists: ``_commit_all`` made sure of it)
             await self.engine.subscription_call(topic, partition, group, "kafka_commit", where["position"],
                                                 where["index"], where["size"], txn, f"kafka-{uuid.uuid4().hex}")
         except RaytxnError as e:
@@ -130,7 +129,7 @@ class GroupOffsets:
         if error == wire.NONE:
             error = self.membership.check_commit(group, request.member_id, request.generation_id_or_member_epoch)
         wanted = [(t.name, p.partition_index, p.committed_offset) for t in request.topics for p in t.partitions]
-        codes = await self._commit_all(group, wanted, error, None)
+        codes = await self._commit_all(group, wanted, error)
         result = OffsetCommitResponse.OffsetCommitResponseTopic
         return {"throttle_time_ms": 0, "topics": [
             result(name=t.name, partitions=[result.OffsetCommitResponsePartition(
@@ -138,25 +137,27 @@ class GroupOffsets:
                 for p in t.partitions]) for t in request.topics]}
 
     async def _commit_all(self, group: str, wanted: list[tuple[str, int, int]], error: int,
-                          txn_state: TxnState | None) -> dict[tuple[str, int], int]:
-        """Each ``(topic, partition, offset)``'s error code after committing it (in the
-        transaction of ``txn_state``, after registering its subscriptions there)."""
+                          txn_state: TxnState | None = None, txn: TxnID | None = None) -> dict[tuple[str, int], int]:
+        """Each ``(topic, partition, offset)``'s error code after committing it (in ``txn``, the
+        group's txn of ``txn_state``, after registering its subscriptions there)."""
         if error != wire.NONE:
             return {(name, index): error for name, index, _ in wanted}
         wheres = await asyncio.gather(*(self._locate(name, index, offset) for name, index, offset in wanted))
-        codes = {(name, index): where for (name, index, _), where in zip(wanted, wheres, strict=True)
-                 if isinstance(where, int)}
-        located = {(name, index): where for (name, index, _), where in zip(wanted, wheres, strict=True)
-                   if not isinstance(where, int)}
+        codes: dict[tuple[str, int], int] = {}
+        located: dict[tuple[str, int], dict[str, Any]] = {}
+        for (name, index, _), where in zip(wanted, wheres, strict=True):
+            if isinstance(where, int):
+                codes[(name, index)] = where
+            else:
+                located[(name, index)] = where
         for name in dict.fromkeys(name for name, _ in located):  # a group's first commit creates it
             try:
                 await self._ensure_subscription(name, group)
             except RaytxnError as e:
                 codes.update({key: commit_error(e) for key in located if key[0] == name})
         located = {key: where for key, where in located.items() if key not in codes}
-        registered, txn = wire.NONE, None
+        registered = wire.NONE
         if txn_state is not None and located:
-            txn = self.transactions.offsets_txn(txn_state, group)
             registered = await self.transactions.add_subscriptions(
                 txn_state, [(name, index, group) for name, index in located])
         if registered != wire.NONE:
@@ -239,7 +240,7 @@ class GroupOffsets:
         if error == wire.NONE and version >= 3:
             error = self.membership.check_txn_commit(group, request.member_id, request.generation_id)
         wanted = [(t.name, p.partition_index, p.committed_offset) for t in request.topics for p in t.partitions]
-        codes = await self._commit_all(group, wanted, error, state if isinstance(state, TxnState) else None)
+        codes = await self._commit_all(group, wanted, error, state if isinstance(state, TxnState) else None, txn)
         result = TxnOffsetCommitResponse.TxnOffsetCommitResponseTopic
         return {"throttle_time_ms": 0, "topics": [
             result(name=t.name, partitions=[result.TxnOffsetCommitResponsePartition(
