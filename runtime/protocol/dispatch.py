@@ -517,19 +517,25 @@ class Dispatcher:
                    entries: Iterable[Position] = ()) -> tuple[list[MessageKey], list[MessageKey]]:
         """``settle`` the messages ``keys`` and every message of ``entries`` for acks that
         consumer ``holder`` made, except those outstanding with another consumer: they stay
-        outstanding with it (and their keys keep draining). Returns (settled, kept)."""
-        keys = list(keys)
+        outstanding with it (and their keys keep draining). Returns (settled, kept). An entry
+        no other consumer holds any of is settled whole (``settle_entry``), as before."""
+        settled: list[MessageKey] = []
+        mine, kept = [], []
         for position in entries:
+            owners = self._owner.get(position)
+            if owners is None or set(owners.values()) <= {holder}:
+                settled += self.settle_entry(position)
+                continue
             queued = self._queue.pop(position, None)
             if queued is not None:
                 self._queued -= len(queued.indexes)
-            keys.extend((position, index) for index in self._owner.get(position, ()))
-        mine, kept = [], []
+            for index, owner in owners.items():
+                (mine if owner == holder else kept).append((position, index))
         for key in keys:
             owners = self._owner.get(key[0])
             owner = owners.get(key[1]) if owners is not None else None
             (kept if owner is not None and owner != holder else mine).append(key)
-        return self.settle(mine), kept
+        return settled + self.settle(mine), kept
 
     def first_queued(self) -> MessageKey | None:
         """The lowest message read but not yet handed out (None: nothing queued)."""
