@@ -398,7 +398,7 @@ class SubscriptionState:
         zombie incarnation's delivery) may ack it in a txn while this incarnation has handed it
         to another consumer. Settling it at once made its Key_Shared key look free: had the txn
         aborted, the message went out again to the key's next consumer while the other one still
-        held it (simulator seeds 66 and 347 of key-shared). Kept outstanding, the key drains
+        held it (simulator seed 66 of key-shared). Kept outstanding, the key drains
         until that consumer acks or gives it back; the commit settles it for good."""
         if record.consumer is None:
             return self._settle(record.acks)
