@@ -162,6 +162,8 @@ class Dispatcher:
         self._redeliveries: dict[MessageKey, int] = {}
         # Key_Shared: key hash -> consumer id -> its outstanding messages of such keys
         self._key_holders: dict[int, dict[str, int]] = {}
+        # Outstanding messages to hand to their holder once more (``resend``): key -> consumer id
+        self._resend: dict[MessageKey, str] = {}
 
     # --- consumers ---------------------------------------------------------------------------
 
@@ -247,7 +249,7 @@ class Dispatcher:
         if queued is not None or owners is not None:
             taken = set(queued.indexes) if queued is not None else set()
             if owners is not None:
-                taken.update(owners)
+                taken.update(index for index in owners if (position, index) not in self._resend)
             indexes = [index for index in indexes if index not in taken]
         if not indexes:
             return 0
@@ -347,7 +349,7 @@ class Dispatcher:
                 break
             consumer = self._route(entry, index)
             if consumer is None:
-                if key_shared:
+                if key_shared or (entry.position, index) in self._resend:
                     waiting.append(index)  # its consumer is busy: later keys may still go to others
                     continue
                 waiting.extend(entry.indexes[position_in_queue:])
@@ -370,6 +372,11 @@ class Dispatcher:
         and its outstanding messages."""
         position = entry.position
         self._queued -= len(indexes)
+        if self._resend:  # handed out once more: outstanding with its new holder only, counted once
+            for index in indexes:
+                if self._resend.pop((position, index), None) is not None:
+                    previous = self._owner[position][index]
+                    self._drop_outstanding(self._consumers[previous], position, (index,))
         consumer.add_outbox(entry, indexes)
         held = consumer.outstanding.get(position)
         if held is None:
@@ -393,8 +400,20 @@ class Dispatcher:
 
     def _route(self, entry: QueuedEntry, index: int) -> _Consumer | None:
         """The consumer that takes message ``index`` of ``entry`` now, or None (nobody with demand
-        may). Shared and Key_Shared only."""
-        if self.type is ConsumerType.Shared:
+        may). Shared and Key_Shared only. A message to ``resend`` goes to its holder."""
+        shared = self.type is ConsumerType.Shared
+        if not shared:
+            if entry.key_hashes is None:
+                entry.key_hashes = {}
+            key_hash = entry.key_hashes.get(index)
+            if key_hash is None:
+                key_hash = entry.key_hashes[index] = stable_hash(self._routing_key_of(entry.record(index)) or "")
+        if self._resend:
+            holder = self._resend.get((entry.position, index))
+            if holder is not None:
+                consumer = self._consumers[holder]
+                return consumer if consumer.demand > 0 else None
+        if shared:
             order = self._order
             for step in range(len(order)):
                 consumer = order[(self._round_robin + step) % len(order)]
@@ -402,11 +421,6 @@ class Dispatcher:
                     self._round_robin = (self._round_robin + step + 1) % len(order)
                     return consumer
             return None
-        if entry.key_hashes is None:
-            entry.key_hashes = {}
-        key_hash = entry.key_hashes.get(index)
-        if key_hash is None:
-            key_hash = entry.key_hashes[index] = stable_hash(self._routing_key_of(entry.record(index)) or "")
         owner = self._consumers[self._ring_owner(key_hash)]
         if self._draining(key_hash, owner.consumer_id):
             return None
@@ -507,6 +521,8 @@ class Dispatcher:
             owners = self._owner.get(position)
             owner = owners.pop(index, None) if owners is not None else None
             if owner is not None:
+                if self._resend:
+                    self._resend.pop(key, None)
                 if not owners:
                     del self._owner[position]
                 self._drop_outstanding(self._consumers[owner], position, (index,))
@@ -537,6 +553,28 @@ class Dispatcher:
             (kept if owner is not None and owner != holder else mine).append(key)
         return settled + self.settle(mine), kept
 
+    def resend(self, keys: Iterable[MessageKey]) -> list[MessageKey]:
+        """Hand these messages once more to the consumers holding them (the abort of a txn that
+        acked them while another consumer held them: ``SubscriptionState._settle_txn_acks``).
+        They stay outstanding with their holder, so their keys keep draining, and their
+        redelivery counts go up; the caller reads them again, and ``offer_entry`` queues them
+        for that consumer alone. Keys no longer outstanding are left out (a rewind queues them
+        as usual). Returns the keys marked.
+
+        Why not give them back: another consumer would get them while their holder may still
+        be working on them, against Key_Shared. Why not leave them be: the holder may have
+        given up on them already (its own txn ack of them was refused while that txn held
+        them), and then nothing would ever hand them out again."""
+        marked = []
+        for key in keys:
+            owners = self._owner.get(key[0])
+            holder = owners.get(key[1]) if owners is not None else None
+            if holder is not None:
+                self._resend[key] = holder
+                marked.append(key)
+        self.count_redelivery(marked)
+        return marked
+
     def first_queued(self) -> MessageKey | None:
         """The lowest message read but not yet handed out (None: nothing queued)."""
         if not self._queue:
@@ -562,9 +600,16 @@ class Dispatcher:
         owners = self._owner.pop(position, None)
         if owners is None:
             return []
+        self._unpin(position, owners)
         for consumer_id in set(owners.values()):
             self._drop_outstanding_entry(self._consumers[consumer_id], position)
         return [(position, index) for index in owners]
+
+    def _unpin(self, position: Position, indexes: Iterable[int]) -> None:
+        """Those messages are no longer outstanding: nothing to ``resend`` to a holder."""
+        if self._resend:
+            for index in indexes:
+                self._resend.pop((position, index), None)
 
     def ack_entries(self, positions: Iterable[Position]) -> None:
         """The entries are acked for good: ``settle`` them and forget their redelivery counts
@@ -575,6 +620,7 @@ class Dispatcher:
                 self._queued -= len(queued.indexes)
             owners = self._owner.pop(position, None)
             if owners is not None:
+                self._unpin(position, owners)
                 for consumer_id in set(owners.values()):
                     self._drop_outstanding_entry(self._consumers[consumer_id], position)
                 if self._redeliveries:
@@ -609,6 +655,7 @@ class Dispatcher:
                 del owners[index]
             if not owners:
                 del self._owner[position]
+            self._unpin(position, indexes)
         self.count_redelivery(released)
         if released and consumer.outbox:
             self._drop_from_outbox(consumer, by_entry)
@@ -652,6 +699,7 @@ class Dispatcher:
         self._owner.clear()
         self._redeliveries.clear()
         self._key_holders.clear()
+        self._resend.clear()
         for consumer in self._consumers.values():
             consumer.outstanding.clear()
             consumer.outstanding_count = 0

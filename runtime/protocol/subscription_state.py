@@ -399,7 +399,9 @@ class SubscriptionState:
         to another consumer. Settling it at once made its Key_Shared key look free: had the txn
         aborted, the message went out again to the key's next consumer while the other one still
         held it (simulator seed 66 of key-shared). Kept outstanding, the key drains
-        until that consumer acks or gives it back; the commit settles it for good."""
+        until that consumer acks or gives it back; the commit settles it for good, and an abort
+        hands it to that consumer once more (``Dispatcher.resend``: its own txn ack may have
+        been refused meanwhile, and it would never see the message again: chaos seed 11)."""
         if record.consumer is None:
             return self._settle(record.acks)
         settled, kept = self.dispatcher.settle_for(
@@ -532,9 +534,9 @@ class SubscriptionState:
         elif isinstance(record, AbortRecord):
             self.leases.on_txn_end(record.txn)
             self.dispatcher.count_redelivery(self._txn_keys.pop(record.txn, ()))
-            # Messages another consumer holds stay with it: the rewind below reads them again,
-            # and the dispatcher does not queue what is outstanding.
-            self._txn_foreign.pop(record.txn, None)
+            # Messages another consumer holds stay with it, and go to it once more when the
+            # rewind below reads them again (it may have given up on them: ``resend``).
+            self.dispatcher.resend(self._txn_foreign.pop(record.txn, ()))
             assert redelivery is not None
             # (An abort the persisted cursor includes: its give-back is in that form already.)
             if redelivery.messages:

@@ -516,3 +516,47 @@ def test_a_txn_ack_of_a_message_another_consumer_holds_leaves_it_there_until_the
     assert own is not None
     state.apply(own, P(9, 4))
     assert state.dispatcher.outstanding == 1  # its own ack settles at once, as before
+
+
+@pytest.mark.parametrize("consumer_type", [ConsumerType.Shared, ConsumerType.KeyShared])
+def test_an_abort_hands_a_message_another_consumer_held_to_that_consumer_once_more(
+        consumer_type: ConsumerType) -> None:
+    """Chaos seed 11: "b" (holding a message from before a restart) acks entry 0 in T1 while this
+    incarnation handed it to "a"; a's own txn ack of it is refused (T1 holds it), and "a" gives
+    up on it. When T1 aborts, "a" gets it once more (with its redelivery counted): left with
+    "a" and not handed out again, it was never consumed. Nobody else gets it meanwhile."""
+    state = SubscriptionState(0, Cursor())
+    for consumer in ("a", "b"):
+        state.add_consumer(consumer, consumer, consumer_type, 0.0)
+    entries = [data_entry(i, [b"x"]) for i in range(3)]
+    state.on_read(state.read_position, entries, P(0, 3), P(0, 2))
+    holder = state.dispatcher.consumer_of_key(None) if consumer_type is ConsumerType.KeyShared else "a"
+    other = "b" if holder == "a" else "a"
+    state.dispatcher.want(holder, 10)
+    state.dispatch()
+    taken = [entry for _, entry, *_ in state.take(holder)]
+    assert 0 in taken
+    foreign = state.prepare_ack(T1, [(P(0, 0), None, None)], consumer=other)
+    assert foreign is not None
+    state.apply(foreign, P(9, 0))
+    with pytest.raises(TransactionConflict):
+        state.prepare_ack(T2, [(P(0, 0), None, None)], consumer=holder)
+    for end in state.prepare_end(T1, EndAction.ABORT, None):
+        state.apply(end, P(9, 1))
+    state.on_read(state.read_position, entries, P(0, 3), P(0, 2))  # read again after the abort's rewind
+    state.dispatcher.want(other, 10)
+    state.dispatch()
+    assert 0 not in [entry for _, entry, *_ in state.take(other)]
+    outstanding = state.dispatcher.outstanding
+    state.dispatcher.want(holder, 10)
+    state.dispatch()
+    again = [(entry, redeliveries) for _, entry, _, _, _, redeliveries, _ in state.take(holder)]
+    assert again == [(0, 1)]
+    assert state.dispatcher.outstanding == outstanding  # the same holding, counted once
+    own = state.prepare_ack(TxnID(0, 3), [(P(0, 0), None, None)], consumer=holder)
+    assert own is not None
+    state.apply(own, P(9, 2))
+    for end in state.prepare_end(TxnID(0, 3), EndAction.COMMIT, None):
+        state.apply(end, P(9, 3))
+    assert (P(0, 0), 0) not in [key for c in ("a", "b") for key in state.dispatcher.release(c)]
+    assert not state.dispatcher._resend
