@@ -15,13 +15,18 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from raytxn.errors import RaytxnError, Timeout, TransactionAlreadyAborted, TransactionTimedOut
 from raytxn.ids import coordinator_actor_name, partition_actor_name, subscription_actor_name
+from raytxn.tools.chaos_evidence import client_story, partitions_of, stored_story
 from raytxn.tools.checker import Anomaly, Report, check
-from raytxn.tools.history import History
+from raytxn.tools.history import History, as_txn
+
+MAX_NOTES = 2000
 
 POINTS = {
     "coordinator": ["coordinator.after_log_new", "coordinator.after_log_committing", "coordinator.after_log_aborting",
@@ -47,6 +52,8 @@ class ChaosResult:
     faults_fired: int
     report: Report
     errors: dict[str, int] = field(default_factory=dict)
+    # When not clean: the anomalies' story, client side and stored side (``chaos_evidence``)
+    evidence: list[str] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
@@ -123,13 +130,15 @@ def run_chaos(client: Any, txns: int = 300, seed: int = 1, workers: int = 3, txn
     done: set[str] = set()
     counts = {"committed": 0, "aborted": 0, "fired": 0}
     errors: dict[str, int] = {}
+    notes: deque[tuple] = deque(maxlen=MAX_NOTES)  # (t, worker, txn, where, error) for the evidence
     lock = threading.Lock()
     stop = threading.Event()
     start = now()
 
-    def note_error(e: BaseException) -> None:
+    def note_error(e: BaseException, w: int | None = None, txn: Any = None, where: str = "") -> None:
         with lock:
             errors[type(e).__name__] = errors.get(type(e).__name__, 0) + 1
+            notes.append((now() - start, f"w{w}", as_txn(txn), where, repr(e)[:300]))
 
     def worker(w: int) -> None:
         consumer = consumers[w]
@@ -143,7 +152,7 @@ def run_chaos(client: Any, txns: int = 300, seed: int = 1, workers: int = 3, txn
                 history.receive_timeout(f"w{w}", "chaos", now(), topic=topic_in)
                 continue
             except RaytxnError as e:
-                note_error(e)
+                note_error(e, w, None, "receive")
                 continue
             uid = msg.value().decode()
             history.receive(f"w{w}", "chaos", topic_in, msg.message_id().partition, msg.message_id(), uid,
@@ -151,7 +160,7 @@ def run_chaos(client: Any, txns: int = 300, seed: int = 1, workers: int = 3, txn
             try:
                 txn = client.new_transaction(timeout=txn_timeout_s)
             except RaytxnError as e:
-                note_error(e)
+                note_error(e, w, None, f"new_transaction for {uid}")
                 consumer.negative_acknowledge(msg)
                 continue
             history.txn_begin(txn.id, now())
@@ -168,7 +177,7 @@ def run_chaos(client: Any, txns: int = 300, seed: int = 1, workers: int = 3, txn
                 consumer.acknowledge(msg, txn=txn)
                 history.consume_transform_produce(uid, outputs, txn.id, subscription="chaos", t=now())
             except RaytxnError as e:
-                note_error(e)
+                note_error(e, w, txn, f"send or ack for {uid}")
                 _abort(history, txn, now)
                 with lock:
                     counts["aborted"] += 1
@@ -186,12 +195,12 @@ def run_chaos(client: Any, txns: int = 300, seed: int = 1, workers: int = 3, txn
                     counts["committed"] += 1
                     done.add(uid)
             except (TransactionAlreadyAborted, TransactionTimedOut) as e:
-                note_error(e)
+                note_error(e, w, txn, "commit")
                 history.txn_commit(txn.id, "aborted", now(), issued_at=issued)
                 with lock:
                     counts["aborted"] += 1
             except RaytxnError as e:
-                note_error(e)
+                note_error(e, w, txn, "commit")
                 history.txn_commit(txn.id, "unknown", now(), issued_at=issued)
 
     def faults() -> None:
@@ -208,7 +217,7 @@ def run_chaos(client: Any, txns: int = 300, seed: int = 1, workers: int = 3, txn
                                       delay_s=event["delay_s"])
                 counts["fired"] += 1
             except RaytxnError as e:  # the target is restarting: that fault is skipped
-                note_error(e)
+                note_error(e, None, None, f"fault {event}")
             if progress:
                 progress(f"  t={now() - start:5.1f}s fault {event}")
 
@@ -241,8 +250,24 @@ def run_chaos(client: Any, txns: int = 300, seed: int = 1, workers: int = 3, txn
     if missing:  # every order must have been processed by the end
         report.lost.append(Anomaly("lost", f"{missing} orders",
                                    f"{missing} orders never committed within {time_limit_s}s"))
+        # (for the evidence: the story of the first few of them)
+        report.lost += [Anomaly("lost", f"order {uid}", "never committed", msg_uid=uid)
+                        for uid in [f"in-{i}" for i in range(txns) if f"in-{i}" not in done][:3]]
+    evidence = [] if report.clean else _evidence(client, history, report, notes)
     return ChaosResult(seed, txns, counts["committed"], counts["aborted"], now() - start, schedule,
-                       counts["fired"], report, errors)
+                       counts["fired"], report, errors, evidence)
+
+
+def _evidence(client: Any, history: History, report: Report, notes: Iterable[tuple]) -> list[str]:
+    anomalies = report.anomalies()
+    lines = client_story(history, anomalies, notes)
+    engine = client.config
+    for topic, partition in partitions_of(history, anomalies):
+        try:
+            lines += stored_story(engine.storage_url, engine.storage_options, topic, partition)
+        except Exception as e:  # noqa: BLE001 - evidence is best effort: the verdict stands without it
+            lines.append(f"ledger of {topic}-{partition}: unreadable: {e!r}")
+    return lines
 
 
 def _abort(history: History, txn: Any, now: Any) -> None:

@@ -36,5 +36,6 @@ def test_chaos_run_is_exactly_once(client: rt.Client, seed: int) -> None:
     result = run_chaos(client, txns=200, seed=seed, workers=3, txn_timeout_s=8.0, fault_interval_s=1.0)
     print(result.summary(), result.errors)
     assert result.faults_fired >= len(result.schedule) // 2, "the faults did not happen"
-    assert result.committed >= 200
-    assert result.clean, f"seed {seed} schedule {result.schedule}\n{result.report.summary()}"
+    evidence = "\n".join(result.evidence)
+    assert result.committed >= 200, f"seed {seed} schedule {result.schedule}\n{result.report.summary()}\n{evidence}"
+    assert result.clean, f"seed {seed} schedule {result.schedule}\n{result.report.summary()}\n{evidence}"

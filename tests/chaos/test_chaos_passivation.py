@@ -35,5 +35,6 @@ def test_chaos_with_passivation_on_many_partitions_is_exactly_once(client: rt.Cl
     assert any(e["do"] == "kill_for_good" for e in result.schedule)
     assert result.faults_fired >= len(result.schedule) // 2, "the faults did not happen"
     assert passivations > 0 and activations > passivations // 2, (passivations, activations)
-    assert result.committed >= 40
-    assert result.clean, f"schedule {result.schedule}\n{result.report.summary()}"
+    evidence = "\n".join(result.evidence)
+    assert result.committed >= 40, f"schedule {result.schedule}\n{result.report.summary()}\n{evidence}"
+    assert result.clean, f"schedule {result.schedule}\n{result.report.summary()}\n{evidence}"
