@@ -162,8 +162,8 @@ class Dispatcher:
         self._redeliveries: dict[MessageKey, int] = {}
         # Key_Shared: key hash -> consumer id -> its outstanding messages of such keys
         self._key_holders: dict[int, dict[str, int]] = {}
-        # Outstanding messages to hand to their holder once more (``resend``): key -> consumer id
-        self._resend: dict[MessageKey, str] = {}
+        # Outstanding messages to hand to their holder (``_owner``) once more (``resend``)
+        self._resend: set[MessageKey] = set()
 
     # --- consumers ---------------------------------------------------------------------------
 
@@ -374,7 +374,8 @@ class Dispatcher:
         self._queued -= len(indexes)
         if self._resend:  # handed out once more: outstanding with its new holder only, counted once
             for index in indexes:
-                if self._resend.pop((position, index), None) is not None:
+                if (position, index) in self._resend:
+                    self._resend.discard((position, index))
                     previous = self._owner[position][index]
                     self._drop_outstanding(self._consumers[previous], position, (index,))
         consumer.add_outbox(entry, indexes)
@@ -408,11 +409,9 @@ class Dispatcher:
             key_hash = entry.key_hashes.get(index)
             if key_hash is None:
                 key_hash = entry.key_hashes[index] = stable_hash(self._routing_key_of(entry.record(index)) or "")
-        if self._resend:
-            holder = self._resend.get((entry.position, index))
-            if holder is not None:
-                consumer = self._consumers[holder]
-                return consumer if consumer.demand > 0 else None
+        if self._resend and (entry.position, index) in self._resend:
+            consumer = self._consumers[self._owner[entry.position][index]]
+            return consumer if consumer.demand > 0 else None
         if shared:
             order = self._order
             for step in range(len(order)):
@@ -521,8 +520,7 @@ class Dispatcher:
             owners = self._owner.get(position)
             owner = owners.pop(index, None) if owners is not None else None
             if owner is not None:
-                if self._resend:
-                    self._resend.pop(key, None)
+                self._unpin(position, (index,))
                 if not owners:
                     del self._owner[position]
                 self._drop_outstanding(self._consumers[owner], position, (index,))
@@ -570,7 +568,7 @@ class Dispatcher:
             owners = self._owner.get(key[0])
             holder = owners.get(key[1]) if owners is not None else None
             if holder is not None:
-                self._resend[key] = holder
+                self._resend.add(key)
                 marked.append(key)
         self.count_redelivery(marked)
         return marked
@@ -608,8 +606,7 @@ class Dispatcher:
     def _unpin(self, position: Position, indexes: Iterable[int]) -> None:
         """Those messages are no longer outstanding: nothing to ``resend`` to a holder."""
         if self._resend:
-            for index in indexes:
-                self._resend.pop((position, index), None)
+            self._resend.difference_update((position, index) for index in indexes)
 
     def ack_entries(self, positions: Iterable[Position]) -> None:
         """The entries are acked for good: ``settle`` them and forget their redelivery counts
