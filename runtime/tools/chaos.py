@@ -250,16 +250,15 @@ def run_chaos(client: Any, txns: int = 300, seed: int = 1, workers: int = 3, txn
     if missing:  # every order must have been processed by the end
         report.lost.append(Anomaly("lost", f"{missing} orders",
                                    f"{missing} orders never committed within {time_limit_s}s"))
-        # (for the evidence: the story of the first few of them)
-        report.lost += [Anomaly("lost", f"order {uid}", "never committed", msg_uid=uid)
-                        for uid in [f"in-{i}" for i in range(txns) if f"in-{i}" not in done][:3]]
-    evidence = [] if report.clean else _evidence(client, history, report, notes)
+    # (the evidence tells the story of the first few orders never done, too)
+    stuck = [Anomaly("lost", f"order {uid}", "never committed", msg_uid=uid)
+             for uid in [f"in-{i}" for i in range(txns) if f"in-{i}" not in done][:3]]
+    evidence = [] if report.clean else _evidence(client, history, [*report.anomalies(), *stuck], notes)
     return ChaosResult(seed, txns, counts["committed"], counts["aborted"], now() - start, schedule,
                        counts["fired"], report, errors, evidence)
 
 
-def _evidence(client: Any, history: History, report: Report, notes: Iterable[tuple]) -> list[str]:
-    anomalies = report.anomalies()
+def _evidence(client: Any, history: History, anomalies: list[Anomaly], notes: Iterable[tuple]) -> list[str]:
     lines = client_story(history, anomalies, notes)
     engine = client.config
     for topic, partition in partitions_of(history, anomalies):

@@ -37,9 +37,9 @@ def client_story(history: History, anomalies: Iterable[Anomaly], notes: Iterable
     uids = {a.msg_uid for a in anomalies if a.msg_uid}
     events = history.events
     ids = {e.message_id for e in events if getattr(e, "msg_uid", None) in uids and hasattr(e, "message_id")}
-    named = [e for e in events if getattr(e, "msg_uid", None) in uids or getattr(e, "message_id", None) in ids]
-    txns |= {e.txn for e in named if getattr(e, "txn", None) is not None}  # the sends' and acks' txns
-    story = [_event_line(e) for e in events if e in named or getattr(e, "txn", None) in txns][:MAX_EVENTS]
+    named = {e.seq: e for e in events if getattr(e, "msg_uid", None) in uids or getattr(e, "message_id", None) in ids}
+    txns |= {e.txn for e in named.values() if getattr(e, "txn", None) is not None}  # the sends' and acks' txns
+    story = [_event_line(e) for e in events if e.seq in named or getattr(e, "txn", None) in txns][:MAX_EVENTS]
     story += [f"error t={t:.3f} {who} {txn} in {where}: {error}" for t, who, txn, where, error in notes if txn in txns]
     return story
 
@@ -54,12 +54,10 @@ def partitions_of(history: History, anomalies: Iterable[Anomaly]) -> list[tuple[
     uids = {a.msg_uid for a in anomalies if a.msg_uid}
     found: dict[tuple[str, int], None] = {}
     for event in history.events:
-        if getattr(event, "msg_uid", None) in uids:
-            ids = [getattr(event, "message_id", None)] + [m.message_id for m in getattr(event, "messages", ())]
-            for mid in ids:
-                if isinstance(mid, MessageId):
-                    found[(mid.topic, mid.partition)] = None
-        for drained in getattr(event, "messages", ()):
+        mid = getattr(event, "message_id", None)
+        if getattr(event, "msg_uid", None) in uids and isinstance(mid, MessageId):
+            found[(mid.topic, mid.partition)] = None
+        for drained in getattr(event, "messages", ()):  # a drain's messages
             if drained.msg_uid in uids:
                 found[(drained.message_id.topic, drained.message_id.partition)] = None
     return list(found)[:MAX_PARTITIONS]
