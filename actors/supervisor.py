@@ -463,7 +463,7 @@ class Supervisor(ActorShell, FaultTarget):
 
     async def _delete_objects(self, folders: list[str]) -> None:
         for folder in folders:
-            await self.storage.delete(await self.storage.list(folder))
+            await self.storage.delete_folder(folder)
 
     async def _finish_interrupted_admin(self) -> None:
         """Recovery: finish what a crashed incarnation left half done. Entries being deleted are

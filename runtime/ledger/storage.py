@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 from datetime import timedelta
 from pathlib import Path
 from typing import NamedTuple
@@ -31,6 +32,10 @@ from raytxn.errors import InvalidArgument, StorageUnavailable
 DEFAULT_URL = "file://./.raytxn-data"
 
 _memory_stores: dict[str, MemoryStore] = {}
+
+# LocalStore writes ``<path>#<n>`` first and links it into place; a process killed in between
+# leaves that staging file behind, and LocalStore's listings skip such names.
+_STAGING_NAME = re.compile(r"#\d+$")
 
 # obstore retries internally for up to 3 minutes by default; the ledger writer has its own retry
 # loop with a deadline, so keep the client's short and bounded.
@@ -187,6 +192,21 @@ class Storage:
                     pass
         except (BaseError, OSError) as e:
             raise StorageUnavailable(f"delete {paths[0]}...: {_short(e)}") from e
+
+
+    async def delete_folder(self, prefix: str) -> None:
+        """Delete every object under ``prefix`` (a folder), and in a local directory also the
+        staging files of puts whose process was killed mid-write: listings do not show them, so
+        only this finds them, and a deleted topic or subscription must leave nothing behind."""
+        await self.delete(await self.list(prefix))
+        if self._local_root is not None:
+            await asyncio.to_thread(self._delete_staging_files, prefix)
+
+    def _delete_staging_files(self, prefix: str) -> None:
+        assert self._local_root is not None
+        for path in (self._local_root / prefix.strip("/")).rglob("*#*"):
+            if _STAGING_NAME.search(path.name) and path.is_file():
+                path.unlink(missing_ok=True)
 
 
 def _short(error: BaseException) -> str:

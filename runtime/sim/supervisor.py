@@ -66,6 +66,6 @@ class SimSupervisor:
                            [partition_actor_name(name, p), *(subscription_actor_name(name, p, s)
                                                               for s in subscriptions)]])
         for folder in topic_object_folders(name):
-            await self._storage.delete(await self._storage.list(folder))
+            await self._storage.delete_folder(folder)
         if name in store.catalog.topics:
             store.catalog = store.catalog.without_topic(name)
