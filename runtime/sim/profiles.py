@@ -75,4 +75,8 @@ PROFILES: dict[str, Profile] = {
     # join late and leave and come back (keyshared.py): per key, first deliveries in order and
     # no two consumers holding a key's messages at once.
     "key-shared": _default_faults_running(Workload(key_shared=True, workers=3)),
+    # default's faults, and half the nemesis' events on partitions and subscriptions are
+    # passivations (world.py): the final snapshot, the stop, the kill and the activation.
+    "passivation": Profile(_DEFAULT_STORAGE, _DEFAULT_NETWORK,
+                           CrashFaults(mean_interval_s=0.3, zombie=0.25, passivate=0.5)),
 }

@@ -295,7 +295,8 @@ def run_seed(seed: int, profile_name: str = "default", workload: Workload | None
     trace.add("end", failure or "ok", counts.txns, counts.committed, counts.aborted)
     return SeedResult(seed, profile_name, failure, trace.digest(), counts.txns, counts.committed, counts.aborted,
                       {"storage": world.storage.injected, "network": world.network.injected,
-                       "crashes": world.crashes, "zombies": world.zombies},
+                       "crashes": world.crashes, "zombies": world.zombies,
+                       "passivations": world.passivations},
                       loop.time(), time.perf_counter() - began, trace.kept, schedule=schedule,
                       check=None if extra_check is None else check_spec(extra_check),
                       txns_started=driver.txns_started, fault_kinds=dict(sorted(world.gate.counts.items())),

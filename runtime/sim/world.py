@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from raytxn.actors.shell import ActorShell, Clock
+from raytxn.errors import RaytxnError
 from raytxn.sim.gate import FaultGate
 from raytxn.sim.loop import SimLoop
 from raytxn.sim.network import Network, NetworkFaults
@@ -26,6 +27,7 @@ from raytxn.sim.storage import SimStorage, StorageFaults
 from raytxn.sim.trace import Trace
 
 EPOCH_MS = 1_700_000_000_000  # the wall clock's reading at virtual time 0
+PASSIVATED_KINDS = ("partition-", "sub-")  # the actors the supervisor passivates (``raytxn.ids`` names)
 
 
 class SimClock(Clock):
@@ -49,6 +51,11 @@ class CrashFaults:
     zombie: float = 0.0                          # probability that a crash leaves a zombie
     restart_delay_s: tuple[float, float] = (0.01, 0.5)
     zombie_lifetime_s: tuple[float, float] = (0.05, 2.0)
+    # Probability that a nemesis event on a partition or subscription is a passivation instead:
+    # the supervisor's ``passivate`` call (refused while something holds the actor), then its
+    # kill a moment later, and an activation after the restart delay (no calls reach it between).
+    passivate: float = 0.0
+    passivation_kill_delay_s: tuple[float, float] = (0.0, 0.05)
 
 
 class Process:
@@ -97,6 +104,7 @@ class World:
         self.started_at: dict[str, list[float]] = {}  # name -> when each incarnation started
         self.crashes = 0
         self.zombies = 0
+        self.passivations = 0
 
     # --- actors ----------------------------------------------------------------------------
 
@@ -180,7 +188,7 @@ class World:
                 self._start(name)
 
     async def nemesis(self, names: list[str], until_s: float) -> None:
-        """Crash random actors of ``names`` until virtual time ``until_s``."""
+        """Crash (or passivate) random actors of ``names`` until virtual time ``until_s``."""
         faults = self.crash_faults
         if faults.mean_interval_s <= 0:
             return
@@ -189,4 +197,30 @@ class World:
             if self.loop.time() >= until_s:
                 return
             name = names[self.rng.randrange(len(names))]
-            self.crash(name, zombie=self.rng.random() < faults.zombie)
+            # (no draw without passivations: the other profiles keep their recorded schedules)
+            if faults.passivate > 0 and name.startswith(PASSIVATED_KINDS) and self.rng.random() < faults.passivate:
+                self.passivate(name)
+            else:
+                self.crash(name, zombie=self.rng.random() < faults.zombie)
+
+    def passivate(self, name: str) -> None:
+        """As the supervisor passivates an idle actor: ask the current incarnation to stop (it
+        refuses while open txns, consumers, ... hold it) and, when it did, kill it a moment later
+        (Ray's kill is not instant: calls still reach the stopped incarnation, and are refused)."""
+        process = self._current.get(name)
+        if process is None or not process.alive or not self.gate.allow("crash"):
+            return
+
+        async def passivate() -> None:
+            try:
+                reply = await process.actor.passivate(0.0)
+            except RaytxnError as error:  # stopped or not started: as Ray's call failing
+                self.trace.add("passivate", process.label, repr(error))
+                return
+            self.trace.add("passivate", process.label, reply["passivated"])
+            if reply["passivated"]:
+                self.passivations += 1
+                delay = self.rng.uniform(*self.crash_faults.passivation_kill_delay_s)
+                self.loop.call_later(delay, self.kill, process, True)
+
+        self.loop.spawn(process, passivate())

@@ -524,7 +524,8 @@ def sim_command(
     seeds: Annotated[int, typer.Option("--seeds", min=1, help="how many seeds to run")] = 100,
     seed: Annotated[int, typer.Option("--seed", help="the first seed")] = 0,
     faults: Annotated[str, typer.Option("--faults", help="none, default, heavy, stale-handles, consumer-swap, "
-                                                         "topic-delete, pipelined, leases or key-shared")] = "default",
+                                                         "topic-delete, pipelined, leases, key-shared or "
+                                                         "passivation")] = "default",
     jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="processes running seeds in parallel")] = 1,
     trace: Annotated[bool, typer.Option("--trace", help="print each failing seed's trace")] = False,
     schedule: Annotated[str, typer.Option(
