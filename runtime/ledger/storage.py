@@ -193,7 +193,6 @@ class Storage:
         except (BaseError, OSError) as e:
             raise StorageUnavailable(f"delete {paths[0]}...: {_short(e)}") from e
 
-
     async def delete_folder(self, prefix: str) -> None:
         """Delete every object under ``prefix`` (a folder), and in a local directory also the
         staging files of puts whose process was killed mid-write: listings do not show them, so

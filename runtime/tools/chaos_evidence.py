@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from raytxn.client.message import MessageId
+from raytxn.ids import partition_stream
 from raytxn.ledger.framing import FrameKind, decode_frames, decode_records
 from raytxn.ledger.snapshots import join_segments
 from raytxn.ledger.storage import Storage
@@ -70,7 +71,7 @@ def stored_story(storage_url: str, storage_options: dict[str, Any] | None, topic
 
 
 async def _stored_story(storage: Storage, topic: str, partition: int) -> list[str]:
-    stream = f"topics/{topic}/{partition}"
+    stream = partition_stream(topic, partition)
     lines = [f"ledger of {topic}-{partition}:"]
     for path in sorted(await storage.list(f"streams/{stream}/ledgers"))[:MAX_ENTRIES]:
         data = await storage.get(path)
