@@ -3,6 +3,7 @@ participant actors by their partition/subscription names."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Iterator
@@ -364,8 +365,6 @@ def test_registering_a_transactional_id_returns_once_the_fenced_txn_ended_everyw
 
 
 def test_batched_log_and_compaction(env: Env) -> None:
-    import asyncio
-
     config = env.config
     handle = env.tc(0)
     storage = Storage.from_url(config.storage_url)
