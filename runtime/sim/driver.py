@@ -183,14 +183,15 @@ class Driver:
             self._unexpected(f"append {uids[0]}", error)
             self.counts.error(error)
             for uid in uids:
-                self.history.send_failed(uid, error, self.now())
+                self.history.send_failed(uid, error, self.now(), producer=producer)
             return False
         for index, uid in enumerate(uids):
             if result.position is None:
-                self.history.send_failed(uid, "PositionUnknown", self.now())
+                self.history.send_failed(uid, "PositionUnknown", self.now(), producer=producer)
             else:
                 self.history.send_ok(uid, MessageId(topic, partition, result.position.ledger_id,
-                                                    result.position.entry_id, index), self.now())
+                                                    result.position.entry_id, index), self.now(),
+                                     producer=producer)
         return True
 
     async def seed_inputs(self) -> None:

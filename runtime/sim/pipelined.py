@@ -165,19 +165,19 @@ class _Incarnation:
         if error is not None:
             d.counts.error(error)
             d.pipelined_failed.append(f"{uid}: {error!r}")
-            d.history.send_failed(uid, error, d.now())
+            d.history.send_failed(uid, error, d.now(), producer=self.name)
             return
         mid = future.result()
         d.pipelined_acked.append(uid)
         if mid.ledger_id < 0:  # a duplicate acknowledged for a batch not the producer's latest
-            d.history.send_failed(uid, "PositionUnknown", d.now())
+            d.history.send_failed(uid, "PositionUnknown", d.now(), producer=self.name)
         else:
-            d.history.send_ok(uid, mid, d.now())
+            d.history.send_ok(uid, mid, d.now(), producer=self.name)
 
     def crashed(self) -> None:
         """The process died: what had no outcome may or may not be stored."""
         for uid in self.unsettled:
-            self.d.history.send_failed(uid, "client crashed", self.d.now())
+            self.d.history.send_failed(uid, "client crashed", self.d.now(), producer=self.name)
         self.unsettled.clear()
 
 

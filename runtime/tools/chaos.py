@@ -112,7 +112,7 @@ def run_chaos(client: Any, txns: int = 300, seed: int = 1, workers: int = 3, txn
     for i in range(txns):
         uid = f"in-{i}"
         history.send(uid, topic_in, None, None, seeder.producer_name, now())
-        history.send_ok(uid, seeder.send(uid.encode(), key=uid), now())
+        history.send_ok(uid, seeder.send(uid.encode(), key=uid), now(), producer=seeder.producer_name)
     consumers = [client.subscribe(topic_in, "chaos", consumer_type=rt.ConsumerType.Shared,
                                   initial_position=rt.InitialPosition.Earliest, consumer_name=f"w{w}",
                                   ack_timeout_s=txn_timeout_s * 2)
@@ -169,9 +169,10 @@ def run_chaos(client: Any, txns: int = 300, seed: int = 1, workers: int = 3, txn
                 for out_uid, producer, topic in ((outputs[0], producer_a, out_a), (outputs[1], producer_b, out_b)):
                     history.send(out_uid, topic, None, txn.id, producer.producer_name, now())
                     try:
-                        history.send_ok(out_uid, producer.send(out_uid.encode(), key=uid, txn=txn), now())
+                        history.send_ok(out_uid, producer.send(out_uid.encode(), key=uid, txn=txn), now(),
+                                         producer=producer.producer_name)
                     except RaytxnError as e:
-                        history.send_failed(out_uid, e, now())
+                        history.send_failed(out_uid, e, now(), producer=producer.producer_name)
                         raise
                 history.ack(f"w{w}", "chaos", msg.message_id(), txn.id, now())
                 consumer.acknowledge(msg, txn=txn)

@@ -6,9 +6,10 @@ no I/O, no clock (every time comes from the history, in float seconds).
 Vocabulary
 ----------
 - An **attempt** is one ``send`` of a msg_uid. ``send_ok`` / ``send_failed`` resolve the oldest
-  unresolved attempt of that uid. An attempt with ``send_ok`` is *stored*; a failed or unresolved
-  one *may* be stored (a retriable failure after the write, a crash): absent is fine, present is
-  fine when it was plain or its txn committed.
+  unresolved attempt of that uid by the producer they name (by anyone when they name none, and
+  then only one producer may have one unresolved, else ``malformed``). An attempt with
+  ``send_ok`` is *stored*; a failed or unresolved one *may* be stored (a retriable failure after
+  the write, a crash): absent is fine, present is fine when it was plain or its txn committed.
 - A stored message is **attributed** to the attempt whose ``send_ok`` named its message id, else
   to the uid's attempts on that topic (and partition) that have no ``send_ok`` ("may be stored"),
   else to all the uid's attempts on that topic (a second stored copy). When several attempts
@@ -350,11 +351,20 @@ class _Checker:
                     self.index_drain(event)
 
     def index_send_outcome(self, event: SendOk | SendFailed) -> None:
-        pending = [a for a in self.attempts_by_uid.get(event.msg_uid, ()) if not a.resolved]
+        pending = [a for a in self.attempts_by_uid.get(event.msg_uid, ())
+                   if not a.resolved and event.producer in (None, a.sent.producer)]
         what = "send_ok" if isinstance(event, SendOk) else "send_failed"
+        by = "" if event.producer is None else f" by {event.producer}"
         if not pending:
-            self.flag("malformed", f"msg {event.msg_uid}", f"{what} at t={event.t} without an unresolved send",
+            self.flag("malformed", f"msg {event.msg_uid}", f"{what} at t={event.t} without an unresolved send{by}",
                       event.msg_uid)
+            return
+        if event.producer is None and len({a.sent.producer for a in pending}) > 1:
+            # Sends of one uid by two producers at once: which one this outcome belongs to is a
+            # guess, and a wrong guess pins one txn's message on another txn.
+            producers = ", ".join(sorted({a.sent.producer for a in pending}))
+            self.flag("malformed", f"msg {event.msg_uid}", f"{what} at t={event.t} names no producer, and "
+                      f"{producers} have sends of it under way", event.msg_uid)
             return
         attempt = pending[0]
         attempt.resolved = True

@@ -70,17 +70,22 @@ class Sent(Event, frozen=True, kw_only=True, tag="send"):
 
 
 class SendOk(Event, frozen=True, kw_only=True, tag="send_ok"):
-    """The oldest unresolved attempt at ``msg_uid`` succeeded and is stored at ``message_id``."""
+    """The oldest unresolved attempt at ``msg_uid`` by ``producer`` succeeded and is stored at
+    ``message_id``. ``producer`` None: the oldest unresolved attempt by anyone, which is only
+    unambiguous when a single producer has one (see ``History.send_ok``)."""
 
     msg_uid: str
     message_id: MessageId
+    producer: str | None = None
 
 
 class SendFailed(Event, frozen=True, kw_only=True, tag="send_failed"):
-    """The oldest unresolved attempt at ``msg_uid`` failed: it may or may not be stored."""
+    """The oldest unresolved attempt at ``msg_uid`` by ``producer`` (None: as for ``SendOk``)
+    failed: it may or may not be stored."""
 
     msg_uid: str
     error_name: str
+    producer: str | None = None
 
 
 class TxnBegun(Event, frozen=True, kw_only=True, tag="txn_begin"):
@@ -217,14 +222,22 @@ class History:
         """A send of ``msg_uid`` was issued (``txn`` None: a plain send)."""
         self._record(Sent, t, msg_uid=msg_uid, topic=topic, partition=partition, txn=as_txn(txn), producer=producer)
 
-    def send_ok(self, msg_uid: str, message_id: Any, t: float) -> None:
-        """The send of ``msg_uid`` is durable at ``message_id``."""
-        self._record(SendOk, t, msg_uid=msg_uid, message_id=as_message_id(message_id))
+    def send_ok(self, msg_uid: str, message_id: Any, t: float, *, producer: str | None = None) -> None:
+        """The send of ``msg_uid`` by ``producer`` is durable at ``message_id``.
 
-    def send_failed(self, msg_uid: str, error: str | BaseException, t: float) -> None:
-        """The send of ``msg_uid`` failed (outcome unknown: it may still have been stored)."""
+        Name the producer whenever two producers may have a send of the same ``msg_uid`` under
+        way at once (two workers handed the same input after a redelivery both send its output):
+        without it the outcome goes to the oldest unresolved attempt, which may be the other
+        producer's, and the checker would pin one txn's message on the other txn. When several
+        producers have one unresolved, an outcome without a producer is reported ``malformed``."""
+        self._record(SendOk, t, msg_uid=msg_uid, message_id=as_message_id(message_id), producer=producer)
+
+    def send_failed(self, msg_uid: str, error: str | BaseException, t: float, *,
+                    producer: str | None = None) -> None:
+        """The send of ``msg_uid`` by ``producer`` failed (outcome unknown: it may still have been
+        stored). ``producer``: as for ``send_ok``."""
         error_name = error if isinstance(error, str) else type(error).__name__
-        self._record(SendFailed, t, msg_uid=msg_uid, error_name=error_name)
+        self._record(SendFailed, t, msg_uid=msg_uid, error_name=error_name, producer=producer)
 
     # --- transactions ---------------------------------------------------------------------------
 

@@ -87,9 +87,10 @@ def main() -> None:
                 uid = f"m-{i}-{j}"
                 history.send(uid, TOPIC, None, txn.id, producer.producer_name, time.monotonic())
                 try:
-                    history.send_ok(uid, producer.send(uid.encode(), key=uid, txn=txn), time.monotonic())
+                    history.send_ok(uid, producer.send(uid.encode(), key=uid, txn=txn), time.monotonic(),
+                                     producer=producer.producer_name)
                 except Exception as e:  # noqa: BLE001 - recorded: the checker decides
-                    history.send_failed(uid, e, time.monotonic())
+                    history.send_failed(uid, e, time.monotonic(), producer=producer.producer_name)
             issued = time.monotonic()
             try:
                 txn.commit()

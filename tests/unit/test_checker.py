@@ -346,6 +346,43 @@ def test_torn_aborted_txn_visible() -> None:
     assert report.torn[0].txn == T2
 
 
+def two_workers_send_one_output(h: History, *, name_producers: bool) -> None:
+    """Workers w1 (txn T1) and w2 (txn T2) were both handed input i (a redelivery after a
+    subscription restart) and both send its output o-i. w1's send is issued first but answered
+    last: w2's is stored at entry 1, w1's at entry 0. T1 aborts (its ack of i conflicts with
+    T2's), T2 commits. So the chaos run of stop 26 went, whose drain was reported torn."""
+    h.send("o-i", "out", 0, T1, "w1", 2.0)
+    h.send("o-i", "out", 0, T2, "w2", 2.1)
+    h.send_ok("o-i", mid(0, 1, "out"), 2.2, producer="w2" if name_producers else None)
+    h.send_ok("o-i", mid(0, 0, "out"), 2.5, producer="w1" if name_producers else None)
+    h.txn_abort(T1, "aborted", 3.0, issued_at=2.9)
+    h.txn_commit(T2, "committed", 3.1, issued_at=2.6)
+
+
+def test_outcomes_of_two_producers_sending_one_uid_go_to_their_own_attempts() -> None:
+    h = History()
+    two_workers_send_one_output(h, name_producers=True)
+    drain(h, (1, "o-i"), sub="sink", topic="out")  # T2's copy: right
+    clean(check(h, TIMEOUT_S))
+    h = History()
+    two_workers_send_one_output(h, name_producers=True)
+    drain(h, (0, "o-i"), sub="sink", topic="out")  # T1's copy: the aborted txn shows
+    report = check(h, TIMEOUT_S)
+    only(report, "torn")
+    assert report.torn[0].txn == T1, report.summary()
+
+
+def test_outcomes_naming_no_producer_while_two_have_sends_under_way_are_malformed() -> None:
+    # Before outcomes named their producer, w2's outcome went to w1's attempt (the oldest
+    # unresolved one), so T2's stored copy was pinned on the aborted T1 and reported torn.
+    h = History()
+    two_workers_send_one_output(h, name_producers=False)
+    drain(h, (1, "o-i"), sub="sink", topic="out")
+    report = check(h, TIMEOUT_S)
+    assert "malformed" in report.kinds() and "torn" not in report.kinds(), report.summary()
+    assert "w1, w2 have sends of it under way" in report.malformed[0].detail, report.summary()
+
+
 def test_order() -> None:
     h = History()
     h.subscribe("c", "s", "t", 0.0, from_earliest=True)
