@@ -138,6 +138,7 @@ class Consumer:
         self._queue: deque[tuple[_Feed, Run]] = deque()  # runs of messages of one entry, in order
         self._queued = 0  # messages in ``_queue``; the front run's first ``_front_taken`` are received
         self._front_taken = 0
+        self._rewinds_seen = 0
         self._cond = threading.Condition()      # guards the queue and the feeds' counters
         self._acks_lock = threading.Lock()      # guards everything below
         self._ack_groups: dict[tuple[int, Transaction | None, bool], _AckGroup] = {}
@@ -566,6 +567,17 @@ class Consumer:
             except Exception:  # closing must not fail; the actors drop idle consumers
                 log.warning("closing %r failed", self, exc_info=True)
 
+    @property
+    def rewinds_seen(self) -> int:
+        """How many times a subscription partition this consumer reads moved to a new generation
+        after it attached: its actor restarted (a crash, or an activation after passivation), or
+        a seek rewound it. Each time, what was prefetched here is dropped and every unacked message
+        comes again, to this consumer or another. So a message may then arrive below one received
+        before it, with a redelivery count of 0 after a restart (the count is not durable, as in
+        Pulsar). A workload that checks order records a reset when this grows
+        (``raytxn.tools.history.History.reset``)."""
+        return self._rewinds_seen
+
     def stats(self) -> list[dict[str, Any]]:
         """The subscription actors' stats, one per partition."""
         return self._client.loop.run(self._call_all("stats"))
@@ -601,6 +613,8 @@ class Consumer:
     def _move_to_generation_locked(self, feed: _Feed, generation: tuple[int, int]) -> None:
         """A newer generation: what was prefetched under an older one is dropped (redelivered)."""
         if generation > feed.generation:
+            if feed.generation != (0, 0):  # (0, 0): not attached yet
+                self._rewinds_seen += 1
             if feed.queued:
                 if self._queue and self._queue[0][0] is feed and self._front_taken:
                     self._front_taken = 0  # the front run goes: the next one starts fresh

@@ -142,6 +142,7 @@ def run_chaos(client: Any, txns: int = 300, seed: int = 1, workers: int = 3, txn
 
     def worker(w: int) -> None:
         consumer = consumers[w]
+        rewinds_seen = 0
         wrng = random.Random(seed * 1000 + w)
         producer_a = client.create_producer(out_a, producer_name=f"{run}-w{w}-a", send_timeout_s=120)
         producer_b = client.create_producer(out_b, producer_name=f"{run}-w{w}-b", send_timeout_s=120)
@@ -155,6 +156,9 @@ def run_chaos(client: Any, txns: int = 300, seed: int = 1, workers: int = 3, txn
                 note_error(e, w, None, "receive")
                 continue
             uid = msg.value().decode()
+            if consumer.rewinds_seen != rewinds_seen:  # the subscription restarted: order starts over
+                rewinds_seen = consumer.rewinds_seen
+                history.reset(f"w{w}", "chaos", now())
             history.receive(f"w{w}", "chaos", topic_in, msg.message_id().partition, msg.message_id(), uid,
                             msg.redelivery_count(), now())
             try:

@@ -14,6 +14,8 @@ import pytest
 import ray
 
 import raytxn as rt
+from raytxn.client.consumer import Consumer
+from raytxn.client.faults import kill_actor
 from raytxn.client.message import Message
 from raytxn.client.rpc import ActorRef
 from raytxn.config import SubscriptionConfig
@@ -336,6 +338,40 @@ def test_seek_to_a_message_and_to_a_publish_time(client: rt.Client) -> None:
     assert values(receive_all(consumer, 5)) == [b"a", b"b", b"c", b"d", b"e"]
     assert nothing_more(consumer, 0.3)
     consumer.close()
+
+
+def test_a_restart_of_the_subscription_actor_and_a_seek_each_count_as_a_rewind(client: rt.Client) -> None:
+    # Two Shared consumers: a restart hands every unacked message out again, with a redelivery
+    # count of 0 (not durable), so a consumer may get one below what it received before. The
+    # chaos workload records a reset when rewinds_seen grows, so the checker's order rule
+    # starts over there (stop 29: its passivation run met exactly this).
+    topic = new_topic(client)
+    first = client.subscribe(topic, "sub", consumer_type=rt.ConsumerType.Shared, consumer_name="first")
+    second = client.subscribe(topic, "sub", consumer_type=rt.ConsumerType.Shared, consumer_name="second")
+    ids = send(client, topic, [b"a", b"b", b"c", b"d"])
+    got = receive_all(first, 1) + receive_all(second, 1)
+    assert (first.rewinds_seen, second.rewinds_seen) == (0, 0)
+    kill_actor(subscription_actor_name(topic, 0, "sub"), restart=True)
+    after: list[tuple[Consumer, Message]] = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not (first.rewinds_seen and second.rewinds_seen
+                                               and {m.message_id() for m in got} <= {m.message_id() for _, m in after}):
+        for consumer in (first, second):
+            try:
+                after.append((consumer, consumer.receive(timeout=0.2)))
+            except Timeout:
+                pass
+    assert (first.rewinds_seen, second.rewinds_seen) == (1, 1)
+    again = [m for _, m in after if m.message_id() in {g.message_id() for g in got}]
+    assert {m.message_id() for m in again} == {m.message_id() for m in got}, "received, unacked: they come again"
+    assert all(m.redelivery_count() == 0 for m in again)  # why the count cannot tell the checker
+    for consumer, message in after:
+        consumer.acknowledge(message)
+    second.close()
+    first.seek(ids[0])
+    assert values(receive_all(first, 4)) == [b"a", b"b", b"c", b"d"]
+    assert first.rewinds_seen == 2
+    first.close()
 
 
 def test_multi_partition_topic_in_order_per_partition(client: rt.Client) -> None:
