@@ -359,12 +359,11 @@ class _Checker:
             self.flag("malformed", f"msg {event.msg_uid}", f"{what} at t={event.t} without an unresolved send{by}",
                       event.msg_uid)
             return
-        if event.producer is None and len({a.sent.producer for a in pending}) > 1:
+        if event.producer is None and len(producers := {a.sent.producer for a in pending}) > 1:
             # Sends of one uid by two producers at once: which one this outcome belongs to is a
             # guess, and a wrong guess pins one txn's message on another txn.
-            producers = ", ".join(sorted({a.sent.producer for a in pending}))
             self.flag("malformed", f"msg {event.msg_uid}", f"{what} at t={event.t} names no producer, and "
-                      f"{producers} have sends of it under way", event.msg_uid)
+                      f"{', '.join(sorted(producers))} have sends of it under way", event.msg_uid)
             return
         attempt = pending[0]
         attempt.resolved = True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from pathlib import Path
 
 import pytest
 
@@ -394,7 +395,7 @@ def test_batch_count_and_delay_limits(storage_url: tuple[str, dict]) -> None:
     run(go())
 
 
-def test_delete_folder_leaves_nothing_not_even_a_killed_puts_staging_file(tmp_path: object) -> None:
+def test_delete_folder_leaves_nothing_not_even_a_killed_puts_staging_file(tmp_path: Path) -> None:
     """A local put writes ``<path>#<n>`` and links it into place. A process killed in between
     leaves that file, which listings skip (CI: an unsubscribe left one in a pending-ack meta
     folder). ``delete_folder`` removes it as well, and nothing outside the folder."""
@@ -402,7 +403,7 @@ def test_delete_folder_leaves_nothing_not_even_a_killed_puts_staging_file(tmp_pa
         storage = Storage.from_url(f"file://{tmp_path}")
         for path in ("streams/a/meta/01", "streams/a/x/02", "streams/ab/meta/01"):
             await storage.create(path, b"x")
-        root = storage._local_root
+        root = tmp_path
         for leftover in ("streams/a/meta/03#1", "streams/ab/meta/03#1"):
             (root / leftover).write_bytes(b"half")
         assert "streams/a/meta/03#1" not in await storage.list("streams/a")
