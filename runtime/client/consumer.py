@@ -521,7 +521,8 @@ class Consumer:
 
     def seek(self, target: MessageId | int) -> None:
         """Deliver again from a message id (inclusive; on its partition) or from a publish time in
-        ms since the epoch (on every partition). Prefetched messages are dropped."""
+        ms since the epoch (on every partition). Prefetched messages are dropped; acks made before
+        it are sent first, so they cannot ack what it delivers again."""
         if isinstance(target, MessageId):
             if target.topic != self.topic or not 0 <= target.partition < len(self._feeds):
                 raise InvalidArgument(f"{target} is not a message of {self.topic}")
@@ -534,6 +535,11 @@ class Consumer:
         self._client.loop.run(self._seek(feeds, where))
 
     async def _seek(self, feeds: list[_Feed], where: dict[str, Any]) -> None:
+        # Acks made before the seek go before it, as Pulsar's seek flushes its grouped acks:
+        # sent after it, they would ack the messages the seek brings back.
+        self._flush()
+        if self._sending:
+            await asyncio.gather(*list(self._sending), return_exceptions=True)
         generations = await asyncio.gather(*(
             feed.ref.call_async("seek", deadline_s=self._client.deadline_s, **where) for feed in feeds))
         with self._cond:
