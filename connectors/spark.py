@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from raytxn.connectors.spark_pipeline import BATCH_SCHEMA, BatchHandle, BatchStats, ExactlyOncePipeline, read_batch
 
 __all__ = ["BATCH_SCHEMA", "BatchHandle", "BatchStats", "ExactlyOncePipeline", "init_spark", "read_batch",
-           "stop_spark", "write"]
+           "stop_spark", "task_slots", "write"]
 # spark_pipeline imports this module (for ``write``), so its names load on first use (PEP 562),
 # whichever of the two modules is imported first.
 _PIPELINE_NAMES = frozenset({"BATCH_SCHEMA", "BatchHandle", "BatchStats", "ExactlyOncePipeline", "read_batch"})
@@ -87,6 +87,21 @@ def init_spark(app_name: str = "raytxn", num_executors: int = 1, executor_cores:
     _session = raydp.init_spark(app_name, num_executors, executor_cores, executor_memory, configs=merged)
     _session.sparkContext.setLogLevel("ERROR")
     return _session
+
+
+def task_slots(spark: Any) -> int:
+    """How many tasks the executors run at once: instances x cores / cpus per task, from the
+    session's settings (RayDP sets them), else ``defaultParallelism`` (which is at least 2, even
+    on one core). A Python task costs Spark about 80 ms here before its code runs, so a Python
+    stage with more tasks than slots only queues them: one task per slot reads the same rows
+    sooner."""
+    conf = spark.sparkContext.getConf()
+    instances = conf.get("spark.executor.instances")
+    if instances is None:  # dynamic allocation, or a local master: Spark's own guess
+        return max(1, int(spark.sparkContext.defaultParallelism))
+    cores = int(conf.get("spark.executor.cores", "1"))
+    per_task = max(1, int(conf.get("spark.task.cpus", "1")))
+    return max(1, int(instances) * cores // per_task)
 
 
 def stop_spark() -> None:

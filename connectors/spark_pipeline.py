@@ -31,7 +31,7 @@ from pyspark.accumulators import AccumulatorParam
 
 from raytxn.client.transaction import UNENDED_STATES
 from raytxn.connectors.batches import BATCH_COLUMNS, BatchHandle, lease_batch
-from raytxn.connectors.spark import write
+from raytxn.connectors.spark import task_slots, write
 from raytxn.errors import Fenced, RaytxnError
 
 POLL_S = 0.2             # how long a batch waits for input before it counts as none
@@ -54,7 +54,7 @@ def read_batch(spark: Any, client: Any, topic: str, subscription: str, max_messa
     for input (an empty DataFrame and ``handle.count == 0`` when none came)."""
     handle = lease_batch(client, topic, subscription, holder or f"batch-{subscription}", epoch,
                          max_messages=max_messages, max_bytes=max_bytes, wait_s=wait_s,
-                         lease_timeout_s=lease_timeout_s, min_chunks=spark.sparkContext.defaultParallelism,
+                         lease_timeout_s=lease_timeout_s, min_chunks=task_slots(spark),
                          chunk_entries=chunk_entries)
     df, rows_read = chunks_to_spark(spark, handle.chunks)
     handle.rows_read = rows_read
@@ -74,27 +74,27 @@ class _RowCounts(AccumulatorParam):  # type: ignore[misc,valid-type]
 
 
 def chunks_to_spark(spark: Any, chunks: list[Any]) -> tuple[Any, Callable[[], int]]:
-    """A DataFrame of the chunks' messages (one Spark partition per chunk, each read by its task
-    straight from storage), and a function returning how many rows the tasks read."""
-    import pickle
-
+    """A DataFrame of the chunks' messages (the chunks dealt over one task per slot, each task
+    reading its chunks straight from storage, in order), and a function returning how many rows
+    the tasks read."""
     if not chunks:
         return spark.createDataFrame([], BATCH_SCHEMA), lambda: 0
     counts = spark.sparkContext.accumulator({}, _RowCounts())
-    # One task per core, each reading its share of the chunks in order: a Python task costs
-    # Spark a fixed overhead that a chunk's read (milliseconds) does not pay back.
-    slices = max(1, min(len(chunks), spark.sparkContext.defaultParallelism))
-    descriptors = spark.sparkContext.parallelize(
-        [(index, pickle.dumps(chunk)) for index, chunk in enumerate(chunks)], slices)
+    # One task per slot: a Python task costs Spark a fixed overhead (about 80 ms here) that a
+    # chunk's read (milliseconds) does not pay back. The tasks' input is the chunks' indexes from
+    # `spark.range`, which the JVM makes; the chunks travel in the read function's closure. A
+    # DataFrame of the descriptors themselves (`createDataFrame`, `toDF`) would pass them through
+    # a Python worker of its own first (pyspark re-serializes any RDD it makes from Python data).
+    slices = max(1, min(len(chunks), task_slots(spark)))
 
     def read_chunks(batches: Any) -> Any:  # runs in Spark's Python workers
         for batch in batches:
-            for index, raw in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True):
-                table = pickle.loads(raw).read(BATCH_COLUMNS)
+            for index in batch.column(0).to_pylist():
+                table = chunks[index].read(BATCH_COLUMNS)
                 counts.add({index: table.num_rows})
                 yield from table.to_batches()
 
-    df = descriptors.toDF("chunk int, descriptor binary").mapInArrow(read_chunks, BATCH_SCHEMA)
+    df = spark.range(0, len(chunks), 1, slices).mapInArrow(read_chunks, BATCH_SCHEMA)
     return df, lambda: sum(counts.value.values())
 
 

@@ -72,6 +72,25 @@ def test_read_batch_columns_and_ack_handle(client: rt.Client, spark) -> None:
     handle3.close()
 
 
+def test_a_batch_is_read_by_one_python_task_per_slot_with_no_python_before_it(client: rt.Client, spark) -> None:
+    """The session has one executor core: a batch of many chunks is read by one task, and no
+    Python worker runs before it (its input, the chunks' indexes, comes from the JVM)."""
+    from raytxn.connectors.spark import task_slots
+
+    source, _sink = setup_topics(client, [f"line {i}" for i in range(40)])  # 5-message entries
+    df, handle = read_batch(spark, client, source, "slots", max_messages=None, chunk_entries=1)
+    try:
+        assert task_slots(spark) == 1 < spark.sparkContext.defaultParallelism
+        assert len(handle.chunks) >= 8  # one entry a chunk
+        assert df.rdd.getNumPartitions() == 1
+        lineage = df._jdf.queryExecution().toRdd().toDebugString()
+        assert "PythonRDD" not in lineage, lineage
+        assert sorted(bytes(r.value).decode() for r in df.collect()) == sorted(f"line {i}" for i in range(40))
+        assert handle.rows_read() == 40
+    finally:
+        handle.close()
+
+
 def test_wordcount_exactly_once(client: rt.Client, spark) -> None:
     lines = sample_lines(200)
     source, sink = setup_topics(client, lines)
