@@ -14,6 +14,7 @@ Every read of a chunk returns the same rows in the same order (committed data be
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -65,6 +66,23 @@ class BatchHandle:
             else:
                 self.leases.acknowledge(txn)
         self.acknowledged = True
+
+    def acknowledge_async(self, txn: Any) -> concurrent.futures.Future[None]:
+        """``acknowledge(txn)`` without waiting (see ``LeaseSet.acknowledge_async``); the handle
+        counts as acknowledged once the future succeeded. Wait for it before ending ``txn``."""
+        if not self.leases:
+            self.acknowledged = True
+            done: concurrent.futures.Future[None] = concurrent.futures.Future()
+            done.set_result(None)
+            return done
+        future = self.leases.acknowledge_async(txn)
+
+        def settled(future: concurrent.futures.Future[None]) -> None:
+            if not future.cancelled() and future.exception() is None:
+                self.acknowledged = True
+
+        future.add_done_callback(settled)
+        return future
 
     def close(self) -> None:
         """Give the ranges back if they were never acknowledged (a failed batch: the next one

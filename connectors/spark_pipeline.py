@@ -12,16 +12,17 @@ may hold every CPU.
 zombie of the same pipeline, e.g. a driver that was thought dead, is fenced and its open
 transaction aborted) and hold its leases under that id's epoch, so the zombie's leases pass to the
 new incarnation at once. Per batch: begin a transaction, lease and read a batch, transform it,
-write the result from the Spark tasks inside the transaction, acknowledge the input in it,
-commit. An exception aborts the transaction and the batch is tried again from the same ranges; a
-restarted pipeline resumes where the last commit left off, because the input's cursors move only
-when a batch commits. Batches are sized by rows (``batch_max_messages``), bytes
-(``batch_max_bytes``) and time (``trigger_interval``: at most one batch per interval), or run
-back to back (``continuous=True``).
+write the result from the Spark tasks inside the transaction while the input's acks in it travel
+(``BatchHandle.acknowledge_async``), commit. An exception aborts the transaction and the batch
+is tried again from the same ranges; a restarted pipeline resumes where the last commit left
+off, because the input's cursors move only when a batch commits. Batches are sized by rows
+(``batch_max_messages``), bytes (``batch_max_bytes``) and time (``trigger_interval``: at most
+one batch per interval), or run back to back (``continuous=True``).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -157,15 +158,21 @@ class ExactlyOncePipeline:
         except BaseException:
             handle.close()
             raise
+        acked: concurrent.futures.Future[None] | None = None
         try:
             out = self.transform(df)
             columns = set(out.columns)
             if "value" not in columns:
                 raise ValueError("the transform's result needs a `value` column")
+            # The input's acks travel while the Spark job writes the output (one round trip off
+            # each batch). Sent after the transform is built, not before: a pipeline stalled in
+            # its transform still loses its range when the lease times out; from here on, the
+            # txn's timeout bounds a stall (an acked lease waits for its txn).
+            acked = handle.acknowledge_async(txn)
             rows_out = write(out, self.client, self.sink, txn, key_col="key" if "key" in columns else None,
                              properties_col="properties" if "properties" in columns else None,
                              writer_id=f"{self.pipeline_id}-e{epoch}-b{batch}", fault=self.write_fault)
-            handle.acknowledge(txn)
+            acked.result()
             if self.before_commit is not None:
                 self.before_commit(batch)
             t_commit = time.perf_counter()
@@ -173,6 +180,8 @@ class ExactlyOncePipeline:
             commit_s = time.perf_counter() - t_commit
             return BatchStats(batch, handle.rows_read(), rows_out, time.perf_counter() - t0, commit_s, str(txn.id), 0)
         except BaseException:
+            if acked is not None:  # an ack still under way would reach its subscription after the abort
+                concurrent.futures.wait([acked], timeout=self.client.deadline_s)
             if txn.state in UNENDED_STATES:
                 try:
                     txn.abort()

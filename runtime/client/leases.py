@@ -18,6 +18,7 @@ epoch, so a restarted pipeline takes over its zombie's leases at once and the zo
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -133,6 +134,20 @@ class LeaseSet:
         lease that expired meanwhile: ``NotAllowed``) makes ``txn`` abort-only."""
         with txn.operation():
             self._client.loop.run(self._acknowledge(txn))
+
+    def acknowledge_async(self, txn: Transaction) -> concurrent.futures.Future[None]:
+        """``acknowledge`` without waiting, so the acks travel while the caller does other work of
+        ``txn`` (a pipeline writes its output meanwhile: both are in the txn, so their order does
+        not matter, and ``commit`` needs both). Errors come through the future and make ``txn``
+        abort-only, as ``acknowledge``'s do. The caller waits for the future before it commits or
+        aborts."""
+        txn.check_open()
+
+        async def acknowledge() -> None:
+            with txn.operation():
+                await self._acknowledge(txn)
+
+        return self._client.loop.submit(acknowledge())
 
     async def _acknowledge(self, txn: Transaction) -> None:
         participants = [(self.topic, p, self.subscription) for p in sorted(self.leases)]

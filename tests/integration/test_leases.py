@@ -192,6 +192,37 @@ def test_an_expired_lease_goes_to_the_next_reader_and_its_holders_commit_fails(c
     assert not client.lease_ranges(topic, "s", "next")
 
 
+def test_an_ack_sent_without_waiting_commits_with_its_txn_or_makes_it_abort_only(client: rt.Client) -> None:
+    """``acknowledge_async``: the acks travel while the txn's other work goes on; commit moves
+    the cursors past the ranges. An ack refused (an expired lease) comes through the future, and
+    the txn can then only abort, as with ``acknowledge``."""
+    topic = new_topic(client, partitions=2)
+    produce_keyed(client, topic, 10, "a")
+    leases = client.lease_ranges(topic, "s", "async")
+    txn = client.new_transaction()
+    future = leases.acknowledge_async(txn)
+    assert future.result(timeout=30) is None
+    txn.commit()
+    assert not client.lease_ranges(topic, "s", "async")  # committed: nothing past the cursors
+
+    produce(client, topic, 3, "b")
+    stalled = client.lease_ranges(topic, "s", "async", timeout_s=0.5)
+    time.sleep(2.0)  # past the timeout and a maintenance tick
+    taken = client.lease_ranges(topic, "s", "next")
+    late = client.new_transaction()
+    refused = stalled.acknowledge_async(late)
+    with pytest.raises(NotAllowed, match="not held"):
+        refused.result(timeout=30)
+    with pytest.raises(rt.errors.InvalidTxnState, match="earlier one failed"):
+        late.check_open()
+    late.abort()
+    assert sorted(values(taken)) == [b"b0", b"b1", b"b2"]
+    txn = client.new_transaction()
+    taken.acknowledge(txn)
+    txn.commit()
+    assert not client.lease_ranges(topic, "s", "next")
+
+
 def test_a_renewed_lease_outlives_its_first_timeout(client: rt.Client) -> None:
     topic = new_topic(client)
     produce(client, topic, 2)
