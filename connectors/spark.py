@@ -220,14 +220,20 @@ def produce_slice(spec: WriteSpec, index: int, attempt: int, rows: Iterable[Any]
     pending: dict[int, list[bytes]] = {}  # encoded MessageRecords
     sent = 0
 
+    def register(partitions: list[int]) -> None:
+        """The coordinator must know a partition before data of the txn lands on it; one call
+        (one txn-log write) registers every partition given."""
+        new = [p for p in partitions if p not in registered]
+        if spec.txn is not None and new:
+            coordinators.add_partitions(spec.txn, [(spec.topic, p) for p in new], spec.epoch)
+            registered.update(new)
+
     def flush(p: int) -> None:
         nonlocal sent
         batch = pending.pop(p, [])
         if not batch:
             return
-        if spec.txn is not None and p not in registered:  # the coordinator must know it before data lands
-            coordinators.add_partitions(spec.txn, [(spec.topic, p)], spec.epoch)
-            registered.add(p)
+        register([p])
         first = next_sequence[p]
         next_sequence[p] += len(batch)
         ActorRef(partition_actor_name(spec.topic, p), spec.token).call(
@@ -249,6 +255,7 @@ def produce_slice(spec: WriteSpec, index: int, attempt: int, rows: Iterable[Any]
         pending.setdefault(p, []).append(encode_message(record))
         if len(pending[p]) >= spec.batch_rows:
             flush(p)
+    register(sorted(pending))  # what is left goes out now: register it in one call, not one each
     for p in sorted(pending):
         flush(p)
     return sent

@@ -47,16 +47,20 @@ BATCH_SCHEMA = ("key string, value binary, properties string, event_time long, "
 
 def read_batch(spark: Any, client: Any, topic: str, subscription: str, max_messages: int | None = 1000, *,
                max_bytes: int | None = None, holder: str | None = None, epoch: int = 0, wait_s: float = 1.0,
-               lease_timeout_s: float = 120.0, chunk_entries: int = 2_000) -> tuple[Any, BatchHandle]:
+               lease_timeout_s: float = 120.0, chunk_entries: int = 2_000,
+               on_leased: Callable[[BatchHandle], None] | None = None) -> tuple[Any, BatchHandle]:
     """A DataFrame (columns: key, value, properties, event_time, publish_time, topic, partition,
     message_id) of the next messages of ``subscription``, read by Spark tasks, and the handle
     acknowledging them (``handle.rows_read()``: the rows the tasks read so far). ``holder`` and
     ``epoch`` hold the leases (default ``batch-<subscription>``, 0); ``wait_s``: how long to wait
-    for input (an empty DataFrame and ``handle.count == 0`` when none came)."""
+    for input (an empty DataFrame and ``handle.count == 0`` when none came); ``on_leased(handle)``:
+    called once a non-empty batch is leased, before its DataFrame is planned."""
     handle = lease_batch(client, topic, subscription, holder or f"batch-{subscription}", epoch,
                          max_messages=max_messages, max_bytes=max_bytes, wait_s=wait_s,
                          lease_timeout_s=lease_timeout_s, min_chunks=task_slots(spark),
                          chunk_entries=chunk_entries)
+    if on_leased is not None and handle.count:
+        on_leased(handle)
     df, rows_read = chunks_to_spark(spark, handle.chunks)
     handle.rows_read = rows_read
     return df, handle
@@ -99,6 +103,16 @@ def chunks_to_spark(spark: Any, chunks: list[Any]) -> tuple[Any, Callable[[], in
     return df, lambda: sum(counts.value.values())
 
 
+def _abandon(begun: list[concurrent.futures.Future[Any]]) -> None:
+    """Abort a transaction begun for a batch whose read then failed (else it waits out its
+    timeout, holding nothing: it has no participants yet)."""
+    for future in begun:
+        try:
+            future.result().abort()
+        except Exception:  # noqa: BLE001 - best effort: the read's own error is what the caller gets
+            pass  # it never began, or it times out instead
+
+
 @dataclass
 class BatchStats:
     batch: int
@@ -136,11 +150,11 @@ class ExactlyOncePipeline:
     # leases are held under it too.
     epoch: int | None = field(default=None, init=False)
 
-    def _read(self, epoch: int) -> tuple[Any, BatchHandle]:
+    def _read(self, epoch: int, on_leased: Callable[[BatchHandle], None] | None = None) -> tuple[Any, BatchHandle]:
         return read_batch(self.spark, self.client, self.source, self.subscription, self.batch_max_messages,
                           max_bytes=self.batch_max_bytes, holder=self.pipeline_id, epoch=epoch,
                           wait_s=POLL_CONTINUOUS_S if self.continuous else POLL_S,
-                          lease_timeout_s=self.lease_timeout_s)
+                          lease_timeout_s=self.lease_timeout_s, on_leased=on_leased)
 
     def run_batch(self, batch: int) -> BatchStats | None:
         """One micro-batch in one transaction; None when there was no input."""
@@ -150,11 +164,23 @@ class ExactlyOncePipeline:
         epoch = self.epoch
         if not self.exactly_once:
             return self._run_batch_at_least_once(batch, t0, epoch)
-        df, handle = self._read(epoch)  # leases first: an idle poll begins no transaction
+        # Leases first, so an idle poll begins no transaction; the transaction then begins while
+        # the batch's DataFrame is planned (a coordinator round trip off the batch).
+        begun: list[concurrent.futures.Future[Any]] = []
+
+        def begin(_handle: BatchHandle) -> None:
+            begun.append(self.client.new_transaction_async(self.txn_timeout_s, transactional_id=self.pipeline_id,
+                                                           epoch=epoch))
+
+        try:
+            df, handle = self._read(epoch, on_leased=begin)
+        except BaseException:
+            _abandon(begun)
+            raise
         if handle.count == 0:
             return None
         try:
-            txn = self.client.new_transaction(self.txn_timeout_s, transactional_id=self.pipeline_id, epoch=epoch)
+            txn = begun[0].result()
         except BaseException:
             handle.close()
             raise
