@@ -125,8 +125,8 @@ class ParticipantEndFailed(RaytxnError):
 
 
 class Fenced(RaytxnError):
-    """A newer incarnation (of a ledger writer, an actor, or a transactional id) has taken
-    over; the caller is a zombie and must stop."""
+    """A newer incarnation (of a ledger writer, an actor, a transactional id, a lease holder, or
+    a named producer) has taken over; the caller is a zombie and must stop."""
 
 
 class GroupStateError(RaytxnError):

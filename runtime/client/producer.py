@@ -42,9 +42,12 @@ the ones that did not succeed one at a time, oldest first, with the same sequenc
 that did land is acknowledged as a duplicate, one that did not is stored now, in order. A batch
 that fails for good (a final error, or retries past ``send_timeout_s``) fails its futures and its
 sequence range is never reused (the partition accepts the gap: the next batch follows nothing
-unacknowledged). A producer re-created with the same name continues above the highest sequence
-id each partition holds for it. A duplicate acknowledged for a batch that is not the producer's
-latest there has no known position: its ids carry ledger and entry -1.
+unacknowledged). A named producer is an incarnation of its name: at creation it asks every
+partition for a new producer epoch (``init_producer``), which fences the appends of older
+incarnations still on their way (a crashed client's, or a stalled one's: ``Fenced``), and its
+sequence ids start again at 0 in it (Kafka's producer epochs; ``txn_buffer``'s epoch rule). A
+duplicate acknowledged for a batch that is not the producer's latest there has no known
+position: its ids carry ledger and entry -1.
 
 Flow control: at most ``max_pending_messages`` (10,000) messages holding at most
 ``max_pending_bytes`` (64 MiB, Pulsar's client memory limit) wait to be durable. Past either,
@@ -254,17 +257,20 @@ class Producer:
         self._launching: list[_Batch | None] = [None] * partitions  # waiting for its txn's registration
         self._wake: list[asyncio.Event | None] = [None] * partitions
         self._next_sequence = [0] * partitions
+        self._epochs = [0] * partitions  # this incarnation's producer epoch at each partition
         self._registering: set[asyncio.Task] = set()
         self._replies: set[asyncio.Task] = set()
         # The partitions the latest transaction sent to (see _register_early).
         self._working_set: tuple[Transaction | None, set[int]] = (None, set())
         self._closed = False
-        if producer_name is not None:  # continue above what the partitions hold for this name
-            self._next_sequence = client.loop.run(self._last_sequences())
+        if producer_name is not None:  # a new incarnation of the name: fence the older ones
+            self._epochs, self._next_sequence = client.loop.run(self._init_epochs())
 
-    async def _last_sequences(self) -> list[int]:
-        values = await asyncio.gather(*(ref.call_async("last_sequence", self.producer_name) for ref in self._refs))
-        return [v + 1 for v in values]
+    async def _init_epochs(self) -> tuple[list[int], list[int]]:
+        """This incarnation's epoch and first sequence id at every partition (``init_producer``):
+        the epoch fences the appends of older incarnations of the name still on their way."""
+        replies = await asyncio.gather(*(ref.call_async("init_producer", self.producer_name) for ref in self._refs))
+        return [epoch for epoch, _ in replies], [first for _, first in replies]
 
     # --- public API ------------------------------------------------------------------------
 
@@ -678,7 +684,7 @@ class Producer:
         window.append(flight)
         try:
             reply = self._refs[partition].submit("append", self.producer_name, flight.first, batch.records,
-                                                 txn.id if txn else None, previous)
+                                                 txn.id if txn else None, previous, self._epochs[partition])
         except Exception as error:  # noqa: BLE001 - e.g. ActorNotFound: sorted out by the recovery
             self._flight_failed(partition, flight, error)
             return
@@ -722,7 +728,8 @@ class Producer:
                 try:
                     result = await retry_async(
                         lambda f=flight, t=txn_id: ref.attempt_async("append", self.producer_name, f.first,
-                                                                     f.batch.records, t, -1),
+                                                                     f.batch.records, t, -1,
+                                                                     self._epochs[partition]),
                         self.send_timeout_s, what=f"{ref.name}.append")
                 except Exception as final:  # noqa: BLE001 - the batch's futures carry it
                     error = final

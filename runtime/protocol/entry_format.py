@@ -37,7 +37,9 @@ class EntryHeader(msgspec.Struct, frozen=True, array_like=True, tag="h1"):
     ``count`` 0, and ``low_watermark`` = the coordinator's low watermark the end came with (so a
     replay relearns it). ``publish_time_ms`` is stamped by the partition actor's clock.
     ``base_offset``: the entry's first dense Kafka offset (``protocol.offsets``), stamped when the
-    entry is handed to the ledger; None in entries written before offsets existed."""
+    entry is handed to the ledger; None in entries written before offsets existed.
+    ``producer_epoch``: the producer incarnation's epoch at this partition (``txn_buffer``'s epoch
+    rule); 0 in entries written before epochs, and for producers that never asked for one."""
 
     kind: EntryKind
     txn: TxnID | None
@@ -48,6 +50,7 @@ class EntryHeader(msgspec.Struct, frozen=True, array_like=True, tag="h1"):
     publish_time_ms: int
     low_watermark: int | None = None
     base_offset: int | None = None
+    producer_epoch: int = 0
 
     @property
     def is_marker(self) -> bool:

@@ -58,6 +58,19 @@ sequence id stored or prepared here (-1 when unknown). Then, in this order:
 4. otherwise OK. A gap (``first_sequence > highest + 1`` with ``previous_sequence <= highest``) is
    allowed: the range of a batch that failed for good is never reused, and a producer whose entry
    the LRU-bounded dedup table evicted continues where it was.
+
+Epoch rule (Kafka's producer epochs, per partition). Sequence ids count within an epoch of the
+producer's name. A producer incarnation asks ``init_producer`` for its epoch: one above every
+epoch known here for the name, stored, being stored or handed out. Its sequences start at 0 there.
+An append of an older epoch than the newest known is ``Fenced``: a dead or stalled incarnation's
+append still on its way (in the network, or waiting for its predecessor under rule 3) can neither
+land after its successor began nor make the successor's batch of the same sequence ids a false
+DUPLICATE (acknowledged, never stored). The sequence rule above applies within the append's
+epoch; a newer epoch's first append starts from nothing (``highest`` = -1). An epoch handed out
+but not yet in a stored entry is volatile: after a restart, a late append of the older epoch can
+land before the successor's first one. It is then simply stored (its sequences are its epoch's),
+and the successor's batches, of the newer epoch, neither collide with it nor are fenced by it.
+Producers that never ask (epoch 0 throughout) keep the sequence rule alone.
 """
 
 from __future__ import annotations
@@ -69,6 +82,7 @@ import msgspec
 
 from raytxn.errors import (
     CorruptLedger,
+    Fenced,
     InvalidArgument,
     InvalidTxnState,
     NotAllowed,
@@ -158,6 +172,7 @@ class DedupEntry(msgspec.Struct, frozen=True, array_like=True):
     producer: str
     last_sequence: int
     position: Position  # the entry that carried ``last_sequence``
+    epoch: int = 0  # the producer epoch of that entry (0 in snapshots from before epochs)
 
 
 class TxnBufferSnapshot(msgspec.Struct, frozen=True):
@@ -217,7 +232,11 @@ class TransactionBuffer:
         self._low_watermarks: dict[int, int] = {}  # from markers only, so replay relearns them
         self.offsets = OffsetIndex(interval=offset_index_interval)  # Kafka offsets, stamped via ``stamp``
         # --- volatile ---
-        self._pending_sequences: dict[str, list[int]] = {}  # producer -> prepared last sequences, ascending
+        # producer -> (epoch, last sequence) of prepared appends, ascending
+        self._pending_sequences: dict[str, list[tuple[int, int]]] = {}
+        # producer -> an epoch ``init_producer`` handed out, until an entry of it is applied
+        # (least recently handed out first; bounded like the dedup table)
+        self._handed_epochs: OrderedDict[str, int] = OrderedDict()
         self._pending_appends: dict[TxnID, int] = {}  # txn -> prepared, unapplied data entries
         self._ending: dict[TxnID, EndAction] = {}  # marker prepared, not applied yet
         self._heard_low_watermarks: dict[int, int] = {}
@@ -285,13 +304,37 @@ class TransactionBuffer:
         return (entry.last_sequence, entry.position) if entry else None
 
     def highest_sequence(self, producer: str) -> int:
-        """The producer's highest sequence id stored *or being stored* here (-1 if none is known):
-        where a producer re-created with the same name continues. An append prepared but not
-        durable yet counts: continuing at its sequence would collide with it (an overlap refused,
-        or, for the same range, a duplicate acknowledged for messages never stored)."""
+        """The producer's highest sequence id stored *or being stored* here in its newest epoch
+        (-1 if none is known). An append prepared but not durable yet counts: continuing at its
+        sequence would collide with it (an overlap refused, or, for the same range, a duplicate
+        acknowledged for messages never stored)."""
+        return self._highest_in_epoch(producer, self.producer_epoch(producer))
+
+    def _highest_in_epoch(self, producer: str, epoch: int) -> int:
+        known = self._dedup.get(producer)
+        persisted = known.last_sequence if known is not None and known.epoch == epoch else -1
+        pending = [sequence for e, sequence in self._pending_sequences.get(producer, ()) if e == epoch]
+        return max(persisted, pending[-1] if pending else -1)
+
+    def producer_epoch(self, producer: str) -> int:
+        """The newest epoch known here for ``producer``: stored, being stored, or handed out
+        (0 if none)."""
         known = self._dedup.get(producer)
         pending = self._pending_sequences.get(producer)
-        return max(known.last_sequence if known else -1, pending[-1] if pending else -1)
+        return max(known.epoch if known is not None else 0, pending[-1][0] if pending else 0,
+                   self._handed_epochs.get(producer, 0))
+
+    def init_producer(self, producer: str) -> int:
+        """A new incarnation of ``producer``: its epoch here, above every one known, which fences
+        the older ones at once (volatile until an entry of it is stored; see the epoch rule)."""
+        if not producer or type(producer) is not str:
+            raise InvalidArgument(f"a producer is a non-empty name, got {producer!r}")
+        epoch = self.producer_epoch(producer) + 1
+        self._handed_epochs.pop(producer, None)
+        self._handed_epochs[producer] = epoch
+        while len(self._handed_epochs) > self.max_producers:
+            self._handed_epochs.popitem(last=False)
+        return epoch
 
     def aborted_between(self, start: Position, end: Position) -> list[AbortedTxn]:
         """The aborted txns whose hidden span ``first_position..marker_position`` meets
@@ -321,9 +364,14 @@ class TransactionBuffer:
         if type(previous_sequence) is not int or not -1 <= previous_sequence < header.first_sequence:
             raise InvalidArgument(f"previous_sequence must be an int in -1..{header.first_sequence - 1}, "
                                   f"got {previous_sequence!r}")
+        epoch, newest = header.producer_epoch, self.producer_epoch(header.producer)
+        if type(epoch) is not int or epoch < 0:
+            raise InvalidArgument(f"producer epoch must be an int >= 0, got {epoch!r}")
+        if epoch < newest:
+            raise Fenced(f"producer {header.producer!r}: epoch {epoch} is fenced by its epoch {newest} here")
         known = self._dedup.get(header.producer)
-        persisted = known.last_sequence if known else -1
-        pending = self._pending_sequences.get(header.producer)
+        persisted = known.last_sequence if known is not None and known.epoch == epoch else -1
+        pending = [sequence for e, sequence in self._pending_sequences.get(header.producer, ()) if e == epoch]
         highest_pending = pending[-1] if pending else -1
         # Dedup first: a retried send whose original landed succeeds even if its txn ended since.
         if header.last_sequence <= persisted:
@@ -350,14 +398,15 @@ class TransactionBuffer:
                 raise NotAllowed(f"{txn} is at or below the low watermark {self.low_watermark(txn.tc_id)} "
                                  f"of coordinator {txn.tc_id}: it has ended")
             self._pending_appends[txn] = self._pending_appends.get(txn, 0) + 1
-        self._pending_sequences.setdefault(header.producer, []).append(header.last_sequence)
+        self._pending_sequences.setdefault(header.producer, []).append((epoch, header.last_sequence))
         return AppendDecision(AppendStatus.OK)
 
     def cancel_append(self, header: EntryHeader) -> None:
         """Forget an OK'd append that was certainly not handed to the ledger."""
         pending = self._pending_sequences.get(header.producer)
-        if pending and header.last_sequence in pending:
-            pending.remove(header.last_sequence)
+        prepared = (header.producer_epoch, header.last_sequence)
+        if pending and prepared in pending:
+            pending.remove(prepared)
             if not pending:
                 del self._pending_sequences[header.producer]
         if header.txn is not None:
@@ -382,16 +431,19 @@ class TransactionBuffer:
     def apply_append(self, header: EntryHeader, position: Position) -> None:
         """A DATA entry became durable at ``position``."""
         _check_data_header(header)
+        applied = (header.producer_epoch, header.last_sequence)
         pending = self._pending_sequences.get(header.producer)
         if pending:
-            while pending and pending[0] <= header.last_sequence:
+            while pending and pending[0] <= applied:
                 pending.pop(0)
             if not pending:
                 del self._pending_sequences[header.producer]
+        if self._handed_epochs.get(header.producer, -1) <= header.producer_epoch:
+            self._handed_epochs.pop(header.producer, None)  # the stored entry carries it now
         before, entries_before, offset = self._advance(position, header.count, header.base_offset)
         known = self._dedup.pop(header.producer, None)
-        if known is None or header.last_sequence > known.last_sequence:
-            known = DedupEntry(header.producer, header.last_sequence, position)
+        if known is None or applied > (known.epoch, known.last_sequence):
+            known = DedupEntry(header.producer, header.last_sequence, position, header.producer_epoch)
         self._dedup[header.producer] = known  # most recently used now
         while len(self._dedup) > self.max_producers:
             self._dedup.popitem(last=False)

@@ -43,10 +43,12 @@ if TYPE_CHECKING:
 IDEMPOTENT = frozenset({
     "append", "end_txn", "ack", "new_txn", "begin_txn", "add_partitions", "add_subscriptions",
     "register_transactional_id", "read", "last_sequence", "ready", "subscribe", "get_txn",
+    "init_producer",
 })
-# Not duplicated late: a second registration delivered after the first was answered fences the very
-# producer that registered (Ray never delivers a call twice; a client's retry follows a failure).
-NOT_DUPLICATED = frozenset({"register_transactional_id"})
+# Not duplicated late: a second registration (of a transactional id, or of a producer's epoch)
+# delivered after the first was answered fences the very producer that registered (Ray never
+# delivers a call twice; a client's retry follows a failure).
+NOT_DUPLICATED = frozenset({"register_transactional_id", "init_producer"})
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,9 @@ already stored.
 A *client crash* ends the producer's process: every task of it is cancelled (its appends already
 sent stay in flight, as a dead caller's calls do), the messages whose futures had not resolved
 are recorded as failed sends (they may or may not be stored), and a new producer with the same
-name starts after a restart delay, continuing above the highest sequence each partition holds for
-that name (what ``Producer.__init__`` does for a named producer).
+name starts after a restart delay, in a new producer epoch of that name at every partition, which
+fences the dead incarnation's appends still in the network (what ``Producer.__init__`` does for a
+named producer).
 
 What must hold (``violations``, part of every run of a workload with pipelined producers, on
 top of the exactly-once checker which sees every send and its outcome):
@@ -130,12 +131,12 @@ class _Incarnation:
         producer = Producer(_Client(d.world.loop), self.topic, d.w.partitions,  # type: ignore[arg-type]
                             batching_max_messages=BATCH_MESSAGES, send_timeout_s=SEND_TIMEOUT_S,
                             max_in_flight=MAX_IN_FLIGHT)
-        # As Producer.__init__ does for a named producer (its own call blocks): continue above
-        # the highest sequence each partition holds for the name.
+        # As Producer.__init__ does for a named producer (its own call blocks): a new epoch of the
+        # name at every partition, which fences the appends of the incarnations before it.
         producer.producer_name = self.name
         producer._refs = [d.world.network.ref(partition_actor_name(self.topic, p)) for p in range(d.w.partitions)]
-        producer._next_sequence = await producer._last_sequences()
-        d.world.trace.add("producer_start", self.name, *producer._next_sequence)
+        producer._epochs, producer._next_sequence = await producer._init_epochs()
+        d.world.trace.add("producer_start", self.name, *producer._epochs, *producer._next_sequence)
         while self.next_n < self.end_n:
             for _ in range(min(d.rng.randint(*BURST), self.end_n - self.next_n)):
                 self._send(producer)

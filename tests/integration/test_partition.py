@@ -17,6 +17,7 @@ from raytxn.client.message import MessageId
 from raytxn.config import PartitionConfig
 from raytxn.errors import (
     ActorUnavailable,
+    Fenced,
     InvalidArgument,
     InvalidTopicName,
     MessageTooLarge,
@@ -229,12 +230,33 @@ def test_retried_send_after_partition_crash_is_stored_once(client: rt.Client) ->
     assert visible(topic) == [b"first", b"second"]
     assert message_id.entry_id >= 0
     assert stats(topic)["incarnation"] == 2 and stats(topic)["duplicates"] == 1
-    # a producer re-created with the same name continues above the stored sequence ids
+    # a producer re-created with the same name sends in a new epoch (its ids start again at 0)
     named = client.create_producer(topic, producer_name="fixed-name")
     named.send(b"n1")
     again = client.create_producer(topic, producer_name="fixed-name")
     again.send(b"n2")
     assert visible(topic)[-2:] == [b"n1", b"n2"]
+
+
+def test_a_new_incarnation_of_a_producer_name_fences_the_older_ones_appends(client: rt.Client) -> None:
+    """Producer epochs: the append of an older incarnation still on its way (here sent by hand,
+    as a dead client's call would arrive late) is refused once its successor started, also with
+    the very sequence ids the successor uses, and the older producer object is fenced too. What
+    the successor sends is stored, not taken for a duplicate of the older one's."""
+    topic = new_topic(client)
+    old = client.create_producer(topic, producer_name="incarnated")
+    old.send(b"old-0")
+    new = client.create_producer(topic, producer_name="incarnated")
+    late = [encode_message(MessageRecord(b"late"))]
+    with pytest.raises(Fenced, match="fenced by its epoch 2"):
+        partition_ref(topic).call("append", "incarnated", 1, late, None, 0, 1)  # epoch 1, after 0
+    with pytest.raises(Fenced):
+        partition_ref(topic).call("append", "incarnated", 0, late, None, -1, 1)
+    assert new.send(b"new-0").entry_id >= 0  # sequence 0 again, in epoch 2: stored
+    with pytest.raises(Fenced):
+        old.send(b"old-1")
+    assert visible(topic) == [b"old-0", b"new-0"]
+    assert stats(topic)["duplicates"] == 0
 
 
 def test_fenced_ledger_write_restarts_the_partition(client: rt.Client) -> None:

@@ -9,7 +9,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from raytxn.errors import CorruptLedger, InvalidArgument, InvalidTxnState, NotAllowed, TransactionAlreadyAborted
+from raytxn.errors import (
+    CorruptLedger,
+    Fenced,
+    InvalidArgument,
+    InvalidTxnState,
+    NotAllowed,
+    OutOfOrderSequence,
+    TransactionAlreadyAborted,
+)
 from raytxn.ids import EARLIEST, Position, TxnID
 from raytxn.ledger.snapshots import join_segments, split_snapshot
 from raytxn.protocol.entry_format import (
@@ -158,9 +166,10 @@ def test_marker_headers_keep_their_on_disk_tags() -> None:
     old_commit = b"\x99\xa2h1\xa6commit\x92\x00\x01\xa0\xff\xff\x00\x07\x00"
     old_abort = b"\x99\xa2h1\xa5abort\x92\x02\x05\xa0\xff\xff\x00\t\x04"
     assert (decode_header(old_commit), decode_header(old_abort)) == (commit, abort)
-    # ... and are written the same with a tenth field, the base offset (nil until stamped).
-    assert encode_header(commit) == b"\x9a" + old_commit[1:] + b"\xc0"
-    assert encode_header(abort) == b"\x9a" + old_abort[1:] + b"\xc0"
+    # ... and are written the same with a tenth field, the base offset (nil until stamped), and an
+    # eleventh, the producer epoch (0: markers have no producer).
+    assert encode_header(commit) == b"\x9b" + old_commit[1:] + b"\xc0\x00"
+    assert encode_header(abort) == b"\x9b" + old_abort[1:] + b"\xc0\x00"
     assert (commit.end_action, abort.end_action) == (COMMIT, ABORT)
     assert EntryHeader("data", T1, "p", 3, 4, 2, 99).end_action is None
 
@@ -382,6 +391,83 @@ def test_duplicate_of_an_append_in_flight() -> None:
     assert decision.duplicate and decision.in_flight and decision.position is None
     buffer.cancel_append(header)  # never reached the ledger
     assert buffer.prepare_append(header).status is AppendStatus.OK
+
+
+def epoch_header(producer: str, first: int, epoch: int, count: int = 1) -> EntryHeader:
+    return EntryHeader("data", None, producer, first, first + count - 1, count, 0, producer_epoch=epoch)
+
+
+def entry(header: EntryHeader) -> list[bytes]:
+    return encode_entry(header, [MessageRecord(b"%d" % (header.first_sequence + i)) for i in range(header.count)])
+
+
+def test_a_dead_incarnations_append_still_on_its_way_is_fenced_by_its_successor() -> None:
+    """The collision producer epochs close: incarnation 1 of "p" has sequences 0..4 stored and an
+    append of 5..9 in flight when its client dies. Its successor starts at 0 in epoch 2, so the
+    late append can neither land after it began nor turn its batch into a false duplicate."""
+    part = Partition(pipelined=True)
+    first = part.buffer.init_producer("p")
+    part.land(epoch_header("p", 0, first, 5), entry(epoch_header("p", 0, first, 5)))
+    part.flush()
+    late = epoch_header("p", 5, first, 5)
+    assert part.buffer.prepare_append(late, previous_sequence=4).status is AppendStatus.OK
+    second = part.buffer.init_producer("p")  # the successor, while 5..9 are being stored
+    assert second == first + 1 == part.buffer.producer_epoch("p")
+    successor = epoch_header("p", 0, second, 3)
+    assert part.buffer.prepare_append(successor).status is AppendStatus.OK  # not a duplicate of 0..4
+    part.land(late, entry(late))
+    part.land(successor, entry(successor))
+    part.flush()
+    assert part.buffer.dedup_position("p") == (2, Position(0, 2))
+    assert part.buffer.highest_sequence("p") == 2
+    # An append of the dead incarnation that comes now (say, one waiting for its predecessor, or
+    # a retry) is refused, also when its sequences are the successor's next ones.
+    for stale in (epoch_header("p", 10, first, 2), epoch_header("p", 3, first), epoch_header("p", 0, first)):
+        with pytest.raises(Fenced, match="epoch 1 is fenced by its epoch 2"):
+            part.buffer.prepare_append(stale)
+    assert part.buffer.init_producer("p") == 3  # a third incarnation: nothing of it stored yet
+    with pytest.raises(Fenced, match="epoch 2 is fenced by its epoch 3"):  # a handed-out epoch fences at once
+        part.buffer.prepare_append(epoch_header("p", 3, second), previous_sequence=2)
+    assert restore(None, part.ledger).snapshot() == part.buffer.snapshot()
+
+
+def test_epochs_keep_the_sequence_rule_within_each_and_survive_replay() -> None:
+    part = Partition()
+    epoch = part.buffer.init_producer("q")
+    assert epoch == 1 and part.buffer.init_producer("r") == 1  # per name
+    position = part.land(epoch_header("q", 0, epoch, 2), entry(epoch_header("q", 0, epoch, 2)))
+    duplicate = part.buffer.prepare_append(epoch_header("q", 0, epoch, 2))
+    assert duplicate.duplicate and duplicate.position == position
+    with pytest.raises(InvalidArgument, match="overlap"):
+        part.buffer.prepare_append(epoch_header("q", 1, epoch, 2))
+    with pytest.raises(OutOfOrderSequence):
+        part.buffer.prepare_append(epoch_header("q", 5, epoch), previous_sequence=3)
+    # A newer epoch starts from nothing: its 0..1 is new data, and it cannot follow what its own
+    # epoch never stored.
+    newer = epoch + 1
+    with pytest.raises(OutOfOrderSequence):
+        part.buffer.prepare_append(epoch_header("q", 2, newer), previous_sequence=1)
+    assert part.buffer.prepare_append(epoch_header("q", 0, newer, 2)).status is AppendStatus.OK
+    with pytest.raises(InvalidArgument, match="epoch"):
+        part.buffer.prepare_append(epoch_header("q", 0, -1))
+    # Replayed (or from a snapshot), the stored epoch still fences; a handed-out one is volatile.
+    restored = restore(through_storage(part.buffer.snapshot()), part.ledger)
+    assert restored.producer_epoch("q") == epoch
+    assert restored.init_producer("q") == epoch + 1
+
+
+def test_producers_that_never_ask_for_an_epoch_keep_epoch_zero_and_old_entries_decode_as_it() -> None:
+    part = Partition()
+    part.send("old", 0, count=2)
+    assert part.buffer.producer_epoch("old") == 0 and part.buffer.highest_sequence("old") == 1
+    # An entry header and a dedup entry written before epochs (one field shorter) decode as epoch 0.
+    legacy_header = msgspec.msgpack.encode(["h1", "data", None, "p", 0, 0, 1, 5, None, 7])
+    assert decode_header(legacy_header, "legacy").producer_epoch == 0
+    snapshot = msgspec.to_builtins(part.buffer.snapshot())
+    snapshot["dedup"] = [entry[:3] for entry in snapshot["dedup"]]
+    legacy = msgspec.convert(snapshot, TxnBufferSnapshot)
+    assert legacy.dedup[0].epoch == 0
+    assert TransactionBuffer.from_snapshot(legacy).prepare_append(part.header("old", 1)).duplicate
 
 
 def test_dedup_table_is_lru_bounded() -> None:
