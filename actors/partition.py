@@ -423,6 +423,8 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
         if testing_bugs.REINTRODUCED["restarted_producer_collision"]:  # test only: as before epochs and the fix
             known = self.buffer.dedup_position(producer)
             return self.buffer.producer_epoch(producer), known[0] + 1 if known else 0
+        if testing_bugs.REINTRODUCED["no_producer_epochs"]:  # test only: as after the fix, before epochs
+            return self.buffer.producer_epoch(producer), self.buffer.highest_sequence(producer) + 1
         return self.buffer.init_producer(producer), 0
 
     @guarded(Access.PRODUCE)

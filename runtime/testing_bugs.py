@@ -36,6 +36,12 @@ REINTRODUCED: dict[str, bool] = {
     # ids as the new producer's first batch: an overlap refused for good, or, for the same range,
     # a duplicate acknowledged for messages never stored. Read in actors/partition.py.
     "restarted_producer_collision": False,
+    # Left open by that fix, closed by producer epochs: a dead client's append still in the
+    # network (or waiting for its predecessor) reached the partition after the new producer of
+    # the same name had asked where to continue, and collided with the new one's first batch the
+    # same way. With this on, ``init_producer`` answers as ``last_sequence`` did: epoch 0, the
+    # highest sequence stored or being stored, plus one. Read in actors/partition.py.
+    "no_producer_epochs": False,
 }
 
 

@@ -76,6 +76,9 @@ class Workload:
     pipelined_producers: int = 0   # producers of keyed plain sends to the output, appends pipelined
     pipelined_messages: int = 60   # messages each of them sends
     client_crash: float = 0.0      # per producer incarnation: its client process crashes mid-run
+    # per crash: the successor starts at once, racing the dead incarnation's appends still in the
+    # network (which its producer epoch must fence), instead of after a restart delay
+    client_restart_at_once: float = 0.0
     lease_holders: int = 0         # holders of range leases on the output's own subscription (leases.py)
     key_shared: bool = False       # keyed inputs, consumed through Key_Shared subscriptions (keyshared.py)
 

@@ -62,6 +62,15 @@ class NetworkFaults:
     # incarnation, as a Ray handle follows a restart; a zombie then only gets calls already in
     # flight and runs its own tasks.
     stale_handles: bool = False
+    # True: a request on its way still arrives after its caller's process died, as a Ray actor
+    # call already sent does. False: a caller's death also cancels its requests in transit (the
+    # profiles before the zombie-appends one; kept so their seeds replay as they did).
+    requests_outlive_callers: bool = False
+    # A latency tail: this share of legs (requests and replies) takes ``slow_latency_s`` instead,
+    # while faults are on (a request of a client that just died can then arrive after its
+    # successor's first calls).
+    slow: float = 0.0
+    slow_latency_s: tuple[float, float] = (0.005, 0.05)
 
 
 def _copy(value: Any) -> Any:
@@ -83,7 +92,10 @@ class Network:
         return SimActorRef(self, name, token)
 
     def _latency(self) -> float:
-        return self._rng.uniform(*self._faults.latency_s)
+        faults = self._faults
+        if faults.slow and self.faults_on and self._rng.random() < faults.slow:  # no draw when never slow
+            return self._rng.uniform(*faults.slow_latency_s)
+        return self._rng.uniform(*faults.latency_s)
 
     def _fault(self, probability: float, what: str, callee: Process, method: str) -> bool:
         if (self.faults_on and probability > 0 and self._rng.random() < probability
@@ -98,6 +110,27 @@ class Network:
         caller_label = getattr(caller, "label", "driver")
         self._trace.add("call", caller_label, callee.label, method, detail=args)
         idempotent = method in IDEMPOTENT
+        if self._faults.requests_outlive_callers:
+            # The request leg is the network's task, not the caller's: killing the caller's
+            # process cancels the caller waiting for it, not the request.
+            transit = self.world.loop.spawn(self, self._request(callee, method, args, kwargs, idempotent))
+            transit.add_done_callback(_ignore)  # nobody may be left to hear of a lost request
+            task = await asyncio.shield(transit)
+        else:
+            task = await self._request(callee, method, args, kwargs, idempotent)
+        reply = await _outcome(task, callee)
+        await asyncio.sleep(self._latency())
+        if idempotent and self._fault(self._faults.reply_lost, "reply_lost", callee, method):
+            raise ActorUnavailable(f"{callee.label}.{method}: reply lost")
+        self._trace.add("reply", callee.label, method, type(reply).__name__,
+                        detail=reply if isinstance(reply, BaseException) else None)
+        if isinstance(reply, BaseException):
+            raise reply
+        return reply
+
+    async def _request(self, callee: Process, method: str, args: tuple, kwargs: dict[str, Any],
+                       idempotent: bool) -> asyncio.Task:
+        """Carry a request to ``callee``; returns the callee's task running it."""
         await asyncio.sleep(self._latency())
         if self._fault(self._faults.drop, "drop", callee, method):
             raise ActorUnavailable(f"{callee.label}.{method}: request lost")
@@ -109,15 +142,7 @@ class Network:
             copy_args, copy_kwargs = _copy(args), _copy(kwargs)
             self.world.loop.call_later(self._latency() * 5, self._deliver_again, callee, method, copy_args,
                                        copy_kwargs)
-        reply = await _outcome(task, callee)
-        await asyncio.sleep(self._latency())
-        if idempotent and self._fault(self._faults.reply_lost, "reply_lost", callee, method):
-            raise ActorUnavailable(f"{callee.label}.{method}: reply lost")
-        self._trace.add("reply", callee.label, method, type(reply).__name__,
-                        detail=reply if isinstance(reply, BaseException) else None)
-        if isinstance(reply, BaseException):
-            raise reply
-        return reply
+        return task
 
     def _deliver_again(self, callee: Process, method: str, args: tuple, kwargs: dict[str, Any]) -> None:
         if callee.alive:

@@ -20,7 +20,11 @@ What must hold (``violations``, part of every run of a workload with pipelined p
 top of the exactly-once checker which sees every send and its outcome):
 
 - no send fails for good: every fault is retriable and ends with the fault window, long before
-  the producer's send timeout;
+  the producer's send timeout. One exception: ``Fenced``, which only the zombie-appends profile
+  can cause (an incarnation that died while starting has its init_producer arrive after its
+  successor's, and so fences the successor); the fenced incarnation stops and a new one starts,
+  as an application answers Kafka's ProducerFencedException, and its failed sends count as
+  maybe stored;
 - every message whose send future resolved without an error is in the final drain of the output's
   verify subscription, exactly once (also when its position came back unknown, which the checker
   cannot follow);
@@ -35,6 +39,7 @@ from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
 from raytxn.client.producer import Producer
+from raytxn.errors import Fenced
 from raytxn.hashing import partition_for
 from raytxn.ids import partition_actor_name
 from raytxn.tools.history import FinalState, History
@@ -110,7 +115,9 @@ async def pipelined_producer(d: Driver, index: int, topic: str, messages: int) -
                 await asyncio.gather(task, return_exceptions=True)
                 state.crashed()
                 sent = state.next_n
-                await asyncio.sleep(d.rng.uniform(*RESTART_S))
+                at_once = bool(d.w.client_restart_at_once) and d.rng.random() < d.w.client_restart_at_once
+                if not at_once:  # (no draw when the workload never restarts at once: traces stay as they were)
+                    await asyncio.sleep(d.rng.uniform(*RESTART_S))
                 continue
         await task
         sent = state.next_n
@@ -125,6 +132,10 @@ class _Incarnation:
         self.next_n = first_n
         self.end_n = end_n
         self.unsettled: dict[str, None] = {}  # uids handed over whose futures have not resolved
+        # A send failed ``Fenced``: a newer incarnation of the name exists at some partition (the
+        # late init_producer of an incarnation that died while starting, zombie-appends). The
+        # application's answer, as to Kafka's ProducerFencedException: stop, and start anew.
+        self.fenced = False
 
     async def run(self) -> None:
         d = self.d
@@ -137,7 +148,7 @@ class _Incarnation:
         producer._refs = [d.world.network.ref(partition_actor_name(self.topic, p)) for p in range(d.w.partitions)]
         producer._epochs, producer._next_sequence = await producer._init_epochs()
         d.world.trace.add("producer_start", self.name, *producer._epochs, *producer._next_sequence)
-        while self.next_n < self.end_n:
+        while self.next_n < self.end_n and not self.fenced:
             for _ in range(min(d.rng.randint(*BURST), self.end_n - self.next_n)):
                 self._send(producer)
             await asyncio.sleep(d.rng.uniform(*PAUSE_S))
@@ -163,6 +174,13 @@ class _Incarnation:
         del self.unsettled[uid]
         d = self.d
         error = future.exception()
+        if isinstance(error, Fenced):  # may or may not be stored (an earlier attempt may have landed)
+            if not self.fenced:
+                d.world.trace.add("producer_fenced", self.name, uid)
+            self.fenced = True
+            d.counts.error(error)
+            d.history.send_failed(uid, error, d.now(), producer=self.name)
+            return
         if error is not None:
             d.counts.error(error)
             d.pipelined_failed.append(f"{uid}: {error!r}")

@@ -67,6 +67,17 @@ PROFILES: dict[str, Profile] = {
     # (max_in_flight 5) whose client processes crash (pipelined.py): each producer's messages are
     # stored once, in the order they were sent, every acknowledged one.
     "pipelined": _default_faults_running(Workload(pipelined_producers=2, pipelined_messages=100, client_crash=0.5)),
+    # pipelined, with more client crashes and every successor started at once, while the dead
+    # client's appends are still in the network: its producer epoch must fence them (raytxn.testing_bugs
+    # "no_producer_epochs" brings back the collision that epochs closed).
+    # Requests outlive their callers here, as Ray actor calls already sent do, and a tenth of the
+    # legs are slow (5-50 ms), so a dead client's request can arrive after its successor's first.
+    "zombie-appends": Profile(_DEFAULT_STORAGE,
+                              NetworkFaults(drop=0.01, reply_lost=0.01, duplicate=0.01,
+                                            requests_outlive_callers=True, slow=0.1),
+                              _DEFAULT_CRASHES,
+                              workload=Workload(pipelined_producers=2, pipelined_messages=100, client_crash=0.8,
+                                                client_restart_at_once=1.0)),
     # default's faults, and holders of range leases consuming the output (where the txns write)
     # on a subscription of their own (leases.py): grant, read from storage with the aborted
     # spans, ack in a txn, release, renew, expire, takeover by a newer epoch.

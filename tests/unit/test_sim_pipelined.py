@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from raytxn.errors import Fenced
 from raytxn.ids import Position
 from raytxn.protocol.entry_format import EntryHeader
 from raytxn.protocol.txn_buffer import TransactionBuffer
@@ -24,6 +25,29 @@ def test_the_profile_runs_the_real_producer_with_appends_in_flight_and_client_cr
     assert sum(" client_crash " in line for line in lines) >= 2  # crashed client processes ...
     assert sum(" producer_start 'pp" in line for line in lines) >= 4  # ... and their successors
     assert run_seed(8, "pipelined").digest == result.digest
+
+
+def test_zombie_appends_reach_partitions_after_the_successor_began_and_are_fenced(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The zombie-appends profile: a crashed client's requests still arrive (as Ray actor calls
+    already sent do), some slowly, and its successor starts at once. Producer epochs must fence the
+    dead incarnation's late appends: they happen (counted by a spy that changes nothing), and every
+    seed is clean. Without epochs the same seeds lose acknowledged sends (test_sim_bugs.py)."""
+    refused: list[str] = []
+    prepare = TransactionBuffer.prepare_append
+
+    def counting(buffer: TransactionBuffer, header: EntryHeader, previous_sequence: int = -1) -> object:
+        try:
+            return prepare(buffer, header, previous_sequence)
+        except Fenced:
+            refused.append(header.producer)
+            raise
+
+    monkeypatch.setattr(TransactionBuffer, "prepare_append", counting)
+    results = [run_seed(seed, "zombie-appends") for seed in range(12)]
+    assert [r.failure for r in results if not r.ok] == []
+    assert refused and set(refused) <= {"pp0", "pp1"}
+    assert sum(r.faults["crashes"] for r in results) > 0
 
 
 def test_violations_judge_failed_lost_duplicated_and_reordered_sends() -> None:
