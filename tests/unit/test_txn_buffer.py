@@ -9,15 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from raytxn.errors import (
-    CorruptLedger,
-    Fenced,
-    InvalidArgument,
-    InvalidTxnState,
-    NotAllowed,
-    OutOfOrderSequence,
-    TransactionAlreadyAborted,
-)
+from raytxn import errors
+from raytxn.errors import CorruptLedger, InvalidArgument, InvalidTxnState, NotAllowed, TransactionAlreadyAborted
 from raytxn.ids import EARLIEST, Position, TxnID
 from raytxn.ledger.snapshots import join_segments, split_snapshot
 from raytxn.protocol.entry_format import (
@@ -423,10 +416,10 @@ def test_a_dead_incarnations_append_still_on_its_way_is_fenced_by_its_successor(
     # An append of the dead incarnation that comes now (say, one waiting for its predecessor, or
     # a retry) is refused, also when its sequences are the successor's next ones.
     for stale in (epoch_header("p", 10, first, 2), epoch_header("p", 3, first), epoch_header("p", 0, first)):
-        with pytest.raises(Fenced, match="epoch 1 is fenced by its epoch 2"):
+        with pytest.raises(errors.Fenced, match="epoch 1 is fenced by its epoch 2"):
             part.buffer.prepare_append(stale)
     assert part.buffer.init_producer("p") == 3  # a third incarnation: nothing of it stored yet
-    with pytest.raises(Fenced, match="epoch 2 is fenced by its epoch 3"):  # a handed-out epoch fences at once
+    with pytest.raises(errors.Fenced, match="epoch 2 is fenced by its epoch 3"):  # a handed-out epoch fences at once
         part.buffer.prepare_append(epoch_header("p", 3, second), previous_sequence=2)
     assert restore(None, part.ledger).snapshot() == part.buffer.snapshot()
 
@@ -440,12 +433,12 @@ def test_epochs_keep_the_sequence_rule_within_each_and_survive_replay() -> None:
     assert duplicate.duplicate and duplicate.position == position
     with pytest.raises(InvalidArgument, match="overlap"):
         part.buffer.prepare_append(epoch_header("q", 1, epoch, 2))
-    with pytest.raises(OutOfOrderSequence):
+    with pytest.raises(errors.OutOfOrderSequence):
         part.buffer.prepare_append(epoch_header("q", 5, epoch), previous_sequence=3)
     # A newer epoch starts from nothing: its 0..1 is new data, and it cannot follow what its own
     # epoch never stored.
     newer = epoch + 1
-    with pytest.raises(OutOfOrderSequence):
+    with pytest.raises(errors.OutOfOrderSequence):
         part.buffer.prepare_append(epoch_header("q", 2, newer), previous_sequence=1)
     assert part.buffer.prepare_append(epoch_header("q", 0, newer, 2)).status is AppendStatus.OK
     with pytest.raises(InvalidArgument, match="epoch"):
