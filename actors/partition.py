@@ -86,6 +86,9 @@ class AppendResult:
 
 log = logging.getLogger(__name__)
 _snapshot_decoder = msgspec.msgpack.Decoder(TxnBufferSnapshot)
+# Listings of the snapshots a start takes at most, when the newest one's segments vanish under it
+# (a zombie predecessor deleting it after writing a newer one): a bound, not a number it needs.
+SNAPSHOT_LIST_ATTEMPTS = 8
 _encoder = msgspec.msgpack.Encoder()
 
 
@@ -128,17 +131,10 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
         ledger.faults = self.faults
         self.buffer = TransactionBuffer()
         snapshot_id = None
-        listing = await self.storage.list(self.snapshot_prefix)
-        found = newest_complete(listing)
         start = Position(0, 0)
+        found = await self._newest_snapshot()
         if found is not None:
-            snapshot_id, names = found
-            blobs = []
-            for name in names:
-                data = await self.storage.get(name)
-                if data is None:
-                    raise CorruptLedger(f"snapshot segment {name} vanished", name)
-                blobs.append(data)
+            snapshot_id, blobs = found
             snapshot = _snapshot_decoder.decode(join_segments(blobs, snapshot_id, where=self.snapshot_prefix))
             self.buffer = TransactionBuffer.from_snapshot(snapshot)
             last = snapshot.last_position
@@ -157,6 +153,30 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
         loop = asyncio.get_running_loop()
         self._timers = [loop.create_task(self._snapshot_timer()), loop.create_task(self._dangling_timer()),
                         loop.create_task(self._retention_timer())]
+
+    async def _newest_snapshot(self) -> tuple[int, list[bytes]] | None:
+        """The newest complete snapshot's id and segments, or None. A segment that vanishes
+        between the listing and its read was deleted as obsolete by a writer that has just
+        completed a newer snapshot (the previous incarnation, still running as a zombie), so the
+        listing is taken again; the same snapshot vanishing twice in a row is corruption."""
+        vanished: str | None = None
+        for _ in range(SNAPSHOT_LIST_ATTEMPTS):
+            found = newest_complete(await self.storage.list(self.snapshot_prefix))
+            if found is None:
+                return None
+            snapshot_id, names = found
+            blobs = []
+            for name in names:
+                data = await self.storage.get(name)
+                if data is None:
+                    break
+                blobs.append(data)
+            else:
+                return snapshot_id, blobs
+            if vanished == name:
+                break
+            vanished = name
+        raise CorruptLedger(f"snapshot segment {vanished} vanished", vanished)
 
     @guarded(Access.PUBLIC)
     async def ready(self) -> dict[str, Any]:
