@@ -91,12 +91,18 @@ def test_a_group_consumer_commits_and_the_next_one_resumes_after_it(client: rt.C
     uncommitted = sorted(m.value() for m in got if m.partition() != last.partition() or m.offset() > last.offset())
     # The offsets are the subscription's, so a kafka-python member of the group resumes there too
     # and commits the rest ...
-    # metadata_max_age_ms: under load (CI, two test workers) kafka-python once led the group's
-    # join before its metadata held the topic ("No partition metadata for topic"), assigned itself
-    # nothing, and would have looked again only after its default 5 minutes.
-    other = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False,
+    # Under load (CI, two test workers) kafka-python led the group's join before its metadata held
+    # the topic ("No partition metadata for topic") and assigned itself nothing: with a 2 s
+    # metadata age once it looked again only after its default 5 minutes, and once (stop 30) not
+    # within 30 s. So it subscribes only once its metadata holds the topic's partitions.
+    other = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False,
                           auto_offset_reset="earliest", heartbeat_interval_ms=300, session_timeout_ms=30000,
                           metadata_max_age_ms=2000)
+    deadline = time.monotonic() + 30
+    while other.partitions_for_topic(topic) != {0, 1}:
+        assert time.monotonic() < deadline, f"kafka-python's metadata never held {topic}"
+        time.sleep(0.1)
+    other.subscribe([topic])
     records = []
     deadline = time.monotonic() + 30
     while len(records) < len(uncommitted) and time.monotonic() < deadline:
