@@ -103,14 +103,13 @@ def chunks_to_spark(spark: Any, chunks: list[Any]) -> tuple[Any, Callable[[], in
     return df, lambda: sum(counts.value.values())
 
 
-def _abandon(begun: list[concurrent.futures.Future[Any]]) -> None:
+def _abandon(begun: concurrent.futures.Future[Any]) -> None:
     """Abort a transaction begun for a batch whose read then failed (else it waits out its
     timeout, holding nothing: it has no participants yet)."""
-    for future in begun:
-        try:
-            future.result().abort()
-        except Exception:  # noqa: BLE001 - best effort: the read's own error is what the caller gets
-            pass  # it never began, or it times out instead
+    try:
+        begun.result().abort()
+    except Exception:  # noqa: BLE001 - best effort: the read's own error is what the caller gets
+        pass  # it never began, or it times out instead
 
 
 @dataclass
@@ -166,21 +165,24 @@ class ExactlyOncePipeline:
             return self._run_batch_at_least_once(batch, t0, epoch)
         # Leases first, so an idle poll begins no transaction; the transaction then begins while
         # the batch's DataFrame is planned (a coordinator round trip off the batch).
-        begun: list[concurrent.futures.Future[Any]] = []
+        begun: concurrent.futures.Future[Any] | None = None
 
         def begin(_handle: BatchHandle) -> None:
-            begun.append(self.client.new_transaction_async(self.txn_timeout_s, transactional_id=self.pipeline_id,
-                                                           epoch=epoch))
+            nonlocal begun
+            begun = self.client.new_transaction_async(self.txn_timeout_s, transactional_id=self.pipeline_id,
+                                                      epoch=epoch)
 
         try:
             df, handle = self._read(epoch, on_leased=begin)
         except BaseException:
-            _abandon(begun)
+            if begun is not None:
+                _abandon(begun)
             raise
         if handle.count == 0:
             return None
+        assert begun is not None, "a non-empty lease begins the batch's transaction"
         try:
-            txn = begun[0].result()
+            txn = begun.result()
         except BaseException:
             handle.close()
             raise

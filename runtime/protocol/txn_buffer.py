@@ -311,10 +311,18 @@ class TransactionBuffer:
         return self._highest_in_epoch(producer, self.producer_epoch(producer))
 
     def _highest_in_epoch(self, producer: str, epoch: int) -> int:
+        _known, persisted, highest_pending = self._in_epoch(producer, epoch)
+        return max(persisted, highest_pending)
+
+    def _in_epoch(self, producer: str, epoch: int) -> tuple[DedupEntry | None, int, int]:
+        """The producer's dedup entry, its last sequence if of ``epoch`` (else -1), and its
+        highest prepared sequence of ``epoch`` (else -1), for ``epoch`` at least the newest known:
+        prepared appends are ascending in (epoch, sequence), so that epoch's are at the tail."""
         known = self._dedup.get(producer)
         persisted = known.last_sequence if known is not None and known.epoch == epoch else -1
-        pending = [sequence for e, sequence in self._pending_sequences.get(producer, ()) if e == epoch]
-        return max(persisted, pending[-1] if pending else -1)
+        pending = self._pending_sequences.get(producer)
+        highest_pending = pending[-1][1] if pending and pending[-1][0] == epoch else -1
+        return known, persisted, highest_pending
 
     def producer_epoch(self, producer: str) -> int:
         """The newest epoch known here for ``producer``: stored, being stored, or handed out
@@ -369,10 +377,7 @@ class TransactionBuffer:
             raise InvalidArgument(f"producer epoch must be an int >= 0, got {epoch!r}")
         if epoch < newest:
             raise Fenced(f"producer {header.producer!r}: epoch {epoch} is fenced by its epoch {newest} here")
-        known = self._dedup.get(header.producer)
-        persisted = known.last_sequence if known is not None and known.epoch == epoch else -1
-        pending = [sequence for e, sequence in self._pending_sequences.get(header.producer, ()) if e == epoch]
-        highest_pending = pending[-1] if pending else -1
+        known, persisted, highest_pending = self._in_epoch(header.producer, epoch)
         # Dedup first: a retried send whose original landed succeeds even if its txn ended since.
         if header.last_sequence <= persisted:
             assert known is not None
