@@ -102,6 +102,7 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
         self._partition_ledger: ManagedLedger | None = None  # read-only: ledger sizes for the backlog
         self._tasks: list[asyncio.Task] = []
         self._lock = asyncio.Lock()          # prepare -> log -> apply, and every other state change
+        self._lease_turn = asyncio.Condition(self._lock)  # a txn ended: a chained lease's ack may go
         self._persist_lock = asyncio.Lock()  # persisted cursor forms go out in order, trims after them
         self._wakeup = asyncio.Event()       # the reader: a rewind, a seek, new demand
         self._waiters: dict[str, asyncio.Event] = {}  # consumer id -> its waiting fetch
@@ -289,6 +290,7 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
                 await self._log(record)
                 await self.faults.hit("subscription.after_commit_log", txn=record.txn)
             self._pending_ack_changed()
+            self._lease_turn.notify_all()
         self._changed()
 
     def _pending_ack_changed(self) -> None:

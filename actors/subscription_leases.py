@@ -11,7 +11,10 @@ the partition call, the locking and the expiry timer.
 * ``grow_lease``: the holder extends its unacked range within new bounds (filling a bounded set).
 * ``ack_lease``: the holder acknowledges its whole range in a txn, as one cumulative ack of its
   end; refused (``NotAllowed``) once the lease expired, was released, or the subscription
-  restarted, so a stalled holder's commit fails while the range went to someone else.
+  restarted, so a stalled holder's commit fails while the range went to someone else. The ack of
+  a chained lease (the holder's next range, granted while its acked one commits) is held here
+  until that txn ended, at most ``CHAIN_WAIT_S``: after a commit it is logged, after an abort it
+  is refused (the lease went with the aborted range).
 * ``release_lease`` / ``renew_lease``: give the range back unacked, or keep it longer.
 * ``expire_leases``: the maintenance loop's tick; an expired range goes out again, in order.
 """
@@ -22,7 +25,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from raytxn.auth import Access, guarded
-from raytxn.errors import InvalidArgument
+from raytxn.errors import InvalidArgument, TransactionConflict
 from raytxn.ids import TxnID
 from raytxn.protocol.lease import Lease
 
@@ -33,6 +36,10 @@ if TYPE_CHECKING:
 
 MAX_LEASE_TIMEOUT_S = 3600.0
 MAX_LEASE_ENTRIES = 1_000_000
+# How long a chained lease's ack waits for its predecessor's txn to end. A commit's markers take
+# milliseconds; past this, the caller gets ``TransactionConflict`` (its txn then aborts) rather
+# than holding its call open for as long as that txn may live.
+CHAIN_WAIT_S = 10.0
 
 
 def _check_bounds(max_entries: object, timeout_s: object) -> None:
@@ -49,6 +56,7 @@ class SubscriptionLeases:
     clock: Clock
     info: dict[str, Any]
     _lock: asyncio.Lock
+    _lease_turn: asyncio.Condition  # over ``_lock``: notified when a txn ends (a successor's ack may go)
     _partition: ActorRef
 
     if TYPE_CHECKING:  # the Subscription's own (defining them here would shadow them)
@@ -101,7 +109,8 @@ class SubscriptionLeases:
         await self._started()
         if txn is not None and not isinstance(txn, TxnID):
             raise InvalidArgument(f"not a transaction id: {txn!r}")
-        async with self._lock:
+        async with self._lease_turn:
+            await self._predecessor_ended(lease_id, holder, epoch)
             if txn is None:
                 self.state.ack_lease_plain(lease_id, holder, epoch)
                 self._changed()
@@ -110,6 +119,19 @@ class SubscriptionLeases:
             if record is not None:
                 await self._log(record)
             self._pending_ack_changed()
+
+    async def _predecessor_ended(self, lease_id: int, holder: str, epoch: int) -> None:
+        """Return (holding ``_lock``) once the held lease may be acked: at once, or for a chained
+        lease once its predecessor's txn ended; ``NotAllowed`` when the lease is not held (its
+        predecessor aborted, it expired, ...), ``TransactionConflict`` after ``CHAIN_WAIT_S``."""
+        def may_ack() -> bool:
+            return self.state.leases.waiting_on(lease_id, holder, epoch) is None
+
+        try:
+            await asyncio.wait_for(self._lease_turn.wait_for(may_ack), CHAIN_WAIT_S)
+        except TimeoutError:
+            raise TransactionConflict(f"lease {lease_id} follows a range acked in a txn that has not ended after "
+                                      f"{CHAIN_WAIT_S}s") from None
 
     @guarded(Access.CONSUME)
     async def release_lease(self, lease_id: int, holder: str, epoch: int) -> None:

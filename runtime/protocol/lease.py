@@ -6,10 +6,16 @@ from storage (``raytxn.ledger.ranges``) with the aborted spans the lease carries
 holds, the range counts as delivered to the holder alone, so acknowledging its end cumulatively
 inside a txn is legal.
 
-One lease at a time per subscription partition. Acks are cumulative: a second range could only be
-committed together with the first, so handing it to another reader would buy nothing and would let
-one txn ack another's range. (The bulk reader's parallelism is across partitions, as in Spark's
-Kafka source: one range per partition per batch.)
+One lease at a time per subscription partition, with one exception. Acks are cumulative: a second
+range could only be committed together with the first, so handing it to another reader would buy
+nothing and would let one txn ack another's range. (The bulk reader's parallelism is across
+partitions, as in Spark's Kafka source: one range per partition per batch.) The exception is the
+holder's own next range while its acked one waits for its txn's end: a pipeline reads and writes
+batch N+1 while batch N commits. That **successor** lease starts past the acked range and is
+chained to it: its end can be acked only once the acked range's txn committed (the subscription
+holds the ack until then, so no two cumulative acks are ever pending at once, as Pulsar's pending
+ack requires), and the acked range's abort drops it, because the aborted range goes out again
+first.
 
 States (one enum, every transition checked, ``coordinator_state`` style):
 
@@ -18,6 +24,9 @@ States (one enum, every transition checked, ``coordinator_state`` style):
     ACKED(T) --T commits--> (gone: the cursor is past the range)
     ACKED(T) --T aborts--> (gone: the range is handed out again, from the cursor, in order)
     GRANTED --release, timeout, or the holder's newer epoch--> (gone: handed out again)
+
+    successor: GRANTED, chained behind the holder's ACKED(T) lease (same holder and epoch)
+      --T commits--> GRANTED, the one standing lease      --T aborts--> (gone with T's range)
 
 An ACKED lease neither expires nor can be released: its txn ends it (and the txn's own timeout
 bounds that). Holders are fenced by epoch like transactional ids: a call under an older epoch than
@@ -142,14 +151,28 @@ def _meeting(aborted: Sequence[AbortedTxn], first: Position, last: Position) -> 
 
 
 class LeaseTable:
-    """The outstanding lease of one subscription partition and the holders' newest epochs."""
+    """The outstanding lease of one subscription partition (and its holder's chained successor,
+    see the module docstring) and the holders' newest epochs."""
 
     def __init__(self, first_id: int = 0) -> None:
         """``first_id``: lease ids start above it; an actor passes one unique to its incarnation,
         so a lease id of an earlier incarnation never names a lease of this one."""
         self.current: Lease | None = None
+        # The holder's next range while ``current`` is ACKED and its txn has not ended: set only
+        # behind an ACKED ``current`` of the same holder and epoch, always GRANTED.
+        self.successor: Lease | None = None
         self._epochs: OrderedDict[str, int] = OrderedDict()
         self._next_id = first_id
+
+    def check_invariants(self) -> None:
+        current, successor = self.current, self.successor
+        for lease in (current, successor):
+            assert lease is None or lease.lease_id <= self._next_id, lease
+        if successor is not None:
+            assert current is not None and current.status is LeaseStatus.ACKED, (current, successor)
+            assert successor.status is LeaseStatus.GRANTED, successor
+            assert (successor.holder, successor.epoch) == (current.holder, current.epoch), (current, successor)
+            assert successor.start > current.end, (current, successor)
 
     # --- granting ----------------------------------------------------------------------------
 
@@ -165,32 +188,51 @@ class LeaseTable:
             raise Fenced(f"lease holder {holder!r}: epoch {epoch} is fenced by epoch {newest}")
 
     def prepare_grant(self, holder: str, epoch: int, now_ms: int) -> Lease | bool | None:
-        """Before planning a range: the holder's own current lease (a retry: grant it again), False
-        when another holder's lease stands (nothing for this one now), or None: plan a new one.
-        Expired leases and the holder's older epoch's lease are dropped here."""
+        """Before planning a range: the holder's own standing lease (a retry: grant it again), False
+        when another holder's lease stands (nothing for this one now), or None: plan a new one
+        (chained behind the holder's acked lease when that stands). Expired leases and the
+        holder's older epoch's leases are dropped here."""
         self.check_holder(holder, epoch)
         lease = self.current
         if lease is None:
             return None
-        if lease.holder == holder and lease.epoch == epoch:
-            return lease
-        if lease.status is LeaseStatus.GRANTED and (lease.holder == holder or lease.expires_at_ms <= now_ms):
-            self.current = None  # superseded by the holder's newer epoch, or timed out
-            return None
-        return False
+        if lease.status is LeaseStatus.GRANTED:
+            if lease.holder == holder and lease.epoch == epoch:
+                return lease
+            if lease.holder == holder or lease.expires_at_ms <= now_ms:
+                self.current = None  # superseded by the holder's newer epoch, or timed out
+                return None
+            return False
+        # ACKED: only its txn ends it. Its own holder and epoch may have the next range.
+        successor = self.successor
+        if lease.holder != holder or lease.epoch != epoch:
+            if successor is not None and successor.holder == holder:
+                self.successor = None  # superseded by the holder's newer epoch
+            return False
+        if successor is not None and successor.expires_at_ms <= now_ms:
+            self.successor = successor = None
+        return successor
 
     def grant(self, holder: str, epoch: int, first: Position, last: Position, aborted: Sequence[AbortedTxn],
               now_ms: int, timeout_ms: int, spans: tuple[tuple[int, int, int], ...] = (),
               counted: RangeCount = UNCOUNTED) -> Lease:
-        """Record the lease of ``first..last`` (after ``prepare_grant`` said None)."""
-        if self.current is not None:
-            raise NotAllowed(f"lease {self.current.lease_id} of {self.current.holder!r} is outstanding")
+        """Record the lease of ``first..last`` (after ``prepare_grant`` said None): the standing
+        one, or the successor of the holder's acked lease when ``first`` is past that one's end."""
+        current = self.current
+        chained = (current is not None and current.status is LeaseStatus.ACKED and self.successor is None
+                   and (current.holder, current.epoch) == (holder, epoch) and first > current.end)
+        if current is not None and not chained:
+            raise NotAllowed(f"lease {current.lease_id} of {current.holder!r} is outstanding")
         if last < first or timeout_ms <= 0:
             raise InvalidArgument(f"invalid lease {first}..{last} for {timeout_ms} ms")
         self._next_id += 1
-        self.current = Lease(self._next_id, holder, epoch, first, last, _meeting(aborted, first, last),
-                             now_ms + timeout_ms, spans=spans, counted=counted)
-        return self.current
+        lease = Lease(self._next_id, holder, epoch, first, last, _meeting(aborted, first, last), now_ms + timeout_ms,
+                      spans=spans, counted=counted)
+        if chained:
+            self.successor = lease
+        else:
+            self.current = lease
+        return lease
 
     def grow(self, lease_id: int, holder: str, epoch: int, last: Position, aborted: Sequence[AbortedTxn],
              spans: tuple[tuple[int, int, int], ...], counted: RangeCount) -> Lease:
@@ -202,55 +244,75 @@ class LeaseTable:
             raise NotAllowed(f"lease {lease_id}: its end is acked in {lease.txn}; it cannot grow")
         if last <= lease.end:
             raise InvalidArgument(f"lease {lease_id} ends at {lease.end}; growing it to {last} does not grow it")
-        self.current = msgspec.structs.replace(lease, end=last, aborted=_meeting(aborted, lease.start, last),
-                                               spans=spans, counted=counted)
-        return self.current
+        grown = msgspec.structs.replace(lease, end=last, aborted=_meeting(aborted, lease.start, last), spans=spans,
+                                        counted=counted)
+        return self._replace(lease, grown)
+
+    def _replace(self, lease: Lease, changed: Lease | None) -> Lease:
+        """Put ``changed`` (None: nothing) in the slot ``lease`` holds; returns ``lease``."""
+        if self.current is lease:
+            self.current = changed
+        else:
+            assert self.successor is lease, (lease, self.current, self.successor)
+            self.successor = changed
+        return changed if changed is not None else lease
 
     # --- holder calls ------------------------------------------------------------------------
 
     def held(self, lease_id: int, holder: str, epoch: int) -> Lease:
         self.check_holder(holder, epoch)
-        lease = self.current
-        if lease is None or lease.lease_id != lease_id or lease.holder != holder or lease.epoch != epoch:
-            raise NotAllowed(f"lease {lease_id} of {holder!r} is not held: it ended, expired, or the "
-                             "subscription restarted; ask for a new one")
-        return lease
+        for lease in (self.current, self.successor):
+            if lease is not None and lease.lease_id == lease_id and lease.holder == holder and lease.epoch == epoch:
+                return lease
+        raise NotAllowed(f"lease {lease_id} of {holder!r} is not held: it ended, expired, or the "
+                         "subscription restarted; ask for a new one")
+
+    def waiting_on(self, lease_id: int, holder: str, epoch: int) -> TxnID | None:
+        """The txn whose end the held lease's ack waits for: the acked lease's, when this is its
+        successor (None: it may be acked now). ``NotAllowed`` when it is not held."""
+        lease = self.held(lease_id, holder, epoch)
+        if lease is self.successor:
+            assert self.current is not None and self.current.txn is not None
+            return self.current.txn
+        return None
 
     def release(self, lease_id: int, holder: str, epoch: int) -> Lease:
         """Give the range back unread or unacked: it goes out again, in order."""
         lease = self.held(lease_id, holder, epoch)
         if lease.status is not LeaseStatus.GRANTED:
             raise NotAllowed(f"lease {lease_id}: its end is acked in {lease.txn}; end that txn instead")
-        self.current = None
-        return lease
+        return self._replace(lease, None)
 
     def renew(self, lease_id: int, holder: str, epoch: int, now_ms: int, timeout_ms: int) -> Lease:
         lease = self.held(lease_id, holder, epoch)
-        self.current = msgspec.structs.replace(lease, expires_at_ms=max(lease.expires_at_ms, now_ms + timeout_ms))
-        return self.current
+        return self._replace(lease, msgspec.structs.replace(
+            lease, expires_at_ms=max(lease.expires_at_ms, now_ms + timeout_ms)))
 
     def expire(self, now_ms: int) -> Lease | None:
-        """Drop the lease when its time is up and no txn holds its end; returns it if dropped."""
-        lease = self.current
-        if lease is not None and lease.status is LeaseStatus.GRANTED and lease.expires_at_ms <= now_ms:
-            self.current = None
-            return lease
+        """Drop a lease whose time is up and no txn holds its end; returns it if dropped."""
+        for lease in (self.current, self.successor):
+            if lease is not None and lease.status is LeaseStatus.GRANTED and lease.expires_at_ms <= now_ms:
+                return self._replace(lease, None)
         return None
 
     # --- what the pending-ack log says (applied in log order) --------------------------------
 
     def on_cumulative_ack(self, txn: TxnID, position: Position) -> None:
         """A cumulative ack in ``txn`` up to ``position`` was logged: a lease whose range holds it
-        is now ended by that txn."""
+        is now ended by that txn. (Never the successor's: its ack waits for the acked lease's end.)"""
         lease = self.current
         if lease is not None and lease.status is LeaseStatus.GRANTED and lease.start <= position <= lease.end:
             self.current = msgspec.structs.replace(lease, status=LeaseStatus.ACKED, txn=txn)
+        successor = self.successor
+        assert successor is None or not successor.start <= position <= successor.end, (txn, position, successor)
 
-    def on_txn_end(self, txn: TxnID) -> Lease | None:
+    def on_txn_end(self, txn: TxnID, committed: bool) -> Lease | None:
         """``txn`` committed or aborted: the lease its ack held is over (committed: the cursor is
-        past it; aborted: the range goes out again). Returns the lease ended."""
+        past it, and its successor stands; aborted: the range goes out again, and the successor's
+        after it, so the successor is dropped). Returns the lease ended."""
         lease = self.current
         if lease is not None and lease.status is LeaseStatus.ACKED and lease.txn == txn:
-            self.current = None
+            self.current = self.successor if committed else None
+            self.successor = None
             return lease
         return None

@@ -528,11 +528,11 @@ class SubscriptionState:
             if taken:
                 self._txn_keys.setdefault(record.txn, []).extend(taken)
         elif isinstance(record, CommitRecord):
-            self.leases.on_txn_end(record.txn)
+            self.leases.on_txn_end(record.txn, committed=True)
             self.dispatcher.forget_redeliveries(self._txn_keys.pop(record.txn, ()))
             self.dispatcher.forget_redeliveries(self.dispatcher.settle(self._txn_foreign.pop(record.txn, ())))
         elif isinstance(record, AbortRecord):
-            self.leases.on_txn_end(record.txn)
+            self.leases.on_txn_end(record.txn, committed=False)
             self.dispatcher.count_redelivery(self._txn_keys.pop(record.txn, ()))
             # Messages another consumer holds stay with it, and go to it once more when the
             # rewind below reads them again (it may have given up on them: ``resend``).
@@ -674,15 +674,25 @@ class SubscriptionState:
     def prepare_lease_ack(self, lease_id: int, holder: str, epoch: int, txn: TxnID,
                           request: str | None = None) -> AckRecord | None:
         """The record acknowledging a held lease's whole range in ``txn``: one cumulative ack of
-        its end (``NotAllowed`` when the lease is not held any more)."""
+        its end (``NotAllowed`` when the lease is not held any more; ``TransactionConflict`` for a
+        successor whose acked predecessor's txn has not ended: wait for ``leases.waiting_on``)."""
         lease = self.leases.held(lease_id, holder, epoch)
+        self._check_not_chained(lease_id, holder, epoch)
         return self.prepare_ack(txn, [(lease.end, None, None)], cumulative=True, request=request)
 
     def ack_lease_plain(self, lease_id: int, holder: str, epoch: int) -> None:
         """Acknowledge a held lease's range outside any txn: the lease ends and the cursor moves
-        past its end at once (``NotAllowed`` once it is not held, or acked in a txn)."""
+        past its end at once (``NotAllowed`` once it is not held, or acked in a txn;
+        ``TransactionConflict`` as for ``prepare_lease_ack``)."""
+        self._check_not_chained(lease_id, holder, epoch)
         lease = self.leases.release(lease_id, holder, epoch)
         self.ack([(lease.end, None, None)], cumulative=True)
+
+    def _check_not_chained(self, lease_id: int, holder: str, epoch: int) -> None:
+        waiting = self.leases.waiting_on(lease_id, holder, epoch)
+        if waiting is not None:
+            raise TransactionConflict(f"lease {lease_id} follows a range acked in {waiting}, which has not ended: "
+                                      "its end can be acked once that txn committed")
 
     # --- seek --------------------------------------------------------------------------------
 

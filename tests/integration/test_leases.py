@@ -223,6 +223,47 @@ def test_an_ack_sent_without_waiting_commits_with_its_txn_or_makes_it_abort_only
     assert not client.lease_ranges(topic, "s", "next")
 
 
+def test_the_next_range_is_leased_while_the_last_commits_and_its_ack_waits_for_that_end(client: rt.Client) -> None:
+    """A pipeline leases and reads batch N+1 while batch N's txn commits: the holder's next range
+    chains behind its acked one, and nobody else gets a range meanwhile. The subscription holds
+    the chained range's ack until the first txn ended: after its commit the ack goes through;
+    after its abort the ack is refused, and both ranges go out again from the aborted one's
+    start."""
+    topic = new_topic(client, partitions=1)
+    produce(client, topic, 4, "a")
+    first = client.lease_ranges(topic, "s", "chain")
+    t1 = client.new_transaction()
+    first.acknowledge(t1)
+    produce(client, topic, 3, "b")
+    second = client.lease_ranges(topic, "s", "chain")  # while t1 is open: chained past its range
+    assert values(second) == [b"b0", b"b1", b"b2"]
+    assert not client.lease_ranges(topic, "s", "other")
+    t2 = client.new_transaction()
+    held = second.acknowledge_async(t2)
+    time.sleep(0.5)
+    assert not held.done()  # held until t1 ends
+    t1.commit()
+    assert held.result(timeout=30) is None
+    t2.commit()
+    assert not client.lease_ranges(topic, "s", "chain")  # both committed: nothing past the cursor
+
+    produce(client, topic, 2, "c")
+    third = client.lease_ranges(topic, "s", "chain")
+    t3 = client.new_transaction()
+    third.acknowledge(t3)
+    produce(client, topic, 2, "d")
+    fourth = client.lease_ranges(topic, "s", "chain")
+    assert values(fourth) == [b"d0", b"d1"]
+    t4 = client.new_transaction()
+    refused = fourth.acknowledge_async(t4)
+    t3.abort()
+    with pytest.raises(NotAllowed, match="not held"):
+        refused.result(timeout=30)
+    t4.abort()
+    again = client.lease_ranges(topic, "s", "chain")
+    assert values(again) == [b"c0", b"c1", b"d0", b"d1"]
+
+
 def test_a_renewed_lease_outlives_its_first_timeout(client: rt.Client) -> None:
     topic = new_topic(client)
     produce(client, topic, 2)

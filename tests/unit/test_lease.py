@@ -72,8 +72,8 @@ def test_acked_lease_is_ended_by_its_txn_only() -> None:
     assert table.prepare_grant("other", 0, 10_000) is False
     with pytest.raises(NotAllowed):
         table.release(lease.lease_id, "driver", 0)
-    assert table.on_txn_end(T2) is None
-    ended = table.on_txn_end(T1)
+    assert table.on_txn_end(T2, committed=True) is None
+    ended = table.on_txn_end(T1, committed=True)
     assert ended is not None and ended.lease_id == lease.lease_id and table.current is None
 
 
@@ -263,3 +263,144 @@ def test_fill_plan_never_passes_the_bound_and_leaves_no_left_out_entry_that_fits
         assert all(left_out < 0 or left_out > room for p, (_, left_out) in enumerate(shares) if p not in grow)
     else:
         assert grow == {}
+
+
+# --- chained leases: the holder's next range while its acked one commits --------------------------
+
+
+def test_the_holder_of_an_acked_lease_gets_its_next_range_chained_and_nobody_else_does() -> None:
+    table = LeaseTable()
+    first = table.grant("driver", 0, P(1, 0), P(1, 5), (), 0, 100)
+    table.on_cumulative_ack(T1, first.end)
+    assert table.prepare_grant("other", 0, 10) is False  # the acked range's txn holds the partition
+    assert table.prepare_grant("driver", 0, 10) is None  # its holder: plan the next range
+    with pytest.raises(NotAllowed):  # chained only past the acked range
+        table.grant("driver", 0, P(1, 5), P(1, 8), (), 10, 100)
+    with pytest.raises(NotAllowed):  # and only for the acked lease's holder
+        table.grant("other", 0, P(1, 6), P(1, 8), (), 10, 100)
+    successor = table.grant("driver", 0, P(1, 6), P(1, 8), (), 10, 100)
+    table.check_invariants()
+    assert table.prepare_grant("driver", 0, 20) == successor  # a retry gets it again
+    assert table.waiting_on(successor.lease_id, "driver", 0) == T1  # its ack waits for T1's end
+    assert table.waiting_on(first.lease_id, "driver", 0) is None
+    with pytest.raises(NotAllowed):  # one successor: nothing chains behind a granted lease
+        table.grant("driver", 0, P(1, 9), P(1, 9), (), 10, 100)
+    ended = table.on_txn_end(T1, committed=True)  # committed: the successor is the standing lease
+    assert ended is not None and ended.lease_id == first.lease_id
+    assert table.current == successor and table.successor is None
+    assert table.waiting_on(successor.lease_id, "driver", 0) is None
+    table.check_invariants()
+
+
+def test_an_aborted_acked_range_drops_its_successor_and_a_newer_epoch_or_the_clock_do_too() -> None:
+    table = LeaseTable()
+    first = table.grant("driver", 0, P(1, 0), P(1, 5), (), 0, 100)
+    table.on_cumulative_ack(T1, first.end)
+    successor = table.grant("driver", 0, P(1, 6), P(1, 8), (), 0, 100)
+    ended = table.on_txn_end(T1, committed=False)  # the aborted range goes out again first
+    assert ended is not None and ended.lease_id == first.lease_id
+    assert table.current is None and table.successor is None
+    with pytest.raises(NotAllowed):
+        table.waiting_on(successor.lease_id, "driver", 0)
+
+    first = table.grant("driver", 0, P(1, 0), P(1, 5), (), 0, 100)
+    table.on_cumulative_ack(T1, first.end)
+    table.grant("driver", 0, P(1, 6), P(1, 8), (), 0, 100)
+    assert table.prepare_grant("driver", 1, 10) is False  # the newer epoch waits for T1; the old successor goes
+    assert table.successor is None and table.current == msgspec_replace_status(first, T1)
+    table.check_invariants()
+    assert table.on_txn_end(T1, committed=True) is not None and table.current is None
+
+    first = table.grant("driver", 1, P(1, 0), P(1, 5), (), 0, 100)
+    table.on_cumulative_ack(T2, first.end)
+    successor = table.grant("driver", 1, P(1, 6), P(1, 8), (), 0, 100)
+    assert table.renew(successor.lease_id, "driver", 1, 50, 100).expires_at_ms == 150
+    assert table.expire(149) is None
+    assert table.expire(150) is not None and table.successor is None  # expired: the acked one stays
+    assert table.current is not None and table.current.txn == T2
+    table.check_invariants()
+
+
+def msgspec_replace_status(lease: Lease, txn: TxnID) -> Lease:
+    import msgspec
+
+    return msgspec.structs.replace(lease, status=LeaseStatus.ACKED, txn=txn)
+
+
+@given(st.lists(st.tuples(st.sampled_from(["lease", "ack", "commit", "abort", "release", "expire", "epoch"]),
+                          st.sampled_from(["a", "b"])), max_size=60))
+def test_random_lease_calls_keep_the_table_consistent(calls: list[tuple[str, str]]) -> None:
+    """Any order of holder calls and txn ends: the invariants hold (a successor only behind its
+    holder's acked lease, past its range), and a successor never outlives its acked lease's txn."""
+    table = LeaseTable()
+    epochs = {"a": 0, "b": 0}
+    next_entry, now, txns = 0, 0, 0
+    for call, holder in calls:
+        now += 7
+        epoch = epochs[holder]
+        standing = [lease for lease in (table.current, table.successor) if lease is not None and lease.holder == holder]
+        if call == "lease":
+            decision = table.prepare_grant(holder, epoch, now)
+            if decision is None:
+                start = P(1, next_entry)
+                table.grant(holder, epoch, start, P(1, next_entry + 2), (), now, 50)
+                next_entry += 3
+        elif call == "ack" and table.current is not None and table.current.status is LeaseStatus.GRANTED:
+            txns += 1
+            table.on_cumulative_ack(TxnID(0, txns), table.current.end)
+        elif call in ("commit", "abort") and table.current is not None and table.current.txn is not None:
+            had_successor = table.successor
+            table.on_txn_end(table.current.txn, committed=call == "commit")
+            assert table.successor is None
+            assert table.current == (had_successor if call == "commit" else None)
+        elif call == "release" and standing and standing[-1].status is LeaseStatus.GRANTED:
+            table.release(standing[-1].lease_id, holder, epoch)
+        elif call == "expire":
+            table.expire(now)
+        elif call == "epoch":
+            epochs[holder] += 1
+            table.prepare_grant(holder, epochs[holder], now)
+        table.check_invariants()
+
+
+def test_a_chained_lease_is_acked_after_its_predecessor_commits_and_goes_out_again_after_an_abort() -> None:
+    from raytxn.errors import TransactionConflict
+    from raytxn.protocol.cursor import Cursor
+    from raytxn.protocol.subscription_state import SubscriptionState
+    from raytxn.protocol.txnlog import EndAction
+
+    state = SubscriptionState(0, Cursor())
+    partition = plan(P(1, 9), (1, 9))
+    log = iter(P(5, i) for i in range(100))
+
+    def ack(lease: Lease, txn: TxnID) -> None:
+        record = state.prepare_lease_ack(lease.lease_id, "driver", 0, txn)
+        assert record is not None
+        state.apply(record, next(log))
+
+    def end(txn: TxnID, action: EndAction) -> None:
+        for ending in state.prepare_end(txn, action, None):
+            state.apply(ending, next(log))
+
+    first = state.grant_lease("driver", 0, 0, partition, 4, 1000)
+    assert first is not None
+    ack(first, T1)
+    second = state.grant_lease("driver", 0, 10, partition, 4, 1000)  # while T1 is pending
+    assert second is not None and (second.start, second.end) == (P(1, 4), P(1, 7))
+    assert state.grant_lease("other", 0, 10, partition, 4, 1000) is None
+    for early in (lambda: state.prepare_lease_ack(second.lease_id, "driver", 0, T2),
+                  lambda: state.ack_lease_plain(second.lease_id, "driver", 0)):
+        with pytest.raises(TransactionConflict):  # its ack waits for T1's end
+            early()
+    assert state.leases.successor == second  # refused: nothing changed
+    end(T1, EndAction.COMMIT)
+    assert state.cursor.acked_below == P(1, 4) and state.leases.current == second
+    ack(second, T2)
+    third = state.grant_lease("driver", 0, 20, partition, 4, 1000)
+    assert third is not None and (third.start, third.end) == (P(1, 8), P(1, 9))
+    end(T2, EndAction.ABORT)  # T2's range goes out again, and the successor's after it
+    assert state.leases.current is None and state.leases.successor is None
+    with pytest.raises(NotAllowed):
+        state.prepare_lease_ack(third.lease_id, "driver", 0, TxnID(0, 3))
+    again = state.grant_lease("driver", 0, 30, partition, 10, 1000)
+    assert again is not None and (again.start, again.end) == (P(1, 4), P(1, 9))
