@@ -306,6 +306,18 @@ class LeaseTable:
         successor = self.successor
         assert successor is None or not successor.start <= position <= successor.end, (txn, position, successor)
 
+    def on_given_back(self, first: Position) -> None:
+        """An abort gave messages back from ``first`` on. A granted lease starting past them no
+        longer starts at the first message neither acked nor held (one granted after a restart,
+        past a pending cumulative ack that has now aborted): its cumulative ack would cover them
+        unread, so it is dropped, and a successor with it. (No acked lease can start past them:
+        only one cumulative ack is pending at a time, and it was the aborted txn's.)"""
+        if self.successor is not None and self.successor.start > first:
+            self.successor = None
+        current = self.current
+        if current is not None and current.status is LeaseStatus.GRANTED and current.start > first:
+            self.current = None
+
     def on_txn_end(self, txn: TxnID, committed: bool) -> Lease | None:
         """``txn`` committed or aborted: the lease its ack held is over (committed: the cursor is
         past it, and its successor stands; aborted: the range goes out again, and the successor's

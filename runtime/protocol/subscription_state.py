@@ -541,8 +541,10 @@ class SubscriptionState:
             # (An abort the persisted cursor includes: its give-back is in that form already.)
             if redelivery.messages:
                 self.rewind(redelivery.messages[0][0], note_given_back=not in_cursor_snapshot)
+                self.leases.on_given_back(redelivery.messages[0][0])
             if redelivery.cumulative_through is not None:
                 self.rewind(self.cursor.acked_below, note_given_back=not in_cursor_snapshot)
+                self.leases.on_given_back(self.cursor.acked_below)
 
     # --- readers of the partition: Kafka consumer groups ------------------------------------------
 

@@ -404,3 +404,31 @@ def test_a_chained_lease_is_acked_after_its_predecessor_commits_and_goes_out_aga
         state.prepare_lease_ack(third.lease_id, "driver", 0, TxnID(0, 3))
     again = state.grant_lease("driver", 0, 30, partition, 10, 1000)
     assert again is not None and (again.start, again.end) == (P(1, 4), P(1, 9))
+
+
+def test_an_abort_below_a_granted_lease_drops_it_so_its_ack_cannot_cover_the_given_back_range() -> None:
+    """After a restart forgot the lease a pending cumulative ack ended, the next lease starts
+    past that ack. When its txn then aborts, the range it acked goes out again, and the lease
+    past it must go: grown and acked, it would commit the given-back range unread (found by the
+    simulator, leases profile seed 2, once chained leases came)."""
+    from raytxn.protocol.cursor import Cursor
+    from raytxn.protocol.subscription_state import SubscriptionState
+    from raytxn.protocol.txnlog import EndAction
+
+    state = SubscriptionState(0, Cursor())
+    partition = plan(P(1, 9), (1, 9))
+    first = state.grant_lease("driver", 0, 0, partition, 4, 1000)
+    assert first is not None
+    record = state.prepare_lease_ack(first.lease_id, "driver", 0, T1)
+    assert record is not None
+    state.apply(record, P(5, 0))
+    state.leases = LeaseTable(first_id=100)  # a restart: the pending ack stays, the leases are gone
+    past = state.grant_lease("driver", 0, 10, partition, 2, 1000)
+    assert past is not None and past.start == P(1, 4)  # past T1's pending range
+    for ending in state.prepare_end(T1, EndAction.ABORT, None):
+        state.apply(ending, P(5, 1))
+    assert state.leases.current is None  # dropped: it no longer starts at the first unacked message
+    with pytest.raises(NotAllowed):
+        state.grow_lease(past.lease_id, "driver", 0, partition, 10)
+    again = state.grant_lease("driver", 0, 20, partition, 10, 1000)
+    assert again is not None and (again.start, again.end) == (P(1, 0), P(1, 9))
