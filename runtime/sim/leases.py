@@ -18,7 +18,10 @@ out, as the driver's pipeline does. Now and then a holder instead:
 - stalls past the lease's timeout before it acks: the range may have gone to another holder, and
   its ack must then be refused;
 - is taken over by its own next epoch (a restarted driver): the old epoch goes on as a zombie,
-  whose ack must be refused (``Fenced`` or ``NotAllowed``), while the new epoch works the range.
+  whose ack must be refused (``Fenced`` or ``NotAllowed``), while the new epoch works the range;
+- leases its next range while the acked one's txn ends (a pipeline overlapping its commits): the
+  chained lease is read and acked in a txn of its own, its ack held by the subscription until
+  the first txn ended, and refused when that one aborted (or timed out).
 
 Judged, on top of the exactly-once checker (which sees each leased message as received by its
 holder, so an aborted or uncommitted message in a range is an ``aborted_read`` or
@@ -58,6 +61,7 @@ IDLE_S = 0.1              # after no lease came (another holder's stands, or not
 READ_ATTEMPTS = 5
 RELEASE, RENEW, STALL, TAKEOVER = 0.08, 0.1, 0.05, 0.05   # per lease, the holder's other moves
 GROW = 0.25               # per lease worked: grow it first (``grow_lease``), as a filling bounded reader does
+CHAIN = 0.3               # per lease worked: lease the next range while its txn ends (a chained lease)
 
 
 @dataclass(frozen=True)
@@ -104,7 +108,7 @@ async def lease_holder(d: Driver, index: int, topic: str) -> None:
             await asyncio.sleep(LEASE_TIMEOUT_S * d.rng.uniform(1.0, 2.0))
         if d.rng.random() < GROW:
             lease = await _grow(d, ref, holder, epoch, lease)
-        await _work(d, ref, coordinators, topic, partition, holder, epoch, lease)
+        await _work(d, ref, coordinators, topic, partition, holder, epoch, lease, chain=d.rng.random() < CHAIN)
     for partition in range(d.w.partitions):  # give back any lease still standing (so lz drains)
         ref = d._subscription(topic, partition, SUB_LEASE)
         lease = await _lease(d, ref, holder, epoch, plan=False)
@@ -171,8 +175,9 @@ async def _read(d: Driver, topic: str, partition: int, lease: Any) -> list[tuple
 
 
 async def _work(d: Driver, ref: Any, coordinators: Any, topic: str, partition: int, holder: str, epoch: int,
-                lease: Any, zombie: bool = False) -> None:
-    """Read the lease's range and consume it in one txn, acking the lease's end."""
+                lease: Any, zombie: bool = False, chain: bool = False) -> None:
+    """Read the lease's range and consume it in one txn, acking the lease's end; with ``chain``,
+    work the partition's next range (a lease chained behind this one) while that txn ends."""
     messages = await _read(d, topic, partition, lease)
     if messages is None:
         await _call(d, ref, "release_lease", lease.lease_id, holder, epoch)
@@ -207,7 +212,15 @@ async def _work(d: Driver, ref: Any, coordinators: Any, topic: str, partition: i
         d.lease_acks.append(LeaseAck(lease.lease_id, consumer, partition, lease.start, lease.end, txn, d.now()))
     for _, uid in messages:
         d.history.consume_transform_produce(uid, [], txn, subscription=SUB_LEASE, t=d.now())
-    await d.finish(txn, machine, coordinators)
+    if not chain:
+        await d.finish(txn, machine, coordinators)
+        return
+    ending = asyncio.ensure_future(d.finish(txn, machine, coordinators))
+    following = await _lease(d, ref, holder, epoch)
+    if following is not None:
+        d.world.trace.add("driver", "lease_chained", consumer, following.lease_id, str(txn))
+        await _work(d, ref, coordinators, topic, partition, holder, epoch, following)
+    await ending
 
 
 def unprocessed(history: History, outcomes: dict[Any, str], topic: str) -> list[str]:

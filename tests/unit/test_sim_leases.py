@@ -18,7 +18,7 @@ SEEDS = range(3)
 
 def _moves(lines: list[str]) -> dict[str, int]:
     moves = {"lease": 0, "ack_lease": 0, "release_lease": 0, "renew_lease": 0, "grow_lease": 0, "takeover": 0,
-             "refused NotAllowed": 0, "refused Fenced": 0}
+             "chained": 0, "refused NotAllowed": 0, "refused Fenced": 0}
     for line in lines:
         kind = line.split()[1]
         if kind == "call":
@@ -27,13 +27,15 @@ def _moves(lines: list[str]) -> dict[str, int]:
                     moves[method] += 1
         elif kind == "driver" and "'lease_takeover'" in line:
             moves["takeover"] += 1
+        elif kind == "driver" and "'lease_chained'" in line:  # the next range, leased while a txn ends
+            moves["chained"] += 1
         elif kind == "driver" and "'lease_ack_refused'" in line:
             for why in ("NotAllowed", "Fenced"):  # the lease expired, or the holder's newer epoch took it
                 moves[f"refused {why}"] += f"'{why}'" in line
     return moves
 
 
-def test_the_profile_grants_grows_acks_releases_renews_expires_and_fences_leases() -> None:
+def test_the_profile_grants_grows_chains_acks_releases_renews_expires_and_fences_leases() -> None:
     results = [run_seed(seed, "leases", keep_trace=True) for seed in SEEDS]
     assert [r.failure for r in results] == [None] * len(results)
     moves = {name: sum(_moves(r.trace_lines or [])[name] for r in results) for name in _moves([])}
