@@ -13,9 +13,13 @@ zombie of the same pipeline, e.g. a driver that was thought dead, is fenced and 
 transaction aborted) and hold its leases under that id's epoch, so the zombie's leases pass to the
 new incarnation at once. Per batch: begin a transaction, lease and read a batch, transform it,
 write the result from the Spark tasks inside the transaction while the input's acks in it travel
-(``BatchHandle.acknowledge_async``), commit. An exception aborts the transaction and the batch
-is tried again from the same ranges; a restarted pipeline resumes where the last commit left
-off, because the input's cursors move only when a batch commits. Batches are sized by rows
+(``BatchHandle.acknowledge_async``), commit. The commit runs while the next batch is leased, read
+and written (``overlap_commits``): the next batch's ranges chain behind the committing ones
+(``raytxn.protocol.lease``), its acks are held until that commit is done, and it commits only
+after it. An exception aborts the transaction and the batch is tried again from the same ranges
+(a failed commit fails the batch behind it too, and both ranges go out again); a restarted
+pipeline resumes where the last commit left off, because the input's cursors move only when a
+batch commits. Batches are sized by rows
 (``batch_max_messages``), bytes (``batch_max_bytes``) and time (``trigger_interval``: at most
 one batch per interval), or run back to back (``continuous=True``).
 """
@@ -33,10 +37,12 @@ from pyspark.accumulators import AccumulatorParam
 from raytxn.client.transaction import UNENDED_STATES
 from raytxn.connectors.batches import BATCH_COLUMNS, BatchHandle, lease_batch
 from raytxn.connectors.spark import task_slots, write
-from raytxn.errors import Fenced, RaytxnError
+from raytxn.errors import ConcurrentTransactions, Fenced, RaytxnError
 
 POLL_S = 0.2             # how long a batch waits for input before it counts as none
 POLL_CONTINUOUS_S = 0.05
+MAX_BEGIN_ATTEMPTS = 500  # the next txn's begin, retried while the last one's commit request travels
+BEGIN_RETRY_S = 0.002
 
 __all__ = ["BATCH_SCHEMA", "BatchHandle", "BatchStats", "ExactlyOncePipeline", "read_batch"]
 
@@ -123,6 +129,49 @@ class BatchStats:
     attempt: int
 
 
+def _writer_id(pipeline_id: str, epoch: int, txn_id: Any) -> str:
+    """The names of a batch's write producers: one set per txn. A retried Spark task of the
+    txn re-sends under the same names, so the partitions drop its replays; a batch tried again
+    after an abort writes in a new txn under new names, since its rows' sequence ids would
+    otherwise be taken as replays of the aborted attempt's and dropped (the dedup rule holds after
+    a txn ended)."""
+    return f"{pipeline_id}-e{epoch}-t{txn_id.tc_id}-{txn_id.sequence}"
+
+
+def _timed_commit(txn: Any) -> float:
+    txn.commit()
+    return time.perf_counter()
+
+
+@dataclass
+class _Committing:
+    """A batch whose commit was sent; ``future``'s result is when the commit was done
+    (``perf_counter``), its error when it failed."""
+
+    stats: BatchStats
+    future: concurrent.futures.Future[float]
+    started: float  # the batch's start
+    sent: float     # when its commit was sent
+    settled: bool = False
+
+    @classmethod
+    def done(cls, stats: BatchStats, started: float, sent: float, ended: float) -> _Committing:
+        future: concurrent.futures.Future[float] = concurrent.futures.Future()
+        future.set_result(ended)
+        return cls(stats, future, started, sent)
+
+    def settle(self, overlapped: bool) -> None:
+        """Wait for the commit (raising its error). The batch's time runs to its commit's end, or,
+        when the next batch ran meanwhile (``overlapped``), to its commit's sending: the rest is
+        the next batch's time, so the batches' times add up to the time the pipeline ran."""
+        try:
+            ended = self.future.result()
+        finally:
+            self.settled = True
+        self.stats.commit_s = ended - self.sent
+        self.stats.batch_s = (self.sent if overlapped else ended) - self.started
+
+
 @dataclass
 class ExactlyOncePipeline:
     spark: Any
@@ -142,12 +191,17 @@ class ExactlyOncePipeline:
     write_fault: Callable[[int, int, int], None] | None = None  # passed to ``write`` (tests)
     before_commit: Callable[[int], None] | None = None  # called with the batch number (tests, demos)
     exactly_once: bool = True  # False: plain sends and acks, at-least-once (for comparison only)
+    # Commit each batch while the next one is leased, read and written (``run`` only; its input
+    # chains behind the committing batch's, and it commits after it). False: one at a time.
+    overlap_commits: bool = True
     stats: list[BatchStats] = field(default_factory=list)
     # The transactional id's epoch, registered once (fencing every older incarnation) and kept:
     # a retried batch reuses it, as a Kafka producer keeps its epoch after an abortable error.
     # Registering again per batch would let a woken zombie fence its successor in turn. The
     # leases are held under it too.
     epoch: int | None = field(default=None, init=False)
+    _workers: concurrent.futures.ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
+    _on_committed: Callable[[BatchStats], None] | None = field(default=None, init=False, repr=False)
 
     def _read(self, epoch: int, on_leased: Callable[[BatchHandle], None] | None = None) -> tuple[Any, BatchHandle]:
         return read_batch(self.spark, self.client, self.source, self.subscription, self.batch_max_messages,
@@ -156,21 +210,52 @@ class ExactlyOncePipeline:
                           lease_timeout_s=self.lease_timeout_s, on_leased=on_leased)
 
     def run_batch(self, batch: int) -> BatchStats | None:
-        """One micro-batch in one transaction; None when there was no input."""
+        """One micro-batch in one transaction, committed; None when there was no input."""
+        committing = self._run_batch(batch, None, overlap=False)
+        if committing is None:
+            return None
+        committing.settle(overlapped=False)
+        return committing.stats
+
+    def _run_batch(self, batch: int, previous: _Committing | None, overlap: bool) -> _Committing | None:
+        """One micro-batch in one transaction, its commit sent (``overlap``: on the pipeline's
+        committer thread, else done here); None when there was no input. ``previous``, the last
+        batch's commit still under way, is settled here whatever happens (``_settle``): this
+        batch's input is leased and read, and its output written, meanwhile (chained leases, see
+        ``raytxn.protocol.lease``), and it commits only after ``previous`` committed. A failed
+        ``previous`` fails this batch too: its range goes out again first."""
         t0 = time.perf_counter()
+        try:
+            started = self._start_batch(batch, t0, previous, overlap)
+        except BaseException as error:
+            if previous is not None and not previous.settled:
+                self._settle(previous, behind=error)
+            raise
+        if previous is not None and not previous.settled:  # no input: nothing waited for it
+            self._settle(previous)
+        return started
+
+    def _start_batch(self, batch: int, t0: float, previous: _Committing | None, overlap: bool) -> _Committing | None:
         if self.epoch is None:
             self.epoch = self.client.register_transactional_id(self.pipeline_id)  # fences any zombie
         epoch = self.epoch
         if not self.exactly_once:
-            return self._run_batch_at_least_once(batch, t0, epoch)
+            if previous is not None:
+                self._settle(previous)
+            stats = self._run_batch_at_least_once(batch, t0, epoch)
+            return None if stats is None else _Committing.done(stats, t0, t0 + stats.batch_s, t0 + stats.batch_s)
         # Leases first, so an idle poll begins no transaction; the transaction then begins while
         # the batch's DataFrame is planned (a coordinator round trip off the batch).
         begun: concurrent.futures.Future[Any] | None = None
 
         def begin(_handle: BatchHandle) -> None:
             nonlocal begun
-            begun = self.client.new_transaction_async(self.txn_timeout_s, transactional_id=self.pipeline_id,
-                                                      epoch=epoch)
+            if previous is None:
+                begun = self.client.new_transaction_async(self.txn_timeout_s, transactional_id=self.pipeline_id,
+                                                          epoch=epoch)
+            else:  # the transactional id's last txn may not be COMMITTING yet: begin once it is
+                assert self._workers is not None
+                begun = self._workers.submit(self._begin_after, previous, epoch)
 
         try:
             df, handle = self._read(epoch, on_leased=begin)
@@ -195,18 +280,26 @@ class ExactlyOncePipeline:
             # The input's acks travel while the Spark job writes the output (one round trip off
             # each batch). Sent after the transform is built, not before: a pipeline stalled in
             # its transform still loses its range when the lease times out; from here on, the
-            # txn's timeout bounds a stall (an acked lease waits for its txn).
+            # txn's timeout bounds a stall (an acked lease waits for its txn). A chained range's
+            # ack is held by its subscription until ``previous`` ended.
             acked = handle.acknowledge_async(txn)
             rows_out = write(out, self.client, self.sink, txn, key_col="key" if "key" in columns else None,
                              properties_col="properties" if "properties" in columns else None,
-                             writer_id=f"{self.pipeline_id}-e{epoch}-b{batch}", fault=self.write_fault)
+                             writer_id=_writer_id(self.pipeline_id, epoch, txn.id), fault=self.write_fault)
+            if previous is not None:
+                self._settle(previous, overlapped=True)  # raises when it failed: this batch aborts
             acked.result()
             if self.before_commit is not None:
                 self.before_commit(batch)
-            t_commit = time.perf_counter()
-            txn.commit()
-            commit_s = time.perf_counter() - t_commit
-            return BatchStats(batch, handle.rows_read(), rows_out, time.perf_counter() - t0, commit_s, str(txn.id), 0)
+            stats = BatchStats(batch, handle.rows_read(), rows_out, 0.0, 0.0, str(txn.id), 0)
+            sent = time.perf_counter()
+            if overlap:
+                assert self._workers is not None
+                committing = _Committing(stats, self._workers.submit(_timed_commit, txn), t0, sent)
+            else:
+                committing = _Committing.done(stats, t0, sent, _timed_commit(txn))
+            handle.close()  # (the acked leases end with the txn; closing releases none of them)
+            return committing
         except BaseException:
             if acked is not None:  # an ack still under way would reach its subscription after the abort
                 concurrent.futures.wait([acked], timeout=self.client.deadline_s)
@@ -215,9 +308,40 @@ class ExactlyOncePipeline:
                     txn.abort()
                 except RaytxnError:
                     pass  # it times out instead
-            raise
-        finally:
             handle.close()
+            raise
+
+    def _begin_after(self, previous: _Committing, epoch: int) -> Any:
+        """The next txn of the transactional id, begun once ``previous`` is no longer OPEN at the
+        coordinator (``ConcurrentTransactions`` until its commit request got there)."""
+        for _ in range(MAX_BEGIN_ATTEMPTS):
+            ended = previous.future.done()
+            try:
+                return self.client.new_transaction(self.txn_timeout_s, transactional_id=self.pipeline_id, epoch=epoch)
+            except ConcurrentTransactions:
+                if ended:
+                    raise  # the last txn ended before this attempt: another one is open
+                time.sleep(BEGIN_RETRY_S)
+        raise ConcurrentTransactions(f"{self.pipeline_id}: the last batch's txn still open after "
+                                     f"{MAX_BEGIN_ATTEMPTS} attempts to begin the next one")
+
+    def _settle(self, committing: _Committing, behind: BaseException | None = None, overlapped: bool = False) -> None:
+        """Wait for ``committing``'s commit (see ``_Committing.settle``); once it committed, count
+        its batch. A ``Fenced`` commit raises (this incarnation must stop); any other failure
+        raises unless ``behind`` (this batch's own error) is raised instead: either way the batch
+        is tried again, from the failed one's range."""
+        try:
+            committing.settle(overlapped)
+        except Fenced:
+            raise
+        except BaseException:
+            if behind is None:
+                raise
+            return
+        committing.stats.batch = len(self.stats)
+        self.stats.append(committing.stats)
+        if self._on_committed is not None:
+            self._on_committed(committing.stats)
 
     def _run_batch_at_least_once(self, batch: int, t0: float, epoch: int) -> BatchStats | None:
         df, handle = self._read(epoch)
@@ -234,40 +358,67 @@ class ExactlyOncePipeline:
 
     def run(self, max_batches: int | None = None, until_idle: bool = False,
             progress: bool = True) -> list[BatchStats]:
-        """Run micro-batches (forever, ``max_batches`` of them, or until the input is drained)."""
+        """Run micro-batches (forever, ``max_batches`` of them, or until the input is drained);
+        returns the committed batches' stats. With ``overlap_commits`` each batch commits while
+        the next one runs, and the last commit is waited for before this returns."""
         from rich.progress import Progress
 
-        batch = len(self.stats)
-        with Progress(disable=not progress, transient=True) as bar:
+        with Progress(disable=not progress, transient=True) as bar, concurrent.futures.ThreadPoolExecutor(
+                2, thread_name_prefix=f"pipeline-{self.pipeline_id}") as workers:
             task = bar.add_task(f"pipeline {self.pipeline_id}", total=max_batches)
-            while max_batches is None or batch < max_batches:
-                started = time.monotonic()
-                result = self._run_with_retries(batch)
-                if result is None:
-                    if until_idle:
-                        break
-                    time.sleep(max(self.trigger_interval - (time.monotonic() - started), 0.0))
-                    continue
-                self.stats.append(result)
-                bar.update(task, advance=1, description=(
-                    f"batch {batch}: {result.rows_in} in, {result.rows_out} out, {result.batch_s:.2f}s"))
-                batch += 1
-                time.sleep(max(self.trigger_interval - (time.monotonic() - started), 0.0))
+            self._workers = workers
+            self._on_committed = lambda result: bar.update(task, advance=1, description=(
+                f"batch {result.batch}: {result.rows_in} in, {result.rows_out} out, {result.batch_s:.2f}s"))
+            try:
+                self._run_batches(max_batches, until_idle)
+            finally:
+                self._workers = self._on_committed = None
         return self.stats
 
-    def _run_with_retries(self, batch: int) -> BatchStats | None:
-        """``run_batch``, tried again (up to ``max_attempts``) after any failure but ``Fenced``."""
+    def _run_batches(self, max_batches: int | None, until_idle: bool) -> None:
+        committing: _Committing | None = None  # the last batch, its commit under way
+        try:
+            while max_batches is None or len(self.stats) + (committing is not None) < max_batches:
+                started = time.monotonic()
+                committing = self._run_with_retries(len(self.stats) + (committing is not None), committing,
+                                                    self.overlap_commits)
+                if committing is None and until_idle:
+                    break
+                time.sleep(max(self.trigger_interval - (time.monotonic() - started), 0.0))
+            if committing is not None:
+                self._drain(committing)
+        except BaseException as error:
+            if committing is not None and not committing.settled:
+                self._settle(committing, behind=error)
+            raise
+
+    def _drain(self, committing: _Committing) -> None:
+        """Settle the last batch's commit; when it failed, its range is run again, committed before
+        this returns."""
+        try:
+            self._settle(committing)
+        except Fenced:
+            raise
+        except Exception:  # noqa: BLE001 - any failure but Fenced: its range went out again
+            again = self._run_with_retries(len(self.stats), None, overlap=False)
+            if again is not None:
+                self._settle(again)
+
+    def _run_with_retries(self, batch: int, previous: _Committing | None, overlap: bool) -> _Committing | None:
+        """``_run_batch``, tried again (up to ``max_attempts``) after any failure but ``Fenced``
+        (``previous`` is settled by the first attempt, whatever happens)."""
         for attempt in range(self.max_attempts):
             try:
-                result = self.run_batch(batch)
+                result = self._run_batch(batch, previous, overlap)
             except Fenced:
                 raise  # a newer incarnation of this pipeline runs: this one must stop
             except Exception:
                 if attempt + 1 >= self.max_attempts:
                     raise
+                previous = None
                 time.sleep(min(2.0, 0.2 * (attempt + 1)))
                 continue
             if result is not None:
-                result.attempt = attempt
+                result.stats.attempt = attempt
             return result
         raise AssertionError("unreachable: the last attempt returns or raises")

@@ -114,6 +114,36 @@ def test_failed_task_attempt_is_retried_without_duplicates(client: rt.Client, sp
     assert total_counts(client, sink, "check") == expected_counts(lines)
 
 
+def test_a_commit_failing_while_the_next_batch_runs_sends_both_ranges_out_again(
+        client: rt.Client, spark, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each batch commits while the next one is leased, read and written, its ranges chained
+    behind the committing ones. When that commit fails (here: its txn aborted a second after the
+    commit was sent, as when the coordinator refuses it), the next batch's held acks are refused,
+    it aborts too, and both ranges go out again: the output is still exactly once."""
+    from raytxn.connectors import spark_pipeline
+
+    lines = sample_lines(200)
+    source, sink = setup_topics(client, lines)
+    failed: list[str] = []
+    commit = spark_pipeline._timed_commit
+
+    def fail_one_commit(txn: rt.Transaction) -> float:
+        if not failed and txn.id.sequence % 3 == 1:  # some batch past the first few
+            failed.append(str(txn.id))
+            time.sleep(1.0)  # the next batch leases its chained ranges meanwhile
+            txn.abort()
+            raise rt.errors.TransactionAlreadyAborted(f"{txn.id}: aborted before its commit (injected)")
+        return commit(txn)
+
+    monkeypatch.setattr(spark_pipeline, "_timed_commit", fail_one_commit)
+    stats = pipeline(spark, client, source, sink).run(until_idle=True, progress=False)
+    assert failed, "no commit failed"
+    assert failed[0] not in {s.txn for s in stats}
+    assert any(s.attempt > 0 for s in stats), "the batch behind the failed commit was not tried again"
+    assert sum(s.rows_in for s in stats) == 200
+    assert total_counts(client, sink, "check") == expected_counts(lines)
+
+
 def test_partition_crash_during_write_and_coordinator_crash_during_commit(client: rt.Client, spark) -> None:
     lines = sample_lines(150)
     source, sink = setup_topics(client, lines)
