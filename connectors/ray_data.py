@@ -94,7 +94,8 @@ def write_topic(ds: ray.data.Dataset, client: Any, topic: str, txn: Any, key_col
     or str; ``key_col`` routes (murmur2, as a Kafka producer would; rows without a key are spread
     deterministically); ``properties_col`` holds a dict or a JSON object string; ``writer_id``
     names the producers (default: unique per call; give a stable one to make a re-run of the
-    same write deduplicate too). ``fault(block_index, attempt, rows_sent)`` is called after each
+    same write in the same txn deduplicate too; under another txn, even after an abort, its rows
+    would be taken for replays and dropped). ``fault(block_index, attempt, rows_sent)`` is called after each
     append a task made: tests raise from it to fail a task midway."""
     spec = write_spec(client, topic, txn, key_col, value_col, properties_col, event_time_col, writer_id, batch_rows)
     # Materialize first: the slices must be fixed before any task sends, and a block's content

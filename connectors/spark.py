@@ -159,7 +159,9 @@ def write(df: Any, client: Any, topic: str, txn: Any, key_col: str | None = None
     deduplicated per task), from the Spark tasks; returns the
     number of rows. ``value_col`` holds bytes or str; ``key_col`` routes (murmur2, as a Kafka
     producer would); ``writer_id`` names the producers (default: unique per call; pipelines pass
-    ``<pipeline>-<batch>``). ``fault(spark_partition, attempt, rows_sent)`` is called after each
+    one per txn). A ``writer_id`` must not outlive its txn: a write in another txn under it would
+    have its rows taken for replays of the first one's and dropped, also after an abort.
+    ``fault(spark_partition, attempt, rows_sent)`` is called after each
     batch a task sent: tests raise from it to fail a task midway."""
     spec = write_spec(client, topic, txn, key_col, value_col, properties_col, event_time_col, writer_id, batch_rows)
     columns = [c for c in (key_col, value_col, properties_col, event_time_col) if c is not None]
