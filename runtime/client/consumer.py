@@ -170,7 +170,8 @@ class Consumer:
                     raise Timeout(f"no message on {self.topic}/{self.subscription} within {timeout}s")
                 self._cond.wait(remaining)
             message = self._pop_locked()
-        self._track_received([message])
+        if self.ack_timeout_s is not None:
+            self._track_received([message])
         return message
 
     def receive_batch(self, max_messages: int = 10_000, timeout_s: float = 0.1) -> MessageBatch:
@@ -191,7 +192,7 @@ class Consumer:
                     break
                 self._cond.wait(remaining)
             runs = self._take_runs_locked(max_messages)
-        if self.ack_timeout_s is not None or any(run.batch_size > 1 for run in runs):
+        if self.ack_timeout_s is not None:
             self._track_received_runs(runs)
         return MessageBatch(self, runs, build_table(runs))
 
@@ -233,7 +234,8 @@ class Consumer:
                     break
                 self._cond.wait(remaining)
             messages = [self._pop_locked() for _ in range(min(max_messages, self._queued))]
-        self._track_received(messages)
+        if self.ack_timeout_s is not None:
+            self._track_received(messages)
         return messages
 
     def _pop_locked(self) -> Message:
@@ -257,30 +259,30 @@ class Consumer:
             self._client.loop.call_soon(feed.room.set)
 
     def _track_received(self, messages: list[Message]) -> None:
-        """Remember batch sizes (acks by ``MessageId`` look them up) and ack deadlines."""
-        deadline = time.monotonic() + self.ack_timeout_s if self.ack_timeout_s is not None else None
-        if deadline is None and all(message.batch_size == 1 for message in messages):
-            return  # a MessageId of a single message acks without a known batch size
+        """Start the messages' ack deadlines (``ack_timeout_s``)."""
+        assert self.ack_timeout_s is not None
+        deadline = time.monotonic() + self.ack_timeout_s
         with self._acks_lock:
             for message in messages:
-                message_id = message.message_id()
-                if message.batch_size > 1:
-                    self._batch_sizes[(message_id.partition, message_id.position)] = message.batch_size
-                if deadline is not None:
-                    self._unacked[message_id] = deadline
-            while len(self._batch_sizes) > REMEMBERED_BATCH_SIZES:
-                self._batch_sizes.popitem(last=False)
+                self._unacked[message.message_id()] = deadline
 
     def _track_received_runs(self, runs: list[Run]) -> None:
-        deadline = time.monotonic() + self.ack_timeout_s if self.ack_timeout_s is not None else None
+        assert self.ack_timeout_s is not None
+        deadline = time.monotonic() + self.ack_timeout_s
         with self._acks_lock:
             for run in runs:
-                if run.batch_size > 1:
-                    self._batch_sizes[(run.partition, run.position)] = run.batch_size
-                if deadline is not None:
-                    for index in run.indexes:
-                        self._unacked[MessageId(self.topic, run.partition, run.ledger_id, run.entry_id, index)] = \
-                            deadline
+                for index in run.indexes:
+                    self._unacked[MessageId(self.topic, run.partition, run.ledger_id, run.entry_id, index)] = deadline
+
+    def _remember_batch_sizes(self, runs: list[tuple[_Feed, Run]]) -> None:
+        """Remember the batch size of each delivered entry of several messages, once per entry:
+        an ack by ``MessageId`` looks it up (a single message's acks without it)."""
+        batched = [run for _, run in runs if run.batch_size > 1]
+        if not batched:
+            return
+        with self._acks_lock:
+            for run in batched:
+                self._batch_sizes[(run.partition, run.position)] = run.batch_size
             while len(self._batch_sizes) > REMEMBERED_BATCH_SIZES:
                 self._batch_sizes.popitem(last=False)
 
@@ -684,6 +686,7 @@ class Consumer:
         partition = feed.partition
         runs = [(feed, Run(partition, *entry)) for entry in wire]
         count = sum(len(entry[4]) for entry in wire)
+        self._remember_batch_sizes(runs)
         with self._cond:
             if generation < feed.generation:
                 return  # handed out before a seek we know of; the actor forgot them
