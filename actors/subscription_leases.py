@@ -127,6 +127,8 @@ class SubscriptionLeases:
         def may_ack() -> bool:
             return self.state.leases.waiting_on(lease_id, holder, epoch) is None
 
+        if may_ack():  # (the common case: no task for the wait)
+            return
         try:
             await asyncio.wait_for(self._lease_turn.wait_for(may_ack), CHAIN_WAIT_S)
         except TimeoutError:

@@ -204,11 +204,11 @@ class LeaseTable:
                 return None
             return False
         # ACKED: only its txn ends it. Its own holder and epoch may have the next range.
-        successor = self.successor
         if lease.holder != holder or lease.epoch != epoch:
-            if successor is not None and successor.holder == holder:
+            if lease.holder == holder:  # (an older epoch was Fenced above)
                 self.successor = None  # superseded by the holder's newer epoch
             return False
+        successor = self.successor
         if successor is not None and successor.expires_at_ms <= now_ms:
             self.successor = successor = None
         return successor
@@ -307,11 +307,12 @@ class LeaseTable:
         assert successor is None or not successor.start <= position <= successor.end, (txn, position, successor)
 
     def on_given_back(self, first: Position) -> None:
-        """An abort gave messages back from ``first`` on. A granted lease starting past them no
-        longer starts at the first message neither acked nor held (one granted after a restart,
-        past a pending cumulative ack that has now aborted): its cumulative ack would cover them
-        unread, so it is dropped, and a successor with it. (No acked lease can start past them:
-        only one cumulative ack is pending at a time, and it was the aborted txn's.)"""
+        """An abort gave messages back from ``first`` on. A granted lease (standing, or a
+        successor) starting past them no longer starts at the first message neither acked nor
+        held (say one granted after a restart, past a pending cumulative ack that has now
+        aborted): its cumulative ack would cover them unread, so it is dropped. (No acked lease
+        can start past them: one cumulative ack is pending at a time, and it was the aborted
+        txn's.)"""
         if self.successor is not None and self.successor.start > first:
             self.successor = None
         current = self.current
