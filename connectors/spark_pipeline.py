@@ -243,7 +243,10 @@ class ExactlyOncePipeline:
             if previous is not None:
                 self._settle(previous)
             stats = self._run_batch_at_least_once(batch, t0, epoch)
-            return None if stats is None else _Committing.done(stats, t0, t0 + stats.batch_s, t0 + stats.batch_s)
+            if stats is None:
+                return None
+            acked_at = t0 + stats.batch_s  # its plain acks are its commit: done with the batch
+            return _Committing.done(stats, t0, acked_at, acked_at)
         # Leases first, so an idle poll begins no transaction; the transaction then begins while
         # the batch's DataFrame is planned (a coordinator round trip off the batch).
         begun: concurrent.futures.Future[Any] | None = None

@@ -679,22 +679,22 @@ class SubscriptionState:
         its end (``NotAllowed`` when the lease is not held any more; ``TransactionConflict`` for a
         successor whose acked predecessor's txn has not ended: wait for ``leases.waiting_on``)."""
         lease = self.leases.held(lease_id, holder, epoch)
-        self._check_not_chained(lease_id, holder, epoch)
+        self._check_not_chained(lease)
         return self.prepare_ack(txn, [(lease.end, None, None)], cumulative=True, request=request)
 
     def ack_lease_plain(self, lease_id: int, holder: str, epoch: int) -> None:
         """Acknowledge a held lease's range outside any txn: the lease ends and the cursor moves
         past its end at once (``NotAllowed`` once it is not held, or acked in a txn;
         ``TransactionConflict`` as for ``prepare_lease_ack``)."""
-        self._check_not_chained(lease_id, holder, epoch)
+        self._check_not_chained(self.leases.held(lease_id, holder, epoch))
         lease = self.leases.release(lease_id, holder, epoch)
         self.ack([(lease.end, None, None)], cumulative=True)
 
-    def _check_not_chained(self, lease_id: int, holder: str, epoch: int) -> None:
-        waiting = self.leases.waiting_on(lease_id, holder, epoch)
-        if waiting is not None:
-            raise TransactionConflict(f"lease {lease_id} follows a range acked in {waiting}, which has not ended: "
-                                      "its end can be acked once that txn committed")
+    def _check_not_chained(self, lease: Lease) -> None:
+        if lease is self.leases.successor:
+            assert self.leases.current is not None
+            raise TransactionConflict(f"lease {lease.lease_id} follows a range acked in {self.leases.current.txn}, "
+                                      "which has not ended: its end can be acked once that txn committed")
 
     # --- seek --------------------------------------------------------------------------------
 
