@@ -3,9 +3,10 @@ Arrow table plus one handle that acknowledges them all.
 
 The messages arrive from the subscription as runs of one entry each (``WireEntry``: the entry's
 position, batch size and publish time once, the batch indexes, and the encoded records as the
-partition stored them). The table is built from those runs: the records of the whole batch are
-decoded in one msgspec call, the per-entry columns are repeated with numpy, nothing is built per
-message in Python beyond the decoded record itself. The ack handle keeps the runs, not message
+partition stored them). The table is built from those runs: records of the common shape (no
+properties, no event time) go to Arrow columns with numpy and no Python object per message
+(``record_columns``); a batch with any other record is decoded in one msgspec call. The per-entry
+columns are repeated with numpy. The ack handle keeps the runs, not message
 ids: acking the batch sends, per partition, its whole entries as ranges ``(ledger_id, first,
 last)`` and only the entries received in part as single batch indexes.
 """
@@ -21,6 +22,7 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 
+from raytxn.client.record_columns import plain_columns
 from raytxn.errors import CorruptLedger, InvalidArgument
 from raytxn.ids import Position
 from raytxn.protocol.entry_format import MessageRecord
@@ -97,29 +99,47 @@ def decode_records(records: list[bytes]) -> list[MessageRecord]:
         raise CorruptLedger(f"undecodable message in a received batch: {error}") from error
 
 
+def record_columns(records: list[bytes]) -> list[pa.Array]:
+    """The value, key, properties and event_time columns of encoded records: parsed with numpy
+    when all have the plain shape (``record_columns`` module), else decoded with msgspec."""
+    count = len(records)
+    plain = plain_columns(records)
+    if plain is not None:
+        values, keys = plain
+        return [values, keys, _no_properties(count), pa.nulls(count, pa.timestamp("ms"))]
+    decoded = decode_records(records)
+    if any(record.properties for record in decoded):
+        properties = pa.array([list(record.properties.items()) for record in decoded], MESSAGE_SCHEMA.field(2).type)
+    else:
+        properties = _no_properties(count)
+    return [
+        pa.array([record.value for record in decoded], pa.binary()),
+        pa.array([record.key for record in decoded], pa.string()),
+        properties,
+        pa.array([record.event_time_ms for record in decoded], pa.int64()).cast(pa.timestamp("ms")),
+    ]
+
+
+def _no_properties(count: int) -> pa.Array:
+    """A map column of ``count`` empty maps, without a Python loop."""
+    return pa.MapArray.from_arrays(pa.array(np.zeros(count + 1, dtype=np.int32)),
+                                   pa.array([], pa.string()), pa.array([], pa.string()))
+
+
 def build_table(runs: Sequence[Run]) -> pa.Table:
     """The table of the runs' messages (``MESSAGE_SCHEMA``)."""
     records = list(itertools.chain.from_iterable(run.records for run in runs))
-    decoded = decode_records(records)
     lengths = np.fromiter((len(run.indexes) for run in runs), dtype=np.int64, count=len(runs))
 
     def repeated(values: object, dtype: type) -> np.ndarray:
         return np.repeat(np.fromiter(values, dtype=dtype, count=len(runs)), lengths)  # type: ignore[arg-type]
 
-    if any(record.properties for record in decoded):
-        properties = pa.array([list(record.properties.items()) for record in decoded], MESSAGE_SCHEMA.field(2).type)
-    else:  # the common case: no properties anywhere, a map array of empty maps without a Python loop
-        properties = pa.MapArray.from_arrays(pa.array(np.zeros(len(decoded) + 1, dtype=np.int32)),
-                                             pa.array([], pa.string()), pa.array([], pa.string()))
     if any(run.counts for run in runs):
         redeliveries = list(itertools.chain.from_iterable(run.counts or [0] * len(run.indexes) for run in runs))
     else:
-        redeliveries = np.zeros(len(decoded), dtype=np.int32)
+        redeliveries = np.zeros(len(records), dtype=np.int32)
     columns = [
-        pa.array([record.value for record in decoded], pa.binary()),
-        pa.array([record.key for record in decoded], pa.string()),
-        properties,
-        pa.array([record.event_time_ms for record in decoded], pa.int64()).cast(pa.timestamp("ms")),
+        *record_columns(records),
         pa.array(repeated((run.publish_time_ms for run in runs), np.int64)).cast(pa.timestamp("ms")),
         pa.array(repeated((run.partition for run in runs), np.int32)),
         pa.array(repeated((run.ledger_id for run in runs), np.int64)),
