@@ -1,12 +1,9 @@
 """Object storage behind one URL, through obstore.
 
-- ``file:///abs/path`` or ``file://./rel/path``: a local directory (the embedded default), read,
-  listed and deleted through obstore's LocalStore. A create is written here, as LocalStore
-  would: a staging file ``<path>#<n>``, fsynced, then hard-linked into place (the link fails if
-  the object exists), and the directory fsynced, so an object is never visible partially and an
-  acknowledged write also survives a machine crash. All of it is one hop to a worker thread
-  (obstore's put and then an fsync were two), and directories it makes are fsynced into their
-  parents, which the obstore put left to chance.
+- ``file:///abs/path`` or ``file://./rel/path``: a local directory (the embedded default). obstore's
+  LocalStore writes to a staging file and renames it into place, so an object is never visible
+  partially; this module adds an fsync of the file and its directory after every put (and of
+  new directories in their parents), so an acknowledged write also survives a machine crash.
 - ``s3://bucket/prefix``: any S3-compatible store. Endpoint, keys, region and ``allow_http`` come
   from keyword options (``endpoint=``, ``access_key_id=``, ...) or the usual ``AWS_*`` variables.
 - ``memory://name``: an in-process store for unit tests; the same name gives the same store.
@@ -21,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import secrets
 from datetime import timedelta
 from pathlib import Path
 from typing import NamedTuple
@@ -40,7 +36,7 @@ _memory_stores: dict[str, MemoryStore] = {}
 # LocalStore writes ``<path>#<n>`` first and links it into place; a process killed in between
 # leaves that staging file behind, and LocalStore's listings skip such names.
 _STAGING_NAME = re.compile(r"#\d+$")
-_STAGING_ATTEMPTS = 8
+_MAX_DURABLE_DIRECTORIES = 10_000  # directories known fsynced into their parents, per Storage
 
 # obstore retries internally for up to 3 minutes by default; the ledger writer has its own retry
 # loop with a deadline, so keep the client's short and bounded.
@@ -74,6 +70,7 @@ class Storage:
         self.url = url
         self._local_root = local_root
         self._fsync = fsync and local_root is not None
+        self._durable_directories: set[Path] = set()
 
     @classmethod
     def from_url(cls, url: str | None = None, **options: object) -> Storage:
@@ -125,59 +122,35 @@ class Storage:
     async def create(self, path: str, data: bytes) -> None:
         """Write ``data`` at ``path`` only if nothing is there (``ObjectExists`` otherwise).
         Returns once the object is durable."""
-        if self._local_root is not None:
-            try:
-                await asyncio.to_thread(self._create_local, path, data)
-            except FileExistsError as e:
-                raise ObjectExists(path) from e
-            except OSError as e:
-                raise StorageUnavailable(f"put {path}: {_short(e)}") from e
-            return
         try:
             await obstore.put_async(self.store, path, data, mode="create")
         except (AlreadyExistsError, PreconditionError) as e:
             raise ObjectExists(path) from e
         except (BaseError, OSError) as e:
             raise StorageUnavailable(f"put {path}: {_short(e)}") from e
+        if self._fsync:
+            await asyncio.to_thread(self._fsync_path, path)
 
-    def _create_local(self, path: str, data: bytes) -> None:
-        """The local create (module docstring), on a worker thread; ``FileExistsError`` if the
-        object exists. Directories it makes are made durable too (their parents fsynced)."""
+    def _fsync_path(self, path: str) -> None:
+        """The object, its directory's entry for it, and (once per directory and process) each
+        directory's own entry in its parent, up to the root: LocalStore makes missing
+        directories without fsyncing their parents, so a new ledger's directory could otherwise
+        vanish in a machine crash after its first acknowledged put."""
         assert self._local_root is not None
         full = self._local_root / path
-        self._make_parents(full.parent)
-        for _ in range(_STAGING_ATTEMPTS):  # a random staging name taken: another one
-            staging = full.with_name(f"{full.name}#{secrets.randbits(62)}")
-            try:
-                fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-                break
-            except FileExistsError:
-                continue
-        else:
-            raise OSError(f"no free staging name for {path} in {_STAGING_ATTEMPTS} attempts")
+        fd = os.open(full, os.O_RDONLY)
         try:
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                if self._fsync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.link(staging, full)  # FileExistsError: somebody else created it
+            os.fsync(fd)
         finally:
-            staging.unlink(missing_ok=True)
-        if self._fsync:
-            _fsync_directory(full.parent)
-
-    def _make_parents(self, directory: Path) -> None:
-        if directory.is_dir():
-            return
-        missing = [directory, *(p for p in directory.parents if not p.is_dir())]
-        directory.mkdir(parents=True, exist_ok=True)
-        if self._fsync:
-            for made in missing:  # outermost last: each new name durable in its parent
-                _fsync_directory(made.parent)
+            os.close(fd)
+        directory = full.parent
+        _fsync_directory(directory)
+        if len(self._durable_directories) > _MAX_DURABLE_DIRECTORIES:
+            self._durable_directories.clear()  # a bound: fsyncing one again is harmless
+        while directory != self._local_root and directory not in self._durable_directories:
+            _fsync_directory(directory.parent)
+            self._durable_directories.add(directory)
+            directory = directory.parent
 
     async def get(self, path: str) -> bytes | None:
         """The object's bytes, or None when it does not exist."""
