@@ -144,7 +144,8 @@ def build_table(runs: Sequence[Run]) -> pa.Table:
         pa.array(repeated((run.partition for run in runs), np.int32)),
         pa.array(repeated((run.ledger_id for run in runs), np.int64)),
         pa.array(repeated((run.entry_id for run in runs), np.int64)),
-        pa.array(list(itertools.chain.from_iterable(run.indexes for run in runs)), pa.int32()),
+        pa.array(np.fromiter(itertools.chain.from_iterable(run.indexes for run in runs), dtype=np.int32,
+                             count=len(records))),
         pa.array(redeliveries, pa.int32()),
     ]
     return pa.Table.from_arrays(columns, schema=MESSAGE_SCHEMA)

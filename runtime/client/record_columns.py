@@ -47,9 +47,10 @@ def plain_columns(records: Sequence[bytes]) -> tuple[pa.Array, pa.Array] | None:
     for offset, expected in enumerate(_PREFIX):
         if not np.all(buffer[starts + offset] == expected):
             return None
-    value_starts, value_lengths = _values(buffer, starts)
-    if value_starts is None:
+    values = _values(buffer, starts)
+    if values is None:
         return None
+    value_starts, value_lengths = values
     key_at = value_starts + value_lengths
     if np.any(key_at + 3 > ends):  # the key byte, {} and nil must still fit in the record
         return None
@@ -57,20 +58,20 @@ def plain_columns(records: Sequence[bytes]) -> tuple[pa.Array, pa.Array] | None:
     if keys is None:
         return None
     key_starts, key_lengths, has_key = keys
-    values = _binary(joined, value_starts, value_lengths, pa.binary())
+    value_column = _binary(joined, value_starts, value_lengths, pa.binary())
     key_column = _binary(joined, key_starts, key_lengths, pa.string(), valid=has_key)
     try:
         key_column.validate(full=True)  # UTF-8, as msgspec checks a str
     except pa.ArrowInvalid:
         return None
-    return values, key_column
+    return value_column, key_column
 
 
-def _values(buffer: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray] | tuple[None, None]:
-    """Where each record's value starts and how long it is (bin8/16/32), or Nones."""
+def _values(buffer: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Where each record's value starts and how long it is (bin8/16/32), or None."""
     kind = buffer[starts + 4]
     if not np.all((kind == _BIN8) | (kind == _BIN16) | (kind == _BIN32)):
-        return None, None
+        return None
     last = buffer.size - 1  # indexes past the buffer are clipped: such a record fails its length check
     byte = [buffer[np.minimum(starts + 5 + i, last)].astype(np.int64) for i in range(4)]
     length = np.where(kind == _BIN8, byte[0],
