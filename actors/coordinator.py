@@ -208,6 +208,10 @@ class TransactionCoordinator(ActorShell, FaultTarget):
         key = ("tid", transactional_id) if transactional_id is not None else None
         async with self._lock(key) if key else _nullcontext():
             await self._writable()
+            if transactional_id is not None and type(epoch) is int:
+                repeated = self.state.repeated_new_txn(transactional_id, epoch, owner)
+                if repeated is not None:
+                    return repeated
             record = self.state.prepare_new_txn(self.clock.now_ms(), timeout_ms, owner, transactional_id, epoch)
             await self._log([record])
         self.metrics.txn_begun()

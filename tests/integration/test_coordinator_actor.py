@@ -308,6 +308,27 @@ def test_transactional_id_fencing(env: Env) -> None:
         env.client.ref(other).call("register_transactional_id", tid)
 
 
+def test_a_new_txn_whose_answer_was_lost_is_answered_with_the_txn_it_began(env: Env) -> None:
+    """The home coordinator logs a transactional id's NewTxn, then the answer is lost (an armed
+    drop_reply, as a crash right after the log write would): the client's retry gets the txn
+    that was begun, not ConcurrentTransactions, and no second txn is begun. The txn commits."""
+    tid = f"pipeline-{uuid.uuid4().hex[:6]}"
+    home = coordinator_for(tid, 2)
+    epoch = env.client.register_transactional_id(tid)
+    ref = env.client.ref(home)
+    ref.call("arm_fault", "coordinator.after_log_new", "drop_reply", 1, 1.0, None, 1.0)
+    try:
+        txn = env.client.new_txn(timeout_ms=30_000, transactional_id=tid, epoch=epoch)
+        assert ref.call("list_faults") == []  # the answer was dropped once, and the call retried
+    finally:
+        ref.call("disarm_fault", None)
+    begun = [row["txn"] for row in env.client.list_txns(limit=10_000) if row["transactional_id"] == tid]
+    assert begun == [str(txn)]
+    env.client.add_partitions(txn, [(env.topic, 0)], epoch=epoch)
+    assert env.client.end_txn(txn, EndAction.COMMIT, epoch=epoch) == "COMMITTED"
+    assert [(t, a) for t, a, _ in env.calls(partition_actor_name(env.topic, 0))] == [(txn, "COMMIT")]
+
+
 def test_hanging_transactions_are_listed_by_age_with_participants_and_aborted(env: Env) -> None:
     old = env.client.new_txn(timeout_ms=60_000)
     env.client.add_partitions(old, [(env.topic, 0), (env.topic, 1)])

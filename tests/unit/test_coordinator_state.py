@@ -7,6 +7,7 @@ import msgspec
 import pytest
 
 from raytxn.errors import (
+    ConcurrentTransactions,
     CorruptLedger,
     Fenced,
     InvalidArgument,
@@ -578,6 +579,26 @@ def test_new_txn_under_a_transactional_id(h: Harness) -> None:
     second = h.new(tid="p1", epoch=1)
     h.complete(txn)
     assert h.state.get(second).state is TxnState.OPEN
+
+
+def test_a_repeated_new_txn_finds_the_txn_it_began_until_that_txn_has_a_participant(h: Harness) -> None:
+    """A new_txn whose NewTxn was logged but whose answer was lost is asked again: the id's OPEN
+    txn under the same epoch and owner, with no participant, is that call's txn. Any other
+    caller, epoch or a txn with a participant gets nothing from it, and prepare still refuses."""
+    h.register("p1")
+    assert h.state.repeated_new_txn("p1", 0, "alice") is None  # nothing open
+    txn = h.new(tid="p1", epoch=0)
+    assert h.state.repeated_new_txn("p1", 0, "alice") == txn
+    assert h.state.repeated_new_txn("p1", 0, "bob") is None
+    assert h.state.repeated_new_txn("p1", 1, "alice") is None
+    assert h.state.repeated_new_txn("p2", 0, "alice") is None
+    h.add(txn, [("a", 0)], epoch=0)
+    assert h.state.repeated_new_txn("p1", 0, "alice") is None  # it holds data now: the caller knew it
+    with pytest.raises(ConcurrentTransactions):
+        h.state.prepare_new_txn(T0, 100, "alice", "p1", 0)
+    h.end(txn, COMMIT, epoch=0)
+    assert h.state.repeated_new_txn("p1", 0, "alice") is None  # ending is not OPEN
+    h.state.check_invariants()
 
 
 def test_registering_again_aborts_the_open_txn_and_fences_the_zombie(h: Harness) -> None:
