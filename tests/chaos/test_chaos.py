@@ -13,7 +13,7 @@ import raytxn as rt
 from raytxn.tools.chaos import make_schedule, run_chaos
 from tests.engine import engine_client
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+pytestmark = [pytest.mark.ray, pytest.mark.slow(seconds=45)]
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import raytxn as rt
 from raytxn.tools.chaos import run_chaos
 from tests.engine import engine_client
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+pytestmark = [pytest.mark.ray, pytest.mark.slow(seconds=130)]
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow(seconds=28)
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart.py"
 

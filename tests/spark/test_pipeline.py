@@ -199,6 +199,7 @@ def _wait_line(proc: subprocess.Popen, prefix: str, timeout_s: float = 240) -> s
     raise AssertionError(f"driver exited ({proc.wait()}) before printing {prefix!r}:\n{''.join(seen[-40:])}")
 
 
+@pytest.mark.slow(seconds=100)
 @pytest.mark.timeout(900)
 def test_driver_stopped_replaced_fenced_and_killed(client: rt.Client, spark) -> None:
     lines = sample_lines(200)

@@ -146,7 +146,7 @@ def test_building_the_metadata_warns_of_nothing() -> None:
     assert not PYTHON_WARNING.findall(output), output[-5000:]
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=3)
 def test_the_wheel_holds_raytxn_only(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-qq", "--no-deps", "-w", str(tmp_path), str(ROOT)],
                           capture_output=True, text=True, timeout=600)

@@ -270,7 +270,7 @@ def test_same_seed_same_trace_in_processes_with_different_hash_seeds() -> None:
 
 # --- the seed range CI runs --------------------------------------------------------------------
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=15)  # 3 to 50 by profile
 @pytest.mark.parametrize("profile", list(CI_SEEDS))
 def test_seed_range_is_clean(profile: str) -> None:
     results = list(run_many(CI_SEEDS[profile], profile, jobs=CI_JOBS))
