@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 import msgspec
 import ray
 
+from raytxn.actors.host import host_actor_name, host_for
 from raytxn.actors.shell import ActorRefs, ActorShell, Clock
 from raytxn.auth import Access, Authorizer, guarded
 from raytxn.config import EngineConfig
@@ -60,6 +61,9 @@ _LIVE = (EntryState.CREATING, EntryState.ACTIVE)  # entries whose actors should 
 MIB = 1 << 20
 PLACEMENT_CHECK_S = 1.0   # a starting actor not ready this long: is there room for it at all?
 MAX_PASSIVATIONS = 16     # passivations under way at once
+# With hosts a passivation is a snapshot and a drop, no process to kill: many more at once, so
+# that passivation keeps up with a workload that touches thousands of topics a minute.
+MAX_HOSTED_PASSIVATIONS = 256
 BULK_DELETE_CONCURRENCY = 16  # topics a bulk delete clears at once
 # How long a delete waits for Ray to release the names of the actors it killed.
 STOP_ACTORS_TIMEOUT_S = 60.0
@@ -98,6 +102,7 @@ class Supervisor(ActorShell, FaultTarget):
         self._activations: dict[str, asyncio.Task] = {}   # actor name -> the task starting it
         self._passivations: dict[str, asyncio.Task] = {}  # actor name -> the task passivating it
         self._implied_cache: dict[str, ActorSpec] = {}
+        self._hosts: dict[str, Any] = {}  # host name -> handle (EngineConfig.actor_hosts > 0)
         self._implied_for: Catalog | None = None
 
     async def _start(self) -> None:
@@ -155,6 +160,48 @@ class Supervisor(ActorShell, FaultTarget):
             spec.topic, spec.partition, spec.subscription, sub.initial_position, config.storage_url,
             config.storage_options, config.subscription, config.auth)
 
+    def _host_of(self, name: str) -> str | None:
+        """The host serving the partition or subscription ``name`` (None: a process of its own)."""
+        return host_for(name, self.config.actor_hosts) if self.config.actor_hosts > 0 else None
+
+    def _host(self, host: str) -> Any:
+        handle = self._hosts.get(host)
+        if handle is None:
+            from raytxn.actors.host import ActorHostActor
+
+            config = self.config
+            options = {**self._actor_options(host), "memory": config.host_memory_mib * MIB}
+            handle = self._hosts[host] = ActorHostActor.options(**options).remote(
+                host, config.storage_url, config.storage_options, config.partition, config.subscription,
+                config.auth, config.max_hosted_actors)
+        return handle
+
+    async def _host_call(self, host: str, method: str, *args: Any) -> Any:
+        """A call to a host (``call``: to an actor it hosts, whose own guard wants the token in
+        its kwargs); ``ActorUnavailable`` (retriable) while it is restarting."""
+        kwargs = {} if method == "call" else {"auth": self.authorizer.engine_token()}
+        try:
+            return await asyncio.wrap_future(getattr(self._host(host), method).remote(*args, **kwargs).future())
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
+            self._hosts.pop(host, None)  # looked up (or created) again next time
+            raise ActorUnavailable(f"{host} is restarting ({type(e).__name__}); retry") from e
+
+    async def _start_hosted(self, spec: ActorSpec, host: str) -> dict[str, Any]:
+        args = [spec.topic, spec.partition]
+        if spec.kind == "subscription":
+            args += [spec.subscription, self.catalog.subscriptions[spec.topic][spec.subscription].initial_position]
+        return await self._host_call(host, "start", spec.kind, spec.name, args)
+
+    async def _start_actor(self, spec: ActorSpec) -> bool:
+        """Start the actor of ``spec`` (unless it serves) in its host, or in a process of its
+        own, and return once it serves; True if it was not running."""
+        host = self._host_of(spec.name)
+        if host is not None:
+            return bool((await self._start_hosted(spec, host))["hosted_now"])
+        was_dormant = _handle(spec.name) is None
+        await self._placed(spec.name, self._create(spec))
+        return was_dormant
+
     async def _placed(self, name: str, handle: Any) -> dict[str, Any]:
         """Wait for the new actor's ``ready``. ``CannotPlaceActor`` (and the pending actor
         removed) when Ray cannot place it, i.e. the resources it asks for are not free anywhere,
@@ -195,8 +242,7 @@ class Supervisor(ActorShell, FaultTarget):
     async def _start_actors(self, specs: list[ActorSpec]) -> None:
         """Start the actors of ``specs`` now (not on first use) unless their entry is being deleted."""
         live = self._implied()
-        handles = [(spec.name, self._create(spec)) for spec in specs if spec.name in live]
-        await asyncio.gather(*(self._placed(name, handle) for name, handle in handles))
+        await asyncio.gather(*(self._start_actor(spec) for spec in specs if spec.name in live))
 
     def _implied(self) -> dict[str, ActorSpec]:
         """Every partition and subscription actor the catalog implies (entries being deleted have
@@ -454,7 +500,10 @@ class Supervisor(ActorShell, FaultTarget):
     async def _stop_actors(self, names: list[str]) -> None:
         """Kill the actors for good and wait until Ray has released their names: until then a
         create of the same name would get the dying actor back, and it could still write."""
-        deadline = self.clock.monotonic() + STOP_ACTORS_TIMEOUT_S
+        for name in names:
+            if (host := self._host_of(name)) is not None:
+                await self._host_call(host, "drop", name)
+        deadline = self.clock.monotonic() + STOP_ACTORS_TIMEOUT_S  # dedicated ones of an earlier config too
         while alive := [name for name in names if _kill(name)]:
             if self.clock.monotonic() > deadline:
                 raise ActorUnavailable(f"{len(alive)} actors still registered {STOP_ACTORS_TIMEOUT_S}s after "
@@ -528,13 +577,40 @@ class Supervisor(ActorShell, FaultTarget):
             await self._probe_all()
             self._passivate_idle()
 
+    async def _hosted_rows(self) -> dict[str, dict[str, Any]]:
+        """What every host says of the actors it serves, by actor name (one call per host; a
+        host that is restarting serves nothing)."""
+        rows: dict[str, dict[str, Any]] = {}
+        for index in range(self.config.actor_hosts):
+            host = host_actor_name(index)
+            try:
+                hosted = await asyncio.wait_for(self._host_call(host, "hosted"), self.config.watch_timeout_s)
+            except Exception as e:  # noqa: BLE001 - restarting or slow: its actors show as dormant
+                log.info("listing %s failed: %r", host, e)
+                continue
+            rows.update({name: {**row, "host": host} for name, row in hosted.items()})
+        return rows
+
+    def _hosted_row(self, name: str, kind: str, hosted: dict[str, Any]) -> None:
+        row = self._row(name, kind)
+        if row["incarnation"] is not None and (hosted["incarnation"] or 0) > row["incarnation"]:
+            row["restarts"] += 1
+        state = "STOPPING" if hosted["stopped"] else "ALIVE" if hosted["serving"] else "RECOVERING"
+        row.update(state=state, host=hosted["host"], incarnation=hosted["incarnation"],
+                   last_recovery_ms=hosted["started_ms"], recovery_ms=hosted["recovery_ms"],
+                   checked_ms=self.clock.now_ms(), idle_s=hosted["idle_s"],
+                   passivation_blockers=hosted["passivation_blockers"])
+
     async def _probe_all(self) -> None:
         live = _live_actor_names()
         names = self.actor_names()
+        hosted = await self._hosted_rows() if self.config.actor_hosts > 0 else {}
         probes = []
         alive: dict[str, str] = {}  # name -> kind of the live partitions and subscriptions known ALIVE
         for name, kind in names:
-            if name in live and kind != "coordinator" and self._health.get(name, {}).get("state") == "ALIVE":
+            if name in hosted:
+                self._hosted_row(name, kind, hosted[name])
+            elif name in live and kind != "coordinator" and self._health.get(name, {}).get("state") == "ALIVE":
                 alive[name] = kind
             elif name in live or kind == "coordinator":
                 probes.append(self._probe(name, kind, name in live))
@@ -616,14 +692,13 @@ class Supervisor(ActorShell, FaultTarget):
         if spec is None:
             return {"activated": False, "why": f"no topic or subscription has the actor {name!r}"}
         began = self.clock.monotonic()
-        was_dormant = _handle(name) is None
-        await self._placed(name, self._create(spec))
+        was_dormant = await self._start_actor(spec)
         row = self._row(name, spec.kind)
         if was_dormant:
             row["activations"] += 1
             activated(spec.kind)
         row.update(state="ALIVE", idle_s=0.0)  # the last probe's idleness was the dead incarnation's
-        return {"activated": True, "seconds": round(self.clock.monotonic() - began, 3)}
+        return {"activated": True, "seconds": round(self.clock.monotonic() - began, 3), "host": self._host_of(name)}
 
     def _passivate_idle(self) -> None:
         """Start passivating (at most ``MAX_PASSIVATIONS`` at a time) the actors that the last
@@ -631,8 +706,9 @@ class Supervisor(ActorShell, FaultTarget):
         idle_s = self.config.passivate_idle_s
         if idle_s is None:
             return
+        most = MAX_HOSTED_PASSIVATIONS if self.config.actor_hosts > 0 else MAX_PASSIVATIONS
         for name, spec in self._implied().items():
-            if len(self._passivations) >= MAX_PASSIVATIONS:
+            if len(self._passivations) >= most:
                 return
             row = self._health.get(name)
             if (row is not None and row["state"] == "ALIVE" and not row.get("passivation_blockers")
@@ -644,12 +720,14 @@ class Supervisor(ActorShell, FaultTarget):
 
     async def _passivate_now(self, spec: ActorSpec, idle_s: float) -> bool:
         """Ask the actor to passivate (it refuses if a call came in since the probe), then kill
-        it for good; it stays dormant until a call activates it."""
-        handle = _handle(spec.name)
-        if handle is None:
+        it for good, or drop it from its host; it stays dormant until a call activates it."""
+        token = self.authorizer.engine_token()
+        if (host := self._host_of(spec.name)) is not None:
+            answer = await self._host_call(host, "call", spec.name, "passivate", (idle_s,), {"auth": token})
+        elif (handle := _handle(spec.name)) is not None:
+            answer = await asyncio.wrap_future(handle.passivate.remote(idle_s, auth=token).future())
+        else:
             return False
-        answer = await asyncio.wrap_future(
-            handle.passivate.remote(idle_s, auth=self.authorizer.engine_token()).future())
         if not answer["passivated"]:
             return False
         await self._stop_actors([spec.name])
@@ -683,6 +761,7 @@ class Supervisor(ActorShell, FaultTarget):
         if self._watch_task is not None:
             self._watch_task.cancel()
         names = [name for name, _ in self.actor_names()]
+        names += [host_actor_name(index) for index in range(self.config.actor_hosts)]
         for name in names:
             _kill(name)
         return names

@@ -111,6 +111,12 @@ class EngineConfig:
     # subscriptions over the nodes that may host them (Ray's "DEFAULT" packs them near their
     # creator, the supervisor).
     actor_placement: str = "SPREAD"
+    # Hosts: shared processes that serve partitions and subscriptions, many per process, as a
+    # broker does (actors/host.py). 0: each partition and subscription actor is a process of its
+    # own. With hosts, an activation starts no process, and idle actors cost no process at all.
+    actor_hosts: int = 0
+    max_hosted_actors: int = 5000  # actors one host serves at most at once
+    host_memory_mib: int = 1024    # Ray memory a host reserves
     coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
     partition: PartitionConfig = field(default_factory=PartitionConfig)
     subscription: SubscriptionConfig = field(default_factory=SubscriptionConfig)

@@ -46,40 +46,58 @@ class ActorRef:
         self.token = token
         self._handle: Any = None
         self._activation: Any = None  # the supervisor's answer to the last activation request
+        self._host: str | None = None  # the host serving this actor, from an activation's answer
 
     def handle(self) -> Any:
         if self._handle is None:
             try:
                 self._handle = ray.get_actor(self.name, namespace=NAMESPACE)
-            except ValueError as e:  # dormant, not created yet, being re-created, or deleted
+            except ValueError as e:  # dormant, hosted, not created yet, being re-created, or deleted
+                host = self._host or self._answered_host()
+                if host is not None:
+                    try:
+                        self._handle = HostedHandle(ray.get_actor(host, namespace=NAMESPACE), self.name)
+                        return self._handle
+                    except ValueError:
+                        self._host = None  # the host is being restarted: ask again
                 self._activate()
                 raise ActorNotFound(f"no actor {self.name!r}") from e
         return self._handle
 
+    def _answered_host(self) -> str | None:
+        """The host named by the last activation's answer, once it came (None: none, or the
+        actor has a process of its own). A request that failed for good (``CannotPlaceActor``,
+        a deleted topic) is raised here, so the caller gets that error instead of retrying to
+        its deadline."""
+        if self._activation is None:
+            return None
+        done, _ = ray.wait([self._activation], timeout=0)
+        if not done:
+            return None
+        request, self._activation = self._activation, None
+        try:
+            answer = ray.get(request)
+        except Exception as raw:  # noqa: BLE001 - sorted: final errors raised, others asked again
+            if not retriable(unwrap(raw)):
+                raise unwrap(raw) from None
+            _forget_supervisor()  # it may have been replaced
+            return None
+        self._host = answer.get("host") if isinstance(answer, dict) else None
+        return self._host
+
     def _activate(self) -> None:
         """Ask the supervisor, without waiting, to start this actor (partitions and subscriptions
-        start on first use and are passivated when idle): the caller's retry finds it started.
-        One request at a time; a request that failed for good (``CannotPlaceActor``, a deleted
-        topic) is raised here, so the caller gets that error instead of retrying to its deadline."""
-        if not activated_on_demand(self.name):
+        start on first use and are passivated when idle): the caller's retry finds it started,
+        in a process of its own or in the host the answer names. One request at a time."""
+        if not activated_on_demand(self.name) or self._activation is not None:
             return
-        if self._activation is not None:
-            done, _ = ray.wait([self._activation], timeout=0)
-            if not done:
-                return
-            request, self._activation = self._activation, None
-            try:
-                ray.get(request)
-            except Exception as raw:  # noqa: BLE001 - sorted: final errors raised, others asked again
-                if not retriable(unwrap(raw)):
-                    raise unwrap(raw) from None
-                _forget_supervisor()  # it may have been replaced
         supervisor = _supervisor()
         if supervisor is not None:
             self._activation = supervisor.activate.remote(self.name, **self._with_auth({}))
 
     def forget(self) -> None:
         self._handle = None
+        self._host = None
 
     def _with_auth(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         return kwargs if self.token is None else {**kwargs, "auth": self.token}
@@ -120,6 +138,30 @@ class ActorRef:
             if retriable(unwrap(error)):
                 self.forget()
             raise
+
+
+class HostedHandle:
+    """The handle of an actor served by a host (actors/host.py): ``handle.method.remote(...)``
+    becomes the host's ``call.remote(name, method, args, kwargs)``, so callers are the same
+    for hosted and dedicated actors."""
+
+    def __init__(self, host: Any, name: str) -> None:
+        self.host, self.name = host, name
+
+    def __getattr__(self, method: str) -> _HostedMethod:
+        if method.startswith("__"):
+            raise AttributeError(method)
+        return _HostedMethod(self.host, self.name, method)
+
+
+class _HostedMethod:
+    __slots__ = ("host", "method", "name")
+
+    def __init__(self, host: Any, name: str, method: str) -> None:
+        self.host, self.name, self.method = host, name, method
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        return self.host.call.remote(self.name, self.method, args, kwargs)
 
 
 _supervisor_handle: Any = None
