@@ -24,6 +24,7 @@ from typing import Any
 import psutil
 import ray
 
+from raytxn.actors.host import host_actor_name
 from raytxn.client.rpc import ActorRef
 from raytxn.cluster import stop_engine
 from raytxn.ids import NAMESPACE, partition_actor_name
@@ -34,6 +35,8 @@ BULK_CHUNK = 1000        # topics per create_topics call
 PASSIVATE_IDLE_S = 2.0   # the engine passivates actors idle this long (the default is 300 s)
 SAMPLE_EVERY_S = 1.0
 PRODUCE_ROUNDS = 3       # rounds of 4 then many partitions; a single run swings 20% here
+HOSTS = 2                # hosts of the engine where every topic takes a message
+TOUCH_WINDOW = 500       # topics that take their message at once there
 
 
 @ray.remote(num_cpus=0)
@@ -110,9 +113,11 @@ def bench_scale(short: bool = False, progress: Callable[[str], None] = print) ->
         progress(f"  activation p50 {_percentile(sorted(activations), 0.5):.2f} s; live actors peak {peak}, "
                  f"idle {samples[-1][1]}; node memory +{(idle_memory - base_memory) / 2**20:.0f} MiB")
 
+        client.close()
+        hosted = every_topic_hosted(topics, bare, progress)
+
         # A fresh engine with the default passivation (300 s idle): this one's 2 s would passivate
         # the partitions started first while the last ones start.
-        client.close()
         client = _engine()
         rates: dict[int, list[float]] = {4: [], many: []}
         for partitions in rates:
@@ -125,11 +130,72 @@ def bench_scale(short: bool = False, progress: Callable[[str], None] = print) ->
             for partitions in rates:
                 rates[partitions].append(_produce(client, f"wide-{partitions}", produce_messages))
                 progress(f"  {partitions} partitions: {rates[partitions][-1]:.0f} msgs/s")
-        return scale_rows(topics, bulk_s, len(singles), single_s, bare, sorted(activations), exactly_once,
-                          peak, samples, base_memory, idle_memory, rates, produce_messages)
+        return [*scale_rows(topics, bulk_s, len(singles), single_s, bare, sorted(activations), exactly_once,
+                            peak, samples, base_memory, idle_memory, rates, produce_messages), hosted]
     finally:
         client.close()
         stop_engine()
+
+
+def every_topic_hosted(topics: int, bare: list[float], progress: Callable[[str], None]) -> dict:
+    """Every one of ``topics`` topics takes one message, on an engine with ``HOSTS`` hosts
+    (actors/host.py): each send activates a dormant partition inside a host, with no process
+    start. ``TOUCH_WINDOW`` topics at a time, each with its own producer. Then they go idle and
+    are passivated out of their hosts. The peer: as many bare Ray actor starts, which is what
+    the same touches cost with a process per partition (at this run's p50)."""
+    client = _engine(passivate_idle_s=PASSIVATE_IDLE_S, watch_interval_s=0.5, actor_hosts=HOSTS)
+    try:
+        base_memory = psutil.virtual_memory().used
+        names = [f"hosted-{i}" for i in range(topics)]
+        for first in range(0, topics, BULK_CHUNK):
+            client.create_topics(names[first:first + BULK_CHUNK], 1, subscriptions=["s"])
+        samples: list[list[float]] = []
+        peak_memory = base_memory
+        began = time.perf_counter()
+        for first in range(0, topics, TOUCH_WINDOW):
+            producers = [client.create_producer(name) for name in names[first:first + TOUCH_WINDOW]]
+            for producer in producers:
+                producer.send_async(PAYLOAD)  # the partition is dormant: this activates it
+            for producer in producers:
+                producer.flush()
+                producer.close()
+            hosted_now = sum(ActorRef(host_actor_name(i)).call("ready")["hosted"] for i in range(HOSTS))
+            samples.append([round(time.perf_counter() - began, 1), hosted_now])
+            peak_memory = max(peak_memory, psutil.virtual_memory().used)
+        touch_s = time.perf_counter() - began
+        progress(f"  hosted: {topics} topics took a message in {touch_s:.0f} s ({topics / touch_s:.0f}/s), "
+                 f"at most {max(n for _, n in samples)} actors hosted at once")
+        step = max(1, topics // 20)
+        exactly_once = _read_back(client, names[::step][:20])
+        deadline = time.perf_counter() + 600
+        while (hosted_now := sum(ActorRef(host_actor_name(i)).call("ready")["hosted"] for i in range(HOSTS))) \
+                and time.perf_counter() < deadline:
+            samples.append([round(time.perf_counter() - began, 1), hosted_now])
+            time.sleep(SAMPLE_EVERY_S)
+        samples.append([round(time.perf_counter() - began, 1), hosted_now])
+        idle_memory = psutil.virtual_memory().used
+        live = live_engine_actors()
+        progress(f"  hosted, idle: {live} live actors, {hosted_now} hosted; "
+                 f"node memory +{(idle_memory - base_memory) / 2**20:.0f} MiB")
+        return hosted_row(topics, touch_s, bare, exactly_once, samples, live, base_memory, peak_memory, idle_memory)
+    finally:
+        client.close()
+
+
+def hosted_row(topics: int, touch_s: float, bare: list[float], exactly_once: bool, samples: list[list[float]],
+               live: int, base_memory: int, peak_memory: int, idle_memory: int) -> dict:
+    """``samples``: [seconds, actors hosted] over the run, the last one once idle."""
+    bare_p50 = _percentile(bare, 0.5)
+    return {"bench": "scale", "case": "every topic took a message, hosted", "topics": topics, "hosts": HOSTS,
+            "seconds": round(touch_s, 1), "topics_touched_per_s": round(topics / touch_s, 1),
+            "bare_actor_starts_per_s": round(1 / bare_p50, 2),
+            "touches_over_actor_starts": round(topics / touch_s * bare_p50, 1),
+            "first_message_exactly_once": exactly_once,
+            "hosted_peak": max(n for _, n in samples), "hosted_idle": samples[-1][1], "live_actors_idle": live,
+            "node_memory_used_mb": round(idle_memory / 2**20),
+            "memory_added_peak_mb": round((peak_memory - base_memory) / 2**20),
+            "memory_added_idle_mb": round((idle_memory - base_memory) / 2**20),
+            "hosted_over_time": samples}
 
 
 def _read_back(client: Any, names: list[str]) -> bool:
