@@ -158,8 +158,9 @@ def stop(address: Address = "auto") -> None:
 
 @app.command()
 def status(address: Address = "auto", as_json: Json = False) -> None:
-    """Health of every actor: state (ALIVE, DORMANT: passivated or not used yet, ...), incarnation,
-    restarts, last recovery, activations and passivations; and how many are active and dormant."""
+    """Health of every actor: state (ALIVE, DORMANT: passivated or not used yet, ...), the host
+    serving it (with actor_hosts), incarnation, restarts, last recovery, activations and
+    passivations; and how many are active and dormant."""
     with _client(address) as client:
         health = client.health()
     if as_json:
@@ -167,7 +168,7 @@ def status(address: Address = "auto", as_json: Json = False) -> None:
         return
     _emit(health["actors"], False, f"raytxn status ({'healthy' if health['healthy'] else 'DEGRADED'}, "
           f"{health['active']} active and {health['dormant']} dormant actors, storage {health['storage']})",
-          ["name", "kind", "state", "incarnation", "restarts", "recovery_ms", "activations", "passivations"])
+          ["name", "kind", "state", "host", "incarnation", "restarts", "recovery_ms", "activations", "passivations"])
     if not health["healthy"]:
         raise typer.Exit(1)
 
