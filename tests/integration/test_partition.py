@@ -111,7 +111,11 @@ def test_send_ids_ordering_routing_and_batches(client: rt.Client) -> None:
 
 def test_keyless_round_robin_and_oversized(client: rt.Client) -> None:
     topic = new_topic(client, 3)
-    producer = client.create_producer(topic, batching_max_messages=10, max_in_flight=2)
+    # Batches are sealed only when full (or by the flush): with the default 1 ms delay, a sender
+    # slowed by a loaded machine let a batch go out part full, and CI once saw a 20-message
+    # window span two partitions.
+    producer = client.create_producer(topic, batching_max_messages=10, max_in_flight=2,
+                                      batching_max_delay_ms=60_000)
     futures = [producer.send_async(f"v{i}".encode()) for i in range(120)]
     producer.flush()
     # sticky: two batches (max_in_flight) of 10 on a partition, then the next one
