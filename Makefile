@@ -22,7 +22,7 @@ demo: $(STAMP)
 # and timers far more than it computes, and one worker kept this 2-core machine 40% busy.
 test: $(STAMP)
 	$(VENV)/bin/ruff check actors runtime connectors examples tests
-	$(VENV)/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
+	$(VENV)/bin/python -m pytest -n 2 --dist loadfile
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check actors runtime connectors examples tests

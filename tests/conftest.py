@@ -93,33 +93,3 @@ def drop_new_topics(request: pytest.FixtureRequest) -> Iterator[None]:
     except RaytxnError as error:  # a test that left its engine unable to delete: it showed that itself
         print(f"drop_new_topics: left {request.node.name}'s topics: {error!r}")
 
-
-HEAVY_MODULE_S = 100.0
-
-
-def _declared_seconds(item: pytest.Item) -> float:
-    marker = item.get_closest_marker("slow")
-    return float(marker.kwargs.get("seconds", 0)) if marker is not None else 0.0
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Modules in the order xdist hands them out (`make test` passes --no-loadscope-reorder):
-    first the modules whose slow runs add up to ``HEAVY_MODULE_S`` or more (declared with
-    ``pytest.mark.slow(seconds=...)``, the run's time alone on this 2-core machine), longest
-    first; then the rest, most tests first, as xdist's own reorder does. With the 64-partition
-    chaos run (two minutes alone) last, its worker ran on for minutes after the other had
-    finished. Only the heaviest go first: with every slow module first, the chaos runs overlapped
-    one another and each took two to four times as long."""
-    seconds: dict[str, float] = {}
-    counts: dict[str, int] = {}
-    for item in items:
-        module = item.nodeid.split("::", 1)[0]
-        seconds[module] = seconds.get(module, 0.0) + _declared_seconds(item)
-        counts[module] = counts.get(module, 0) + 1
-
-    def key(item: pytest.Item) -> tuple[float, int, str]:
-        module = item.nodeid.split("::", 1)[0]
-        heavy = seconds[module] if seconds[module] >= HEAVY_MODULE_S else 0.0
-        return -heavy, -counts[module], module
-
-    items.sort(key=key)
