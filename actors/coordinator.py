@@ -208,7 +208,7 @@ class TransactionCoordinator(ActorShell, FaultTarget):
         key = ("tid", transactional_id) if transactional_id is not None else None
         async with self._lock(key) if key else _nullcontext():
             await self._writable()
-            if transactional_id is not None and type(epoch) is int:
+            if transactional_id is not None:
                 repeated = self.state.repeated_new_txn(transactional_id, epoch, owner)
                 if repeated is not None:
                     return repeated

@@ -222,7 +222,7 @@ class CoordinatorState:
         self._reserved_sequence = sequence + 1
         return NewTxn(TxnID(self.tc_id, sequence), owner, timeout_ms, now_ms, transactional_id, epoch)
 
-    def repeated_new_txn(self, transactional_id: str, epoch: int, owner: str) -> TxnID | None:
+    def repeated_new_txn(self, transactional_id: str, epoch: int | None, owner: str) -> TxnID | None:
         """The transaction a new_txn of (id, epoch, owner) already began, when this call repeats
         one whose NewTxn was logged but whose answer was lost (the coordinator died after its log
         write, or the reply was dropped): the id's OPEN txn under that epoch and owner, with no
@@ -231,7 +231,7 @@ class CoordinatorState:
         transaction already Ongoing. None otherwise: ``prepare_new_txn`` decides (it refuses a
         txn that has participants with ConcurrentTransactions: the caller lost track of data)."""
         sequence = self._open_by_tid.get(transactional_id)
-        if sequence is None:
+        if sequence is None or type(epoch) is not int:
             return None
         meta = self._live[sequence]
         if meta.epoch != epoch or meta.owner != owner or meta.partitions or meta.subscriptions:

@@ -159,7 +159,7 @@ def every_topic_hosted(topics: int, bare: list[float], progress: Callable[[str],
             for producer in producers:
                 producer.flush()
                 producer.close()
-            hosted_now = sum(ActorRef(host_actor_name(i)).call("ready")["hosted"] for i in range(HOSTS))
+            hosted_now = _hosted_count()
             samples.append([round(time.perf_counter() - began, 1), hosted_now])
             peak_memory = max(peak_memory, psutil.virtual_memory().used)
         touch_s = time.perf_counter() - began
@@ -168,8 +168,7 @@ def every_topic_hosted(topics: int, bare: list[float], progress: Callable[[str],
         step = max(1, topics // 20)
         exactly_once = _read_back(client, names[::step][:20])
         deadline = time.perf_counter() + 600
-        while (hosted_now := sum(ActorRef(host_actor_name(i)).call("ready")["hosted"] for i in range(HOSTS))) \
-                and time.perf_counter() < deadline:
+        while (hosted_now := _hosted_count()) and time.perf_counter() < deadline:
             samples.append([round(time.perf_counter() - began, 1), hosted_now])
             time.sleep(SAMPLE_EVERY_S)
         samples.append([round(time.perf_counter() - began, 1), hosted_now])
@@ -180,6 +179,11 @@ def every_topic_hosted(topics: int, bare: list[float], progress: Callable[[str],
         return hosted_row(topics, touch_s, bare, exactly_once, samples, live, base_memory, peak_memory, idle_memory)
     finally:
         client.close()
+
+
+def _hosted_count() -> int:
+    """Actors the bench engine's hosts serve now."""
+    return sum(ActorRef(host_actor_name(i)).call("ready")["hosted"] for i in range(HOSTS))
 
 
 def hosted_row(topics: int, touch_s: float, bare: list[float], exactly_once: bool, samples: list[list[float]],
