@@ -43,3 +43,28 @@ def test_a_large_object_is_written_whole(tmp_path: Path) -> None:
     data = bytes(range(256)) * (9 << 12)  # 9 MiB: more than one write call may take
     asyncio.run(storage.create("big", data))
     assert (tmp_path / "big").read_bytes() == data
+
+
+def test_a_create_returns_after_fsyncing_the_object_and_every_new_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The object, its directory, and each directory made for it (its entry in its parent) are
+    fsynced before ``create`` returns; a directory's parents once per process."""
+    import os
+
+    import raytxn.ledger.storage as storage_module
+
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        real_fsync(fd)
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+
+    monkeypatch.setattr(storage_module.os, "fsync", recording_fsync)
+    storage = Storage.from_url(f"file://{tmp_path}")
+    root = tmp_path.resolve()
+    asyncio.run(storage.create("a/b/first", b"1"))
+    assert sorted(synced) == sorted(str(p) for p in (root / "a/b/first", root / "a/b", root / "a", root))
+    synced.clear()
+    asyncio.run(storage.create("a/b/second", b"2"))
+    assert sorted(synced) == sorted(str(p) for p in (root / "a/b/second", root / "a/b"))
