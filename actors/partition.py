@@ -51,12 +51,20 @@ from raytxn.metrics import PartitionMetrics
 from raytxn.protocol.cursor import next_position
 from raytxn.protocol.entry_format import (
     EntryHeader,
+    decode_entry,
     decode_header,
     decode_submitted_message,
     entry_records,
 )
 from raytxn.protocol.lease import RangeCount, RangePlan
-from raytxn.protocol.offsets import entries_from_offset, entry_holding, entry_span, offset_at
+from raytxn.protocol.offsets import (
+    entries_from_offset,
+    entry_holding,
+    entry_span,
+    message_timestamp,
+    offset_at,
+    offset_for_time,
+)
 from raytxn.protocol.retention import StoredObject, acked_bound, retention_cut
 from raytxn.protocol.txn_buffer import TransactionBuffer, TxnBufferSnapshot
 from raytxn.protocol.txnlog import EndAction
@@ -679,6 +687,47 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
             out["aborted"] = [(a.txn, a.first_offset) for a in self.buffer.aborted_between(first, last)
                               if a.first_offset is not None]
         return out
+
+    @guarded(Access.CONSUME)
+    async def kafka_offset_for_time(self, timestamp_ms: int, committed: bool = True) -> tuple[int, int] | None:
+        """Kafka's ListOffsets by time: ``(offset, timestamp)`` of the first message whose
+        timestamp (``offsets.message_timestamp``) is at or after ``timestamp_ms``, below the last
+        stable offset (``committed``, read_committed) or the high watermark; None when there is
+        none. raytxn keeps no time index, so this reads the partition from its log start (as
+        ``Subscription.seek`` by publish time does); entries trimmed under the read start it again."""
+        await self._started()
+        assert self._ledger is not None
+        if type(timestamp_ms) is not int or timestamp_ms < 0:
+            raise InvalidArgument(f"a timestamp is an int >= 0 (ms), got {timestamp_ms!r}")
+        for _attempt in range(3):  # a bound: each retry follows a trim, which is rare
+            found, complete = await self._scan_for_time(timestamp_ms, committed)
+            if complete:
+                return found
+        raise PositionTrimmed(f"{self.topic}-{self.partition}: trimmed three times under a lookup by time")
+
+    async def _scan_for_time(self, timestamp_ms: int, committed: bool) -> tuple[tuple[int, int] | None, bool]:
+        """(the answer, whether the read got to it without meeting a trim)."""
+        assert self._ledger is not None
+        marks = self._kafka_offsets()
+        end_offset = marks["last_stable" if committed else "high_watermark"]
+        point = self.buffer.offsets.locate(marks["log_start"], self._ledger.trimmed_below)
+        if point is None or marks["log_start"] >= end_offset:
+            return None, True
+        end = self.buffer.max_read_position if committed else self.buffer.last_position
+        position, base = point.position, point.offset
+        while base < end_offset and position <= end:
+            read_from, entries = await self._read_retained(position, self.config.max_read_entries, end)
+            if not entries or read_from != position:
+                return None, False
+            stamped = []
+            for entry in entries:
+                header, messages = decode_entry(entry.records, f"{self.stream}@{entry.position}")
+                stamped.append((header, [message_timestamp(header, m) for m in messages]))
+            found, base = offset_for_time(stamped, base, timestamp_ms, end_offset)
+            if found is not None:
+                return found, True
+            position = next_position(entries[-1].position)
+        return None, True
 
     @guarded(Access.CONSUME)
     async def locate_offset(self, offset: int) -> Position | None:

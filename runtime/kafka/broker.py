@@ -42,6 +42,10 @@ PartitionCall = Callable[..., Awaitable[Any]]
 TopicNames = Callable[[], Awaitable[list[str]]]
 
 
+class _Unserved(Exception):
+    """A ListOffsets time the gateway does not serve."""
+
+
 @dataclass
 class Connection:
     """Per-connection state: the raytxn producer a Kafka producer without id writes as."""
@@ -157,24 +161,36 @@ class Broker:
         for topic in request.topics:
             partitions = []
             for part in topic.partitions:
-                offset, error = -1, await self._partition_error(topic.name, part.partition_index)
+                offset, timestamp = -1, -1
+                error = await self._partition_error(topic.name, part.partition_index)
                 if error == wire.NONE:
                     try:
-                        marks = await self._call(topic.name, part.partition_index, "kafka_offsets")
+                        offset, timestamp = await self._offset_for(topic.name, part.partition_index,
+                                                                   part.timestamp, committed)
                     except RaytxnError as e:
                         error = mapping.error_code(e)
-                    else:
-                        if part.timestamp == EARLIEST_TIMESTAMP:
-                            offset = marks["log_start"]
-                        elif part.timestamp == LATEST_TIMESTAMP:
-                            offset = marks["last_stable" if committed else "high_watermark"]
-                        else:  # lookups by time are not served: raytxn keeps no time index
-                            error = wire.UNSUPPORTED_FOR_MESSAGE_FORMAT
+                    except _Unserved:
+                        error = wire.UNSUPPORTED_FOR_MESSAGE_FORMAT
                 partitions.append(ListOffsetsResponse.ListOffsetsTopicResponse.ListOffsetsPartitionResponse(
-                    partition_index=part.partition_index, error_code=error, timestamp=-1, offset=offset,
+                    partition_index=part.partition_index, error_code=error, timestamp=timestamp, offset=offset,
                     leader_epoch=0))
             topics.append(ListOffsetsResponse.ListOffsetsTopicResponse(name=topic.name, partitions=partitions))
         return {"throttle_time_ms": 0, "topics": topics}
+
+    async def _offset_for(self, topic: str, partition: int, timestamp: int, committed: bool) -> tuple[int, int]:
+        """(offset, timestamp) for one ListOffsets partition: the log start (-2), the end (-1:
+        the last stable offset for read_committed, else the high watermark), or the first
+        message at or after a time (>= 0; offset and timestamp -1 when none is, as in Kafka).
+        ``_Unserved`` for the other special times (-3, the largest timestamp, of v7)."""
+        if timestamp >= 0:
+            found = await self._call(topic, partition, "kafka_offset_for_time", timestamp, committed)
+            return (-1, -1) if found is None else (found[0], found[1])
+        if timestamp not in (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP):
+            raise _Unserved(timestamp)
+        marks = await self._call(topic, partition, "kafka_offsets")
+        if timestamp == EARLIEST_TIMESTAMP:
+            return marks["log_start"], -1
+        return marks["last_stable" if committed else "high_watermark"], -1
 
     # --- produce -------------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchB
 from raytxn.errors import InvalidArgument
 from raytxn.kafka.mapping import txn_producer_id
 from raytxn.protocol.entry_format import EntryHeader, MessageRecord, decode_entry
+from raytxn.protocol.offsets import message_timestamp
 
 _CONTROL_KEY = struct.Struct(">hh")    # version 0, type (0 abort, 1 commit)
 _CONTROL_VALUE = struct.Struct(">hi")  # version 0, coordinator epoch
@@ -92,7 +93,7 @@ def encode_entry(base_offset: int, records: list[bytes]) -> tuple[EntryHeader, b
         builder = DefaultRecordBatchBuilder(2, 0, transactional, producer_id, 0 if producer_id >= 0 else -1,
                                             -1, _BATCH_SIZE_LIMIT)
         for i, message in enumerate(messages):
-            timestamp = message.event_time_ms if message.event_time_ms is not None else header.publish_time_ms
+            timestamp = message_timestamp(header, message)
             key = message.key.encode() if message.key is not None else None
             builder.append(i, timestamp, key, message.value,
                            [(k, v.encode()) for k, v in message.properties.items()])

@@ -43,7 +43,7 @@ import msgspec
 
 from raytxn.errors import CorruptLedger, InvalidArgument
 from raytxn.ids import Position
-from raytxn.protocol.entry_format import EntryHeader
+from raytxn.protocol.entry_format import EntryHeader, MessageRecord
 
 T = TypeVar("T")
 
@@ -81,6 +81,31 @@ def entries_from_offset(entries: Sequence[tuple[EntryHeader, T]], base: int, off
             picked.append((base, item))
         base += span
     return picked, base
+
+
+def message_timestamp(header: EntryHeader, message: MessageRecord) -> int:
+    """A message's Kafka timestamp: its producer's event time (Kafka's CreateTime), else the
+    time its entry was appended. Fetch shows it, and ListOffsets by time looks it up."""
+    return message.event_time_ms if message.event_time_ms is not None else header.publish_time_ms
+
+
+def offset_for_time(entries: Sequence[tuple[EntryHeader, Sequence[int]]], base: int, timestamp_ms: int,
+                    end_offset: int) -> tuple[tuple[int, int] | None, int]:
+    """Of consecutive entries, the first at base offset ``base``, each with its messages'
+    timestamps (none for a marker): ``(offset, timestamp)`` of the first message, in offset
+    order, below ``end_offset`` whose timestamp is at or after ``timestamp_ms`` (Kafka's
+    ListOffsets by time; with event times, later offsets may carry earlier times, and the
+    first offset counts, as in Kafka), or None; and the base offset after the entries read."""
+    for header, stamps in entries:
+        if base >= end_offset:
+            break
+        for index, stamp in enumerate(stamps):
+            if base + index >= end_offset:
+                return None, base
+            if stamp >= timestamp_ms:
+                return (base + index, stamp), base
+        base += entry_span(header)
+    return None, base
 
 
 def entry_holding(entries: Sequence[tuple[Position, EntryHeader]], base: int,

@@ -141,6 +141,29 @@ def test_mixed_use_kafka_and_raytxn_clients(client: rt.Client, bootstrap: str) -
     consumer.close()
 
 
+def test_offsets_for_times_with_confluent_kafka(client: rt.Client, bootstrap: str) -> None:
+    """``offsets_for_times`` (ListOffsets by time) finds the first offset whose producer timestamp
+    is at or after the time asked; -1 when no message is that late; a consumer assigned there
+    reads from it."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    topic = new_topic(client)
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    for i, timestamp in enumerate((1_000, 2_000, 3_000)):
+        producer.produce(topic, value=f"v{i}".encode(), timestamp=timestamp)
+    assert producer.flush(30) == 0
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{uuid.uuid4().hex[:6]}",
+                         "isolation.level": "read_committed", "enable.auto.commit": False})
+    found = consumer.offsets_for_times([TopicPartition(topic, 0, 1_500)], timeout=30)
+    assert [(tp.offset, tp.error) for tp in found] == [(1, None)]
+    assert consumer.offsets_for_times([TopicPartition(topic, 0, 3_000)], timeout=30)[0].offset == 2
+    assert consumer.offsets_for_times([TopicPartition(topic, 0, 3_001)], timeout=30)[0].offset == -1
+    consumer.assign(found)
+    assert [(m.offset(), m.value(), m.timestamp()[1]) for m in poll_values(consumer, 2, quiet_s=0.5)] == [
+        (1, b"v1", 2_000), (2, b"v2", 3_000)]
+    consumer.close()
+
+
 def test_kcat_lists_metadata_and_consumes(client: rt.Client, bootstrap: str) -> None:
     kcat = shutil.which("kcat")
     if kcat is None:

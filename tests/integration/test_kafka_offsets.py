@@ -4,11 +4,13 @@ are the same after a restart (full replay, then snapshot + replay) and after tri
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
 
 import raytxn as rt
+from raytxn.errors import InvalidArgument
 from raytxn.ids import Position, partition_actor_name
 from raytxn.protocol.entry_format import decode_entry
 from tests.engine import engine_client, new_topic, partition_ref, restart_actor
@@ -118,3 +120,40 @@ def test_offsets_map_to_messages_and_back_across_ledgers_and_trims(client: rt.Cl
     assert round_trip() == [5, 6, 7]
     assert ref.call("kafka_locate", 4) is None                   # trimmed
     assert ref.call("kafka_offset_of", Position(0, 0), 0) == 5   # a cursor before the trim point
+
+
+def test_offsets_by_time_follow_event_times_the_last_stable_offset_and_trims(client: rt.Client) -> None:
+    """ListOffsets by time on a partition actor: the first offset whose timestamp (event time,
+    else append time) is at or after the time; read_committed stops at the last stable offset;
+    trimmed entries are not found; bad input is refused."""
+    topic = new_topic(client)
+    producer = client.create_producer(topic)
+    producer.send(b"a", event_time=1_000)                     # 0
+    producer.send(b"b", event_time=3_000)                     # 1
+    with client.transaction() as txn:
+        producer.send(b"c", event_time=2_000, txn=txn)        # 2 (an earlier time at a later offset), marker 3
+    restart_actor(partition_actor_name(topic, 0))             # what follows goes to a new ledger
+    open_txn = client.new_transaction()
+    producer.send(b"o", event_time=5_000, txn=open_txn)       # 4, open: the last stable offset
+    before_d = int(time.time() * 1000)
+    producer.send(b"d")                                       # 5, no event time: its append time
+    ref = partition_ref(topic)
+
+    def lookup(timestamp_ms: int, committed: bool = True) -> tuple[int, int] | None:
+        found = ref.call("kafka_offset_for_time", timestamp_ms, committed)
+        return None if found is None else tuple(found)
+
+    assert lookup(0) == (0, 1_000) and lookup(1_000) == (0, 1_000)
+    assert lookup(1_001) == (1, 3_000) and lookup(2_000) == (1, 3_000)  # offset 1 comes first
+    assert lookup(3_001) is None                                # only offset 4 on is that late: not stable
+    assert lookup(3_001, committed=False) == (4, 5_000)
+    after = lookup(5_001, committed=False)
+    assert after is not None and after[0] == 5 and after[1] >= before_d  # its append time, ms since the epoch
+    open_txn.commit()                                           # marker 6
+    assert lookup(3_001) == (4, 5_000)
+    current = max(ref.call("stats")["ledgers"])
+    ref.call("trim", Position(current, 0))                      # offsets 0-3 go
+    assert lookup(0) == (4, 5_000)
+    for bad in (-5, "1000", 1.5):
+        with pytest.raises(InvalidArgument):
+            ref.call("kafka_offset_for_time", bad)

@@ -216,3 +216,28 @@ def test_offsets_are_dense_and_survive_replay(script: list[tuple[str, int]]) -> 
         expected_base += 1 if header.is_marker else header.count
     assert all(dense) and part.buffer.offsets.next_offset == expected_base
     assert state(restore(snapshot, part.ledger, offset_index_interval=3)) == state(part.buffer)
+
+
+def _data(count: int, publish_time_ms: int = 0) -> EntryHeader:
+    return EntryHeader("data", None, "p", 0, count - 1, count, publish_time_ms)
+
+
+def test_offset_for_time_is_the_first_message_in_offset_order_at_or_after_the_time() -> None:
+    """Markers take an offset and have no time; with event times, a later offset may carry an
+    earlier time, and the first offset at or after the time counts (Kafka's rule)."""
+    from raytxn.protocol.entry_format import MessageRecord, marker_header
+    from raytxn.protocol.offsets import message_timestamp, offset_for_time
+
+    marker = marker_header(COMMIT, T1, 40)
+    entries = [(_data(2), [10, 30]), (marker, []), (_data(3), [50, 20, 60])]  # offsets 0-1, 2, 3-5
+    assert offset_for_time(entries, 0, 5, 100) == ((0, 10), 0)
+    assert offset_for_time(entries, 0, 30, 100) == ((1, 30), 0)
+    assert offset_for_time(entries, 0, 31, 100) == ((3, 50), 3)  # the marker is no answer
+    assert offset_for_time(entries, 0, 55, 100) == ((5, 60), 3)
+    assert offset_for_time(entries, 0, 61, 100) == (None, 6)
+    assert offset_for_time(entries, 0, 55, 5) == (None, 3)       # offset 5 is at the end offset
+    assert offset_for_time(entries, 0, 31, 3) == (None, 3)       # nothing below 3 is that late
+    assert offset_for_time(entries, 7, 60, 100) == ((12, 60), 10)  # counted from the base given
+    header = _data(1, publish_time_ms=70)
+    assert message_timestamp(header, MessageRecord(b"v", event_time_ms=5)) == 5
+    assert message_timestamp(header, MessageRecord(b"v")) == 70
