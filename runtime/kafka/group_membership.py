@@ -44,7 +44,14 @@ def join_fields(answer: JoinAnswer, version: int) -> dict[str, Any]:
             # protocol_name is nullable from v7 only
             "protocol_name": answer.protocol_name if version >= 7 else answer.protocol_name or "",
             "leader": answer.leader, "skip_assignment": False, "member_id": answer.member_id,
-            "members": [member(member_id=m, group_instance_id=None, metadata=meta) for m, meta in answer.members]}
+            "members": [member(member_id=m, group_instance_id=instance, metadata=meta)
+                        for (m, meta), instance in zip(answer.members, answer.instances or [None] * len(answer.members),
+                                                       strict=True)]}
+
+
+def instance_of(request: Any, version: int, since: int) -> str | None:
+    """The request's ``group_instance_id`` (static membership), in versions that carry it."""
+    return request.group_instance_id if version >= since else None
 
 
 def sync_fields(answer: SyncAnswer) -> dict[str, Any]:
@@ -99,8 +106,9 @@ class GroupMembership:
     async def join_group(self, request: Any, version: int, client_id: str | None) -> dict[str, Any]:
         group_id, member_id = request.group_id, request.member_id
         error = group_id_error(group_id)
-        if error == wire.NONE and version >= 5 and request.group_instance_id is not None:
-            error = wire.UNSUPPORTED_VERSION  # static membership is not served
+        instance_id = instance_of(request, version, 5)
+        if error == wire.NONE and instance_id is not None and group_id_error(instance_id) != wire.NONE:
+            error = wire.INVALID_REQUEST  # an instance id is a name too, bounded the same way
         if error != wire.NONE:
             return join_fields(JoinAnswer(error, member_id), version)
         protocols = tuple((p.name, bytes(p.metadata)) for p in request.protocols)
@@ -109,7 +117,7 @@ class GroupMembership:
 
         def call() -> JoinAnswer | None:
             return self.table.join(group_id, member_id, new_member_id, client_id or "", request.protocol_type,
-                                   protocols, request.session_timeout_ms, rebalance_ms, self._clock())
+                                   protocols, request.session_timeout_ms, rebalance_ms, self._clock(), instance_id)
 
         key = (group_id, "join", member_id or new_member_id)
         wait_s = max(rebalance_ms, 0) / 1000 + WAIT_SLACK_S
@@ -130,7 +138,7 @@ class GroupMembership:
 
         def call() -> SyncAnswer | None:
             return self.table.sync(group_id, member_id, request.generation_id, protocol_type, protocol_name,
-                                   assignments, self._clock())
+                                   assignments, self._clock(), instance_of(request, version, 3))
 
         answer = await self._answer((group_id, "sync", member_id), call, wait_s,
                                     SyncAnswer(groups.REBALANCE_IN_PROGRESS))
@@ -139,7 +147,8 @@ class GroupMembership:
     async def heartbeat(self, request: Any, version: int) -> dict[str, Any]:
         error = group_id_error(request.group_id)
         if error == wire.NONE:
-            error = self.table.heartbeat(request.group_id, request.member_id, request.generation_id, self._clock())
+            error = self.table.heartbeat(request.group_id, request.member_id, request.generation_id, self._clock(),
+                                         instance_of(request, version, 3))
             self._deliver()
         return {"throttle_time_ms": 0, "error_code": error}
 
@@ -147,25 +156,27 @@ class GroupMembership:
         """v0-2 name one member; v3+ a list (answered member by member)."""
         error = group_id_error(request.group_id)
         member_ids = [request.member_id] if version <= 2 else [m.member_id for m in request.members]
+        instance_ids = [None] if version <= 2 else [m.group_instance_id for m in request.members]
         if error != wire.NONE:
             errors = [error for _ in member_ids]
         else:
-            errors = self.table.leave(request.group_id, member_ids, self._clock())
+            errors = self.table.leave(request.group_id, member_ids, self._clock(), instance_ids)
             self._deliver()
         if version <= 2:
             return {"throttle_time_ms": 0, "error_code": errors[0], "members": []}
-        members = [LeaveGroupResponse.MemberResponse(member_id=m, group_instance_id=None, error_code=e)
-                   for m, e in zip(member_ids, errors, strict=True)]
+        members = [LeaveGroupResponse.MemberResponse(member_id=m, group_instance_id=i, error_code=e)
+                   for m, i, e in zip(member_ids, instance_ids, errors, strict=True)]
         return {"throttle_time_ms": 0, "error_code": error, "members": members}
 
     # --- for the offset handlers -------------------------------------------------------------
 
-    def check_commit(self, group_id: str, member_id: str, generation: int) -> int:
-        error = self.table.check_commit(group_id, member_id, generation, self._clock())
+    def check_commit(self, group_id: str, member_id: str, generation: int, instance_id: str | None = None) -> int:
+        error = self.table.check_commit(group_id, member_id, generation, self._clock(), instance_id)
         self._deliver()
         return error
 
-    def check_txn_commit(self, group_id: str, member_id: str, generation: int) -> int:
-        error = self.table.check_txn_commit(group_id, member_id, generation, self._clock())
+    def check_txn_commit(self, group_id: str, member_id: str, generation: int,
+                         instance_id: str | None = None) -> int:
+        error = self.table.check_txn_commit(group_id, member_id, generation, self._clock(), instance_id)
         self._deliver()
         return error

@@ -127,7 +127,9 @@ class GroupOffsets:
         group = request.group_id
         error = group_id_error(group)
         if error == wire.NONE:
-            error = self.membership.check_commit(group, request.member_id, request.generation_id_or_member_epoch)
+            instance_id = request.group_instance_id if version >= 7 else None
+            error = self.membership.check_commit(group, request.member_id, request.generation_id_or_member_epoch,
+                                                 instance_id)
         wanted = [(t.name, p.partition_index, p.committed_offset) for t in request.topics for p in t.partitions]
         codes = await self._commit_all(group, wanted, error)
         result = OffsetCommitResponse.OffsetCommitResponseTopic
@@ -238,7 +240,8 @@ class GroupOffsets:
         if error == wire.NONE and txn is None:
             error = INVALID_TXN_STATE  # AddOffsetsToTxn did not add the group
         if error == wire.NONE and version >= 3:
-            error = self.membership.check_txn_commit(group, request.member_id, request.generation_id)
+            error = self.membership.check_txn_commit(group, request.member_id, request.generation_id,
+                                                     request.group_instance_id)
         wanted = [(t.name, p.partition_index, p.committed_offset) for t in request.topics for p in t.partitions]
         codes = await self._commit_all(group, wanted, error, state if isinstance(state, TxnState) else None, txn)
         result = TxnOffsetCommitResponse.TxnOffsetCommitResponseTopic

@@ -30,9 +30,17 @@ Everything here is volatile: a gateway that restarts forgets its groups, and mem
 from UNKNOWN_MEMBER_ID or ILLEGAL_GENERATION and join again. Bounds: groups, members per group,
 members in all, and the bytes of a member's protocol metadata and of its assignment.
 
-Not served: static membership (``group.instance.id``), KIP-394's MEMBER_ID_REQUIRED round trip (a
-new member gets its id in its first JoinGroup answer, which every client accepts) and Kafka's
-initial rebalance delay.
+Static membership (KIP-345, ``group.instance.id``): a member may name an instance id, which the
+group maps to its member id. A JoinGroup of a known instance without a member id (the consumer
+restarted within its session timeout) takes the old member's place under a new member id, with
+its assignment: in a Stable group whose protocol stays the same this is answered at once and
+nothing rebalances (the answer names the old leader, so a replaced leader does not assign);
+otherwise the group rebalances. The old member id is fenced from then on: any call naming the
+instance with another member id gets FENCED_INSTANCE_ID. A static member leaves as any other
+(LeaveGroup, or its session expiring), and LeaveGroup may name it by instance id alone.
+
+Not served: KIP-394's MEMBER_ID_REQUIRED round trip (a new member gets its id in its first
+JoinGroup answer, which every client accepts) and Kafka's initial rebalance delay.
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ INVALID_SESSION_TIMEOUT = 26
 REBALANCE_IN_PROGRESS = 27
 INVALID_REQUEST = 42
 GROUP_MAX_SIZE_REACHED = 81
+FENCED_INSTANCE_ID = 82
 
 MIN_SESSION_TIMEOUT_MS = 1_000
 MAX_SESSION_TIMEOUT_MS = 1_800_000  # Kafka's group.max.session.timeout.ms default (30 min)
@@ -95,6 +104,7 @@ class JoinAnswer:
     protocol_name: str | None = None
     leader: str = ""
     members: tuple[tuple[str, bytes], ...] = ()
+    instances: tuple[str | None, ...] = ()  # the instance id of each of ``members`` (None: dynamic)
 
 
 @dataclass(frozen=True)
@@ -127,6 +137,7 @@ class Member:
     awaiting_join: bool = False
     awaiting_sync: bool = False
     assignment: bytes = b""
+    instance_id: str | None = None  # static membership's group.instance.id
 
     def expired(self, now: float) -> bool:
         waiting = self.awaiting_join or self.awaiting_sync
@@ -161,12 +172,30 @@ class Group:
     members: dict[str, Member] = field(default_factory=dict)  # in the order they joined
     rebalance_deadline: float | None = None
     answers: list[Answer] = field(default_factory=list)
+    instances: dict[str, str] = field(default_factory=dict)  # instance id -> member id, static members
 
     def transition(self, target: GroupState) -> None:
         if self.state not in VALID_PREVIOUS[target]:
             raise GroupStateError(f"group {self.group_id!r}: {self.state} -> {target} is not a transition "
                                   f"(allowed from {sorted(VALID_PREVIOUS[target])})")
         self.state = target
+
+    def check_invariants(self) -> None:
+        """Every static member is in ``instances`` under its own instance id, and nothing else
+        is; the leader is a member (or none is, in an Empty group)."""
+        static = {m.instance_id: m.member_id for m in self.members.values() if m.instance_id is not None}
+        assert static == self.instances, f"group {self.group_id!r}: instances {self.instances} vs members {static}"
+        assert self.leader is None or self.leader in self.members, f"group {self.group_id!r}: leader {self.leader}"
+
+    def fenced(self, member_id: str, instance_id: str | None) -> int:
+        """The error a call naming ``instance_id`` earns unless ``member_id`` holds it: NONE for
+        none named, UNKNOWN_MEMBER_ID for an instance not here, FENCED_INSTANCE_ID for another's."""
+        if instance_id is None:
+            return NONE
+        holder = self.instances.get(instance_id)
+        if holder is None:
+            return UNKNOWN_MEMBER_ID
+        return NONE if holder == member_id else FENCED_INSTANCE_ID
 
     # --- queries ---------------------------------------------------------------------------
 
@@ -197,16 +226,19 @@ class Group:
         members: tuple[tuple[str, bytes], ...] = ()
         if member.member_id == self.leader and self.protocol is not None:
             members = tuple((m.member_id, dict(m.protocols)[self.protocol]) for m in self.members.values())
+        instances = tuple(m.instance_id for m in self.members.values()) if members else ()
         return JoinAnswer(NONE, member.member_id, self.generation, self.protocol_type, self.protocol,
-                          self.leader or "", members)
+                          self.leader or "", members, instances)
 
     # --- JoinGroup -------------------------------------------------------------------------
 
     def join(self, member_id: str, new_member_id: str, client_id: str, protocol_type: str, protocols: Protocols,
-             session_timeout_ms: int, rebalance_timeout_ms: int, now: float, room: bool = True) -> JoinAnswer | None:
+             session_timeout_ms: int, rebalance_timeout_ms: int, now: float, room: bool = True,
+             instance_id: str | None = None) -> JoinAnswer | None:
         """A JoinGroup: its answer now, or None when the answer comes in ``answers`` once the
         join completes. ``member_id`` "" for a new member, which gets ``new_member_id``;
-        ``room``: whether the gateway has room for one more member."""
+        ``room``: whether the gateway has room for one more member; ``instance_id``: a static
+        member's (see the module docstring)."""
         self.expire(now)
         error = check_join(session_timeout_ms, rebalance_timeout_ms, protocol_type, protocols)
         if error == NONE and not self._accepts(protocol_type, protocols):
@@ -215,12 +247,21 @@ class Group:
             return JoinAnswer(error, member_id)
         if self.state is GroupState.DEAD:
             return JoinAnswer(COORDINATOR_NOT_AVAILABLE, member_id)
+        holder = self.instances.get(instance_id) if instance_id is not None else None
+        if holder is not None and member_id and member_id != holder:
+            return JoinAnswer(FENCED_INSTANCE_ID, member_id)
+        if holder is not None and not member_id:
+            replacing = Member(new_member_id, client_id, session_timeout_ms, rebalance_timeout_ms, protocols, now,
+                               instance_id=instance_id)
+            return self._replace_static(self.members[holder], replacing, now)
         if not member_id:
             if len(self.members) >= self.max_members or not room:
                 return JoinAnswer(GROUP_MAX_SIZE_REACHED)
             member = Member(new_member_id, client_id, session_timeout_ms, rebalance_timeout_ms, protocols, now,
-                            awaiting_join=True)
+                            awaiting_join=True, instance_id=instance_id)
             self.members[new_member_id] = member
+            if instance_id is not None:
+                self.instances[instance_id] = new_member_id
             if self.protocol_type is None:
                 self.protocol_type = protocol_type
             if self.leader is None:
@@ -229,7 +270,7 @@ class Group:
             self._maybe_complete_join(now)
             return None
         member = self.members.get(member_id)
-        if member is None:
+        if member is None or member.instance_id != instance_id:
             return JoinAnswer(UNKNOWN_MEMBER_ID, member_id)
         changed = member.protocols != protocols
         member.protocols, member.last_heard = protocols, now
@@ -241,6 +282,35 @@ class Group:
         if self.state is not GroupState.PREPARING_REBALANCE:
             self._prepare_rebalance(now)
         member.awaiting_join = True
+        self._maybe_complete_join(now)
+        return None
+
+    def _replace_static(self, old: Member, new: Member, now: float) -> JoinAnswer | None:
+        """A known instance joined without a member id: ``new`` takes ``old``'s place (and its
+        assignment), and ``old``'s waiting calls are answered FENCED_INSTANCE_ID (Kafka's
+        ``updateStaticMemberAndRebalance``)."""
+        assert old.instance_id is not None and old.instance_id == new.instance_id
+        old_leader = self.leader
+        if old.awaiting_join:
+            self.answers.append(Answer(self.group_id, "join", old.member_id,
+                                       JoinAnswer(FENCED_INSTANCE_ID, old.member_id)))
+        if old.awaiting_sync:
+            self.answers.append(Answer(self.group_id, "sync", old.member_id, SyncAnswer(FENCED_INSTANCE_ID)))
+        new.assignment = old.assignment
+        self.members = {new.member_id if m is old else m.member_id: new if m is old else m
+                        for m in self.members.values()}
+        self.instances[old.instance_id] = new.member_id
+        if self.leader == old.member_id:
+            self.leader = new.member_id
+        # JoinGroup checked that the new protocols share one with every member's.
+        unchanged = self.protocol in dict(new.protocols) and self._select_protocol() == self.protocol
+        if self.state is GroupState.STABLE and unchanged:
+            # The old leader's id, not the new one: the replaced member must not assign, since a
+            # Stable group would not pass a new assignment on (Kafka answers the same).
+            return JoinAnswer(NONE, new.member_id, self.generation, self.protocol_type, self.protocol,
+                              old_leader or "", ())
+        new.awaiting_join = True
+        self._prepare_rebalance(now)
         self._maybe_complete_join(now)
         return None
 
@@ -281,10 +351,12 @@ class Group:
     # --- SyncGroup -------------------------------------------------------------------------
 
     def sync(self, member_id: str, generation: int, protocol_type: str | None, protocol_name: str | None,
-             assignments: dict[str, bytes], now: float) -> SyncAnswer | None:
+             assignments: dict[str, bytes], now: float, instance_id: str | None = None) -> SyncAnswer | None:
         """A SyncGroup: its answer now, or None when it comes in ``answers`` (a member waiting
         for the leader's assignment). ``assignments``: the leader's, else empty."""
         self.expire(now)
+        if (fenced := self.fenced(member_id, instance_id)) != NONE:
+            return SyncAnswer(fenced)
         member = self.members.get(member_id)
         if member is None:
             return SyncAnswer(UNKNOWN_MEMBER_ID)
@@ -316,9 +388,9 @@ class Group:
 
     # --- Heartbeat, LeaveGroup, expiry -----------------------------------------------------
 
-    def heartbeat(self, member_id: str, generation: int, now: float) -> int:
+    def heartbeat(self, member_id: str, generation: int, now: float, instance_id: str | None = None) -> int:
         self.expire(now)
-        error = self._hear_from(member_id, generation, now)
+        error = self.fenced(member_id, instance_id) or self._hear_from(member_id, generation, now)
         if error != NONE:
             return error
         return REBALANCE_IN_PROGRESS if self.state is GroupState.PREPARING_REBALANCE else NONE
@@ -334,7 +406,12 @@ class Group:
         member.last_heard = now
         return NONE
 
-    def leave(self, member_id: str, now: float) -> int:
+    def leave(self, member_id: str, now: float, instance_id: str | None = None) -> int:
+        """A member leaves; a static one may be named by its instance id alone (member id "")."""
+        if instance_id is not None and not member_id:
+            member_id = self.instances.get(instance_id, "")
+        if (fenced := self.fenced(member_id, instance_id)) != NONE:
+            return fenced
         member = self.members.get(member_id)
         if member is None:
             return UNKNOWN_MEMBER_ID
@@ -359,6 +436,8 @@ class Group:
         if member.awaiting_sync:
             self.answers.append(Answer(self.group_id, "sync", member.member_id, SyncAnswer(error)))
         del self.members[member.member_id]
+        if member.instance_id is not None and self.instances.get(member.instance_id) == member.member_id:
+            del self.instances[member.instance_id]
         if self.leader == member.member_id:
             self.leader = next(iter(self.members), None)
 
@@ -380,21 +459,26 @@ class Group:
 
     # --- offset commits --------------------------------------------------------------------
 
-    def check_commit(self, member_id: str, generation: int, now: float) -> int:
+    def check_commit(self, member_id: str, generation: int, now: float, instance_id: str | None = None) -> int:
         """Whether an OffsetCommit under (member, generation) may commit (Kafka's rules; a
         generation below 0 is a consumer outside group management, allowed while the group is
         Empty). A member's commit counts as hearing from it."""
         self.expire(now)
         if generation < 0 and self.state is GroupState.EMPTY:
             return NONE
+        if (fenced := self.fenced(member_id, instance_id)) != NONE:
+            return fenced
         if self.state is GroupState.COMPLETING_REBALANCE:
             return REBALANCE_IN_PROGRESS
         return self._hear_from(member_id, generation, now)
 
-    def check_txn_commit(self, member_id: str, generation: int, now: float) -> int:
+    def check_txn_commit(self, member_id: str, generation: int, now: float, instance_id: str | None = None) -> int:
         """Whether a TxnOffsetCommit may commit (KIP-447): a member id, when given, must be a
-        member; a generation, when given (>= 0), the current one."""
+        member (holding ``instance_id``, when given); a generation, when given (>= 0), the
+        current one."""
         self.expire(now)
+        if member_id and (fenced := self.fenced(member_id, instance_id)) != NONE:
+            return fenced
         if member_id and member_id not in self.members:
             return UNKNOWN_MEMBER_ID
         if generation >= 0 and generation != self.generation:
@@ -420,7 +504,7 @@ class GroupTable:
 
     def join(self, group_id: str, member_id: str, new_member_id: str, client_id: str, protocol_type: str,
              protocols: Protocols, session_timeout_ms: int, rebalance_timeout_ms: int,
-             now: float) -> JoinAnswer | None:
+             now: float, instance_id: str | None = None) -> JoinAnswer | None:
         group = self.groups.get(group_id)
         if group is None:
             if member_id:
@@ -430,51 +514,57 @@ class GroupTable:
             group = Group(group_id, self.max_members_per_group, generation=self._generation_floor)
         room = self.member_count() < self.max_members
         answer = group.join(member_id, new_member_id, client_id, protocol_type, protocols, session_timeout_ms,
-                            rebalance_timeout_ms, now, room)
+                            rebalance_timeout_ms, now, room, instance_id)
         if group.members or group.answers:
             self.groups[group_id] = group
         self._settle(group)
         return answer
 
     def sync(self, group_id: str, member_id: str, generation: int, protocol_type: str | None,
-             protocol_name: str | None, assignments: dict[str, bytes], now: float) -> SyncAnswer | None:
+             protocol_name: str | None, assignments: dict[str, bytes], now: float,
+             instance_id: str | None = None) -> SyncAnswer | None:
         group = self.groups.get(group_id)
         if group is None:
             return SyncAnswer(UNKNOWN_MEMBER_ID)
-        answer = group.sync(member_id, generation, protocol_type, protocol_name, assignments, now)
+        answer = group.sync(member_id, generation, protocol_type, protocol_name, assignments, now, instance_id)
         self._settle(group)
         return answer
 
-    def heartbeat(self, group_id: str, member_id: str, generation: int, now: float) -> int:
+    def heartbeat(self, group_id: str, member_id: str, generation: int, now: float,
+                  instance_id: str | None = None) -> int:
         group = self.groups.get(group_id)
         if group is None:
             return UNKNOWN_MEMBER_ID
-        error = group.heartbeat(member_id, generation, now)
+        error = group.heartbeat(member_id, generation, now, instance_id)
         self._settle(group)
         return error
 
-    def leave(self, group_id: str, member_ids: list[str], now: float) -> list[int]:
-        """One error per member id."""
+    def leave(self, group_id: str, member_ids: list[str], now: float,
+              instance_ids: list[str | None] | None = None) -> list[int]:
+        """One error per member id (``instance_ids``: each one's, for static members)."""
         group = self.groups.get(group_id)
         if group is None:
             return [UNKNOWN_MEMBER_ID for _ in member_ids]
-        errors = [group.leave(member_id, now) for member_id in member_ids]
+        named = instance_ids if instance_ids is not None else [None] * len(member_ids)
+        errors = [group.leave(member_id, now, instance) for member_id, instance in zip(member_ids, named, strict=True)]
         self._settle(group)
         return errors
 
-    def check_commit(self, group_id: str, member_id: str, generation: int, now: float) -> int:
+    def check_commit(self, group_id: str, member_id: str, generation: int, now: float,
+                     instance_id: str | None = None) -> int:
         group = self.groups.get(group_id)
         if group is None:  # Empty (dropped) or never seen: only consumers outside group management
             return NONE if generation < 0 else ILLEGAL_GENERATION
-        error = group.check_commit(member_id, generation, now)
+        error = group.check_commit(member_id, generation, now, instance_id)
         self._settle(group)
         return error
 
-    def check_txn_commit(self, group_id: str, member_id: str, generation: int, now: float) -> int:
+    def check_txn_commit(self, group_id: str, member_id: str, generation: int, now: float,
+                         instance_id: str | None = None) -> int:
         group = self.groups.get(group_id)
         if group is None:
             group = Group(group_id, generation=self._generation_floor)  # Empty, as Kafka creates one here
-        error = group.check_txn_commit(member_id, generation, now)
+        error = group.check_txn_commit(member_id, generation, now, instance_id)
         self._settle(group)
         return error
 
@@ -504,6 +594,7 @@ class GroupTable:
 
     def _settle(self, group: Group) -> None:
         """Collect the group's ready answers; drop it (Empty -> Dead) once it has no members."""
+        group.check_invariants()
         self._answers.extend(group.answers)
         group.answers.clear()
         if group.state is GroupState.EMPTY and not group.members:

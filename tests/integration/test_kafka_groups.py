@@ -149,6 +149,43 @@ def test_two_consumers_of_a_group_split_the_partitions(client: rt.Client, bootst
     second.close()
 
 
+def wait_for_assignment(consumers: list[Any], each: int, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not all(len(c.assignment()) == each for c in consumers):
+        assert time.monotonic() < deadline, [c.assignment() for c in consumers]
+        for consumer in consumers:
+            consumer.poll(0.05)
+
+
+def test_a_static_member_restarts_into_its_partitions_without_a_rebalance(
+        client: rt.Client, bootstrap: str, gateway: dict[str, Any]) -> None:
+    """Static membership (group.instance.id): a consumer that closes (a static member sends no
+    LeaveGroup) and starts again under the same instance id gets its partition back in the same
+    generation, and the other member keeps its partition throughout."""
+    topic, group = new_topic(client, partitions=2), f"g-{uuid.uuid4().hex[:8]}"
+    first = group_consumer(bootstrap, group, **{"group.instance.id": "first"})
+    second = group_consumer(bootstrap, group, **{"group.instance.id": "second"})
+    for consumer in (first, second):
+        consumer.subscribe([topic])
+    wait_for_assignment([first, second], 1)
+    before = ray.get(gateway["actor"].stats.remote())["groups"][group]
+    kept, owned = first.assignment()[0].partition, second.assignment()[0].partition
+    second.close()
+    again = group_consumer(bootstrap, group, **{"group.instance.id": "second"})
+    again.subscribe([topic])
+    wait_for_assignment([again], 1)
+    assert again.assignment()[0].partition == owned
+    produce(bootstrap, topic, [f"v{i}".encode() for i in range(4)], partitions=2)
+    got = {c: [m.value() for m in poll_values(c, 2, quiet_s=0.5)] for c in (first, again)}
+    assert got[first] == [f"v{i}".encode() for i in range(kept, 4, 2)]
+    assert got[again] == [f"v{i}".encode() for i in range(owned, 4, 2)]
+    after = ray.get(gateway["actor"].stats.remote())["groups"][group]
+    assert (after["generation"], after["members"]) == (before["generation"], 2)
+    assert [tp.partition for tp in first.assignment()] == [kept]
+    first.close()
+    again.close()
+
+
 # --- exactly-once consume-transform-produce ----------------------------------------------------
 
 def rewind_to_committed(consumer: Any) -> None:
@@ -390,7 +427,7 @@ def test_bad_group_requests_get_kafka_errors_and_change_nothing(client: rt.Clien
     assert commit(1, member, generation, name="no-such-topic") == wire.UNKNOWN_TOPIC_OR_PARTITION
     assert commit(1, member, generation, group_id="bad group!") == wire.INVALID_GROUP_ID
     assert join("bad group!").error_code == wire.INVALID_GROUP_ID
-    assert join(instance="static-1").error_code == wire.UNSUPPORTED_VERSION   # static membership
+    assert join(instance="bad instance!").error_code == wire.INVALID_REQUEST   # not a name
     assert join(session_ms=10).error_code == 26                                # INVALID_SESSION_TIMEOUT
     assert committed() == 2                                   # none of them changed the offset
 

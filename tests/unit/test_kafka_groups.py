@@ -243,3 +243,92 @@ def test_invariants_hold_under_any_schedule(ops: list[tuple[str, str, float]]) -
         answered += [(a.kind, a.member_id) for a in table.take_answers()]
     assert sorted(answered) == sorted(waiting)
     assert not table.groups
+
+
+# --- static membership (KIP-345) -------------------------------------------------------------
+
+
+def static_join(table: GroupTable, instance: str, member_id: str = "", new_id: str = "m", now: float = 0.0,
+                protocols: tuple = PROTOCOLS) -> JoinAnswer | None:
+    return table.join("G", member_id, new_id, "client", "consumer", protocols, SESSION_MS, REBALANCE_MS, now,
+                      instance)
+
+
+def static_pair(table: GroupTable) -> None:
+    """Static members a (instance ia, leader) and b (ib), Stable at generation 2 with p0 / p1."""
+    assert static_join(table, "ia", new_id="a") is None
+    answers(table)
+    assert static_join(table, "ib", new_id="b", now=1.0) is None
+    assert static_join(table, "ia", member_id="a", now=1.0) is None
+    joined = answers(table)
+    assert joined[("join", "a")].instances == ("ia", "ib")
+    table.sync("G", "b", 2, None, None, {}, 1.1, "ib")
+    table.sync("G", "a", 2, None, None, {"a": b"p0", "b": b"p1"}, 1.2, "ia")
+    assert answers(table)[("sync", "b")] == SyncAnswer(g.NONE, "consumer", "range", b"p1")
+    assert table.groups["G"].state is GroupState.STABLE and table.groups["G"].instances == {"ia": "a", "ib": "b"}
+
+
+def test_a_restarted_static_member_takes_its_place_without_a_rebalance() -> None:
+    table = GroupTable()
+    static_pair(table)
+    # b's process restarted: it joins with its instance id and no member id.
+    answer = static_join(table, "ib", new_id="b2", now=5.0)
+    assert answer == JoinAnswer(g.NONE, "b2", 2, "consumer", "range", "a", ())
+    group = table.groups["G"]
+    assert (group.state, group.generation, list(group.members), group.instances) == (
+        GroupState.STABLE, 2, ["a", "b2"], {"ia": "a", "ib": "b2"})
+    assert table.sync("G", "b2", 2, None, None, {}, 5.1, "ib") == SyncAnswer(g.NONE, "consumer", "range", b"p1")
+    assert table.heartbeat("G", "a", 2, 5.2, "ia") == g.NONE          # no rebalance for the others
+    # The old incarnation is fenced when it names its instance, unknown when it does not.
+    assert table.heartbeat("G", "b", 2, 5.3, "ib") == g.FENCED_INSTANCE_ID
+    assert table.heartbeat("G", "b", 2, 5.3) == g.UNKNOWN_MEMBER_ID
+    assert table.sync("G", "b", 2, None, None, {}, 5.3, "ib") == SyncAnswer(g.FENCED_INSTANCE_ID)
+    assert static_join(table, "ib", member_id="b", now=5.4) == JoinAnswer(g.FENCED_INSTANCE_ID, "b")
+    assert table.check_commit("G", "b", 2, 5.4, "ib") == g.FENCED_INSTANCE_ID
+    assert table.check_txn_commit("G", "b", 2, 5.4, "ib") == g.FENCED_INSTANCE_ID
+    assert table.leave("G", ["b"], 5.4, ["ib"]) == [g.FENCED_INSTANCE_ID]
+    assert table.check_commit("G", "b2", 2, 5.5, "ib") == g.NONE
+    assert (group.state, group.generation, list(group.members)) == (GroupState.STABLE, 2, ["a", "b2"])
+
+
+def test_a_restarted_static_leader_is_answered_with_the_old_leader_id_and_leads_the_next_rebalance() -> None:
+    table = GroupTable()
+    static_pair(table)
+    answer = static_join(table, "ia", new_id="a2", now=5.0)
+    assert answer is not None and (answer.leader, answer.members) == ("a", ())  # so it does not assign
+    assert table.groups["G"].leader == "a2"
+    assert table.sync("G", "a2", 2, None, None, {}, 5.1, "ia") == SyncAnswer(g.NONE, "consumer", "range", b"p0")
+    assert static_join(table, "ic", new_id="c", now=6.0) is None          # a new member: a rebalance
+    static_join(table, "ia", member_id="a2", now=6.1)
+    static_join(table, "ib", member_id="b", now=6.2)
+    joined = answers(table)
+    assert joined[("join", "a2")].leader == "a2" and [m for m, _ in joined[("join", "a2")].members] == ["a2", "b", "c"]
+    assert joined[("join", "a2")].instances == ("ia", "ib", "ic")
+
+
+def test_a_static_member_restarting_with_other_protocols_or_mid_rebalance_rebalances() -> None:
+    table = GroupTable()
+    static_pair(table)
+    assert static_join(table, "ib", new_id="b2", now=5.0, protocols=(("roundrobin", b"rr"),)) is None
+    group = table.groups["G"]
+    assert group.state is GroupState.PREPARING_REBALANCE and "b2" in group.members and "b" not in group.members
+    # Replaced again while it waits in that join: the waiting call is answered FENCED_INSTANCE_ID.
+    assert static_join(table, "ib", new_id="b3", now=5.5, protocols=(("roundrobin", b"rr"),)) is None
+    assert answers(table) == {("join", "b2"): JoinAnswer(g.FENCED_INSTANCE_ID, "b2")}
+    static_join(table, "ia", member_id="a", now=6.0, protocols=(("roundrobin", b"rr"), ("range", b"r")))
+    joined = answers(table)
+    assert joined[("join", "b3")].generation == 3 and group.protocol == "roundrobin"
+
+
+def test_a_static_member_leaves_by_instance_id_or_expires_and_its_instance_is_free_again() -> None:
+    table = GroupTable()
+    static_pair(table)
+    assert table.leave("G", [""], 5.0, ["ib"]) == [g.NONE]
+    group = table.groups["G"]
+    assert list(group.members) == ["a"] and group.instances == {"ia": "a"}
+    assert group.state is GroupState.PREPARING_REBALANCE
+    assert table.leave("G", [""], 5.0, ["nobody"]) == [g.UNKNOWN_MEMBER_ID]
+    table.tick(5.0 + SESSION_MS / 1000 + REBALANCE_MS / 1000 + 1)           # a never joins again: gone
+    assert "G" not in table.groups
+    assert static_join(table, "ia", new_id="a9", now=100.0) is None        # a new member, a new join
+    assert answers(table)[("join", "a9")].generation == 4  # after generation 3, which ended empty
