@@ -17,5 +17,7 @@ Layers, so each can be read and tested on its own:
 * ``group_membership``: JoinGroup, SyncGroup, Heartbeat and LeaveGroup on ``groups``.
 * ``group_offsets``: OffsetCommit, OffsetFetch, AddOffsetsToTxn and TxnOffsetCommit on the raytxn
   subscription named after the group (plain cursor moves, or acks in the Kafka transaction).
+* ``group_admin``: ListGroups, DescribeGroups and DeleteGroups (groups are members in memory and
+  committed offsets in subscriptions).
 * ``gateway``: the Ray actor running the asyncio TCP server, and ``start_gateway``.
 """

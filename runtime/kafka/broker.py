@@ -52,6 +52,7 @@ class Connection:
 
     anonymous_producer: str
     sequences: dict[tuple[str, int], int] = field(default_factory=dict)
+    client_host: str = ""  # "/address" of the client, as Kafka's group descriptions show it
 
 
 class Broker:

@@ -32,6 +32,7 @@ from raytxn.ids import (
 )
 from raytxn.kafka import wire
 from raytxn.kafka.broker import Broker, Connection
+from raytxn.kafka.group_admin import GroupAdmin
 from raytxn.kafka.group_membership import TICK_S, GroupMembership
 from raytxn.kafka.group_offsets import Engine, GroupOffsets
 from raytxn.kafka.mapping import raytxn_subscription, raytxn_topic
@@ -59,6 +60,7 @@ class KafkaGateway:
         self.broker: Broker | None = None
         self.groups: GroupMembership | None = None
         self.offsets: GroupOffsets | None = None
+        self.admin: GroupAdmin | None = None
         self._ticker: asyncio.Task | None = None
         self.served = {"connections": 0, "requests": 0, "closed_unsupported": 0}
         self.versions: dict[str, int] = {}  # "api_key/version" -> requests (served ones only: bounded)
@@ -76,6 +78,7 @@ class KafkaGateway:
             engine = Engine(self.broker.partitions, self._call, self._subscription_call, self._subscription_names,
                             self._create_subscription, self._topic_rows)
             self.offsets = GroupOffsets(engine, self.groups, transactions)
+            self.admin = GroupAdmin(self.groups, self._topic_rows, self._delete_subscription)
             self._ticker = asyncio.get_running_loop().create_task(self._tick())
         return self.address()
 
@@ -115,6 +118,9 @@ class KafkaGateway:
                                                  raytxn_subscription(group), "earliest",
                                                  deadline_s=self.call_deadline_s)
 
+    async def _delete_subscription(self, topic: str, name: str) -> Any:
+        return await self._supervisor.call_async("delete_subscription", topic, name, deadline_s=self.call_deadline_s)
+
     async def _call(self, kafka_topic: str, partition: int, method: str, *args: Any) -> Any:
         return await self._actor_call(partition_actor_name(raytxn_topic(kafka_topic), partition), method, *args)
 
@@ -142,6 +148,8 @@ class KafkaGateway:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         assert self.broker is not None
         conn = self.broker.connection()
+        peer = writer.get_extra_info("peername")
+        conn.client_host = f"/{peer[0]}" if isinstance(peer, tuple) and peer else ""
         self.served["connections"] += 1
         try:
             while True:
@@ -169,21 +177,23 @@ class KafkaGateway:
             return wire.api_versions(header)
         request = wire.decode_request(header, payload)
         broker, groups, offsets, version = self.broker, self.groups, self.offsets, header.api_version
-        assert groups is not None and offsets is not None
+        admin = self.admin
+        assert groups is not None and offsets is not None and admin is not None
         seen = f"{header.api_key}/{version}"
         self.versions[seen] = self.versions.get(seen, 0) + 1
         handlers = {3: broker.metadata, 10: broker.find_coordinator, 2: broker.list_offsets,
                     1: broker.fetch, 22: broker.init_producer_id, 24: broker.add_partitions_to_txn,
                     26: broker.end_txn, 14: groups.sync_group, 12: groups.heartbeat, 13: groups.leave_group,
                     8: offsets.offset_commit, 9: offsets.offset_fetch, 25: offsets.add_offsets_to_txn,
-                    28: offsets.txn_offset_commit}
+                    28: offsets.txn_offset_commit, 16: admin.list_groups, 15: admin.describe_groups,
+                    42: admin.delete_groups}
         try:
             if header.api_key == 0:
                 fields = await broker.produce(request, version, conn)
                 if fields is None:
                     return None
             elif header.api_key == 11:
-                fields = await groups.join_group(request, version, request.header.client_id)
+                fields = await groups.join_group(request, version, request.header.client_id, conn.client_host)
             else:
                 fields = await handlers[header.api_key](request, version)
         except RaytxnError as e:  # a bug or an outage past every retry: the client reconnects

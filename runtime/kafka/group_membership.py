@@ -103,7 +103,8 @@ class GroupMembership:
 
     # --- handlers ----------------------------------------------------------------------------
 
-    async def join_group(self, request: Any, version: int, client_id: str | None) -> dict[str, Any]:
+    async def join_group(self, request: Any, version: int, client_id: str | None,
+                         client_host: str = "") -> dict[str, Any]:
         group_id, member_id = request.group_id, request.member_id
         error = group_id_error(group_id)
         instance_id = instance_of(request, version, 5)
@@ -117,7 +118,8 @@ class GroupMembership:
 
         def call() -> JoinAnswer | None:
             return self.table.join(group_id, member_id, new_member_id, client_id or "", request.protocol_type,
-                                   protocols, request.session_timeout_ms, rebalance_ms, self._clock(), instance_id)
+                                   protocols, request.session_timeout_ms, rebalance_ms, self._clock(), instance_id,
+                                   client_host)
 
         key = (group_id, "join", member_id or new_member_id)
         wait_s = max(rebalance_ms, 0) / 1000 + WAIT_SLACK_S

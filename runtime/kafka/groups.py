@@ -138,6 +138,7 @@ class Member:
     awaiting_sync: bool = False
     assignment: bytes = b""
     instance_id: str | None = None  # static membership's group.instance.id
+    client_host: str = ""           # where its connection comes from ("/address", as Kafka shows it)
 
     def expired(self, now: float) -> bool:
         waiting = self.awaiting_join or self.awaiting_sync
@@ -234,7 +235,7 @@ class Group:
 
     def join(self, member_id: str, new_member_id: str, client_id: str, protocol_type: str, protocols: Protocols,
              session_timeout_ms: int, rebalance_timeout_ms: int, now: float, room: bool = True,
-             instance_id: str | None = None) -> JoinAnswer | None:
+             instance_id: str | None = None, client_host: str = "") -> JoinAnswer | None:
         """A JoinGroup: its answer now, or None when the answer comes in ``answers`` once the
         join completes. ``member_id`` "" for a new member, which gets ``new_member_id``;
         ``room``: whether the gateway has room for one more member; ``instance_id``: a static
@@ -252,13 +253,13 @@ class Group:
             return JoinAnswer(FENCED_INSTANCE_ID, member_id)
         if holder is not None and not member_id:
             replacing = Member(new_member_id, client_id, session_timeout_ms, rebalance_timeout_ms, protocols, now,
-                               instance_id=instance_id)
+                               instance_id=instance_id, client_host=client_host)
             return self._replace_static(self.members[holder], replacing, now)
         if not member_id:
             if len(self.members) >= self.max_members or not room:
                 return JoinAnswer(GROUP_MAX_SIZE_REACHED)
             member = Member(new_member_id, client_id, session_timeout_ms, rebalance_timeout_ms, protocols, now,
-                            awaiting_join=True, instance_id=instance_id)
+                            awaiting_join=True, instance_id=instance_id, client_host=client_host)
             self.members[new_member_id] = member
             if instance_id is not None:
                 self.instances[instance_id] = new_member_id
@@ -504,7 +505,7 @@ class GroupTable:
 
     def join(self, group_id: str, member_id: str, new_member_id: str, client_id: str, protocol_type: str,
              protocols: Protocols, session_timeout_ms: int, rebalance_timeout_ms: int,
-             now: float, instance_id: str | None = None) -> JoinAnswer | None:
+             now: float, instance_id: str | None = None, client_host: str = "") -> JoinAnswer | None:
         group = self.groups.get(group_id)
         if group is None:
             if member_id:
@@ -514,7 +515,7 @@ class GroupTable:
             group = Group(group_id, self.max_members_per_group, generation=self._generation_floor)
         room = self.member_count() < self.max_members
         answer = group.join(member_id, new_member_id, client_id, protocol_type, protocols, session_timeout_ms,
-                            rebalance_timeout_ms, now, room, instance_id)
+                            rebalance_timeout_ms, now, room, instance_id, client_host)
         if group.members or group.answers:
             self.groups[group_id] = group
         self._settle(group)

@@ -14,6 +14,14 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from kafka.protocol.admin import (
+    DeleteGroupsRequest,
+    DeleteGroupsResponse,
+    DescribeGroupsRequest,
+    DescribeGroupsResponse,
+    ListGroupsRequest,
+    ListGroupsResponse,
+)
 from kafka.protocol.consumer import (
     FetchRequest,
     FetchResponse,
@@ -100,6 +108,8 @@ class Api:
 # (4 is the brokers' batched form), EndTxn to 3. Groups: JoinGroup to 7, SyncGroup to 5, Heartbeat
 # to 4, LeaveGroup to 4 (5 adds a reason), OffsetCommit 2-8 (9 is KIP-848's, 10 topic ids),
 # OffsetFetch 1-7 (8 batches groups), AddOffsetsToTxn 0-3, TxnOffsetCommit 0-3 (4 is KIP-890's).
+# Group admin: ListGroups 0-4 (5 filters by KIP-848 group type), DescribeGroups 0-5 (6 answers
+# GROUP_ID_NOT_FOUND where 0-5 answer Dead), DeleteGroups 0-2.
 # Clients negotiate: confluent-kafka 2.16 (librdkafka) sends JoinGroup 5, SyncGroup 3, Heartbeat 3,
 # LeaveGroup 1, OffsetCommit 8, OffsetFetch 7, TxnOffsetCommit 3, AddOffsetsToTxn 0; kafka-python
 # 3.0 JoinGroup 7, SyncGroup 5, OffsetCommit 8, OffsetFetch 7.
@@ -121,6 +131,9 @@ SERVED: dict[int, Api] = {api.key: api for api in (
     Api(9, OffsetFetchRequest, OffsetFetchResponse, 1, 7),
     Api(25, AddOffsetsToTxnRequest, AddOffsetsToTxnResponse, 0, 3),
     Api(28, TxnOffsetCommitRequest, TxnOffsetCommitResponse, 0, 3),
+    Api(16, ListGroupsRequest, ListGroupsResponse, 0, 4),
+    Api(15, DescribeGroupsRequest, DescribeGroupsResponse, 0, 5),
+    Api(42, DeleteGroupsRequest, DeleteGroupsResponse, 0, 2),
 )}
 API_VERSIONS = 18
 MAX_FRAME_BYTES = 100 << 20

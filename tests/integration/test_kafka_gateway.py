@@ -197,7 +197,7 @@ def test_unserved_api_versions_get_unsupported_version(bootstrap: str) -> None:
         size = struct.unpack(">i", sock.recv(4))[0]
         answer = sock.recv(size)
         assert struct.unpack(">ih", answer[:6]) == (7, 35)
-        body = struct.pack(">hhih", 15, 0, 8, 1) + b"t"  # DescribeGroups: not served
+        body = struct.pack(">hhih", 19, 0, 8, 1) + b"t"  # CreateTopics: not served
         sock.sendall(struct.pack(">i", len(body)) + body)
         assert sock.recv(4) == b""
 

@@ -186,6 +186,47 @@ def test_a_static_member_restarts_into_its_partitions_without_a_rebalance(
     again.close()
 
 
+def test_admin_lists_describes_and_deletes_groups(client: rt.Client, bootstrap: str) -> None:
+    """confluent-kafka's AdminClient on the gateway: a group with a member is Stable and
+    described with its member and assignment; a subscription without members (committed offsets
+    only) is an Empty group, deleted with its subscription; a group with members is not deleted;
+    bad and unknown groups get Kafka's answers."""
+    from confluent_kafka import ConsumerGroupState, KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    topic, active, idle = new_topic(client, partitions=2), f"g-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
+    client.subscribe(topic, idle, initial_position="earliest").close()      # offsets only: Empty
+    consumer = group_consumer(bootstrap, active, **{"client.id": "admin-test"})
+    consumer.subscribe([topic])
+    wait_for_assignment([consumer], 2)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+
+    listed = admin.list_consumer_groups(request_timeout=30).result()
+    states = {g.group_id: g.state for g in listed.valid}
+    assert (states[active], states[idle]) == (ConsumerGroupState.STABLE, ConsumerGroupState.EMPTY)
+    stable = admin.list_consumer_groups(request_timeout=30, states={ConsumerGroupState.STABLE}).result()
+    assert active in {g.group_id for g in stable.valid} and idle not in {g.group_id for g in stable.valid}
+
+    described = {g: f.result() for g, f in admin.describe_consumer_groups([active, idle, "nobody-here"],
+                                                                          request_timeout=30).items()}
+    (member,) = described[active].members
+    assert (described[active].state, described[active].partition_assignor) == (ConsumerGroupState.STABLE, "range")
+    assert (member.client_id, member.host) == ("admin-test", "/127.0.0.1")
+    assert sorted((tp.topic, tp.partition) for tp in member.assignment.topic_partitions) == [(topic, 0), (topic, 1)]
+    assert (described[idle].state, described[idle].members) == (ConsumerGroupState.EMPTY, [])
+    assert described["nobody-here"].state == ConsumerGroupState.DEAD
+
+    with pytest.raises(KafkaException) as refused:
+        admin.delete_consumer_groups([active], request_timeout=30)[active].result()
+    assert refused.value.args[0].code() == 68                                 # NON_EMPTY_GROUP
+    admin.delete_consumer_groups([idle], request_timeout=30)[idle].result()
+    assert idle not in client.supervisor.call("get_topic", topic)["subscriptions"]
+    with pytest.raises(KafkaException) as unknown:
+        admin.delete_consumer_groups([idle], request_timeout=30)[idle].result()
+    assert unknown.value.args[0].code() == 69                                 # GROUP_ID_NOT_FOUND
+    consumer.close()
+
+
 # --- exactly-once consume-transform-produce ----------------------------------------------------
 
 def rewind_to_committed(consumer: Any) -> None:
@@ -545,6 +586,32 @@ def test_every_served_version_of_the_group_apis_answers(client: rt.Client, boots
         answer = raw.call(TxnOffsetCommitRequest, 3 if low else 0, generation_id=-1, member_id="",
                           group_instance_id=None, topics=topics, **txn)
         assert answer.topics[0].partitions[0].error_code == 49
+    raw.close()
+
+
+def test_every_served_version_of_the_group_admin_apis_answers(client: rt.Client, bootstrap: str) -> None:
+    """ListGroups, DescribeGroups and DeleteGroups at their oldest and newest versions served:
+    a group with offsets only is listed and described Empty; bad group ids get INVALID_GROUP_ID
+    and delete nothing."""
+    from kafka.protocol.admin import DeleteGroupsRequest, DescribeGroupsRequest, ListGroupsRequest
+
+    from raytxn.kafka import wire
+
+    topic = new_topic(client)
+    raw = RawKafka(bootstrap)
+    for list_v, describe_v, delete_v in [(0, 0, 0), (4, 5, 2)]:
+        group = f"g-{uuid.uuid4().hex[:8]}"
+        client.subscribe(topic, group, initial_position="earliest").close()
+        listed = raw.call(ListGroupsRequest, list_v, states_filter=["Empty"] if list_v else None)
+        assert listed.error_code == wire.NONE and group in {g.group_id for g in listed.groups}
+        described = raw.call(DescribeGroupsRequest, describe_v, groups=[group, "bad group!"],
+                             include_authorized_operations=False)
+        assert [(g.group_id, g.error_code, g.group_state) for g in described.groups] == [
+            (group, wire.NONE, "Empty"), ("bad group!", wire.INVALID_GROUP_ID, "Dead")]
+        deleted = raw.call(DeleteGroupsRequest, delete_v, groups_names=["bad group!", group])
+        assert [(r.group_id, r.error_code) for r in deleted.results] == [
+            ("bad group!", wire.INVALID_GROUP_ID), (group, wire.NONE)]
+        assert group not in client.supervisor.call("get_topic", topic)["subscriptions"]
     raw.close()
 
 
