@@ -264,6 +264,25 @@ class TransactionCoordinator(ActorShell, FaultTarget):
         return records[-1].epoch
 
     @guarded(Access.AUTHENTICATED)
+    async def describe_transactional_id(self, transactional_id: str,
+                                        caller: str | None = None) -> dict[str, Any] | None:
+        """The id's current epoch and its OPEN transaction (owner, timeout, participants), for a
+        Kafka gateway that restarted and lost what it kept of the id; None when the id is not
+        registered. With auth on, the id's principal or a superuser only."""
+        await self._started()
+        self._check_tid_owner(transactional_id)
+        self._check_tid_principal(transactional_id, caller)
+        found = self.state.transactional_id_txn(transactional_id)
+        if found is None:
+            return None
+        epoch, meta = found
+        if meta is None:
+            return {"epoch": epoch, "txn": None, "owner": None, "timeout_ms": None, "partitions": [],
+                    "subscriptions": []}
+        return {"epoch": epoch, "txn": meta.txn, "owner": meta.owner, "timeout_ms": meta.timeout_ms,
+                "partitions": list(meta.partitions), "subscriptions": list(meta.subscriptions)}
+
+    @guarded(Access.AUTHENTICATED)
     async def add_partitions(self, txn: TxnID, partitions: Iterable[tuple[str, int]], owner: str,
                              epoch: int | None = None, caller: str | None = None) -> None:
         async with self._lock(txn):

@@ -135,8 +135,8 @@ class Broker:
 
     async def add_partitions_to_txn(self, request: Any, version: int) -> dict[str, Any]:
         topics = request.v3_and_below_topics
-        state = self.transactions.state(request.v3_and_below_transactional_id, request.v3_and_below_producer_id,
-                                        request.v3_and_below_producer_epoch)
+        state = await self.transactions.state_of(request.v3_and_below_transactional_id,
+                                                 request.v3_and_below_producer_id, request.v3_and_below_producer_epoch)
         error = state if not isinstance(state, TxnState) else wire.NONE
         wanted = [(topic.name, p) for topic in topics for p in topic.partitions]
         for name, p in wanted:  # every partition exists, or none is added
@@ -150,7 +150,7 @@ class Broker:
                 partition_index=p, partition_error_code=error) for p in t.partitions]) for t in topics]}
 
     async def end_txn(self, request: Any, version: int) -> dict[str, Any]:
-        state = self.transactions.state(request.transactional_id, request.producer_id, request.producer_epoch)
+        state = await self.transactions.state_of(request.transactional_id, request.producer_id, request.producer_epoch)
         error = await self.transactions.end(state, request.committed) if isinstance(state, TxnState) else state
         return {"throttle_time_ms": 0, "error_code": error}
 
@@ -223,8 +223,8 @@ class Broker:
             for batch in batches:
                 txn = None
                 if batch.transactional:
-                    state = self.transactions.state(request.transactional_id, batch.producer_id,
-                                                    batch.producer_epoch)
+                    state = await self.transactions.state_of(request.transactional_id, batch.producer_id,
+                                                             batch.producer_epoch)
                     if not isinstance(state, TxnState):
                         return state, -1, "not the current producer of its transactional id"
                     txn = self.transactions.txn_for(state, topic, data.index)

@@ -224,7 +224,7 @@ class GroupOffsets:
     # --- offsets in transactions -------------------------------------------------------------
 
     async def add_offsets_to_txn(self, request: Any, version: int) -> dict[str, Any]:
-        state = self.transactions.state(request.transactional_id, request.producer_id, request.producer_epoch)
+        state = await self.transactions.state_of(request.transactional_id, request.producer_id, request.producer_epoch)
         error = state if isinstance(state, int) else group_id_error(request.group_id)
         if error == wire.NONE and isinstance(state, TxnState):
             error = await self.transactions.add_offsets(state, request.group_id)
@@ -234,7 +234,7 @@ class GroupOffsets:
         """Each partition's offset as a cumulative ack in the transaction, after every partition
         was located and its subscription registered with the transaction's coordinator."""
         group = request.group_id
-        state = self.transactions.state(request.transactional_id, request.producer_id, request.producer_epoch)
+        state = await self.transactions.state_of(request.transactional_id, request.producer_id, request.producer_epoch)
         error = state if isinstance(state, int) else group_id_error(group)
         txn = self.transactions.offsets_txn(state, group) if isinstance(state, TxnState) else None
         if error == wire.NONE and txn is None:

@@ -10,10 +10,14 @@ into it; EndTxn commits or aborts it. AddOffsetsToTxn begins it too and notes th
 TxnOffsetCommit registers the group's subscriptions (``add_subscriptions``) before the gateway
 acks in them, so the group's offsets commit or abort with the transaction.
 
-What a gateway keeps per transactional id (the epoch and the open raytxn transaction) is
-volatile: after a gateway restart the producer's next call gets INVALID_PRODUCER_EPOCH, it
-re-initializes, and raytxn aborts the open transaction (registration aborts it; its timeout
-would too).
+What a gateway keeps per transactional id (the epoch, the open raytxn transaction and its
+participants) is a cache of the raytxn coordinator's durable state: a gateway that restarted and
+meets a call of an id it does not know asks the id's coordinator (``describe_transactional_id``)
+and takes the open transaction up again, under the owner that began it, so a producer goes on as
+after a Kafka coordinator failover. Lost with the memory: the groups AddOffsetsToTxn named whose
+offsets were not committed yet (their TxnOffsetCommit then gets INVALID_TXN_STATE, which aborts
+the transaction) and the transaction timeout of an id with no transaction open (the next one gets
+the coordinator's default).
 """
 
 from __future__ import annotations
@@ -61,11 +65,12 @@ class TxnState:
     transactional_id: str
     producer_id: int
     epoch: int
-    timeout_ms: int
+    timeout_ms: int | None
     txn: TxnID | None = None
     partitions: set[tuple[str, int]] | None = None
     groups: set[str] | None = None  # consumer groups whose offsets may go into the txn
     subscriptions: set[tuple[str, int, str]] | None = None  # (Kafka topic, partition, group) registered
+    owner: str | None = None  # of ``txn`` when taken up from its coordinator (None: this gateway's)
 
 
 def _code(error: RaytxnError) -> int:
@@ -102,6 +107,26 @@ class KafkaTransactions:
             return wire.INVALID_PRODUCER_EPOCH
         return state
 
+    async def state_of(self, transactional_id: str | None, producer_id: int, epoch: int) -> TxnState | int:
+        """``state``, taking the id up from its coordinator when this gateway does not know it
+        (it restarted since the producer's InitProducerId)."""
+        known = self.state(transactional_id, producer_id, epoch)
+        if (known != INVALID_PRODUCER_ID_MAPPING or not transactional_id or transactional_id in self._states
+                or producer_id != tid_producer_id(transactional_id)):
+            return known
+        try:
+            found = await self._home_call(transactional_id, "describe_transactional_id", transactional_id)
+        except RaytxnError as e:
+            return _code(e)
+        if found is None:
+            return INVALID_PRODUCER_ID_MAPPING
+        if found["epoch"] != epoch:
+            return wire.INVALID_PRODUCER_EPOCH
+        state = self._states.get(transactional_id)
+        if state is None:  # (an InitProducerId meanwhile made its own)
+            state = self._states[transactional_id] = taken_up(transactional_id, producer_id, found)
+        return self.state(transactional_id, producer_id, epoch)
+
     async def init_producer_id(self, transactional_id: str, timeout_ms: int) -> tuple[int, int, int]:
         """(error, producer id, epoch)."""
         try:
@@ -119,7 +144,7 @@ class KafkaTransactions:
         if state.txn is None:
             state.txn = await self._home_call(state.transactional_id, "new_txn", state.timeout_ms, self.owner,
                                               state.transactional_id, state.epoch)
-            state.partitions, state.groups, state.subscriptions = set(), set(), set()
+            state.partitions, state.groups, state.subscriptions, state.owner = set(), set(), set(), None
         return state.txn
 
     async def add_partitions(self, state: TxnState, partitions: list[tuple[str, int]]) -> int:
@@ -128,7 +153,7 @@ class KafkaTransactions:
             assert state.partitions is not None
             new = [(mapping.raytxn_topic(t), p) for t, p in partitions if (t, p) not in state.partitions]
             if new:
-                await self._txn_call(state.txn, "add_partitions", state.txn, new, self.owner, state.epoch)
+                await self._txn_call(state.txn, "add_partitions", state.txn, new, self._owner(state), state.epoch)
                 state.partitions.update(partitions)
         except RaytxnError as e:
             return _code(e)
@@ -153,7 +178,8 @@ class KafkaTransactions:
         try:
             if new:
                 await self._txn_call(state.txn, "add_subscriptions", state.txn,
-                                     [(mapping.raytxn_topic(t), p, g) for t, p, g in new], self.owner, state.epoch)
+                                     [(mapping.raytxn_topic(t), p, g) for t, p, g in new], self._owner(state),
+                                     state.epoch)
         except RaytxnError as e:
             return _code(e)
         state.subscriptions.update(new)
@@ -182,8 +208,8 @@ class KafkaTransactions:
         if txn is None:
             return wire.NONE  # nothing was added: nothing to end (as Kafka)
         try:
-            await self._txn_call(txn, "end_txn", txn, EndAction.COMMIT if commit else EndAction.ABORT, self.owner,
-                                 state.epoch, state.transactional_id)
+            await self._txn_call(txn, "end_txn", txn, EndAction.COMMIT if commit else EndAction.ABORT,
+                                 self._owner(state), state.epoch, state.transactional_id)
         except RaytxnError as e:
             if not e.retriable:
                 self._forget_txn(state)
@@ -191,6 +217,23 @@ class KafkaTransactions:
         self._forget_txn(state)
         return wire.NONE
 
+    def _owner(self, state: TxnState) -> str:
+        return state.owner if state.owner is not None else self.owner
+
     @staticmethod
     def _forget_txn(state: TxnState) -> None:
         state.txn, state.partitions, state.groups, state.subscriptions = None, None, None, None
+        state.owner = None
+
+
+def taken_up(transactional_id: str, producer_id: int, found: dict[str, Any]) -> TxnState:
+    """The state of an id as its coordinator describes it (``describe_transactional_id``). Its
+    participants are raytxn names, which are the Kafka ones (``mapping``); the groups whose
+    subscriptions are registered are the groups AddOffsetsToTxn named."""
+    state = TxnState(transactional_id, producer_id, found["epoch"], found["timeout_ms"])
+    if found["txn"] is not None:
+        state.txn, state.owner = found["txn"], found["owner"]
+        state.partitions = {(topic, partition) for topic, partition in found["partitions"]}
+        state.subscriptions = {(topic, partition, group) for topic, partition, group in found["subscriptions"]}
+        state.groups = {group for _, _, group in state.subscriptions}
+    return state

@@ -238,6 +238,16 @@ class CoordinatorState:
             return None
         return meta.txn
 
+    def transactional_id_txn(self, transactional_id: str) -> tuple[int, TxnMeta | None] | None:
+        """(the id's current epoch, its OPEN txn or None), or None for an id never registered
+        here: what a Kafka gateway that restarted needs to take its producer's transaction up
+        again."""
+        epoch = self._epochs.get(transactional_id)
+        if epoch is None:
+            return None
+        sequence = self._open_by_tid.get(transactional_id)
+        return epoch, (self._live[sequence] if sequence is not None else None)
+
     def prepare_begin(self, now_ms: int, timeout_ms: int, owner: str, partitions: Iterable[Partition] = (),
                       subscriptions: Iterable[Subscription] = (), transactional_id: str | None = None,
                       epoch: int | None = None) -> list[Record]:

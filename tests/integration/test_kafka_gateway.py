@@ -275,6 +275,47 @@ def test_confluent_transactional_producer_commit_abort_and_fencing(client: rt.Cl
     assert visible_values(topic) == values              # the same through raytxn's own read path
 
 
+def test_a_transaction_goes_on_across_a_gateway_restart(client: rt.Client) -> None:
+    """The gateway keeps a transactional id's state as a cache of its raytxn coordinator's: after
+    the gateway is killed and started again on its port, the producer's open transaction is
+    taken up (its epoch, its transaction and partitions), more is produced into it and it
+    commits; a read_committed consumer sees all of it once, and the next transaction works."""
+    from confluent_kafka import Producer
+
+    topic = new_topic(client, partitions=2)
+    with socket_free_port() as port:
+        pass
+    first = start_gateway(port, bind_host="127.0.0.1", advertised_host="127.0.0.1")
+    producer = Producer({"bootstrap.servers": first["bootstrap"], "transactional.id": f"tx-{uuid.uuid4().hex[:6]}",
+                         "transaction.timeout.ms": 60000, "reconnect.backoff.max.ms": 200})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(topic, value=b"before", partition=0)
+    assert producer.flush(30) == 0
+    ray.kill(first["actor"], no_restart=True)
+    deadline = time.monotonic() + 30
+    while True:  # the port comes free once the killed actor's process is gone
+        try:
+            second = start_gateway(port, bind_host="127.0.0.1", advertised_host="127.0.0.1")
+            break
+        except Exception:  # noqa: BLE001 - the address is still in use
+            assert time.monotonic() < deadline, "the gateway's port never came free"
+            time.sleep(0.5)
+    try:
+        producer.produce(topic, value=b"after", partition=0)
+        producer.produce(topic, value=b"other-partition", partition=1)  # added after the restart
+        producer.commit_transaction(30)
+        producer.begin_transaction()
+        producer.produce(topic, value=b"next", partition=0)
+        producer.commit_transaction(30)
+        consumer = ck_consumer(first["bootstrap"], topic, "read_committed")
+        assert [m.value() for m in poll_values(consumer, 3, quiet_s=1.0)] == [b"before", b"after", b"next"]
+        consumer.close()
+        assert visible_values(topic, (1,)) == [b"other-partition"]
+    finally:
+        ray.kill(second["actor"], no_restart=True)
+
+
 def test_metadata_errors_for_unknown_and_invalid_topic_names(client: rt.Client, bootstrap: str) -> None:
     from confluent_kafka import KafkaError, Producer
 

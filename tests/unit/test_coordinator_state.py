@@ -601,6 +601,23 @@ def test_a_repeated_new_txn_finds_the_txn_it_began_until_that_txn_has_a_particip
     h.state.check_invariants()
 
 
+def test_a_transactional_id_is_described_with_its_epoch_and_open_txn(h: Harness) -> None:
+    """What a restarted Kafka gateway takes up: the id's epoch, and its OPEN txn while there is
+    one (an ending txn is not open: its end was asked for already)."""
+    assert h.state.transactional_id_txn("p1") is None  # never registered
+    h.register("p1")
+    assert h.state.transactional_id_txn("p1") == (0, None)
+    txn = h.new(tid="p1", epoch=0)
+    h.add(txn, [("a", 0)], epoch=0)
+    epoch, meta = h.state.transactional_id_txn("p1")
+    assert (epoch, meta.txn, meta.partitions) == (0, txn, (("a", 0),))
+    h.end(txn, COMMIT, epoch=0)
+    assert h.state.transactional_id_txn("p1") == (0, None)
+    h.log_apply(*h.state.prepare_register_transactional_id("p1", T0 + 1))
+    assert h.state.transactional_id_txn("p1") == (1, None)
+    h.state.check_invariants()
+
+
 def test_registering_again_aborts_the_open_txn_and_fences_the_zombie(h: Harness) -> None:
     h.register("p1")
     zombie = h.new(tid="p1", epoch=0, owner="worker-1")

@@ -179,3 +179,39 @@ def test_calls_under_an_unknown_id_or_an_old_epoch_are_refused() -> None:
     state = txns.state("tx", producer_id, 4)
     assert isinstance(state, TxnState) and txns.txn_for(state, "t", 0) is None  # nothing added
     assert asyncio.run(txns.end(state, commit=True)) == wire.NONE  # nothing to end
+
+
+def test_a_gateway_that_forgot_an_id_takes_it_up_from_its_coordinator() -> None:
+    """``state_of`` for an id this gateway does not know: the coordinator's description gives the
+    epoch and the open txn (with its owner and participants); an old epoch, an id the
+    coordinator does not know, and a producer id not the id's are refused as before."""
+    import asyncio
+
+    from raytxn.ids import TxnID
+    from raytxn.kafka.transactions import INVALID_PRODUCER_ID_MAPPING, KafkaTransactions, tid_producer_id
+
+    txn = TxnID(1, 7)
+    described = {"tx": {"epoch": 3, "txn": txn, "owner": "old-gateway", "timeout_ms": 9000,
+                        "partitions": [("t", 0)], "subscriptions": [("s", 1, "g")]}}
+    asked: list[str] = []
+
+    async def home(tid: str, method: str, *args: object) -> object:
+        assert method == "describe_transactional_id"
+        asked.append(tid)
+        return described.get(tid)
+
+    async def never(*args: object) -> None:
+        raise AssertionError("no call expected")
+
+    txns = KafkaTransactions("new-gateway", home, never)
+    pid = tid_producer_id("tx")
+    assert asyncio.run(txns.state_of("tx", pid, 2)) == wire.INVALID_PRODUCER_EPOCH
+    assert asyncio.run(txns.state_of("gone", tid_producer_id("gone"), 0)) == INVALID_PRODUCER_ID_MAPPING
+    assert asyncio.run(txns.state_of("tx", pid + 1, 3)) == INVALID_PRODUCER_ID_MAPPING  # not the id's
+    assert asyncio.run(txns.state_of(None, pid, 3)) == INVALID_PRODUCER_ID_MAPPING
+    state = asyncio.run(txns.state_of("tx", pid, 3))
+    assert asked == ["tx", "gone", "tx"]  # the wrong producer id and no id asked nothing
+    assert (state.epoch, state.txn, state.owner, state.timeout_ms) == (3, txn, "old-gateway", 9000)
+    assert txns.txn_for(state, "t", 0) == txn and txns.txn_for(state, "t", 1) is None
+    assert txns.offsets_txn(state, "g") == txn and state.subscriptions == {("s", 1, "g")}
+    assert asyncio.run(txns.state_of("tx", pid, 3)) is state and len(asked) == 3  # known now: not asked
