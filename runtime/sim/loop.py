@@ -8,6 +8,12 @@ what the code does, which the seeded ``random.Random`` the simulator hands out d
 Every task is tagged with the *owner* (a simulated process) that was current when it was created
 (``OWNER``, a context variable every child task inherits), so ``kill_owner`` can end a process:
 cancel all its tasks in creation order, as a crash ends a real one.
+
+The loop's own bookkeeping is trimmed for speed (a run schedules a few hundred thousand callbacks):
+handles skip the debug-mode checks (unless the loop is in debug mode), and the timer heap holds
+``(when, handle)`` pairs, compared in C. A pair compares as its handle does (by ``when`` alone:
+equal times fall through to the handles, and ``TimerHandle.__lt__`` answers False for them), so
+the heap orders timers exactly as ``BaseEventLoop``'s heap of handles does, ties included.
 """
 
 from __future__ import annotations
@@ -16,8 +22,10 @@ import asyncio
 import contextvars
 import heapq
 import selectors
+from asyncio import format_helpers
 from asyncio.base_events import _MIN_CANCELLED_TIMER_HANDLES_FRACTION, _MIN_SCHEDULED_TIMER_HANDLES
 from collections.abc import Coroutine
+from functools import partial
 from typing import Any
 
 # Which simulated process the running code belongs to (None: the harness itself).
@@ -30,6 +38,55 @@ class Deadlock(RuntimeError):
     """No ready callback and no timer: the simulation can never make progress."""
 
 
+def _wake(future: asyncio.Future) -> None:
+    """A sleep's timer (asyncio's ``_set_result_unless_cancelled``)."""
+    if not future.cancelled():
+        future.set_result(None)
+
+
+class _Handle(asyncio.Handle):
+    """A ``Handle`` built without asking the loop for debug mode (the loop checks that once)."""
+
+    __slots__ = ()
+
+    def __init__(self, callback: Any, args: tuple, loop: asyncio.AbstractEventLoop,
+                 context: contextvars.Context | None) -> None:
+        self._context = contextvars.copy_context() if context is None else context
+        self._loop = loop
+        self._callback = callback
+        self._args = args
+        self._cancelled = False
+        self._repr = None
+        self._source_traceback = None
+
+
+class _TimerHandle(asyncio.TimerHandle):
+    """A ``TimerHandle`` as ``_Handle`` is a ``Handle``; its ``cancel`` does what the base's does
+    outside debug mode, in one call instead of three."""
+
+    __slots__ = ()
+
+    def __init__(self, when: float, callback: Any, args: tuple, loop: SimLoop,
+                 context: contextvars.Context | None) -> None:
+        self._context = contextvars.copy_context() if context is None else context
+        self._loop = loop
+        self._callback = callback
+        self._args = args
+        self._cancelled = False
+        self._repr = None
+        self._source_traceback = None
+        self._when = when
+        self._scheduled = False
+
+    def cancel(self) -> None:
+        if not self._cancelled:
+            if self._scheduled:
+                self._loop._timer_cancelled_count += 1  # as BaseEventLoop._timer_handle_cancelled
+            self._cancelled = True
+            self._callback = None
+            self._args = None
+
+
 class SimLoop(asyncio.SelectorEventLoop):
     """See the module docstring. ``start_s`` is the virtual time it starts at."""
 
@@ -37,13 +94,50 @@ class SimLoop(asyncio.SelectorEventLoop):
         self._now = start_s
         super().__init__(selectors.SelectSelector())  # built for the base class; never polled
         self._clock_resolution = 1e-9
-        self._tasks_by_owner: dict[object, dict[int, asyncio.Task]] = {}
-        self._task_serial = 0
+        self._tasks_by_owner: dict[object, dict[asyncio.Task, None]] = {}
         self.broken: list[str] = []  # tasks that ended with a broken assertion (or worse), in order
         self.set_task_factory(self._make_task)
 
     def time(self) -> float:
         return self._now
+
+    # --- scheduling: BaseEventLoop's, less the checks that only debug mode needs ---------------
+
+    def call_soon(self, callback: Any, *args: Any, context: contextvars.Context | None = None) -> asyncio.Handle:
+        if self._debug or self._closed:
+            return super().call_soon(callback, *args, context=context)
+        handle = _Handle(callback, args, self, context)
+        self._ready.append(handle)
+        return handle
+
+    def call_later(self, delay: float, callback: Any, *args: Any,
+                   context: contextvars.Context | None = None) -> asyncio.TimerHandle:
+        if delay is None:
+            raise TypeError("delay must not be None")
+        return self.call_at(self._now + delay, callback, *args, context=context)
+
+    def call_at(self, when: float, callback: Any, *args: Any,
+                context: contextvars.Context | None = None) -> asyncio.TimerHandle:
+        if when is None:
+            raise TypeError("when cannot be None")
+        self._check_closed()
+        if self._debug:
+            self._check_callback(callback, "call_at")
+        timer = _TimerHandle(when, callback, args, self, context)
+        heapq.heappush(self._scheduled, (when, timer))
+        timer._scheduled = True
+        return timer
+
+    def create_task(self, coro: Coroutine[Any, Any, Any], *, name: str | None = None,
+                    context: contextvars.Context | None = None) -> asyncio.Task:
+        self._check_closed()
+        if context is None:  # as BaseEventLoop.create_task calls a task factory
+            task = self._task_factory(self, coro)
+        else:
+            task = self._task_factory(self, coro, context=context)
+        if name is not None:
+            task.set_name(name)
+        return task
 
     def _run_once(self) -> None:
         """``BaseEventLoop._run_once`` without I/O: when nothing is ready, the clock jumps to the
@@ -51,30 +145,55 @@ class SimLoop(asyncio.SelectorEventLoop):
         scheduled = self._scheduled
         if (len(scheduled) > _MIN_SCHEDULED_TIMER_HANDLES
                 and self._timer_cancelled_count / len(scheduled) > _MIN_CANCELLED_TIMER_HANDLES_FRACTION):
-            for handle in scheduled:  # drop cancelled timers once they are many (as the base does)
+            for _, handle in scheduled:  # drop cancelled timers once they are many (as the base does)
                 if handle._cancelled:
                     handle._scheduled = False
-            scheduled = self._scheduled = [handle for handle in scheduled if not handle._cancelled]
+            scheduled = self._scheduled = [entry for entry in scheduled if not entry[1]._cancelled]
             heapq.heapify(scheduled)
             self._timer_cancelled_count = 0
         else:
-            while scheduled and scheduled[0]._cancelled:
+            while scheduled and scheduled[0][1]._cancelled:
                 self._timer_cancelled_count -= 1
-                heapq.heappop(scheduled)._scheduled = False
+                heapq.heappop(scheduled)[1]._scheduled = False
         ready = self._ready
         if not ready and not self._stopping:
             if not scheduled:
                 raise Deadlock(f"simulation deadlocked at t={self._now:.3f}s: no task can run")
-            self._now = max(self._now, scheduled[0]._when)
+            self._now = max(self._now, scheduled[0][0])
         end_time = self._now + self._clock_resolution
-        while scheduled and scheduled[0]._when < end_time:
-            handle = heapq.heappop(scheduled)
+        while scheduled and scheduled[0][0] < end_time:
+            handle = heapq.heappop(scheduled)[1]
             handle._scheduled = False
             ready.append(handle)
+        popleft = ready.popleft
         for _ in range(len(ready)):
-            handle = ready.popleft()
-            if not handle._cancelled:
-                handle._run()
+            handle = popleft()
+            if handle._cancelled:
+                continue
+            try:  # Handle._run, inlined: one Python call less per callback
+                handle._context.run(handle._callback, *handle._args)
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as exc:  # noqa: BLE001 - reported as Handle._run reports it
+                callback = format_helpers._format_callback_source(handle._callback, handle._args)
+                self.call_exception_handler({"message": f"Exception in callback {callback}",
+                                             "exception": exc, "handle": handle})
+
+    async def sleep(self, delay: float) -> None:
+        """``asyncio.sleep(delay)`` on this loop without looking the running loop up: the same
+        future, timer and cancellation, so the same callbacks in the same order (the simulated
+        network and storage sleep on every call)."""
+        if delay <= 0:
+            await asyncio.sleep(delay)  # a bare yield, as asyncio's
+            return
+        future = self.create_future()
+        timer = self.call_at(self._now + delay, _wake, future)
+        try:
+            await future
+        finally:
+            timer.cancel()
+
+    # --- tasks and their owners ------------------------------------------------------------------
 
     def _make_task(self, loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any],
                    context: contextvars.Context | None = None) -> asyncio.Task:
@@ -84,27 +203,28 @@ class SimLoop(asyncio.SelectorEventLoop):
         if owner is None:
             task.add_done_callback(self._note_broken)
             return task
-        tasks = self._tasks_by_owner.setdefault(owner, {})
-        self._task_serial += 1
-        serial = self._task_serial
-        tasks[serial] = task
+        tasks = self._tasks_by_owner.get(owner)
+        if tasks is None:
+            tasks = self._tasks_by_owner[owner] = {}
+        tasks[task] = None  # a dict keeps creation order: kill_owner cancels in that order
         assert len(tasks) <= MAX_TASKS_PER_OWNER, f"{owner} holds {len(tasks)} tasks"
-
-        def done(finished: asyncio.Task) -> None:
-            tasks.pop(serial, None)
-            self._note_broken(finished)
-
-        task.add_done_callback(done)
+        task.add_done_callback(partial(self._owned_task_done, tasks))
         return task
+
+    def _owned_task_done(self, tasks: dict[asyncio.Task, None], finished: asyncio.Task) -> None:
+        tasks.pop(finished, None)
+        self._note_broken(finished)
 
     def _note_broken(self, task: asyncio.Task) -> None:
         """A task that died of an ``AssertionError`` (anywhere in its error's chain: the actor
         shell wraps a failed apply in ``ActorUnavailable``) or of a non-``Exception`` error broke
         an invariant. Noted when the task ends, not when the collector frees it, so the verdict
         never depends on the heap."""
-        if task.cancelled() or task.exception() is None:
+        if task.cancelled():
             return
         error: BaseException | None = task.exception()
+        if error is None:
+            return
         for _ in range(20):  # bounded walk of the cause chain
             if error is None:
                 return
@@ -116,7 +236,7 @@ class SimLoop(asyncio.SelectorEventLoop):
     def kill_owner(self, owner: object) -> int:
         """Cancel every live task ``owner`` created, in creation order; returns how many."""
         tasks = self._tasks_by_owner.pop(owner, {})
-        for task in list(tasks.values()):
+        for task in list(tasks):
             task.cancel()
         return len(tasks)
 
