@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
+
+from sortedcontainers import SortedList
 
 from raytxn.errors import StorageUnavailable
 from raytxn.ledger.storage import ObjectExists, ObjectInfo, Storage
 from raytxn.sim.gate import FaultGate
+from raytxn.sim.loop import SimLoop
 from raytxn.sim.trace import Trace
 
 
@@ -46,14 +49,19 @@ class SimStorage(Storage):
     ``isinstance`` and type hint holds)."""
 
     def __init__(self, rng: random.Random, faults: StorageFaults, trace: Trace, clock_ms: Callable[[], int],
-                 gate: FaultGate | None = None) -> None:
+                 gate: FaultGate | None = None, loop: SimLoop | None = None) -> None:
         super().__init__(store=None, url="sim://")
         self._rng = rng
         self._faults = faults
         self._trace = trace
         self._gate = FaultGate(trace) if gate is None else gate
         self._clock_ms = clock_ms
+        # The loop's own sleep when the world passes its loop (the same timers, less overhead).
+        self._sleep: Callable[[float], Awaitable[None]] = asyncio.sleep if loop is None else loop.sleep
         self._objects: dict[str, tuple[bytes, int]] = {}  # path -> (data, modified ms)
+        # The same paths in order: a list reads only its folder's range, not every object stored
+        # (a run stores thousands of objects and lists them thousands of times).
+        self._paths: SortedList = SortedList()
         self.faults_on = True
         self.injected = 0
 
@@ -79,50 +87,61 @@ class SimStorage(Storage):
 
     async def create(self, path: str, data: bytes) -> None:
         latency = self._latency()
-        await asyncio.sleep(latency / 2)
+        await self._sleep(latency / 2)
         if self._fails("put_fail", "put_fail", path):
             raise StorageUnavailable(f"put {path}: injected failure")
         if path in self._objects:
-            await asyncio.sleep(latency / 2)
+            await self._sleep(latency / 2)
             raise ObjectExists(path)
         self._objects[path] = (bytes(data), self._clock_ms())
-        await asyncio.sleep(latency / 2)
+        self._paths.add(path)
+        await self._sleep(latency / 2)
         if self._fails("put_reply_lost", "put_reply_lost", path):
             raise StorageUnavailable(f"put {path}: injected lost reply")
 
     async def get(self, path: str) -> bytes | None:
-        await asyncio.sleep(self._latency())
+        await self._sleep(self._latency())
         if self._fails("get_fail", "get_fail", path):
             raise StorageUnavailable(f"get {path}: injected failure")
         found = self._objects.get(path)
         return None if found is None else found[0]
 
     async def list_info(self, prefix: str) -> list[ObjectInfo]:
-        await asyncio.sleep(self._latency())
+        await self._sleep(self._latency())
         if self._fails("get_fail", "list_fail", prefix):
             raise StorageUnavailable(f"list {prefix}: injected failure")
-        folder = prefix.rstrip("/") + "/"
-        return sorted(ObjectInfo(path, len(data), modified) for path, (data, modified) in self._objects.items()
-                      if path.startswith(folder))
+        infos = []
+        for path in self._under(prefix.rstrip("/") + "/"):
+            data, modified = self._objects[path]
+            infos.append(ObjectInfo(path, len(data), modified))
+        return infos  # in path order, as sorting them would give (paths are unique)
 
     async def list_folders(self, prefix: str) -> list[str]:
-        await asyncio.sleep(self._latency())
+        await self._sleep(self._latency())
         if self._fails("get_fail", "list_fail", prefix):
             raise StorageUnavailable(f"list {prefix}: injected failure")
         folder = prefix.rstrip("/") + "/"
-        return sorted({folder + path[len(folder):].split("/", 1)[0] for path in self._objects
-                       if path.startswith(folder) and "/" in path[len(folder):]})
+        return sorted({folder + path[len(folder):].split("/", 1)[0] for path in self._under(folder)
+                       if "/" in path[len(folder):]})
 
     async def delete(self, paths: list[str]) -> None:
         if not paths:
             return
         latency = self._latency()
-        await asyncio.sleep(latency / 2)
+        await self._sleep(latency / 2)
         if self._fails("put_fail", "delete_fail", paths[0]):
             raise StorageUnavailable(f"delete {paths[0]}...: injected failure")
         for path in paths:
-            self._objects.pop(path, None)
-        await asyncio.sleep(latency / 2)
+            if self._objects.pop(path, None) is not None:
+                self._paths.remove(path)
+        await self._sleep(latency / 2)
+
+    def _under(self, folder: str) -> Iterator[str]:
+        """The stored paths that start with ``folder``, in order (they are one range of ``_paths``)."""
+        for path in self._paths.irange(minimum=folder):
+            if not path.startswith(folder):
+                return
+            yield path
 
     # --- for the harness -------------------------------------------------------------------
 

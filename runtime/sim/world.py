@@ -95,7 +95,7 @@ class World:
         self.trace = trace
         self.gate = FaultGate(trace) if gate is None else gate  # shared by storage, network and nemesis
         self.clock = SimClock(loop)
-        self.storage = SimStorage(rng, storage_faults, trace, self.clock.now_ms, self.gate)
+        self.storage = SimStorage(rng, storage_faults, trace, self.clock.now_ms, self.gate, loop)
         self.network = Network(self, rng, network_faults, trace)
         self.crash_faults = crash_faults
         self._factories: dict[str, Callable[[], ActorShell]] = {}
