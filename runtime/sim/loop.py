@@ -141,43 +141,51 @@ class SimLoop(asyncio.SelectorEventLoop):
 
     def _run_once(self) -> None:
         """``BaseEventLoop._run_once`` without I/O: when nothing is ready, the clock jumps to the
-        next timer instead of waiting for it (and with no timer either, nothing can ever run)."""
-        scheduled = self._scheduled
-        if (len(scheduled) > _MIN_SCHEDULED_TIMER_HANDLES
-                and self._timer_cancelled_count / len(scheduled) > _MIN_CANCELLED_TIMER_HANDLES_FRACTION):
-            for _, handle in scheduled:  # drop cancelled timers once they are many (as the base does)
-                if handle._cancelled:
-                    handle._scheduled = False
-            scheduled = self._scheduled = [entry for entry in scheduled if not entry[1]._cancelled]
-            heapq.heapify(scheduled)
-            self._timer_cancelled_count = 0
-        else:
-            while scheduled and scheduled[0][1]._cancelled:
-                self._timer_cancelled_count -= 1
-                heapq.heappop(scheduled)[1]._scheduled = False
+        next timer instead of waiting for it (and with no timer either, nothing can ever run).
+
+        It goes on to the next round itself until the loop is stopping, which is what
+        ``run_forever`` would do after it returns (``while True: _run_once(); if stopping: break``):
+        one call per run instead of one per round."""
         ready = self._ready
-        if not ready and not self._stopping:
-            if not scheduled:
-                raise Deadlock(f"simulation deadlocked at t={self._now:.3f}s: no task can run")
-            self._now = max(self._now, scheduled[0][0])
-        end_time = self._now + self._clock_resolution
-        while scheduled and scheduled[0][0] < end_time:
-            handle = heapq.heappop(scheduled)[1]
-            handle._scheduled = False
-            ready.append(handle)
         popleft = ready.popleft
-        for _ in range(len(ready)):
-            handle = popleft()
-            if handle._cancelled:
-                continue
-            try:  # Handle._run, inlined: one Python call less per callback
-                handle._context.run(handle._callback, *handle._args)
-            except (SystemExit, KeyboardInterrupt):
-                raise
-            except BaseException as exc:  # noqa: BLE001 - reported as Handle._run reports it
-                callback = format_helpers._format_callback_source(handle._callback, handle._args)
-                self.call_exception_handler({"message": f"Exception in callback {callback}",
-                                             "exception": exc, "handle": handle})
+        heappop = heapq.heappop
+        while True:
+            scheduled = self._scheduled
+            if (len(scheduled) > _MIN_SCHEDULED_TIMER_HANDLES
+                    and self._timer_cancelled_count / len(scheduled) > _MIN_CANCELLED_TIMER_HANDLES_FRACTION):
+                for _, handle in scheduled:  # drop cancelled timers once they are many (as the base does)
+                    if handle._cancelled:
+                        handle._scheduled = False
+                scheduled = self._scheduled = [entry for entry in scheduled if not entry[1]._cancelled]
+                heapq.heapify(scheduled)
+                self._timer_cancelled_count = 0
+            else:
+                while scheduled and scheduled[0][1]._cancelled:
+                    self._timer_cancelled_count -= 1
+                    heappop(scheduled)[1]._scheduled = False
+            if not ready and not self._stopping:
+                if not scheduled:
+                    raise Deadlock(f"simulation deadlocked at t={self._now:.3f}s: no task can run")
+                self._now = max(self._now, scheduled[0][0])
+            end_time = self._now + self._clock_resolution
+            while scheduled and scheduled[0][0] < end_time:
+                handle = heappop(scheduled)[1]
+                handle._scheduled = False
+                ready.append(handle)
+            for _ in range(len(ready)):
+                handle = popleft()
+                if handle._cancelled:
+                    continue
+                try:  # Handle._run, inlined: one Python call less per callback
+                    handle._context.run(handle._callback, *handle._args)
+                except (SystemExit, KeyboardInterrupt):
+                    raise
+                except BaseException as exc:  # noqa: BLE001 - reported as Handle._run reports it
+                    callback = format_helpers._format_callback_source(handle._callback, handle._args)
+                    self.call_exception_handler({"message": f"Exception in callback {callback}",
+                                                 "exception": exc, "handle": handle})
+            if self._stopping:
+                return
 
     async def sleep(self, delay: float) -> None:
         """``asyncio.sleep(delay)`` on this loop without looking the running loop up: the same

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 MAX_EVENTS = 1_000_000  # a run recording more than this has a runaway loop: stop it
 MAX_DETAIL_CHARS = 300
+HASH_BLOCK_LINES = 512
 
 
 class TraceOverflow(RuntimeError):
@@ -21,6 +22,9 @@ class Trace:
     def __init__(self, clock: Callable[[], float], keep: bool = False) -> None:
         self._clock = clock
         self._hash = hashlib.sha256()
+        # Lines not hashed yet: hashed in blocks (a hash of the lines joined is the hash of them
+        # one by one), as one update per event cost more than the event's formatting.
+        self._unhashed: list[str] = []
         self.count = 0
         self.kept: list[str] | None = [] if keep else None  # the lines themselves, for debugging
 
@@ -30,11 +34,19 @@ class Trace:
         self.count += 1
         if self.count > MAX_EVENTS:
             raise TraceOverflow(f"more than {MAX_EVENTS} trace events")
-        line = f"{self._clock():.6f} {kind} {' '.join(map(repr, fields))}"
-        self._hash.update(line.encode() + b"\n")
+        line = f"{self._clock():.6f} {kind} {' '.join(map(repr, fields))}\n"
+        unhashed = self._unhashed
+        unhashed.append(line)
+        if len(unhashed) >= HASH_BLOCK_LINES:
+            self._flush()
         if self.kept is not None:
             shown = "" if detail is None else f"  {repr(detail)[:MAX_DETAIL_CHARS]}"
-            self.kept.append(f"{line}{shown}\n")
+            self.kept.append(f"{line[:-1]}{shown}\n")
+
+    def _flush(self) -> None:
+        self._hash.update("".join(self._unhashed).encode())
+        self._unhashed.clear()
 
     def digest(self) -> str:
+        self._flush()
         return self._hash.hexdigest()
