@@ -219,6 +219,7 @@ class Storage:
 
 
 def _fsync_file(path: Path) -> None:
+    """fsync a file or a directory (both open read-only for it)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -226,12 +227,7 @@ def _fsync_file(path: Path) -> None:
         os.close(fd)
 
 
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+_fsync_directory = _fsync_file
 
 
 def _short(error: BaseException) -> str:
