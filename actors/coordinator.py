@@ -276,11 +276,9 @@ class TransactionCoordinator(ActorShell, FaultTarget):
         if found is None:
             return None
         epoch, meta = found
-        if meta is None:
-            return {"epoch": epoch, "txn": None, "owner": None, "timeout_ms": None, "partitions": [],
-                    "subscriptions": []}
-        return {"epoch": epoch, "txn": meta.txn, "owner": meta.owner, "timeout_ms": meta.timeout_ms,
-                "partitions": list(meta.partitions), "subscriptions": list(meta.subscriptions)}
+        return {"epoch": epoch, "txn": meta and meta.txn, "owner": meta and meta.owner,
+                "timeout_ms": meta and meta.timeout_ms, "partitions": list(meta.partitions) if meta else [],
+                "subscriptions": list(meta.subscriptions) if meta else []}
 
     @guarded(Access.AUTHENTICATED)
     async def add_partitions(self, txn: TxnID, partitions: Iterable[tuple[str, int]], owner: str,

@@ -699,35 +699,33 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
         assert self._ledger is not None
         if type(timestamp_ms) is not int or timestamp_ms < 0:
             raise InvalidArgument(f"a timestamp is an int >= 0 (ms), got {timestamp_ms!r}")
-        for _attempt in range(3):  # a bound: each retry follows a trim, which is rare
-            found, complete = await self._scan_for_time(timestamp_ms, committed)
+        for _ in range(SCAN_ATTEMPTS):  # again only when retention trims under the read
+            found, complete = await self._lookup_by_time(timestamp_ms, committed)
             if complete:
                 return found
-        raise PositionTrimmed(f"{self.topic}-{self.partition}: trimmed three times under a lookup by time")
+        raise PositionTrimmed(f"{self.stream}: retention trimmed {SCAN_ATTEMPTS} times under the lookup by time")
 
-    async def _scan_for_time(self, timestamp_ms: int, committed: bool) -> tuple[tuple[int, int] | None, bool]:
-        """(the answer, whether the read got to it without meeting a trim)."""
+    async def _lookup_by_time(self, timestamp_ms: int, committed: bool) -> tuple[tuple[int, int] | None, bool]:
+        """One read of ``kafka_offset_for_time``: (its answer, whether no trim met the read)."""
         assert self._ledger is not None
         marks = self._kafka_offsets()
         end_offset = marks["last_stable" if committed else "high_watermark"]
         point = self.buffer.offsets.locate(marks["log_start"], self._ledger.trimmed_below)
         if point is None or marks["log_start"] >= end_offset:
             return None, True
-        end = self.buffer.max_read_position if committed else self.buffer.last_position
-        position, base = point.position, point.offset
-        while base < end_offset and position <= end:
-            read_from, entries = await self._read_retained(position, self.config.max_read_entries, end)
-            if not entries or read_from != position:
-                return None, False
+        base = point.offset
+
+        def visit(entries: list[Entry]) -> tuple[int, int] | None:
+            nonlocal base
             stamped = []
             for entry in entries:
                 header, messages = decode_entry(entry.records, f"{self.stream}@{entry.position}")
                 stamped.append((header, [message_timestamp(header, m) for m in messages]))
             found, base = offset_for_time(stamped, base, timestamp_ms, end_offset)
-            if found is not None:
-                return found, True
-            position = next_position(entries[-1].position)
-        return None, True
+            return found
+
+        end = self.buffer.max_read_position if committed else self.buffer.last_position
+        return await self._scan(point.position, end, visit)
 
     @guarded(Access.CONSUME)
     async def locate_offset(self, offset: int) -> Position | None:
@@ -794,19 +792,32 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
         the batch, and the batch's first base offset) answers. None: nothing answered, or the
         entries were trimmed under the read. At most one index interval of offsets is read
         before the entry wanted (the index has a point at least every interval)."""
-        end, position = self.buffer.last_position, start
-        while position <= end:
-            read_from, entries = await self._read_retained(position, self.config.max_read_entries, end)
-            if not entries or read_from != position:
-                return None
+
+        def visit(entries: list[Entry]) -> Any:
+            nonlocal base
             headed = [(entry.position, decode_header(entry.records[0], f"{self.stream}@{entry.position}"))
                       for entry in entries]
             found = find(headed, base)
-            if found is not None:
-                return found
             base += sum(entry_span(header) for _, header in headed)
+            return found
+
+        found, _complete = await self._scan(start, self.buffer.last_position, visit)
+        return found
+
+    async def _scan(self, start: Position, end: Position, visit: Callable[[list[Entry]], Any]) -> tuple[Any, bool]:
+        """Read the entries from ``start`` up to ``end``, a batch at a time, until
+        ``visit(batch)`` answers (anything but None). Returns that answer (None: none did) and
+        whether the read met no trim (a trim under it ends it, with None)."""
+        position = start
+        while position <= end:
+            read_from, entries = await self._read_retained(position, self.config.max_read_entries, end)
+            if not entries or read_from != position:
+                return None, False
+            found = visit(entries)
+            if found is not None:
+                return found, True
             position = next_position(entries[-1].position)
-        return None
+        return None, True
 
 
 PartitionActor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0,

@@ -136,7 +136,7 @@ class Storage:
             # to 0.74 ms (interleaved runs, 300 each).
             assert self._local_root is not None
             full = self._local_root / path
-            await asyncio.gather(asyncio.to_thread(_fsync_file, full),
+            await asyncio.gather(asyncio.to_thread(_fsync_path, full),
                                  asyncio.to_thread(self._fsync_directories, full.parent))
 
     def _fsync_directories(self, directory: Path) -> None:
@@ -145,11 +145,11 @@ class Storage:
         directories without fsyncing their parents, so a new ledger's directory could otherwise
         vanish in a machine crash after its first acknowledged put."""
         assert self._local_root is not None
-        _fsync_directory(directory)
+        _fsync_path(directory)
         if len(self._durable_directories) > _MAX_DURABLE_DIRECTORIES:
             self._durable_directories.clear()  # a bound: fsyncing one again is harmless
         while directory != self._local_root and directory not in self._durable_directories:
-            _fsync_directory(directory.parent)
+            _fsync_path(directory.parent)
             self._durable_directories.add(directory)
             directory = directory.parent
 
@@ -218,7 +218,7 @@ class Storage:
                 path.unlink(missing_ok=True)
 
 
-def _fsync_file(path: Path) -> None:
+def _fsync_path(path: Path) -> None:
     """fsync a file or a directory (both open read-only for it)."""
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -226,8 +226,6 @@ def _fsync_file(path: Path) -> None:
     finally:
         os.close(fd)
 
-
-_fsync_directory = _fsync_file
 
 
 def _short(error: BaseException) -> str:
