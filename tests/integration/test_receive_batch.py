@@ -28,7 +28,8 @@ def client(ray_session: object, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 
 def produce(client: rt.Client, topic: str, count: int, batch: int = 1, prefix: str = "m") -> None:
-    producer = client.create_producer(topic, batching_max_messages=batch)
+    # The delay is long so that entries are cut by the count or the flush, never by a slow loop.
+    producer = client.create_producer(topic, batching_max_messages=batch, batching_max_delay_ms=60_000)
     futures = [producer.send_async(f"{prefix}{i}".encode(), key=f"k{i % 3}", properties={"i": str(i)} if i == 0
                                    else None, event_time=1_000 + i) for i in range(count)]
     producer.flush()

@@ -38,7 +38,9 @@ def client(ray_session: object, tmp_path_factory: pytest.TempPathFactory) -> Ite
 def send(client: rt.Client, topic: str, values: list[bytes], keys: list[str] | None = None,
          batch: bool = False) -> list[rt.MessageId]:
     """Send ``values``: one entry each, or (``batch``) all in one batch entry."""
-    producer = client.create_producer(topic, batching_max_messages=len(values) if batch else 1)
+    # The delay is long so that a batch is sealed by its count or the flush, never by a slow loop.
+    producer = client.create_producer(topic, batching_max_messages=len(values) if batch else 1,
+                                      batching_max_delay_ms=60_000)
     futures = [producer.send_async(value, key=keys[i] if keys else None) for i, value in enumerate(values)]
     producer.flush()
     return [future.result() for future in futures]

@@ -40,7 +40,10 @@ def client(ray_session: object, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 
 def send(client: rt.Client, topic: str, count: int, batch: bool = False, prefix: str = "m") -> list[rt.MessageId]:
-    producer = client.create_producer(topic, batching_max_messages=count if batch else 1)
+    # The delay is long so that a batch is sealed by its count or the flush, never by a slow loop:
+    # at the default 1 ms a busy CI split a batch of four into two entries.
+    producer = client.create_producer(topic, batching_max_messages=count if batch else 1,
+                                      batching_max_delay_ms=60_000)
     futures = [producer.send_async(f"{prefix}{i}".encode()) for i in range(count)]
     producer.flush()
     return [future.result() for future in futures]
