@@ -149,7 +149,9 @@ def test_pending_limit_raises_producer_queue_full_after_the_send_timeout(client:
 
 def test_commit_waits_for_its_own_sends_not_for_other_transactions(client: rt.Client) -> None:
     topic = new_topic(client)
-    producer = client.create_producer(topic, batching_max_delay_ms=1)
+    # Each txn's ten sends are one batch, sealed by its count: at a 1 ms delay a loaded CI split
+    # mine into two, and mine's second batch then followed other's (12 s) in sequence order.
+    producer = client.create_producer(topic, batching_max_messages=10, batching_max_delay_ms=60_000)
     mine, other = client.new_transaction(), client.new_transaction()
     delay_appends(client, topic, 0.3, txn=mine.id)
     delay_appends(client, topic, 12.0, txn=other.id)
