@@ -102,9 +102,11 @@ def test_a_busy_partition_gets_fewer_larger_batches(client: rt.Client) -> None:
     queueing one small batch per millisecond behind it."""
     topic = new_topic(client)
     producer = client.create_producer(topic, batching_max_delay_ms=1)
-    delay_appends(client, topic, 0.6)
-    first = producer.send_async(b"first")  # its append sleeps 0.6 s on the partition
-    time.sleep(0.05)
+    # Margins for a loaded CI: first is on the partition well before the others are queued, and
+    # its append outlasts all of them.
+    delay_appends(client, topic, 3.0)
+    first = producer.send_async(b"first")  # its append sleeps 3 s on the partition
+    time.sleep(0.3)
     later = []
     for chunk in range(10):  # 100 ms of sends, each chunk well past the 1 ms delay
         later += [producer.send_async(f"c{chunk}-{i}".encode()) for i in range(20)]
