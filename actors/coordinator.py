@@ -11,7 +11,9 @@ and every participant has it before the answer, so the last record is off the ca
 durable write less per commit). ``get_txn``, ``list_txns``, ``stats``, ``ready`` and ``compact``
 first wait for the last records of ends already answered, so a caller reads its own end.
 Recovery replays the log and re-drives every COMMITTING/ABORTING txn, so a crash at any step ends
-with the same outcome. Participants are called through
+with the same outcome. ``commit_and_begin`` is end_txn(COMMIT) whose COMMITTING entry also
+begins the caller's next txn (NewTxn and its registrations): one entry, so the next txn costs the
+client no round trip and no write of its own. Participants are called through
 ``ActorRef`` (``participants.py``), and their failures sorted by its one classification:
 
 * retriable (the actor restarting, or not found while it is re-created): retried with the shared
@@ -51,7 +53,14 @@ from raytxn.actors.shell import ActorRefs, ActorShell, Clock, replay
 from raytxn.auth import Access, AuthConfig, Authorizer, guarded
 from raytxn.client.rpc import ActorRef
 from raytxn.config import CoordinatorConfig
-from raytxn.errors import MessageTooLarge, NotAllowed, ParticipantEndFailed, TopicNotFound, TransactionNotFound
+from raytxn.errors import (
+    MessageTooLarge,
+    NotAllowed,
+    ParticipantEndFailed,
+    RaytxnError,
+    TopicNotFound,
+    TransactionNotFound,
+)
 from raytxn.faults import FaultPoints, FaultTarget
 from raytxn.hashing import coordinator_for
 from raytxn.ids import SUPERVISOR_NAME, Position, TxnID, coordinator_actor_name
@@ -306,19 +315,41 @@ class TransactionCoordinator(ActorShell, FaultTarget):
         """Commit or abort; returns the final state (COMMITTED or ABORTED) once every participant
         has it. Idempotent for the same action; ``Fenced`` for a stale epoch of
         ``transactional_id``."""
-        return await self._end_txn(txn, action, owner, epoch, caller, transactional_id)
+        state, _ = await self._end_txn(txn, action, owner, epoch, caller, transactional_id)
+        return state
+
+    @guarded(Access.AUTHENTICATED)
+    async def commit_and_begin(self, txn: TxnID, owner: str, timeout_ms: int, partitions: list[tuple[str, int]],
+                               subscriptions: list[tuple[str, int, str]],
+                               caller: str | None = None) -> tuple[str, TxnID | None]:
+        """Commit ``txn`` (as ``end_txn``) and begin the owner's next transaction with
+        ``partitions`` and ``subscriptions`` registered, in the one log entry of COMMITTING: a
+        client committing one transaction after another then begins each without a round trip or
+        a write of its own (runtime/client/txn_chain.py). Returns the final state and the next
+        txn; no next txn (None) when the commit had been asked before (a retry whose first
+        attempt began one: that one times out unused, aborted like any abandoned txn) or when
+        the next one cannot begin (the commit happens all the same)."""
+        return await self._end_txn(txn, EndAction.COMMIT, owner, None, caller,
+                                   begin_next=(timeout_ms, partitions, subscriptions))
 
     async def _end_txn(self, txn: TxnID, action: EndAction, owner: str, epoch: int | None,
-                       caller: str | None, transactional_id: str | None = None) -> str:
+                       caller: str | None, transactional_id: str | None = None,
+                       begin_next: tuple[int, list, list] | None = None) -> tuple[str, TxnID | None]:
         requested = self.clock.monotonic()
+        next_txn = None
         async with self._lock(txn):
             await self._writable()
             owner = self._acting_owner(txn, owner, caller)
             result = self.state.prepare_end(txn, action, owner, self.clock.now_ms(), epoch, transactional_id)
             if result.record is not None:
-                await self._log([result.record])
+                begun = self._prepare_next(owner, caller, begin_next) if result.record.new_state is \
+                    TxnState.COMMITTING else []
+                await self._log([result.record, *begun])
+                if begun:
+                    next_txn = begun[0].txn
+                    self.metrics.txn_begun()
             elif result.finished:
-                return str(result.state)
+                return str(result.state), None
         self._drive(txn)
         await asyncio.shield(self._applied[txn])
         meta = self.state.get(txn)
@@ -332,7 +363,19 @@ class TransactionCoordinator(ActorShell, FaultTarget):
         # Only the request that started the commit is timed: a retried end_txn would count it twice.
         if result.record is not None and result.record.new_state is TxnState.COMMITTING:
             self.metrics.commit_latency((self.clock.monotonic() - requested) * 1000)
-        return str(TxnState.COMMITTED if committed else TxnState.ABORTED)
+        return str(TxnState.COMMITTED if committed else TxnState.ABORTED), next_txn
+
+    def _prepare_next(self, owner: str, caller: str | None, begin_next: tuple[int, list, list] | None) -> list[Record]:
+        """The records beginning the next txn of ``commit_and_begin`` (none without one, or when
+        they are refused: the commit must not fail for the sake of the next txn)."""
+        if begin_next is None:
+            return []
+        timeout_ms, partitions, subscriptions = begin_next
+        try:
+            return self.state.prepare_begin(self.clock.now_ms(), timeout_ms, caller or owner, partitions, subscriptions)
+        except RaytxnError as refused:
+            log.warning("coordinator %d: the next txn of %s not begun with its commit: %r", self.tc_id, owner, refused)
+            return []
 
     def _acting_owner(self, txn: TxnID, owner: str, principal: str | None) -> str:
         return self.state.acting_owner(txn, owner, principal, self.authorizer.is_superuser(principal))
@@ -571,7 +614,8 @@ class TransactionCoordinator(ActorShell, FaultTarget):
         await self._started()
         meta = self.state.get(txn)
         owner = meta.owner if meta is not None else ""
-        return await self._end_txn(txn, EndAction.ABORT, owner, meta.epoch if meta is not None else None, None)
+        state, _ = await self._end_txn(txn, EndAction.ABORT, owner, meta.epoch if meta is not None else None, None)
+        return state
 
     @guarded(Access.AUTHENTICATED)
     async def stats(self) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from raytxn.client.loop import BackgroundLoop
 from raytxn.client.producer import Producer
 from raytxn.client.rpc import ActorRef
 from raytxn.client.transaction import Transaction
+from raytxn.client.txn_chain import TxnChain
 from raytxn.config import CoordinatorConfig, EngineConfig, parse_duration
 from raytxn.errors import InvalidArgument, TopicAlreadyExists, TopicNotFound, TransactionNotFound
 from raytxn.ids import NAMESPACE, SUPERVISOR_NAME, TxnID, parse_txn_id, partition_actor_name
@@ -133,6 +134,7 @@ class Client:
         self.supervisor = ActorRef(SUPERVISOR_NAME, token)
         self.coordinators = CoordinatorClient(config.coordinator.num_coordinators, self.owner, deadline_s, token)
         self.faults = Faults(self.supervisor, deadline_s)
+        self.txn_chain = TxnChain(self, config.coordinator.chain_begin)
         self._producers: list[Producer] = []
         self._consumers: list[Any] = []
         self._started_ray = False
@@ -367,7 +369,7 @@ class Client:
         timeout_ms = self._txn_timeout_ms(timeout)
         began_at = time.monotonic()  # before the coordinator's start: the client's deadline is never later
         if transactional_id is None and epoch is None:
-            return Transaction(self, None, timeout, None, None, began_at)  # begins with its first send or ack
+            return self._chained_or_lazy(timeout, began_at)
         txn_id = self.coordinators.new_txn(timeout_ms, transactional_id, epoch)
         return Transaction(self, txn_id, timeout, transactional_id, epoch, began_at)
 
@@ -381,11 +383,21 @@ class Client:
         async def begin() -> Transaction:
             began_at = time.monotonic()
             if transactional_id is None and epoch is None:
-                return Transaction(self, None, timeout, None, None, began_at)
+                return self._chained_or_lazy(timeout, began_at)
             txn_id = await self.coordinators.new_txn_async(timeout_ms, transactional_id, epoch)
             return Transaction(self, txn_id, timeout, transactional_id, epoch, began_at)
 
         return self.loop.submit(begin())
+
+    def _chained_or_lazy(self, timeout: float, began_at: float) -> Transaction:
+        """The txn the last commit began (runtime/client/txn_chain.py) if it fits, else a lazy
+        one, which begins with its first send or ack."""
+        chained = self.txn_chain.take(timeout)
+        if chained is None:
+            return Transaction(self, None, timeout, None, None, began_at)
+        return Transaction(self, chained.txn_id, timeout, None, None, chained.began_at,
+                           registered=[*(("partition", p) for p in chained.partitions),
+                                       *(("subscription", s) for s in chained.subscriptions)])
 
     def _txn_timeout_ms(self, timeout: float) -> int:
         """``timeout`` (s) in ms, checked here as the coordinator checks it: a lazy transaction
@@ -409,11 +421,13 @@ class Client:
     # --- lifecycle ---------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Flush producers, close consumers; the cluster keeps running."""
+        """Flush producers, close consumers, abort the txn the last commit began if nobody took
+        it; the cluster keeps running."""
         for producer in self._producers:
             producer.close()
         for consumer in self._consumers:
             consumer.close()
+        self.txn_chain.close()
         self.loop.stop()
 
     def __enter__(self) -> Client:

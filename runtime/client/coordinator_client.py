@@ -81,6 +81,19 @@ class CoordinatorClient:
         return self._refs[txn.tc_id].call("end_txn", txn, action, self.owner, epoch, transactional_id,
                                           deadline_s=self.deadline_s)
 
+    async def end_txn_async(self, txn: TxnID, action: EndAction, epoch: int | None = None,
+                            transactional_id: str | None = None) -> str:
+        return await self._refs[txn.tc_id].call_async("end_txn", txn, action, self.owner, epoch, transactional_id,
+                                                      deadline_s=self.deadline_s)
+
+    def commit_and_begin(self, txn: TxnID, timeout_ms: int, partitions: list[tuple[str, int]],
+                         subscriptions: list[tuple[str, int, str]]) -> tuple[str, TxnID | None]:
+        """Commit ``txn`` and begin the next one at its coordinator in the same log entry, with
+        these participants registered (runtime/client/txn_chain.py)."""
+        state, next_txn = self._refs[txn.tc_id].call("commit_and_begin", txn, self.owner, timeout_ms, partitions,
+                                                     subscriptions, deadline_s=self.deadline_s)
+        return state, next_txn
+
     def get_txn(self, txn: TxnID) -> dict[str, Any]:
         return self._refs[txn.tc_id].call("get_txn", txn, deadline_s=self.deadline_s)
 

@@ -41,6 +41,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
+from raytxn.client.txn_chain import ChainedTxn
 from raytxn.errors import (
     Fenced,
     InvalidArgument,
@@ -166,10 +167,11 @@ class TxnFlusher(Protocol):
 
 class Transaction:
     def __init__(self, client: Client, txn_id: TxnID | None, timeout_s: float, transactional_id: str | None = None,
-                 epoch: int | None = None, began_at: float | None = None) -> None:
+                 epoch: int | None = None, began_at: float | None = None, registered: list[tuple] = ()) -> None:
         """``txn_id`` None: begin lazily (see the module docstring). ``began_at``:
         ``time.monotonic()`` taken before the coordinator was asked for the txn, so the client's
-        deadline never falls after the coordinator's (now when not given)."""
+        deadline never falls after the coordinator's (now when not given). ``registered``:
+        (kind, participant) pairs its coordinator registered already (a chained txn)."""
         if txn_id is None and transactional_id is not None:
             raise InvalidArgument("a transaction with a transactional id begins at once: pass its id")
         self._client = client
@@ -182,6 +184,10 @@ class Transaction:
         self._machine = TxnStateMachine(txn_id, began_at + timeout_s)
         # Registrations in flight or done, keyed by participant; futures live on the client loop.
         self._registrations: dict[tuple, asyncio.Future] = {}
+        self._preregistered = frozenset(registered)
+        # Participants a send or ack went to (not guesses registered early): the next chained
+        # txn registers these (runtime/client/txn_chain.py).
+        self._used: set[tuple] = set()
         self._outstanding: set[concurrent.futures.Future | asyncio.Future] = set()
         self._holders: set[TxnFlusher] = set()  # producers and consumers holding unsent work of it
         self._lock = threading.Lock()
@@ -267,6 +273,9 @@ class Transaction:
         here right before it goes out: past the timeout it raises ``TransactionTimedOut`` instead."""
         if self._machine.past_deadline():
             raise self._timed_out()
+        self._used.add((kind, participant))
+        if (kind, participant) in self._preregistered:
+            return
         future = self._registrations.get((kind, participant))
         if future is None:
             await self.register_many(kind, [participant])
@@ -283,7 +292,8 @@ class Transaction:
                 return
             await asyncio.shield(self._begin)
         loop = asyncio.get_running_loop()
-        new = [p for p in dict.fromkeys(participants) if (kind, p) not in self._registrations]
+        new = [p for p in dict.fromkeys(participants)
+               if (kind, p) not in self._registrations and (kind, p) not in self._preregistered]
         if not new:
             return
         futures = {p: loop.create_future() for p in new}
@@ -414,13 +424,33 @@ class Transaction:
             if self._id is None:  # never began: no coordinator or participant knows it
                 self._machine.transition_to(final)
                 return
-            self._client.coordinators.end_txn(self._id, action, self.epoch, self.transactional_id)
+            if action is EndAction.COMMIT and self._chains():
+                self._commit_and_begin_next()
+            else:
+                self._client.coordinators.end_txn(self._id, action, self.epoch, self.transactional_id)
         except already_ended:
             pass
         except RaytxnError:
             self._machine.transition_to(TxnClientState.ERROR)
             raise
         self._machine.transition_to(final)
+
+    def _chains(self) -> bool:
+        """Whether this commit begins the client's next txn (runtime/client/txn_chain.py): only
+        for txns without a transactional id (one with an id begins its next with its epoch), and
+        only when a send or ack went out in it."""
+        return self._client.txn_chain.enabled and self.transactional_id is None and bool(self._used)
+
+    def _commit_and_begin_next(self) -> None:
+        assert self._id is not None
+        used = sorted(self._used)
+        partitions = tuple(p for kind, p in used if kind == "partition")
+        subscriptions = tuple(p for kind, p in used if kind == "subscription")
+        began_at = time.monotonic()  # before the coordinator's begin: the chained txn's deadline is never later
+        _, next_txn = self._client.coordinators.commit_and_begin(
+            self._id, max(1, int(self.timeout_s * 1000)), list(partitions), list(subscriptions))
+        if next_txn is not None:
+            self._client.txn_chain.offer(ChainedTxn(next_txn, self.timeout_s, began_at, partitions, subscriptions))
 
     def _abort_then_raise(self, cause: BaseException) -> NoReturn:
         """For a commit that cannot happen: abort, then raise ``cause``. If the abort fails, that

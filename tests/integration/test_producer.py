@@ -14,6 +14,7 @@ import pytest
 
 import raytxn as rt
 from raytxn.client.message import MessageId
+from raytxn.client.producer import Producer
 from raytxn.client.rpc import ActorRef
 from raytxn.client.transaction import TxnClientState
 from raytxn.errors import (
@@ -22,12 +23,13 @@ from raytxn.errors import (
     InvalidTxnState,
     MessageTooLarge,
     ProducerQueueFull,
+    TransactionNotFound,
     TransactionTimedOut,
 )
 from raytxn.hashing import partition_for
-from raytxn.ids import coordinator_actor_name, partition_actor_name
+from raytxn.ids import TxnID, coordinator_actor_name, partition_actor_name
 from raytxn.protocol.entry_format import MessageRecord, encode_message
-from tests.engine import activate, engine_client, new_topic, partition_ref, restart_actor, visible_values
+from tests.engine import activate, engine_client, new_topic, partition_ref, restart_actor, visible_values, wait_for
 
 pytestmark = pytest.mark.ray
 
@@ -217,6 +219,15 @@ def test_a_transactions_first_send_registers_the_previous_ones_partitions(client
     topic = new_topic(client, 4)
     producer = client.create_producer(topic)
     keys = {p: next(f"k{i}" for i in range(1000) if partition_for(f"k{i}", 4) == p) for p in range(4)}
+    client.txn_chain.enabled = False  # the guess of lazy txns; test_txn_chain.py covers chained ones
+    try:
+        _first_send_registers_the_previous_ones_partitions(client, topic, producer, keys)
+    finally:
+        client.txn_chain.enabled = True
+
+
+def _first_send_registers_the_previous_ones_partitions(client: rt.Client, topic: str, producer: Producer,
+                                                       keys: dict[int, str]) -> None:
     first = client.new_transaction()
     for p in (0, 1, 2):
         producer.send(b"first", key=keys[p], txn=first)
@@ -610,3 +621,107 @@ def test_a_coordinator_crash_right_after_a_lazy_begin_is_logged_loses_nothing(cl
         orphans = [t for t in client.list_transactions(older_than=0) if (topic, 0) in map(tuple, t["partitions"])]
     assert orphans == []
     assert visible_values(topic) == [b"once"]
+
+
+# --- the next transaction, begun with each commit (runtime/client/txn_chain.py) --------------------
+
+
+def chained(client: rt.Client) -> TxnID | None:
+    nxt = client.txn_chain._next
+    return nxt.txn_id if nxt is not None else None
+
+
+def test_a_commit_begins_the_next_transaction_with_its_participants(client: rt.Client) -> None:
+    topic = new_topic(client, 2)
+    producer = client.create_producer(topic)
+    keys = [next(f"k{i}" for i in range(1000) if partition_for(f"k{i}", 2) == p) for p in range(2)]
+    first = client.new_transaction()
+    producer.send(b"a", key=keys[0], txn=first)
+    first.commit()
+    next_id = chained(client)
+    assert next_id is not None and next_id.tc_id == first.id.tc_id and next_id.sequence > first.id.sequence
+    described = client.coordinators.get_txn(next_id)
+    assert described["state"] == "OPEN" and [p for _, p in described["partitions"]] == [0]
+    taken_before = client.txn_chain.taken
+    second = client.new_transaction()
+    assert second.began and second.id == next_id and client.txn_chain.taken == taken_before + 1
+    producer.send(b"b", key=keys[0], txn=second)  # registered already: straight to the append
+    producer.send(b"c", key=keys[1], txn=second)  # a partition the first did not use registers now
+    assert sorted(p for _, p in client.coordinators.get_txn(next_id)["partitions"]) == [0, 1]
+    second.commit()
+    assert sorted(visible_values(topic, [0, 1])) == [b"a", b"b", b"c"]
+    third = client.new_transaction()  # chained with both partitions the second used
+    assert sorted(p for _, p in client.coordinators.get_txn(third.id)["partitions"]) == [0, 1]
+    producer.send(b"aborted", key=keys[1], txn=third)
+    third.abort()  # an abort begins nothing
+    assert chained(client) is None
+    assert sorted(visible_values(topic, [0, 1])) == [b"a", b"b", b"c"]
+
+
+def test_an_unused_chained_transaction_is_aborted(client: rt.Client) -> None:
+    topic = new_topic(client)
+    producer = client.create_producer(topic)
+    client.txn_chain.max_age_s = 0.3
+    try:
+        txn = client.new_transaction()
+        producer.send(b"v", txn=txn)
+        txn.commit()
+        expired = chained(client)
+        assert expired is not None
+        wait_for(lambda: chained(client) is None, 10, "the chained txn to expire")
+        wait_for(lambda: client.coordinators.get_txn(expired)["state"] == "ABORTED", 10, "its abort")
+        assert not client.new_transaction().began  # nothing chained: a lazy one
+        txn = client.new_transaction(timeout=30)
+        producer.send(b"w", txn=txn)
+        txn.commit()
+        other_timeout = chained(client)
+        assert other_timeout is not None
+        assert not client.new_transaction(timeout=20).began  # another timeout: not taken...
+        wait_for(lambda: client.coordinators.get_txn(other_timeout)["state"] == "ABORTED", 10, "its abort")
+    finally:
+        client.txn_chain.max_age_s = 1.0
+    assert visible_values(topic) == [b"v", b"w"]
+
+
+def test_closing_a_client_aborts_its_chained_transaction(client: rt.Client) -> None:
+    topic = new_topic(client)
+    other = rt.connect()  # a second client of the running engine
+    try:
+        txn = other.new_transaction()
+        other.create_producer(topic).send(b"v", txn=txn)
+        txn.commit()
+        left = chained(other)
+        assert left is not None and client.coordinators.get_txn(left)["state"] == "OPEN"
+    finally:
+        other.close()
+    assert client.coordinators.get_txn(left)["state"] == "ABORTED"
+    assert visible_values(topic) == [b"v"]
+
+
+def test_commit_and_begin_commits_even_when_the_next_cannot_begin(client: rt.Client) -> None:
+    topic = new_topic(client)
+    txn = client.new_transaction()
+    client.create_producer(topic).send(b"v", txn=txn)
+    ref = client.coordinators.ref(txn.id.tc_id)
+    state, next_txn = ref.call("commit_and_begin", txn.id, client.coordinators.owner, 10_000, [("bad",)], [])
+    assert (state, next_txn) == ("COMMITTED", None)  # a malformed participant: the next is refused
+    assert visible_values(topic) == [b"v"]
+    again = ref.call("commit_and_begin", txn.id, client.coordinators.owner, 10_000, [(topic, 0)], [])
+    assert again == ("COMMITTED", None)  # a retry: committed, and nothing begun twice
+    with pytest.raises(TransactionNotFound):
+        ref.call("commit_and_begin", TxnID(txn.id.tc_id, 10**9), client.coordinators.owner, 10_000, [], [])
+
+
+def test_a_chained_transaction_survives_its_coordinators_restart(client: rt.Client) -> None:
+    topic = new_topic(client)
+    producer = client.create_producer(topic)
+    first = client.new_transaction(timeout=120)
+    producer.send(b"first", txn=first)
+    first.commit()
+    second = client.new_transaction(timeout=120)
+    assert second.began
+    restart_actor(coordinator_actor_name(second.id.tc_id))  # its begin was in the COMMITTING entry
+    assert client.coordinators.get_txn(second.id)["state"] == "OPEN"
+    producer.send(b"second", txn=second)
+    second.commit()
+    assert visible_values(topic) == [b"first", b"second"]

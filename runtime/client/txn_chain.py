@@ -1,0 +1,113 @@
+"""The next transaction, begun with the commit of the one before (``commit_and_begin``).
+
+A client that commits one transaction after another (a loop of ``new_transaction``, sends,
+``commit``) would pay, for each, a coordinator round trip and a log write to begin it with its
+first send, before that send's append can go out. Instead, a commit of a transaction without a
+transactional id asks its coordinator to begin the next one in the same log entry as COMMITTING,
+with the same partitions and subscriptions registered (a steady stream of transactions touches
+the same participants each time; a wrong guess costs an end there that writes nothing, or one
+abort marker). The next ``new_transaction`` with the same timeout takes it: its first send to
+those partitions goes straight to the append.
+
+The chained txn is a real open transaction from the commit on: its timeout runs from then, and it
+holds its coordinator's low watermark. So it is taken only within ``max_age_s`` of its begin, and
+a timer aborts it once that age has passed with nobody taking it, as does ``close``: an idle
+client keeps no transaction open for longer than that. A client that dies leaves it to its
+coordinator's timeout, as any transaction it had open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from raytxn.errors import RaytxnError
+from raytxn.ids import TxnID
+from raytxn.protocol.txnlog import EndAction
+
+if TYPE_CHECKING:
+    from raytxn.client.client import Client
+
+log = logging.getLogger(__name__)
+MAX_AGE_S = 1.0  # a chained txn not taken within this long is aborted
+
+
+@dataclass(frozen=True)
+class ChainedTxn:
+    txn_id: TxnID
+    timeout_s: float
+    began_at: float  # time.monotonic() taken before the commit was asked: never after the coordinator's
+    partitions: tuple[tuple[str, int], ...]
+    subscriptions: tuple[tuple[str, int, str], ...]
+
+
+class TxnChain:
+    """At most one chained txn per client, offered by a commit and taken by ``new_transaction``."""
+
+    def __init__(self, client: Client, enabled: bool, max_age_s: float = MAX_AGE_S) -> None:
+        self._client = client
+        self.enabled = enabled
+        self.max_age_s = max_age_s
+        self._next: ChainedTxn | None = None
+        self._lock = threading.Lock()
+        self.taken = 0      # chained txns handed to new_transaction
+        self.discarded = 0  # chained txns aborted unused (too old, another timeout, closed)
+
+    def offer(self, chained: ChainedTxn) -> None:
+        """Keep ``chained`` for the next ``new_transaction``; one kept before is aborted."""
+        with self._lock:
+            previous, self._next = self._next, chained
+        if previous is not None:
+            self._discard(previous)
+        self._client.loop.call_soon(self._arm_expiry, chained)
+
+    def take(self, timeout_s: float) -> ChainedTxn | None:
+        """The chained txn, if there is one, begun with ``timeout_s`` and young enough; any other
+        is aborted."""
+        with self._lock:
+            chained, self._next = self._next, None
+        if chained is None:
+            return None
+        if chained.timeout_s != timeout_s or time.monotonic() - chained.began_at > self.max_age_s:
+            self._discard(chained)
+            return None
+        self.taken += 1
+        return chained
+
+    def close(self) -> None:
+        """Abort the chained txn, if any, and wait for that (errors are only logged)."""
+        with self._lock:
+            chained, self._next = self._next, None
+        if chained is not None:
+            self.discarded += 1
+            try:
+                self._client.coordinators.end_txn(chained.txn_id, EndAction.ABORT)
+            except RaytxnError as error:
+                log.warning("chained %s not aborted at close (its timeout will abort it): %r", chained.txn_id, error)
+
+    # --- on the client loop ----------------------------------------------------------------
+
+    def _arm_expiry(self, chained: ChainedTxn) -> None:
+        delay = max(0.0, chained.began_at + self.max_age_s - time.monotonic())
+        asyncio.get_running_loop().call_later(delay, self._expire, chained)
+
+    def _expire(self, chained: ChainedTxn) -> None:
+        with self._lock:
+            if self._next is not chained:
+                return  # taken, or replaced (and discarded) already
+            self._next = None
+        self._discard(chained)
+
+    def _discard(self, chained: ChainedTxn) -> None:
+        self.discarded += 1
+        self._client.loop.submit(self._abort(chained.txn_id))
+
+    async def _abort(self, txn_id: TxnID) -> None:
+        try:
+            await self._client.coordinators.end_txn_async(txn_id, EndAction.ABORT)
+        except RaytxnError as error:
+            log.warning("unused chained %s not aborted (its timeout will abort it): %r", txn_id, error)
