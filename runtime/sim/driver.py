@@ -81,6 +81,9 @@ class Workload:
     client_restart_at_once: float = 0.0
     lease_holders: int = 0         # holders of range leases on the output's own subscription (leases.py)
     key_shared: bool = False       # keyed inputs, consumed through Key_Shared subscriptions (keyshared.py)
+    # The pipeline's workers commit with commit_and_begin and run their next txn in the one it
+    # began (runtime/client/txn_chain.py), registering what it lacks; an unused one is aborted.
+    chain_begin: bool = False
 
 
 @dataclass
@@ -90,6 +93,7 @@ class Counts:
     aborted: int = 0
     unknown: int = 0
     fenced: int = 0
+    chained: int = 0  # txns a worker ran in the txn its previous commit began
     errors: dict[str, int] = field(default_factory=dict)
 
     def error(self, error: BaseException) -> None:
@@ -111,6 +115,7 @@ class Driver:
         self.transformed: set[str] = set()   # input uids whose transform txn committed (membership only)
         self.quiet_since: float | None = None  # when the faults stopped
         self._worker_coordinators: dict[str, CoordinatorClient] = {}
+        self._chained: dict[str, tuple[TxnID, TxnStateMachine]] = {}  # worker -> the txn its last commit began
         self.last_received = 0.0
         self.txns_started = 0  # txns the clients set out to begin (for max_txns)
         self.pipelined_acked: list[str] = []  # pipelined sends whose future resolved without error
@@ -220,9 +225,11 @@ class Driver:
         return CoordinatorClient(self.w.coordinators, owner, CALL_DEADLINE_S, actor_refs=self.world.network.ref)
 
     async def end(self, txn: TxnID, machine: TxnStateMachine, commit: bool, coordinators: CoordinatorClient,
-                  epoch: int | None = None, tid: str | None = None) -> None:
+                  epoch: int | None = None, tid: str | None = None,
+                  chain: tuple[list, list] | None = None) -> TxnID | None:
         """Commit (unless the client's state machine says it cannot) or abort, as
-        ``Transaction.commit``/``abort`` do, and record the outcome."""
+        ``Transaction.commit``/``abort`` do, and record the outcome. With ``chain`` (partitions,
+        subscriptions) a commit is ``commit_and_begin``: returns the next txn it began, if any."""
         if commit and machine.state is not TxnClientState.OPEN:
             commit = False  # ABORT_ONLY or TIMED_OUT: the client aborts instead
         issued = self.now()
@@ -230,9 +237,15 @@ class Driver:
         action = EndAction.COMMIT if commit else EndAction.ABORT
         record = self.history.txn_commit if commit else self.history.txn_abort
         try:
-            # CoordinatorClient.end_txn's call, awaited (its own is blocking).
-            state = await coordinators.ref(txn.tc_id).call_async("end_txn", txn, action, coordinators.owner, epoch, tid,
-                                                                 deadline_s=coordinators.deadline_s)
+            # CoordinatorClient.end_txn's (or commit_and_begin's) call, awaited (its own is blocking).
+            next_txn = None
+            if commit and chain is not None:
+                state, next_txn = await coordinators.ref(txn.tc_id).call_async(
+                    "commit_and_begin", txn, coordinators.owner, self.w.txn_timeout_ms, *chain,
+                    deadline_s=coordinators.deadline_s)
+            else:
+                state = await coordinators.ref(txn.tc_id).call_async("end_txn", txn, action, coordinators.owner, epoch,
+                                                                     tid, deadline_s=coordinators.deadline_s)
         except (TransactionTimedOut, InvalidTxnState) as error:
             # Timed out, or ended the other way already: the coordinator's answer names it (any
             # other state conflict leaves the outcome to the checker).
@@ -241,7 +254,7 @@ class Driver:
             self._trace("end_refused", str(txn), type(error).__name__)
             record(txn, outcome, self.now(), issued_at=issued)
             self._count(outcome)
-            return
+            return None
         except Exception as error:  # noqa: BLE001 - fenced, or the coordinator away past the deadline
             self._unexpected(f"end {txn}", error)
             self.counts.error(error)
@@ -251,7 +264,7 @@ class Driver:
             machine.transition_to(TxnClientState.ERROR, if_allowed=True)
             record(txn, "unknown", self.now(), issued_at=issued)
             self._count("unknown")
-            return
+            return None
         outcome = "committed" if state == "COMMITTED" else "aborted"
         if commit and outcome == "committed":
             machine.transition_to(TxnClientState.COMMITTED)
@@ -262,6 +275,7 @@ class Driver:
             machine.transition_to(TxnClientState.ABORTED)
         record(txn, outcome, self.now(), issued_at=issued)
         self._count(outcome)
+        return next_txn if outcome == "committed" else None
 
     def _count(self, outcome: str) -> None:
         if outcome == "committed":
@@ -374,6 +388,7 @@ class Driver:
                 self.history.receive_timeout(consumer, SUB_PIPE, self.now(), topic=TOPIC_IN)
             for message in messages:
                 await self.transform(consumer, partition, *message)
+        await self.abort_chained(consumer)
         for partition in range(self.w.partitions):
             await self._subscription(TOPIC_IN, partition, SUB_PIPE).call_async(
                 "close_consumer", consumer, deadline_s=None)
@@ -396,15 +411,23 @@ class Driver:
             return  # left unacked: redelivered once the worker closes, and drained at the end
         out_partition = self.rng.randrange(self.w.partitions)
         coordinators = self._worker_coordinators[consumer]
+        wanted = ([(TOPIC_OUT, out_partition)], [(TOPIC_IN, partition, SUB_PIPE)])
         try:
-            txn = await coordinators.begin_txn_async(self.w.txn_timeout_ms, [(TOPIC_OUT, out_partition)],
-                                                     [(TOPIC_IN, partition, SUB_PIPE)])
+            chained = self._chained.pop(consumer, None)
+            if chained is not None:
+                txn, machine = chained
+                self.counts.chained += 1
+                await self._register_missing(coordinators, txn, *wanted)
+            else:
+                txn = await coordinators.begin_txn_async(self.w.txn_timeout_ms, *wanted)
+                machine = self._machine(txn)
         except Exception as error:  # noqa: BLE001 - the input stays unacked: redelivered later
             self._unexpected("begin_txn", error)
             self.counts.error(error)
+            if chained is not None:  # as the client's: a failed registration makes it abort-only
+                await self.end(txn, machine, False, coordinators)
             await self._give_back(consumer, partition, mid)
             return
-        machine = self._machine(txn)
         # The same output uid for every attempt of this worker (a second commit would show twice);
         # per worker, because the history resolves a uid's attempts oldest first, and two workers'
         # attempts (after a timeout redelivered the input) may resolve out of order.
@@ -418,7 +441,7 @@ class Driver:
                               False, txn, machine)
         self.history.consume_transform_produce(uid, [out_uid], txn, subscription=SUB_PIPE, t=self.now())
         ending = self.now()
-        if await self.finish(txn, machine, coordinators):
+        if await self.finish(txn, machine, coordinators, chain_for=consumer, participants=wanted):
             self.transformed.add(uid)
             self.key_log.settled(mid, ending)
 
@@ -436,14 +459,41 @@ class Driver:
             self.counts.error(error)
             machine.transition_to(TxnClientState.ABORT_ONLY, cause=error, if_allowed=True)
 
-    async def finish(self, txn: TxnID, machine: TxnStateMachine, coordinators: CoordinatorClient) -> bool:
+    async def finish(self, txn: TxnID, machine: TxnStateMachine, coordinators: CoordinatorClient,
+                     chain_for: str | None = None, participants: tuple[list, list] | None = None) -> bool:
         """Leave ``txn`` open now and then (``forget``: its timeout ends it), else end it,
-        aborting it now and then on purpose; True when it committed."""
+        aborting it now and then on purpose; True when it committed. With ``chain_for`` (a
+        worker, when the workload chains begins) a commit begins that worker's next txn with
+        ``participants``."""
         if self.rng.random() < self.w.forget:
             self._trace("forgotten", str(txn))
             return False  # never ended by its client: the coordinator times it out
-        await self.end(txn, machine, self.rng.random() >= self.w.abort, coordinators)
+        chain = participants if self.w.chain_begin and chain_for is not None else None
+        next_txn = await self.end(txn, machine, self.rng.random() >= self.w.abort, coordinators, chain=chain)
+        if next_txn is not None:
+            assert chain_for is not None
+            self._chained[chain_for] = (next_txn, self._machine(next_txn))
         return machine.state is TxnClientState.COMMITTED
+
+    async def _register_missing(self, coordinators: CoordinatorClient, txn: TxnID, partitions: list,
+                                subscriptions: list) -> None:
+        """A chained txn's registrations of participants its commit did not register, as the
+        client's ``register`` makes them before a send or ack."""
+        meta = await coordinators.ref(txn.tc_id).call_async("get_txn", txn, deadline_s=coordinators.deadline_s)
+        if meta.get("state") != "OPEN":
+            raise InvalidTxnState(f"chained {txn} is {meta.get('state')}")
+        known_partitions = {tuple(p) for p in meta["partitions"]}
+        known_subscriptions = {tuple(s) for s in meta["subscriptions"]}
+        if missing := [p for p in partitions if p not in known_partitions]:
+            await coordinators.add_partitions_async(txn, missing)
+        if missing := [s for s in subscriptions if s not in known_subscriptions]:
+            await coordinators.add_subscriptions_async(txn, missing)
+
+    async def abort_chained(self, consumer: str) -> None:
+        """A worker's chained txn nobody will use: aborted, as the client's expiry does."""
+        chained = self._chained.pop(consumer, None)
+        if chained is not None:
+            await self.end(chained[0], chained[1], False, self._worker_coordinators[consumer])
 
     async def _give_back(self, consumer: str, partition: int, mid: MessageId) -> None:
         self.key_log.released(consumer, mid, self.now())

@@ -63,6 +63,10 @@ PROFILES: dict[str, Profile] = {
     # default's faults and topics deleted under open txns (workloads.py): finds bug f49da2f
     # (raytxn.testing_bugs "deleted_topic_stuck").
     "topic-delete": _default_faults_running(Workload(doomed_topics=2)),
+    # default's faults, and workers that commit with commit_and_begin and run their next txn in
+    # the one it began (runtime/client/txn_chain.py): a begin inside the COMMITTING entry, replayed
+    # and compacted with it; a chained txn taken, registering what it lacks, or aborted unused.
+    "chained": _default_faults_running(Workload(chain_begin=True)),
     # default's faults, and producers of the real client class with appends pipelined
     # (max_in_flight 5) whose client processes crash (pipelined.py): each producer's messages are
     # stored once, in the order they were sent, every acknowledged one.

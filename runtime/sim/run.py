@@ -82,6 +82,7 @@ class SeedResult:
     txns_started: int = 0        # txns the clients set out to begin (what a schedule's max_txns caps)
     # Faults that took effect per gated kind (gate.py), slow operations included.
     fault_kinds: dict[str, int] = field(default_factory=dict)
+    chained: int = 0             # txns run in the txn the previous commit began (the chained profile)
     reintroduced: tuple[str, ...] = ()  # the historical bugs switched on for the run (testing_bugs)
 
     @property
@@ -299,7 +300,7 @@ def run_seed(seed: int, profile_name: str = "default", workload: Workload | None
                        "crashes": world.crashes, "zombies": world.zombies,
                        "passivations": world.passivations},
                       loop.time(), time.perf_counter() - began, trace.kept, schedule=schedule,
-                      check=None if extra_check is None else check_spec(extra_check),
+                      check=None if extra_check is None else check_spec(extra_check), chained=counts.chained,
                       txns_started=driver.txns_started, fault_kinds=dict(sorted(world.gate.counts.items())),
                       reintroduced=active())
 

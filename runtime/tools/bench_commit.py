@@ -14,6 +14,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import ray
 
@@ -21,6 +22,10 @@ from raytxn.cluster import stop_engine
 from raytxn.tools.bench import _percentile
 from raytxn.tools.bench_ceiling import CeilingSink
 from raytxn.tools.bench_produce import PAYLOAD, _engine
+
+if TYPE_CHECKING:
+    from raytxn.client.client import Client
+    from raytxn.client.producer import Producer
 
 
 def measure_fsync_round_trip(calls: int) -> list[float]:
@@ -38,7 +43,9 @@ def measure_fsync_round_trip(calls: int) -> list[float]:
 
 
 def bench_commit(short: bool = False, progress: Callable[[str], None] = print) -> list[dict]:
-    """p50/p99 of (begin, 1 send, commit), and of its send and commit parts, beside the anchor."""
+    """p50/p99 of (begin, 1 send, commit), and of its send and commit parts, beside the anchor:
+    with each commit beginning the next txn (the default, runtime/client/txn_chain.py) and
+    without, in rounds that alternate, so that both see the same machine."""
     txns = 200 if short else 2000
     client = _engine()
     try:
@@ -48,32 +55,48 @@ def bench_commit(short: bool = False, progress: Callable[[str], None] = print) -
             with client.transaction(timeout=60) as txn:
                 producer.send(PAYLOAD, txn=txn)
         anchor = measure_fsync_round_trip(txns)
-        whole, sends, commits = [], [], []
-        for _ in range(txns):
-            t0 = time.perf_counter()
-            txn = client.new_transaction(timeout=60)
-            producer.send(PAYLOAD, txn=txn)
-            t1 = time.perf_counter()
-            txn.commit()
-            t2 = time.perf_counter()
-            whole.append((t2 - t0) * 1000)
-            sends.append((t1 - t0) * 1000)
-            commits.append((t2 - t1) * 1000)
-        row = commit_row(txns, sorted(whole), sorted(sends), sorted(commits), anchor)
-        progress(f"  begin+send+commit p50 {row['p50_ms']} ms, p99 {row['p99_ms']} ms (send p50 "
-                 f"{row['send_p50_ms']}, commit p50 {row['commit_p50_ms']}); durable actor call p50 "
-                 f"{row['anchor_p50_ms']} ms: p50 = {row['p50_over_anchor']}x")
+        measured: dict[bool, tuple[list[float], list[float], list[float]]] = {True: ([], [], []), False: ([], [], [])}
+        rounds = 10
+        for round_ in range(2 * rounds):
+            chain = round_ % 2 == 0
+            client.txn_chain.enabled = chain
+            _time_txns(client, producer, txns // rounds, *measured[chain])
+        client.txn_chain.enabled = True
+        rows = []
+        for chain in (True, False):
+            whole, sends, commits = (sorted(xs) for xs in measured[chain])
+            row = commit_row(txns, whole, sends, commits, anchor, chain)
+            rows.append(row)
+            progress(f"  {'chained' if chain else 'lazy'} begin+send+commit p50 {row['p50_ms']} ms, p99 "
+                     f"{row['p99_ms']} ms (send p50 {row['send_p50_ms']}, commit p50 {row['commit_p50_ms']}); "
+                     f"durable actor call p50 {row['anchor_p50_ms']} ms: p50 = {row['p50_over_anchor']}x")
+        rows[0]["p50_over_lazy"] = round(rows[0]["p50_ms"] / rows[1]["p50_ms"], 3)
     finally:
         client.close()
         stop_engine()
-    return [row]
+    return rows
+
+
+def _time_txns(client: Client, producer: Producer, txns: int, whole: list[float], sends: list[float],
+               commits: list[float]) -> None:
+    for _ in range(txns):
+        t0 = time.perf_counter()
+        txn = client.new_transaction(timeout=60)
+        producer.send(PAYLOAD, txn=txn)
+        t1 = time.perf_counter()
+        txn.commit()
+        t2 = time.perf_counter()
+        whole.append((t2 - t0) * 1000)
+        sends.append((t1 - t0) * 1000)
+        commits.append((t2 - t1) * 1000)
 
 
 def commit_row(txns: int, whole: list[float], sends: list[float], commits: list[float],
-               anchor: list[float]) -> dict:
+               anchor: list[float], chained: bool = True) -> dict:
     """All latency lists sorted, in ms."""
     anchor_p50 = _percentile(anchor, 0.5)
     return {"bench": "commit", "case": "new_transaction, 1 send of 100 B, commit", "txns": txns,
+            "begin": "chained" if chained else "lazy",
             "p50_ms": round(_percentile(whole, 0.5), 3), "p99_ms": round(_percentile(whole, 0.99), 3),
             "send_p50_ms": round(_percentile(sends, 0.5), 3), "commit_p50_ms": round(_percentile(commits, 0.5), 3),
             "commit_p99_ms": round(_percentile(commits, 0.99), 3),

@@ -32,7 +32,8 @@ from raytxn.tools.cli import app
 # passivation: seeds 0-999 clean when it came in.)
 CI_SEEDS = {"none": range(0, 40), "default": range(0, 416), "heavy": range(0, 260),
             "stale-handles": range(0, 200), "pipelined": range(0, 24), "zombie-appends": range(0, 24),
-            "leases": range(0, 12), "key-shared": range(0, 24), "passivation": range(0, 40)}
+            "leases": range(0, 12), "key-shared": range(0, 24), "passivation": range(0, 40),
+            "chained": range(0, 40)}
 CI_JOBS = 2
 
 
@@ -283,6 +284,8 @@ def test_seed_range_is_clean(profile: str) -> None:
     assert all(r.committed > 0 and r.aborted > 0 for r in results)
     injected = {kind: sum(r.faults[kind] for r in results) for kind in results[0].faults
                 if kind != "passivations" or PROFILES[profile].crashes.passivate > 0}
+    if profile == "chained":
+        assert sum(r.chained for r in results) >= len(results) * 10  # most workers' txns ran chained
     if profile == "none":
         assert set(injected.values()) == {0}
     else:  # every kind of fault happened in the range, so a clean range means something
