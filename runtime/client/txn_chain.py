@@ -14,6 +14,11 @@ holds its coordinator's low watermark. So it is taken only within ``max_age_s`` 
 a timer aborts it once that age has passed with nobody taking it, as does ``close``: an idle
 client keeps no transaction open for longer than that. A client that dies leaves it to its
 coordinator's timeout, as any transaction it had open.
+
+Off by default (``CoordinatorConfig.chain_begin``, or ``client.txn_chain.enabled`` per client):
+the abort of an unused chained txn writes an abort marker on each partition it was registered
+with (any abort does, to fence a late send), so an idle pause after a commit leaves markers that
+readers see as entries: Kafka offsets, lease ranges holding only a marker.
 """
 
 from __future__ import annotations

@@ -14,7 +14,6 @@ import pytest
 
 import raytxn as rt
 from raytxn.client.message import MessageId
-from raytxn.client.producer import Producer
 from raytxn.client.rpc import ActorRef
 from raytxn.client.transaction import TxnClientState
 from raytxn.errors import (
@@ -219,15 +218,6 @@ def test_a_transactions_first_send_registers_the_previous_ones_partitions(client
     topic = new_topic(client, 4)
     producer = client.create_producer(topic)
     keys = {p: next(f"k{i}" for i in range(1000) if partition_for(f"k{i}", 4) == p) for p in range(4)}
-    client.txn_chain.enabled = False  # the guess of lazy txns; test_txn_chain.py covers chained ones
-    try:
-        _first_send_registers_the_previous_ones_partitions(client, topic, producer, keys)
-    finally:
-        client.txn_chain.enabled = True
-
-
-def _first_send_registers_the_previous_ones_partitions(client: rt.Client, topic: str, producer: Producer,
-                                                       keys: dict[int, str]) -> None:
     first = client.new_transaction()
     for p in (0, 1, 2):
         producer.send(b"first", key=keys[p], txn=first)
@@ -580,11 +570,7 @@ def test_first_sends_to_several_partitions_at_once_share_one_begin(client: rt.Cl
     received = [consumer.receive(timeout=10) for _ in range(8)]
     for message in received:
         consumer.acknowledge(message, txn=txn)
-    client.txn_chain.enabled = False  # a lazy txn's begins are counted: none for a next txn
-    try:
-        txn.commit()
-    finally:
-        client.txn_chain.enabled = True
+    txn.commit()
     assert all(f.done() and f.exception() is None for f in futures)
     assert _coordinator_counts(client)[0] == begun + 1
     described = client.coordinators.get_txn(txn.id)
@@ -635,7 +621,19 @@ def chained(client: rt.Client) -> TxnID | None:
     return nxt.txn_id if nxt is not None else None
 
 
-def test_a_commit_begins_the_next_transaction_with_its_participants(client: rt.Client) -> None:
+@pytest.fixture
+def chaining(client: rt.Client) -> Iterator[rt.Client]:
+    """The module's client with chained begins on (off by default) for one test."""
+    client.txn_chain.enabled = True
+    try:
+        yield client
+    finally:
+        client.txn_chain.enabled = False
+        client.txn_chain.close()
+
+
+def test_a_commit_begins_the_next_transaction_with_its_participants(chaining: rt.Client) -> None:
+    client = chaining
     topic = new_topic(client, 2)
     producer = client.create_producer(topic)
     keys = [next(f"k{i}" for i in range(1000) if partition_for(f"k{i}", 2) == p) for p in range(2)]
@@ -662,7 +660,8 @@ def test_a_commit_begins_the_next_transaction_with_its_participants(client: rt.C
     assert sorted(visible_values(topic, [0, 1])) == [b"a", b"b", b"c"]
 
 
-def test_an_unused_chained_transaction_is_aborted(client: rt.Client) -> None:
+def test_an_unused_chained_transaction_is_aborted(chaining: rt.Client) -> None:
+    client = chaining
     topic = new_topic(client)
     producer = client.create_producer(topic)
     client.txn_chain.max_age_s = 0.3
@@ -690,6 +689,7 @@ def test_an_unused_chained_transaction_is_aborted(client: rt.Client) -> None:
 def test_closing_a_client_aborts_its_chained_transaction(client: rt.Client) -> None:
     topic = new_topic(client)
     other = rt.connect()  # a second client of the running engine
+    other.txn_chain.enabled = True
     try:
         txn = other.new_transaction()
         other.create_producer(topic).send(b"v", txn=txn)
@@ -702,7 +702,8 @@ def test_closing_a_client_aborts_its_chained_transaction(client: rt.Client) -> N
     assert visible_values(topic) == [b"v"]
 
 
-def test_commit_and_begin_commits_even_when_the_next_cannot_begin(client: rt.Client) -> None:
+def test_commit_and_begin_commits_even_when_the_next_cannot_begin(chaining: rt.Client) -> None:
+    client = chaining
     topic = new_topic(client)
     txn = client.new_transaction()
     client.create_producer(topic).send(b"v", txn=txn)
@@ -716,7 +717,8 @@ def test_commit_and_begin_commits_even_when_the_next_cannot_begin(client: rt.Cli
         ref.call("commit_and_begin", TxnID(txn.id.tc_id, 10**9), client.coordinators.owner, 10_000, [], [])
 
 
-def test_a_chained_transaction_survives_its_coordinators_restart(client: rt.Client) -> None:
+def test_a_chained_transaction_survives_its_coordinators_restart(chaining: rt.Client) -> None:
+    client = chaining
     topic = new_topic(client)
     producer = client.create_producer(topic)
     first = client.new_transaction(timeout=120)
