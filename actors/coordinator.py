@@ -342,8 +342,7 @@ class TransactionCoordinator(ActorShell, FaultTarget):
             owner = self._acting_owner(txn, owner, caller)
             result = self.state.prepare_end(txn, action, owner, self.clock.now_ms(), epoch, transactional_id)
             if result.record is not None:
-                begun = self._prepare_next(owner, caller, begin_next) if result.record.new_state is \
-                    TxnState.COMMITTING else []
+                begun = self._prepare_next(result.record, owner, caller, begin_next)
                 await self._log([result.record, *begun])
                 if begun:
                     next_txn = begun[0].txn
@@ -365,14 +364,16 @@ class TransactionCoordinator(ActorShell, FaultTarget):
             self.metrics.commit_latency((self.clock.monotonic() - requested) * 1000)
         return str(TxnState.COMMITTED if committed else TxnState.ABORTED), next_txn
 
-    def _prepare_next(self, owner: str, caller: str | None, begin_next: tuple[int, list, list] | None) -> list[Record]:
+    def _prepare_next(self, end: Record, owner: str, caller: str | None,
+                      begin_next: tuple[int, list, list] | None) -> list[Record]:
         """The records beginning the next txn of ``commit_and_begin`` (none without one, or when
         they are refused: the commit must not fail for the sake of the next txn)."""
         if begin_next is None:
             return []
         timeout_ms, partitions, subscriptions = begin_next
         try:
-            return self.state.prepare_begin(self.clock.now_ms(), timeout_ms, caller or owner, partitions, subscriptions)
+            return self.state.prepare_chained_begin(end, self.clock.now_ms(), timeout_ms, caller or owner, partitions,
+                                                    subscriptions)
         except RaytxnError as refused:
             log.warning("coordinator %d: the next txn of %s not begun with its commit: %r", self.tc_id, owner, refused)
             return []

@@ -90,9 +90,8 @@ class CoordinatorClient:
                          subscriptions: list[tuple[str, int, str]]) -> tuple[str, TxnID | None]:
         """Commit ``txn`` and begin the next one at its coordinator in the same log entry, with
         these participants registered (runtime/client/txn_chain.py)."""
-        state, next_txn = self._refs[txn.tc_id].call("commit_and_begin", txn, self.owner, timeout_ms, partitions,
-                                                     subscriptions, deadline_s=self.deadline_s)
-        return state, next_txn
+        return self._refs[txn.tc_id].call("commit_and_begin", txn, self.owner, timeout_ms, partitions, subscriptions,
+                                          deadline_s=self.deadline_s)
 
     def get_txn(self, txn: TxnID) -> dict[str, Any]:
         return self._refs[txn.tc_id].call("get_txn", txn, deadline_s=self.deadline_s)

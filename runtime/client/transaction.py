@@ -38,7 +38,7 @@ import enum
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from raytxn.client.txn_chain import ChainedTxn
@@ -167,7 +167,7 @@ class TxnFlusher(Protocol):
 
 class Transaction:
     def __init__(self, client: Client, txn_id: TxnID | None, timeout_s: float, transactional_id: str | None = None,
-                 epoch: int | None = None, began_at: float | None = None, registered: list[tuple] = ()) -> None:
+                 epoch: int | None = None, began_at: float | None = None, registered: Iterable[tuple] = ()) -> None:
         """``txn_id`` None: begin lazily (see the module docstring). ``began_at``:
         ``time.monotonic()`` taken before the coordinator was asked for the txn, so the client's
         deadline never falls after the coordinator's (now when not given). ``registered``:

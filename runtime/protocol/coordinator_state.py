@@ -264,6 +264,15 @@ class CoordinatorState:
             records.append(AddSubscriptions(new.txn, wanted_subscriptions, now_ms))
         return records
 
+    def prepare_chained_begin(self, end: Record, now_ms: int, timeout_ms: int, owner: str,
+                              partitions: Iterable[Partition], subscriptions: Iterable[Subscription]) -> list[Record]:
+        """The begin of the owner's next txn, to be logged in the entry of ``end`` (a commit that
+        begins the next txn, ``commit_and_begin``): ``prepare_begin``'s records after a COMMITTING
+        record, nothing after any other (an abort begins nothing). Checked as ``prepare_begin``."""
+        if not isinstance(end, UpdateState) or end.new_state is not TxnState.COMMITTING:
+            return []
+        return self.prepare_begin(now_ms, timeout_ms, owner, partitions, subscriptions)
+
     def prepare_add_partitions(self, txn: TxnID, partitions: Iterable[Partition], owner: str,
                                now_ms: int, epoch: int | None = None) -> AddPartitions | None:
         """An AddPartitions of the partitions not registered yet, or None when all are."""

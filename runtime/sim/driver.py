@@ -115,7 +115,8 @@ class Driver:
         self.transformed: set[str] = set()   # input uids whose transform txn committed (membership only)
         self.quiet_since: float | None = None  # when the faults stopped
         self._worker_coordinators: dict[str, CoordinatorClient] = {}
-        self._chained: dict[str, tuple[TxnID, TxnStateMachine]] = {}  # worker -> the txn its last commit began
+        # worker -> the txn its last commit began, and the (partitions, subscriptions) registered with it
+        self._chained: dict[str, tuple[TxnID, TxnStateMachine, tuple[list, list]]] = {}
         self.last_received = 0.0
         self.txns_started = 0  # txns the clients set out to begin (for max_txns)
         self.pipelined_acked: list[str] = []  # pipelined sends whose future resolved without error
@@ -415,9 +416,9 @@ class Driver:
         try:
             chained = self._chained.pop(consumer, None)
             if chained is not None:
-                txn, machine = chained
+                txn, machine, registered = chained
                 self.counts.chained += 1
-                await self._register_missing(coordinators, txn, *wanted)
+                await self._register_missing(coordinators, txn, wanted, registered)
             else:
                 txn = await coordinators.begin_txn_async(self.w.txn_timeout_ms, *wanted)
                 machine = self._machine(txn)
@@ -472,28 +473,24 @@ class Driver:
         next_txn = await self.end(txn, machine, self.rng.random() >= self.w.abort, coordinators, chain=chain)
         if next_txn is not None:
             assert chain_for is not None
-            self._chained[chain_for] = (next_txn, self._machine(next_txn))
+            self._chained[chain_for] = (next_txn, self._machine(next_txn), chain)
         return machine.state is TxnClientState.COMMITTED
 
-    async def _register_missing(self, coordinators: CoordinatorClient, txn: TxnID, partitions: list,
-                                subscriptions: list) -> None:
-        """A chained txn's registrations of participants its commit did not register, as the
-        client's ``register`` makes them before a send or ack."""
-        meta = await coordinators.ref(txn.tc_id).call_async("get_txn", txn, deadline_s=coordinators.deadline_s)
-        if meta.get("state") != "OPEN":
-            raise InvalidTxnState(f"chained {txn} is {meta.get('state')}")
-        known_partitions = {tuple(p) for p in meta["partitions"]}
-        known_subscriptions = {tuple(s) for s in meta["subscriptions"]}
-        if missing := [p for p in partitions if p not in known_partitions]:
+    async def _register_missing(self, coordinators: CoordinatorClient, txn: TxnID, wanted: tuple[list, list],
+                                registered: tuple[list, list]) -> None:
+        """A chained txn's registrations of the participants its commit did not register, as the
+        client's ``register`` makes them before a send or ack (it knows what the commit registered)."""
+        if missing := [p for p in wanted[0] if p not in registered[0]]:
             await coordinators.add_partitions_async(txn, missing)
-        if missing := [s for s in subscriptions if s not in known_subscriptions]:
+        if missing := [s for s in wanted[1] if s not in registered[1]]:
             await coordinators.add_subscriptions_async(txn, missing)
 
     async def abort_chained(self, consumer: str) -> None:
         """A worker's chained txn nobody will use: aborted, as the client's expiry does."""
         chained = self._chained.pop(consumer, None)
         if chained is not None:
-            await self.end(chained[0], chained[1], False, self._worker_coordinators[consumer])
+            txn, machine, _ = chained
+            await self.end(txn, machine, False, self._worker_coordinators[consumer])
 
     async def _give_back(self, consumer: str, partition: int, mid: MessageId) -> None:
         self.key_log.released(consumer, mid, self.now())

@@ -44,7 +44,7 @@ def measure_fsync_round_trip(calls: int) -> list[float]:
 
 def bench_commit(short: bool = False, progress: Callable[[str], None] = print) -> list[dict]:
     """p50/p99 of (begin, 1 send, commit), and of its send and commit parts, beside the anchor:
-    with each commit beginning the next txn (the default, runtime/client/txn_chain.py) and
+    with each commit beginning the next txn (runtime/client/txn_chain.py, off by default) and
     without, in rounds that alternate, so that both see the same machine."""
     txns = 200 if short else 2000
     client = _engine()
@@ -61,7 +61,7 @@ def bench_commit(short: bool = False, progress: Callable[[str], None] = print) -
             chain = round_ % 2 == 0
             client.txn_chain.enabled = chain
             _time_txns(client, producer, txns // rounds, *measured[chain])
-        client.txn_chain.enabled = True
+        client.txn_chain.enabled = client.config.coordinator.chain_begin
         rows = []
         for chain in (True, False):
             whole, sends, commits = (sorted(xs) for xs in measured[chain])

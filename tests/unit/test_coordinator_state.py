@@ -264,6 +264,22 @@ def test_begin_logs_the_new_txn_and_its_first_participants_in_one_entry(h: Harne
     assert snapshot(h.replayed()) == snapshot(h.state)
 
 
+def test_a_commit_begins_the_next_txn_in_its_entry_and_an_abort_begins_none(h: Harness) -> None:
+    """commit_and_begin: COMMITTING, NewTxn and its registrations as one entry, replayed alike."""
+    first, other = h.new(), h.new()
+    end = h.state.prepare_end(first, EndAction.COMMIT, "alice", T0).record
+    begun = h.state.prepare_chained_begin(end, T0, 500, "alice", [("a", 0)], [("a", 0, "s")])
+    assert [type(r) for r in begun] == [NewTxn, AddPartitions, AddSubscriptions]
+    h.log_apply(*decode_batch(encode_batch([end, *begun])))
+    assert h.state.get(first).state is TxnState.COMMITTING
+    assert h.state.get(begun[0].txn).partitions == (("a", 0),)
+    abort = h.state.prepare_end(other, EndAction.ABORT, "alice", T0).record
+    assert h.state.prepare_chained_begin(abort, T0, 500, "alice", [("a", 0)], []) == []
+    with pytest.raises(InvalidArgument):
+        h.state.prepare_chained_begin(end, T0, 500, "alice", [("a",)], [])
+    assert snapshot(h.replayed()) == snapshot(h.state)
+
+
 @pytest.mark.parametrize("partitions, subscriptions", [("orders", []), ([("orders", -1)], []), ([], [("t", 0)]),
                                                        ([], [("t", 0, "bad name")])])
 def test_a_bad_begin_reserves_no_sequence(h: Harness, partitions: object, subscriptions: object) -> None:
