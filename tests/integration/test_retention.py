@@ -201,10 +201,21 @@ def test_a_topic_without_subscriptions_keeps_everything_unless_its_policy_says_o
     assert len(visible_values(plain)) == 10
 
     timed = f"timed-{uuid.uuid4().hex[:8]}"
-    client.create_topic(timed, retention_s=2.0)
-    assert client.get_topic(timed)["retention_s"] == 2.0
-    ids = send(client.create_producer(timed, batching_max_messages=1), 10)
-    assert partition_ref(timed).call("apply_retention")["trimmed_below"] == str(EARLIEST)  # too young
+    retention_s = 4.0
+    client.create_topic(timed, retention_s=retention_s)
+    assert client.get_topic(timed)["retention_s"] == retention_s
+    producer = client.create_producer(timed, batching_max_messages=1)
+    sent_at, ids = [], []
+    for i in range(10):
+        sent_at.append(time.monotonic())  # the entry's publish time is no earlier than this
+        ids.extend(send(producer, 1, tag=f"t{i}"))
+    trimmed = partition_ref(timed).call("apply_retention")["trimmed_below"]
+    # An entry whose send began less than retention_s before this call returned is too young to
+    # trim, however slow a loaded machine made the sends; the first of them bounds the trim.
+    returned_at = time.monotonic()
+    young = [i for i, at in enumerate(sent_at) if returned_at - at < retention_s]
+    assert young, "the sends took longer than retention_s; no entry was provably too young"
+    assert Position(*(int(x) for x in trimmed.strip("<>").split(","))) <= ids[young[0]].position
     wait_until(lambda: trimmed_below(timed) > ids[-1].position, "the data is older than retention_s")
     restart_partition(timed)
     assert visible_values(timed) == []
