@@ -53,8 +53,8 @@ from raytxn.protocol.entry_format import (
     EntryHeader,
     decode_entry,
     decode_header,
-    decode_submitted_message,
     entry_records,
+    submitted_value_sizes,
 )
 from raytxn.protocol.lease import RangeCount, RangePlan
 from raytxn.protocol.offsets import (
@@ -227,13 +227,11 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
         await self._started()
         if not messages:
             raise InvalidArgument("empty batch")
-        value_bytes = 0
-        for record in messages:  # every record decodes, so no reader meets a bad one
-            value = decode_submitted_message(record).value
-            if len(value) > self.config.max_message_bytes:
-                raise MessageTooLarge(f"message of {len(value)} bytes exceeds "
-                                      f"{self.config.max_message_bytes} on {self.topic}-{self.partition}")
-            value_bytes += len(value)
+        value_sizes = submitted_value_sizes(messages)  # every record decodes, so no reader meets a bad one
+        if max(value_sizes) > self.config.max_message_bytes:
+            raise MessageTooLarge(f"message of {max(value_sizes)} bytes exceeds "
+                                  f"{self.config.max_message_bytes} on {self.topic}-{self.partition}")
+        value_bytes = sum(value_sizes)
         header = EntryHeader("data", txn, producer, first_sequence, first_sequence + len(messages) - 1,
                              len(messages), self.clock.now_ms(), producer_epoch=producer_epoch)
         await self.faults.hit("partition.before_append", txn=txn, producer=producer)

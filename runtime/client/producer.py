@@ -19,7 +19,9 @@ first, encodes it in bulk, cuts it into sealed batches (keyed messages by partit
 as whole batches round-robin) and returns one future for the call, resolving to the list of
 ``MessageId`` in input order. A call's messages never join ``send_async``'s open batches: the open
 batch of a (partition, transaction) is sealed first, so a partition still gets the producer's
-messages in the order they were handed over.
+messages in the order they were handed over. A call's last, partial batch of a partition stays
+open, and the next call tops it up first (Kafka's accumulator fills a partition's last batch), so
+calls that do not divide into full batches still make full entries.
 
 Batching: a batch is sealed when it reaches ``batching_max_messages`` or ``batching_max_bytes``,
 on ``flush`` (and commit), or once ``batching_max_delay_ms`` has passed and its partition has no
@@ -186,8 +188,9 @@ class _Batch:
     lingered: bool = False  # its delay has passed: seal as soon as the partition is free
     sealed: bool = False
     durable: asyncio.Event = field(default_factory=asyncio.Event)  # set once it has its outcome
-    collector: _Collector | None = None  # send_batch's: the call's future, and where its ids go
-    indexes: Sequence[int] = ()  # the call's input index of each record
+    # send_batch's: per call whose messages it holds, in record order, the call's collector and
+    # the input index of each of its records. Empty for send_async's batches (``futures``).
+    parts: list[tuple[_Collector, list[int]]] = field(default_factory=list)
 
     @property
     def key(self) -> tuple[int, Transaction | None]:
@@ -387,6 +390,9 @@ class Producer:
                 partition = self._keyless_partition
             batch_key = (partition, txn)
             batch = self._open.get(batch_key)
+            if batch is not None and batch.parts:  # a send_batch call's tail goes first, as it is
+                self._seal_locked(batch)
+                batch = None
             opened = batch is None
             if batch is None:
                 batch = self._open[batch_key] = _Batch(partition, txn)
@@ -436,6 +442,7 @@ class Producer:
         if txn is not None and txn not in self._holding:
             self._hold(txn)
         touched: list[int] = []
+        tails: list[_Batch] = []
         keyless_chunks = self._chunks(records, keyless)
         with self._lock:
             if self._pending_messages and (self._pending_messages + count > self.max_pending_messages
@@ -451,8 +458,8 @@ class Producer:
                 else:
                     keyed[partition] = chunk
             for partition, indexes in keyed.items():
-                self._queue_chunks_locked(partition, txn, records, indexes, collector, touched)
-        self._client.loop.call_soon(self._batches_queued, txn, touched)
+                self._queue_chunks_locked(partition, txn, records, indexes, collector, touched, tails)
+        self._client.loop.call_soon(self._batches_queued, txn, touched, tails)
         return collector.future
 
     def _chunks(self, records: list[bytes], indexes: list[int]) -> list[list[int]]:
@@ -493,18 +500,50 @@ class Producer:
         return records
 
     def _queue_chunks_locked(self, partition: int, txn: Transaction | None, records: list[bytes],
-                             indexes: list[int], collector: _Collector, touched: list[int]) -> None:
-        """Under the lock: cut ``indexes`` into sealed batches of ``partition`` and queue them
-        behind the open batch of the same (partition, txn), which is sealed first."""
+                             indexes: list[int], collector: _Collector, touched: list[int],
+                             tails: list[_Batch]) -> None:
+        """Under the lock: queue ``indexes`` for ``partition`` behind the open batch of the same
+        (partition, transaction). An earlier call's open tail there is topped up first; a
+        ``send_async`` batch is sealed first. The rest is cut into sealed batches, but for the
+        last, partial one, which stays open (``tails``: its linger is armed on the loop) for the
+        next call to top up, as Kafka's accumulator fills a partition's last batch: 1,000-message
+        calls of 100 B (104 KB, past the byte limit) otherwise made entries of 886 and 114
+        messages, twice the appends for the same data."""
+        touched.append(partition)
         open_batch = self._open.get(_batch_key(partition, txn))
         if open_batch is not None:
-            self._seal_locked(open_batch)
-        queue = self._sealed[partition]
-        for chunk in self._chunks(records, indexes):
+            if open_batch.parts:
+                indexes = self._top_up_locked(open_batch, records, indexes, collector)
+            if indexes:
+                self._seal_locked(open_batch)
+        if not indexes:
+            return
+        chunks = self._chunks(records, indexes)
+        for number, chunk in enumerate(chunks, 1):
             batch_records = [records[i] for i in chunk]
-            queue.append(_Batch(partition, txn, batch_records, [], size=sum(map(len, batch_records)), sealed=True,
-                                collector=collector, indexes=chunk))
-        touched.append(partition)
+            batch = _Batch(partition, txn, batch_records, [], size=sum(map(len, batch_records)),
+                           parts=[(collector, chunk)])
+            if number < len(chunks) or len(chunk) >= self.max_messages or batch.size >= self.max_bytes:
+                batch.sealed = True  # not _queue_sealed_locked: a call's batches leave keyless stickiness as is
+                self._sealed[partition].append(batch)
+            else:
+                self._open[batch.key] = batch
+                tails.append(batch)
+
+    def _top_up_locked(self, tail: _Batch, records: list[bytes], indexes: list[int],
+                       collector: _Collector) -> list[int]:
+        """Under the lock: move the first of ``indexes`` into the open ``tail`` while it has
+        room; returns the ones that did not fit."""
+        room = self.max_messages - len(tail.records)
+        taken, size = 0, tail.size
+        while taken < min(room, len(indexes)) and size + len(records[indexes[taken]]) <= self.max_bytes:
+            size += len(records[indexes[taken]])
+            taken += 1
+        if taken:
+            tail.records.extend(records[i] for i in indexes[:taken])
+            tail.parts.append((collector, indexes[:taken]))
+            tail.size = size
+        return indexes[taken:]
 
     def _wait_for_room(self, count: int, size: int) -> None:
         """Under the lock: block while ``count`` more messages of ``size`` bytes would pass the
@@ -552,9 +591,13 @@ class Producer:
                 asyncio.get_running_loop().call_later(self.max_delay_s, self._linger_passed, batch)
         self._kick(batch.partition)
 
-    def _batches_queued(self, txn: Transaction | None, partitions: list[int]) -> None:
+    def _batches_queued(self, txn: Transaction | None, partitions: list[int], tails: list[_Batch]) -> None:
         if txn is not None:
             self._register_early(txn, partitions)
+        loop = asyncio.get_running_loop()
+        for tail in tails:
+            if not tail.sealed:
+                loop.call_later(self.max_delay_s, self._linger_passed, tail)
         for partition in partitions:
             self._kick(partition)
 
@@ -754,8 +797,11 @@ class Producer:
         ledger_id, entry_id = (position.ledger_id, position.entry_id) if position else (-1, -1)
         topic, partition = self.topic, batch.partition
         ids = [MessageId(topic, partition, ledger_id, entry_id, i) for i in range(len(batch.records))]
-        if batch.collector is not None:
-            batch.collector.deliver(batch.indexes, ids)
+        if batch.parts:
+            start = 0
+            for collector, indexes in batch.parts:
+                collector.deliver(indexes, ids[start:start + len(indexes)])
+                start += len(indexes)
         else:
             _settle(batch.futures, batch.condition, ids, None)
         self._finish(batch)
@@ -763,8 +809,9 @@ class Producer:
     def _fail(self, batch: _Batch, error: BaseException) -> None:
         if batch.txn is not None:
             batch.txn.fail(error)  # the txn can no longer commit: its writes would be partial
-        if batch.collector is not None:
-            batch.collector.fail(error)
+        if batch.parts:
+            for collector, _indexes in batch.parts:
+                collector.fail(error)
         else:
             _settle(batch.futures, batch.condition, None, error)
         self._finish(batch)

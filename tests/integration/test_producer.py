@@ -455,6 +455,51 @@ def test_send_batch_larger_than_the_pending_limits_still_goes(client: rt.Client)
     assert visible_values(topic) == [f"m{i}".encode() for i in range(50)] + [f"n{i}".encode() for i in range(3)]
 
 
+def entry_sizes(topic: str) -> list[int]:
+    """The number of messages of each data entry of partition 0, in order."""
+    from raytxn.ids import Position
+    from raytxn.protocol.entry_format import decode_entry
+
+    sizes, position = [], Position(0, 0)
+    while True:
+        result = partition_ref(topic).call("read", position, 1000)
+        sizes += [len(decode_entry(entry)[1]) for _pos, entry in result["entries"]]
+        if result["next"] == position:
+            return [size for size in sizes if size]
+        position = result["next"]
+
+
+def test_send_batch_calls_top_up_the_last_partial_batch(client: rt.Client) -> None:
+    topic = new_topic(client)
+    # No linger and no count limit seal a batch here: only a full batch, a send_async or a flush.
+    producer = client.create_producer(topic, batching_max_messages=10, batching_max_delay_ms=60_000)
+    calls = [[f"c{call}-{i}".encode() for i in range(7)] for call in range(6)]
+    futures = [producer.send_batch(values) for values in calls]
+    assert producer.pending == (42, producer.pending[1])
+    probe = producer.send_async(b"probe")  # seals the open tail (2 messages) first, then goes after it
+    producer.flush()
+    ids = [future.result(timeout=30) for future in futures]
+    assert entry_sizes(topic) == [10, 10, 10, 10, 2, 1]  # 42 messages in full entries, then the tail
+    first = ids[0][0]
+    for call, call_ids in enumerate(ids):  # message n of the 42 is index n % 10 of the (n // 10)th entry
+        assert [(m.ledger_id, m.entry_id - first.entry_id, m.batch_index) for m in call_ids] == [
+            (first.ledger_id, *divmod(7 * call + i, 10)) for i in range(7)]
+    positions = [m for call_ids in ids for m in call_ids]
+    assert positions == sorted(positions) and len(set(positions)) == 42
+    assert probe.result(timeout=30) > positions[-1]
+    assert visible_values(topic) == [v for values in calls for v in values] + [b"probe"]
+
+    # A tail of a transaction is flushed by its commit; an aborted txn's tail never shows.
+    committed, aborted = client.new_transaction(), client.new_transaction()
+    producer.send_batch([b"t1", b"t2", b"t3"], txn=committed)
+    producer.send_batch([b"x1"], txn=aborted)
+    producer.send_batch([b"t4"], txn=committed)
+    committed.commit()
+    aborted.abort()
+    assert visible_values(topic)[-4:] == [b"t1", b"t2", b"t3", b"t4"]
+    assert entry_sizes(topic)[-2:] in ([4, 1], [1, 4])  # t1-t4 one entry, x1 its own
+
+
 # --- appends in flight ---------------------------------------------------------------------------
 
 
