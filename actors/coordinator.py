@@ -332,6 +332,25 @@ class TransactionCoordinator(ActorShell, FaultTarget):
         return await self._end_txn(txn, EndAction.COMMIT, owner, None, caller,
                                    begin_next=(timeout_ms, partitions, subscriptions))
 
+    @guarded(Access.AUTHENTICATED)
+    async def release_unused(self, txn: TxnID, owner: str, caller: str | None = None) -> str:
+        """Abort an open txn its owner never used, without an end to its participants
+        (``CoordinatorState.prepare_release_unused``): a chained txn nobody took. Idempotent;
+        returns ABORTED."""
+        async with self._lock(txn):
+            await self._writable()
+            owner = self._acting_owner(txn, owner, caller)
+            records = self.state.prepare_release_unused(txn, owner, self.clock.now_ms())
+            if records:
+                await self._log(records)
+                self.metrics.txn_ended(committed=False)
+        if not records:
+            task = self._drivers.get(txn)
+            if task is not None:  # an abort already under way (its timeout): answer once it is done
+                await asyncio.shield(self._applied[txn])
+        self._locks.pop(txn, None)
+        return str(TxnState.ABORTED)
+
     async def _end_txn(self, txn: TxnID, action: EndAction, owner: str, epoch: int | None,
                        caller: str | None, transactional_id: str | None = None,
                        begin_next: tuple[int, list, list] | None = None) -> tuple[str, TxnID | None]:

@@ -86,6 +86,14 @@ class CoordinatorClient:
         return await self._refs[txn.tc_id].call_async("end_txn", txn, action, self.owner, epoch, transactional_id,
                                                       deadline_s=self.deadline_s)
 
+    def release_unused(self, txn: TxnID) -> str:
+        """Abort a txn this client never used (nothing sent or acked in it) without an end to
+        its participants: a chained txn nobody took."""
+        return self._refs[txn.tc_id].call("release_unused", txn, self.owner, deadline_s=self.deadline_s)
+
+    async def release_unused_async(self, txn: TxnID) -> str:
+        return await self._refs[txn.tc_id].call_async("release_unused", txn, self.owner, deadline_s=self.deadline_s)
+
     def commit_and_begin(self, txn: TxnID, timeout_ms: int, partitions: list[tuple[str, int]],
                          subscriptions: list[tuple[str, int, str]]) -> tuple[str, TxnID | None]:
         """Commit ``txn`` and begin the next one at its coordinator in the same log entry, with

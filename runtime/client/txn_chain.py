@@ -15,10 +15,13 @@ a timer aborts it once that age has passed with nobody taking it, as does ``clos
 client keeps no transaction open for longer than that. A client that dies leaves it to its
 coordinator's timeout, as any transaction it had open.
 
-Off by default (``CoordinatorConfig.chain_begin``, or ``client.txn_chain.enabled`` per client):
-the abort of an unused chained txn writes an abort marker on each partition it was registered
-with (any abort does, to fence a late send), so an idle pause after a commit leaves markers that
-readers see as entries: Kafka offsets, lease ranges holding only a marker.
+A chained txn nobody takes is released (``release_unused``): the coordinator aborts it straight
+to ABORTED in one log entry, with no end to the participants it was registered with. None of them
+heard of it (nothing was sent or acked in it), so an idle pause after a commit leaves no abort
+markers for readers to meet (Kafka offsets, lease ranges), as an ordinary abort would.
+
+``CoordinatorConfig.chain_begin`` turns it on for an engine, ``client.txn_chain.enabled`` for
+one client.
 """
 
 from __future__ import annotations
@@ -32,7 +35,6 @@ from typing import TYPE_CHECKING
 
 from raytxn.errors import RaytxnError
 from raytxn.ids import TxnID
-from raytxn.protocol.txnlog import EndAction
 
 if TYPE_CHECKING:
     from raytxn.client.client import Client
@@ -90,7 +92,7 @@ class TxnChain:
         if chained is not None:
             self.discarded += 1
             try:
-                self._client.coordinators.end_txn(chained.txn_id, EndAction.ABORT)
+                self._client.coordinators.release_unused(chained.txn_id)
             except RaytxnError as error:
                 log.warning("chained %s not aborted at close (its timeout will abort it): %r", chained.txn_id, error)
 
@@ -113,6 +115,6 @@ class TxnChain:
 
     async def _abort(self, txn_id: TxnID) -> None:
         try:
-            await self._client.coordinators.end_txn_async(txn_id, EndAction.ABORT)
+            await self._client.coordinators.release_unused_async(txn_id)
         except RaytxnError as error:
             log.warning("unused chained %s not aborted (its timeout will abort it): %r", txn_id, error)

@@ -319,6 +319,31 @@ class CoordinatorState:
         reason = AbortReason.TIMEOUT if timed_out else AbortReason.CLIENT
         return EndResult(UpdateState(txn, TxnState.ABORTING, now_ms, reason), TxnState.ABORTING)
 
+    def prepare_release_unused(self, txn: TxnID, owner: str, now_ms: int) -> list[UpdateState]:
+        """The abort of an OPEN txn its owner never used (a chained txn nobody took:
+        client/txn_chain.py), straight to ABORTED in one entry: ABORTING, then ABORTED, with no
+        end sent to its registered participants. None of them ever heard of it (registration is
+        the coordinator's alone, and no send or ack was made in it), so none holds anything of
+        it, and no abort marker is written that readers would meet. Should an owner release a
+        txn it did use, a partition holding its data aborts it as dangling once a later end
+        brings it a low watermark past it. [] when it was aborted already (a retry); a txn with
+        a transactional id, or a commit begun, is refused."""
+        check_ms(now_ms, "now_ms")
+        found = self._lookup(txn)
+        if isinstance(found, Outcome):
+            if found is Outcome.COMMITTED:
+                raise ended_error(txn, found, ending=False)
+            return []
+        self._check_caller(found, owner, None)
+        if found.transactional_id is not None:
+            raise InvalidArgument(f"{txn} has a transactional id: its abort must reach its participants")
+        if found.state is TxnState.ABORTING:
+            return []
+        if found.state is not TxnState.OPEN:
+            raise ended_error(txn, outcome_of(found.state, found.abort_reason), ending=True)
+        return [UpdateState(txn, TxnState.ABORTING, now_ms, AbortReason.CLIENT),
+                UpdateState(txn, TxnState.ABORTED, now_ms, AbortReason.CLIENT)]
+
     def prepare_complete(self, txn: TxnID, now_ms: int) -> UpdateState | None:
         """The final UpdateState (COMMITTING->COMMITTED, ABORTING->ABORTED) once every
         participant has the end; None when ``txn`` is already finished."""

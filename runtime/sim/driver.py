@@ -94,6 +94,7 @@ class Counts:
     unknown: int = 0
     fenced: int = 0
     chained: int = 0  # txns a worker ran in the txn its previous commit began
+    released: int = 0  # chained txns no worker took, aborted with release_unused
     errors: dict[str, int] = field(default_factory=dict)
 
     def error(self, error: BaseException) -> None:
@@ -227,10 +228,11 @@ class Driver:
 
     async def end(self, txn: TxnID, machine: TxnStateMachine, commit: bool, coordinators: CoordinatorClient,
                   epoch: int | None = None, tid: str | None = None,
-                  chain: tuple[list, list] | None = None) -> TxnID | None:
+                  chain: tuple[list, list] | None = None, release: bool = False) -> TxnID | None:
         """Commit (unless the client's state machine says it cannot) or abort, as
         ``Transaction.commit``/``abort`` do, and record the outcome. With ``chain`` (partitions,
-        subscriptions) a commit is ``commit_and_begin``: returns the next txn it began, if any."""
+        subscriptions) a commit is ``commit_and_begin``: returns the next txn it began, if any.
+        With ``release`` the abort is ``release_unused``, as a client's unused chained txn's."""
         if commit and machine.state is not TxnClientState.OPEN:
             commit = False  # ABORT_ONLY or TIMED_OUT: the client aborts instead
         issued = self.now()
@@ -244,6 +246,10 @@ class Driver:
                 state, next_txn = await coordinators.ref(txn.tc_id).call_async(
                     "commit_and_begin", txn, coordinators.owner, self.w.txn_timeout_ms, *chain,
                     deadline_s=coordinators.deadline_s)
+            elif release:
+                assert not commit
+                state = await coordinators.ref(txn.tc_id).call_async("release_unused", txn, coordinators.owner,
+                                                                     deadline_s=coordinators.deadline_s)
             else:
                 state = await coordinators.ref(txn.tc_id).call_async("end_txn", txn, action, coordinators.owner, epoch,
                                                                      tid, deadline_s=coordinators.deadline_s)
@@ -490,7 +496,8 @@ class Driver:
         chained = self._chained.pop(consumer, None)
         if chained is not None:
             txn, machine, _ = chained
-            await self.end(txn, machine, False, self._worker_coordinators[consumer])
+            self.counts.released += 1
+            await self.end(txn, machine, False, self._worker_coordinators[consumer], release=True)
 
     async def _give_back(self, consumer: str, partition: int, mid: MessageId) -> None:
         self.key_log.released(consumer, mid, self.now())

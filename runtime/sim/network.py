@@ -43,7 +43,8 @@ if TYPE_CHECKING:
     from raytxn.sim.world import Process, World
 
 IDEMPOTENT = frozenset({
-    "append", "end_txn", "commit_and_begin", "ack", "new_txn", "begin_txn", "add_partitions", "add_subscriptions",
+    "append", "end_txn", "commit_and_begin", "release_unused", "ack", "new_txn", "begin_txn", "add_partitions",
+    "add_subscriptions",
     "register_transactional_id", "read", "last_sequence", "ready", "subscribe", "get_txn",
     "init_producer",
 })

@@ -83,6 +83,7 @@ class SeedResult:
     # Faults that took effect per gated kind (gate.py), slow operations included.
     fault_kinds: dict[str, int] = field(default_factory=dict)
     chained: int = 0             # txns run in the txn the previous commit began (the chained profile)
+    released: int = 0            # chained txns nobody took, aborted unused (release_unused)
     reintroduced: tuple[str, ...] = ()  # the historical bugs switched on for the run (testing_bugs)
 
     @property
@@ -301,6 +302,7 @@ def run_seed(seed: int, profile_name: str = "default", workload: Workload | None
                        "passivations": world.passivations},
                       loop.time(), time.perf_counter() - began, trace.kept, schedule=schedule,
                       check=None if extra_check is None else check_spec(extra_check), chained=counts.chained,
+                      released=counts.released,
                       txns_started=driver.txns_started, fault_kinds=dict(sorted(world.gate.counts.items())),
                       reintroduced=active())
 

@@ -716,8 +716,12 @@ def test_an_unused_chained_transaction_is_aborted(chaining: rt.Client) -> None:
         txn.commit()
         expired = chained(client)
         assert expired is not None
+        assert [p for _, p in client.coordinators.get_txn(expired)["partitions"]] == [0]
         wait_for(lambda: chained(client) is None, 10, "the chained txn to expire")
         wait_for(lambda: client.coordinators.get_txn(expired)["state"] == "ABORTED", 10, "its abort")
+        # Released unused: no end reached the partition it was registered with, so no abort
+        # marker there; the one marker is the commit's.
+        assert markers_written(topic) == 1
         assert not client.new_transaction().began  # nothing chained: a lazy one
         txn = client.new_transaction(timeout=30)
         producer.send(b"w", txn=txn)
@@ -729,6 +733,12 @@ def test_an_unused_chained_transaction_is_aborted(chaining: rt.Client) -> None:
     finally:
         client.txn_chain.max_age_s = 1.0
     assert visible_values(topic) == [b"v", b"w"]
+    assert markers_written(topic) == 2
+
+
+def markers_written(topic: str) -> int:
+    """The COMMIT and ABORT markers partition 0 has written (this incarnation)."""
+    return partition_ref(topic).call("stats")["markers"]
 
 
 def test_closing_a_client_aborts_its_chained_transaction(client: rt.Client) -> None:

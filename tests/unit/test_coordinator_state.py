@@ -280,6 +280,42 @@ def test_a_commit_begins_the_next_txn_in_its_entry_and_an_abort_begins_none(h: H
     assert snapshot(h.replayed()) == snapshot(h.state)
 
 
+def test_an_unused_txn_is_released_straight_to_aborted_and_anything_else_is_refused(h: Harness) -> None:
+    """release_unused: ABORTING then ABORTED in one entry, no participant to reach; retried, it
+    prepares nothing; a committing or committed txn, a transactional id or another owner is
+    refused and changes nothing."""
+    unused = h.new()
+    h.add(unused, [("a", 0)])
+    h.ack(unused, [("a", 0, "s")])
+    released = h.state.prepare_release_unused(unused, "alice", T0 + 1)
+    assert [(r.new_state, r.reason) for r in released] == [(TxnState.ABORTING, AbortReason.CLIENT),
+                                                            (TxnState.ABORTED, AbortReason.CLIENT)]
+    with pytest.raises(NotAllowed):
+        h.state.prepare_release_unused(unused, "mallory", T0 + 1)
+    h.log_apply(*released)
+    assert h.state.get(unused) is None and h.state.outcome(unused) is Outcome.ABORTED
+    assert h.state.prepare_release_unused(unused, "alice", T0 + 2) == []  # a retry
+    epoch = h.register("app-1")
+    committing, committed, tid_txn, aborting = h.new(), h.new(), h.new(tid="app-1", epoch=epoch), h.new()
+    h.end(committing, EndAction.COMMIT)
+    h.end(committed, EndAction.COMMIT)
+    h.complete(committed)
+    h.end(aborting, EndAction.ABORT)
+    before = snapshot(h.state)
+    with pytest.raises(TransactionAlreadyCommitted):
+        h.state.prepare_release_unused(committing, "alice", T0)
+    with pytest.raises(TransactionAlreadyCommitted):
+        h.state.prepare_release_unused(committed, "alice", T0)
+    with pytest.raises(InvalidArgument, match="transactional id"):
+        h.state.prepare_release_unused(tid_txn, "alice", T0)
+    with pytest.raises(TransactionNotFound):
+        h.state.prepare_release_unused(TxnID(TC, 999), "alice", T0)
+    assert h.state.prepare_release_unused(aborting, "alice", T0) == []  # its abort is under way
+    assert snapshot(h.state) == before
+    h.state.check_invariants()
+    assert snapshot(h.replayed()) == snapshot(h.state)
+
+
 @pytest.mark.parametrize("partitions, subscriptions", [("orders", []), ([("orders", -1)], []), ([], [("t", 0)]),
                                                        ([], [("t", 0, "bad name")])])
 def test_a_bad_begin_reserves_no_sequence(h: Harness, partitions: object, subscriptions: object) -> None:

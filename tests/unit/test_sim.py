@@ -286,6 +286,7 @@ def test_seed_range_is_clean(profile: str) -> None:
                 if kind != "passivations" or PROFILES[profile].crashes.passivate > 0}
     if profile == "chained":
         assert sum(r.chained for r in results) >= len(results) * 10  # most workers' txns ran chained
+        assert sum(r.released for r in results) > 0  # and some nobody took were released unused
     if profile == "none":
         assert set(injected.values()) == {0}
     else:  # every kind of fault happened in the range, so a clean range means something
