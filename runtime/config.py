@@ -36,9 +36,9 @@ class CoordinatorConfig:
     default_timeout_ms: int = 60_000
     max_timeout_ms: int = 15 * 60 * 1000        # Kafka's transaction.max.timeout.ms
     max_recent_outcomes: int = 100_000          # ended txns whose outcome a retried end still gets
-    # Clients begin their next txn with each commit (client/txn_chain.py). Off by default: an unused
-    # chained txn's abort writes an abort marker on each partition it was registered with.
-    chain_begin: bool = False
+    # Clients begin their next txn with each commit (client/txn_chain.py); an unused one is
+    # released without an end to its participants, so it leaves nothing on them.
+    chain_begin: bool = True
     # The transaction log's batched writer: records of concurrent requests share one put, by
     # count, bytes and delay. `batched_log=False` puts every record on its own (for comparison).
     batched_log: bool = True

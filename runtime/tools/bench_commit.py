@@ -44,7 +44,7 @@ def measure_fsync_round_trip(calls: int) -> list[float]:
 
 def bench_commit(short: bool = False, progress: Callable[[str], None] = print) -> list[dict]:
     """p50/p99 of (begin, 1 send, commit), and of its send and commit parts, beside the anchor:
-    with each commit beginning the next txn (runtime/client/txn_chain.py, off by default) and
+    with each commit beginning the next txn (runtime/client/txn_chain.py, on by default) and
     without, in rounds that alternate, so that both see the same machine."""
     txns = 200 if short else 2000
     client = _engine()

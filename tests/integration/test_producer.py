@@ -38,6 +38,24 @@ def client(ray_session: object, tmp_path_factory: pytest.TempPathFactory) -> Ite
     yield from engine_client(tmp_path_factory)
 
 
+def _chain_begins(client: rt.Client, enabled: bool) -> Iterator[rt.Client]:
+    was = client.txn_chain.enabled
+    client.txn_chain.close()  # what an earlier test's commit began is no one's
+    client.txn_chain.enabled = enabled
+    try:
+        yield client
+    finally:
+        client.txn_chain.enabled = was
+        client.txn_chain.close()
+
+
+@pytest.fixture
+def lazy(client: rt.Client) -> Iterator[rt.Client]:
+    """The module's client with chained begins off for one test: each transaction begins
+    lazily, with its first send (what the test counts)."""
+    yield from _chain_begins(client, False)
+
+
 def delay_appends(client: rt.Client, topic: str, seconds: float, **match: object) -> None:
     """Arm the topic's ``before_append`` point to sleep ``seconds`` once (for appends matching)."""
     client.faults.arm("partition.before_append", "delay", match=match or None, delay_s=seconds, topic=topic)
@@ -211,10 +229,11 @@ def test_partition_refuses_records_it_cannot_decode(client: rt.Client) -> None:
     assert visible_values(topic) == []
 
 
-def test_a_transactions_first_send_registers_the_previous_ones_partitions(client: rt.Client) -> None:
+def test_a_transactions_first_send_registers_the_previous_ones_partitions(lazy: rt.Client) -> None:
     """A steady stream of transactions touches the same partitions each time: the first send of
     the next one registers them all in one coordinator call, so later partitions' first appends
     find their registration done. A partition registered but not written commits nothing there."""
+    client = lazy
     topic = new_topic(client, 4)
     producer = client.create_producer(topic)
     keys = {p: next(f"k{i}" for i in range(1000) if partition_for(f"k{i}", 4) == p) for p in range(4)}
@@ -561,9 +580,10 @@ def _coordinator_counts(client: rt.Client) -> tuple[int, list[int]]:
     return sum(s["next_sequence"] for s in stats), [s["log"]["entries_since_compaction"] for s in stats]
 
 
-def test_a_transaction_begins_with_its_first_send_in_one_call_and_one_log_entry(client: rt.Client) -> None:
+def test_a_transaction_begins_with_its_first_send_in_one_call_and_one_log_entry(lazy: rt.Client) -> None:
     """Kafka's lazy beginTransaction: ``new_transaction`` makes no call; the first send begins the
     txn at a coordinator with its partition registered, in one log entry."""
+    client = lazy
     topic = new_topic(client, 2)
     producer = client.create_producer(topic)
     begun, entries = _coordinator_counts(client)
@@ -582,7 +602,8 @@ def test_a_transaction_begins_with_its_first_send_in_one_call_and_one_log_entry(
     assert visible_values(topic, [1]) == [b"first", b"second"]
 
 
-def test_a_transaction_that_sent_nothing_ends_without_a_call(client: rt.Client) -> None:
+def test_a_transaction_that_sent_nothing_ends_without_a_call(lazy: rt.Client) -> None:
+    client = lazy
     begun, entries = _coordinator_counts(client)
     committed = client.new_transaction()
     committed.commit()
@@ -603,7 +624,8 @@ def test_a_transaction_that_sent_nothing_ends_without_a_call(client: rt.Client) 
         client.new_transaction(timeout=client.config.coordinator.max_timeout_ms / 1000 + 1)
 
 
-def test_first_sends_to_several_partitions_at_once_share_one_begin(client: rt.Client) -> None:
+def test_first_sends_to_several_partitions_at_once_share_one_begin(lazy: rt.Client) -> None:
+    client = lazy
     topic = new_topic(client, 4)
     producer = client.create_producer(topic)
     consumer = client.subscribe(topic, "lazy", initial_position="earliest")
@@ -625,10 +647,11 @@ def test_first_sends_to_several_partitions_at_once_share_one_begin(client: rt.Cl
     consumer.close()
 
 
-def test_a_coordinator_crash_right_after_a_lazy_begin_is_logged_loses_nothing(client: rt.Client) -> None:
+def test_a_coordinator_crash_right_after_a_lazy_begin_is_logged_loses_nothing(lazy: rt.Client) -> None:
     """The first send's begin is logged, then the coordinator dies before answering: the client
     begins again on the restarted coordinator, the send lands once under that txn, the commit
     holds, and the orphan begun first (a partition registered, no data) times out as an abort."""
+    client = lazy
     topic = new_topic(client)
     producer = client.create_producer(topic)
     coordinators = [coordinator_actor_name(tc) for tc in range(client.config.coordinator.num_coordinators)]
@@ -668,13 +691,9 @@ def chained(client: rt.Client) -> TxnID | None:
 
 @pytest.fixture
 def chaining(client: rt.Client) -> Iterator[rt.Client]:
-    """The module's client with chained begins on (off by default) for one test."""
-    client.txn_chain.enabled = True
-    try:
-        yield client
-    finally:
-        client.txn_chain.enabled = False
-        client.txn_chain.close()
+    """The module's client with chained begins on (the default) for one test, whatever an
+    earlier test left."""
+    yield from _chain_begins(client, True)
 
 
 def test_a_commit_begins_the_next_transaction_with_its_participants(chaining: rt.Client) -> None:
