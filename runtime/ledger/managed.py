@@ -528,15 +528,18 @@ class ManagedLedger:
         if last is not None and from_entry > last:
             return
         index = await self._chunk_index(info.ledger_id, refresh=last is None)
-        firsts = list(index.keys())
         pos = index.bisect_right(from_entry) - 1
         if pos < 0:
-            if last is None and not firsts:
+            if last is None and not index:
                 return
             expected = chunk_path(self.stream, info.ledger_id, from_entry)
             raise CorruptLedger(f"missing ledger object {expected}", expected)
-        expected_first = firsts[pos]
-        for first in firsts[pos:]:
+        # A copy (a write may add a chunk while a load awaits) of only the chunks this read can
+        # reach: the first may end before ``from_entry``, every later one holds an entry at least
+        # (or seals the ledger). A copy of the whole index cost every read O(chunks).
+        firsts = list(index.islice(pos, pos + max_entries + 1))
+        expected_first = firsts[0]
+        for first in firsts:
             if first != expected_first:
                 missing = chunk_path(self.stream, info.ledger_id, expected_first)
                 raise CorruptLedger(f"missing ledger object {missing}", missing)
