@@ -64,6 +64,7 @@ from raytxn.protocol.offsets import (
     message_timestamp,
     offset_at,
     offset_for_time,
+    offset_of_max_time,
 )
 from raytxn.protocol.retention import StoredObject, acked_bound, retention_cut
 from raytxn.protocol.txn_buffer import TransactionBuffer, TxnBufferSnapshot
@@ -697,14 +698,28 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
         assert self._ledger is not None
         if type(timestamp_ms) is not int or timestamp_ms < 0:
             raise InvalidArgument(f"a timestamp is an int >= 0 (ms), got {timestamp_ms!r}")
+        return await self._by_time(timestamp_ms, committed)
+
+    @guarded(Access.CONSUME)
+    async def kafka_offset_of_max_time(self, committed: bool = True) -> tuple[int, int] | None:
+        """Kafka's ListOffsets for MAX_TIMESTAMP (KIP-734): ``(offset, timestamp)`` of the message
+        with the largest timestamp (the first on a tie), of those below the last stable offset
+        (``committed``) or the high watermark; None when there is none. Reads the partition from
+        its log start, as ``kafka_offset_for_time`` does."""
+        await self._started()
+        return await self._by_time(None, committed)
+
+    async def _by_time(self, timestamp_ms: int | None, committed: bool) -> tuple[int, int] | None:
         for _ in range(SCAN_ATTEMPTS):  # again only when retention trims under the read
             found, complete = await self._lookup_by_time(timestamp_ms, committed)
             if complete:
                 return found
         raise PositionTrimmed(f"{self.stream}: retention trimmed {SCAN_ATTEMPTS} times under the lookup by time")
 
-    async def _lookup_by_time(self, timestamp_ms: int, committed: bool) -> tuple[tuple[int, int] | None, bool]:
-        """One read of ``kafka_offset_for_time``: (its answer, whether no trim met the read)."""
+    async def _lookup_by_time(self, timestamp_ms: int | None,
+                              committed: bool) -> tuple[tuple[int, int] | None, bool]:
+        """One read of ``kafka_offset_for_time`` (``timestamp_ms`` None: of
+        ``kafka_offset_of_max_time``): (its answer, whether no trim met the read)."""
         assert self._ledger is not None
         marks = self._kafka_offsets()
         end_offset = marks["last_stable" if committed else "high_watermark"]
@@ -712,18 +727,23 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
         if point is None or marks["log_start"] >= end_offset:
             return None, True
         base = point.offset
+        latest: tuple[int, int] | None = None  # the max-time lookup's answer so far
 
         def visit(entries: list[Entry]) -> tuple[int, int] | None:
-            nonlocal base
+            nonlocal base, latest
             stamped = []
             for entry in entries:
                 header, messages = decode_entry(entry.records, f"{self.stream}@{entry.position}")
                 stamped.append((header, [message_timestamp(header, m) for m in messages]))
+            if timestamp_ms is None:  # every entry counts: the scan goes on to the end
+                latest, base = offset_of_max_time(stamped, base, end_offset, latest)
+                return None
             found, base = offset_for_time(stamped, base, timestamp_ms, end_offset)
             return found
 
         end = self.buffer.max_read_position if committed else self.buffer.last_position
-        return await self._scan(point.position, end, visit)
+        found, complete = await self._scan(point.position, end, visit)
+        return (latest if timestamp_ms is None else found), complete
 
     @guarded(Access.CONSUME)
     async def locate_offset(self, offset: int) -> Position | None:

@@ -31,7 +31,7 @@ from raytxn.protocol.entry_format import encode_message
 log = logging.getLogger(__name__)
 NODE_ID = 0
 CLUSTER_ID = "raytxn"
-EARLIEST_TIMESTAMP, LATEST_TIMESTAMP = -2, -1
+EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP = -2, -1, -3  # -3: of v7 (KIP-734)
 TOPIC_CACHE_S = 2.0
 FETCH_ENTRIES = 500
 
@@ -167,7 +167,7 @@ class Broker:
                 if error == wire.NONE:
                     try:
                         offset, timestamp = await self._offset_for(topic.name, part.partition_index,
-                                                                   part.timestamp, committed)
+                                                                   part.timestamp, committed, version)
                     except RaytxnError as e:
                         error = mapping.error_code(e)
                     except _Unserved:
@@ -178,13 +178,16 @@ class Broker:
             topics.append(ListOffsetsResponse.ListOffsetsTopicResponse(name=topic.name, partitions=partitions))
         return {"throttle_time_ms": 0, "topics": topics}
 
-    async def _offset_for(self, topic: str, partition: int, timestamp: int, committed: bool) -> tuple[int, int]:
+    async def _offset_for(self, topic: str, partition: int, timestamp: int, committed: bool,
+                          version: int) -> tuple[int, int]:
         """(offset, timestamp) for one ListOffsets partition: the log start (-2), the end (-1:
-        the last stable offset for read_committed, else the high watermark), or the first
-        message at or after a time (>= 0; offset and timestamp -1 when none is, as in Kafka).
-        ``_Unserved`` for the other special times (-3, the largest timestamp, of v7)."""
-        if timestamp >= 0:
-            found = await self._call(topic, partition, "kafka_offset_for_time", timestamp, committed)
+        the last stable offset for read_committed, else the high watermark), the first message
+        at or after a time (>= 0), or from v7 the message with the largest timestamp (-3,
+        KIP-734), of those below that end; offset and timestamp -1 when there is none, as in
+        Kafka. ``_Unserved`` for the other special times (-4 and -5, of tiered storage)."""
+        if timestamp >= 0 or (timestamp == MAX_TIMESTAMP and version >= 7):
+            found = await (self._call(topic, partition, "kafka_offset_for_time", timestamp, committed)
+                           if timestamp >= 0 else self._call(topic, partition, "kafka_offset_of_max_time", committed))
             return (-1, -1) if found is None else (found[0], found[1])
         if timestamp not in (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP):
             raise _Unserved(timestamp)

@@ -97,15 +97,25 @@ def offset_for_time(entries: Sequence[tuple[EntryHeader, Sequence[int]]], base: 
     ListOffsets by time; with event times, later offsets may carry earlier times, and the
     first offset counts, as in Kafka), or None; and the base offset after the entries read."""
     for header, stamps in entries:
-        if base >= end_offset:
-            break
-        for index, stamp in enumerate(stamps):
-            if base + index >= end_offset:
-                return None, base
+        for index, stamp in enumerate(stamps[:max(0, end_offset - base)]):
             if stamp >= timestamp_ms:
                 return (base + index, stamp), base
         base += entry_span(header)
     return None, base
+
+
+def offset_of_max_time(entries: Sequence[tuple[EntryHeader, Sequence[int]]], base: int, end_offset: int,
+                       best: tuple[int, int] | None) -> tuple[tuple[int, int] | None, int]:
+    """Of consecutive entries (as ``offset_for_time`` takes them), continuing from ``best``, the
+    answer over the entries before them (None: no message yet): ``(offset, timestamp)`` of the
+    message below ``end_offset`` with the largest timestamp, the first in offset order on a tie
+    (Kafka's ListOffsets for MAX_TIMESTAMP, KIP-734); and the base offset after the entries read."""
+    for header, stamps in entries:
+        for index, stamp in enumerate(stamps[:max(0, end_offset - base)]):
+            if best is None or stamp > best[1]:
+                best = (base + index, stamp)
+        base += entry_span(header)
+    return best, base
 
 
 def entry_holding(entries: Sequence[tuple[Position, EntryHeader]], base: int,

@@ -163,6 +163,21 @@ def test_offsets_for_times_with_confluent_kafka(client: rt.Client, bootstrap: st
         (1, b"v1", 2_000), (2, b"v2", 3_000)]
     consumer.close()
 
+    # ListOffsets v7's MAX_TIMESTAMP (KIP-734), through the admin client: the message with the
+    # largest timestamp, not the last one; -1 on an empty partition.
+    from confluent_kafka import IsolationLevel
+    from confluent_kafka.admin import AdminClient, OffsetSpec
+
+    producer.produce(topic, value=b"v3", timestamp=2_500)
+    assert producer.flush(30) == 0
+    empty = new_topic(client)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    asked = {TopicPartition(topic, 0): OffsetSpec.max_timestamp(), TopicPartition(empty, 0): OffsetSpec.max_timestamp()}
+    answers = {tp.topic: future.result(timeout=30) for tp, future in admin.list_offsets(
+        asked, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=30).items()}
+    assert (answers[topic].offset, answers[topic].timestamp) == (2, 3_000)
+    assert answers[empty].offset == -1
+
 
 def test_kcat_lists_metadata_and_consumes(client: rt.Client, bootstrap: str) -> None:
     kcat = shutil.which("kcat")

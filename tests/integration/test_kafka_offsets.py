@@ -151,11 +151,26 @@ def test_offsets_by_time_follow_event_times_the_last_stable_offset_and_trims(cli
     assert lookup(3_001, committed=False) == (4, 5_000)
     after = lookup(5_001, committed=False)
     assert after is not None and after[0] == 5 and after[1] >= before_d  # its append time, ms since the epoch
+
+    def latest(committed: bool = True) -> tuple[int, int] | None:  # ListOffsets MAX_TIMESTAMP
+        found = ref.call("kafka_offset_of_max_time", committed)
+        return None if found is None else tuple(found)
+
+    assert latest() == (1, 3_000)                               # the largest time below the stable offset
+    assert latest(committed=False) == after                     # d's append time beats every event time
     open_txn.commit()                                           # marker 6
     assert lookup(3_001) == (4, 5_000)
+    assert latest() == after
     current = max(ref.call("stats")["ledgers"])
     ref.call("trim", Position(current, 0))                      # offsets 0-3 go
     assert lookup(0) == (4, 5_000)
+    assert latest() == after
+    tie = new_topic(client)
+    assert partition_ref(tie).call("kafka_offset_of_max_time") is None  # nothing yet
+    tied = client.create_producer(tie)
+    for value, event_time in ((b"x", 7_000), (b"y", 9_000), (b"z", 9_000), (b"w", 8_000)):
+        tied.send(value, event_time=event_time)
+    assert tuple(partition_ref(tie).call("kafka_offset_of_max_time")) == (1, 9_000)  # the first of a tie
     for bad in (-5, "1000", 1.5):
         with pytest.raises(InvalidArgument):
             ref.call("kafka_offset_for_time", bad)

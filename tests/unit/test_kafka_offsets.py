@@ -235,9 +235,39 @@ def test_offset_for_time_is_the_first_message_in_offset_order_at_or_after_the_ti
     assert offset_for_time(entries, 0, 31, 100) == ((3, 50), 3)  # the marker is no answer
     assert offset_for_time(entries, 0, 55, 100) == ((5, 60), 3)
     assert offset_for_time(entries, 0, 61, 100) == (None, 6)
-    assert offset_for_time(entries, 0, 55, 5) == (None, 3)       # offset 5 is at the end offset
-    assert offset_for_time(entries, 0, 31, 3) == (None, 3)       # nothing below 3 is that late
+    assert offset_for_time(entries, 0, 55, 5) == (None, 6)       # offset 5 is at the end offset
+    assert offset_for_time(entries, 0, 31, 3) == (None, 6)       # nothing below 3 is that late
     assert offset_for_time(entries, 7, 60, 100) == ((12, 60), 10)  # counted from the base given
     header = _data(1, publish_time_ms=70)
     assert message_timestamp(header, MessageRecord(b"v", event_time_ms=5)) == 5
     assert message_timestamp(header, MessageRecord(b"v")) == 70
+
+
+@given(st.lists(st.one_of(st.none(), st.lists(st.integers(0, 20), min_size=1, max_size=4)), max_size=8),
+       st.integers(0, 40), st.integers(0, 5), st.integers(1, 7), st.integers(0, 21))
+def test_lookups_by_time_in_reads_of_any_size_answer_as_one_pass_over_the_messages(
+        shape: list[list[int] | None], end_offset: int, base: int, read_size: int, timestamp: int) -> None:
+    """offset_of_max_time and offset_for_time over a partition read in batches of ``read_size``
+    entries (markers: None) give what one pass over all its messages below ``end_offset`` gives:
+    the first largest time, the first at or after ``timestamp``."""
+    from raytxn.protocol.entry_format import marker_header
+    from raytxn.protocol.offsets import offset_for_time, offset_of_max_time
+
+    entries = [(marker_header(COMMIT, T1, 40), []) if stamps is None else (_data(len(stamps)), stamps)
+               for stamps in shape]
+    messages, offset = [], base
+    for header, stamps in entries:
+        messages += [(offset + i, stamp) for i, stamp in enumerate(stamps)]
+        offset += 1 if header.is_marker else header.count
+    below = [(o, t) for o, t in messages if o < end_offset]
+    expected = min(below, key=lambda m: (-m[1], m[0])) if below else None
+    best, at = None, base
+    for start in range(0, len(entries), read_size):
+        best, at = offset_of_max_time(entries[start:start + read_size], at, end_offset, best)
+    assert best == expected and at == offset
+    found, at = None, base
+    for start in range(0, len(entries), read_size):
+        found, at = offset_for_time(entries[start:start + read_size], at, timestamp, end_offset)
+        if found is not None:
+            break
+    assert found == next(((o, t) for o, t in below if t >= timestamp), None)
