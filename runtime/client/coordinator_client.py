@@ -81,11 +81,6 @@ class CoordinatorClient:
         return self._refs[txn.tc_id].call("end_txn", txn, action, self.owner, epoch, transactional_id,
                                           deadline_s=self.deadline_s)
 
-    async def end_txn_async(self, txn: TxnID, action: EndAction, epoch: int | None = None,
-                            transactional_id: str | None = None) -> str:
-        return await self._refs[txn.tc_id].call_async("end_txn", txn, action, self.owner, epoch, transactional_id,
-                                                      deadline_s=self.deadline_s)
-
     def release_unused(self, txn: TxnID) -> str:
         """Abort a txn this client never used (nothing sent or acked in it) without an end to
         its participants: a chained txn nobody took."""

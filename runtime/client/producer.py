@@ -462,20 +462,24 @@ class Producer:
         self._client.loop.call_soon(self._batches_queued, txn, touched, tails)
         return collector.future
 
-    def _chunks(self, records: list[bytes], indexes: list[int]) -> list[list[int]]:
-        """``indexes`` cut into runs within the batch limits (a record alone always makes one)."""
+    def _chunks(self, records: list[bytes], indexes: list[int], held: tuple[int, int] = (0, 0)) -> list[list[int]]:
+        """``indexes`` cut into runs within the batch limits (a record alone always makes one).
+        ``held``: the messages and bytes of an open batch the first run tops up (that run is
+        empty when even the first record does not fit)."""
         chunks: list[list[int]] = []
         start = 0
+        held_messages, held_bytes = held
         while start < len(indexes):
-            end, size = start, 0
-            while end < len(indexes) and end - start < self.max_messages:
+            end, size = start, held_bytes
+            while end < len(indexes) and end - start + held_messages < self.max_messages:
                 record_size = len(records[indexes[end]])
-                if end > start and size + record_size > self.max_bytes:
+                if (end > start or held_messages) and size + record_size > self.max_bytes:
                     break
                 size += record_size
                 end += 1
             chunks.append(indexes[start:end])
             start = end
+            held_messages, held_bytes = 0, 0
         return chunks
 
     def _encode_all(self, values: list[bytes], keys: list[str | None] | None,
@@ -511,14 +515,16 @@ class Producer:
         messages, twice the appends for the same data."""
         touched.append(partition)
         open_batch = self._open.get(_batch_key(partition, txn))
-        if open_batch is not None:
-            if open_batch.parts:
-                indexes = self._top_up_locked(open_batch, records, indexes, collector)
-            if indexes:
-                self._seal_locked(open_batch)
-        if not indexes:
-            return
-        chunks = self._chunks(records, indexes)
+        tail = open_batch if open_batch is not None and open_batch.parts else None
+        chunks = self._chunks(records, indexes, (len(tail.records), tail.size) if tail is not None else (0, 0))
+        if tail is not None and chunks:
+            topped = chunks.pop(0)
+            if topped:
+                tail.records.extend(records[i] for i in topped)
+                tail.parts.append((collector, topped))
+                tail.size += sum(len(records[i]) for i in topped)
+        if open_batch is not None and chunks:  # what follows goes after it
+            self._seal_locked(open_batch)
         for number, chunk in enumerate(chunks, 1):
             batch_records = [records[i] for i in chunk]
             batch = _Batch(partition, txn, batch_records, [], size=sum(map(len, batch_records)),
@@ -529,21 +535,6 @@ class Producer:
             else:
                 self._open[batch.key] = batch
                 tails.append(batch)
-
-    def _top_up_locked(self, tail: _Batch, records: list[bytes], indexes: list[int],
-                       collector: _Collector) -> list[int]:
-        """Under the lock: move the first of ``indexes`` into the open ``tail`` while it has
-        room; returns the ones that did not fit."""
-        room = self.max_messages - len(tail.records)
-        taken, size = 0, tail.size
-        while taken < min(room, len(indexes)) and size + len(records[indexes[taken]]) <= self.max_bytes:
-            size += len(records[indexes[taken]])
-            taken += 1
-        if taken:
-            tail.records.extend(records[i] for i in indexes[:taken])
-            tail.parts.append((collector, indexes[:taken]))
-            tail.size = size
-        return indexes[taken:]
 
     def _wait_for_room(self, count: int, size: int) -> None:
         """Under the lock: block while ``count`` more messages of ``size`` bytes would pass the

@@ -5,13 +5,13 @@ A client that commits one transaction after another (a loop of ``new_transaction
 first send, before that send's append can go out. Instead, a commit of a transaction without a
 transactional id asks its coordinator to begin the next one in the same log entry as COMMITTING,
 with the same partitions and subscriptions registered (a steady stream of transactions touches
-the same participants each time; a wrong guess costs an end there that writes nothing, or one
-abort marker). The next ``new_transaction`` with the same timeout takes it: its first send to
-those partitions goes straight to the append.
+the same participants each time; a wrong guess costs an end there that writes nothing). The next
+``new_transaction`` with the same timeout takes it: its first send to those partitions goes
+straight to the append.
 
 The chained txn is a real open transaction from the commit on: its timeout runs from then, and it
 holds its coordinator's low watermark. So it is taken only within ``max_age_s`` of its begin, and
-a timer aborts it once that age has passed with nobody taking it, as does ``close``: an idle
+a timer releases it once that age has passed with nobody taking it, as does ``close``: an idle
 client keeps no transaction open for longer than that. A client that dies leaves it to its
 coordinator's timeout, as any transaction it had open.
 
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from raytxn.client.client import Client
 
 log = logging.getLogger(__name__)
-MAX_AGE_S = 1.0  # a chained txn not taken within this long is aborted
+MAX_AGE_S = 1.0  # a chained txn not taken within this long is released
 
 
 @dataclass(frozen=True)
@@ -62,10 +62,10 @@ class TxnChain:
         self._next: ChainedTxn | None = None
         self._lock = threading.Lock()
         self.taken = 0      # chained txns handed to new_transaction
-        self.discarded = 0  # chained txns aborted unused (too old, another timeout, closed)
+        self.discarded = 0  # chained txns released unused (too old, another timeout, closed)
 
     def offer(self, chained: ChainedTxn) -> None:
-        """Keep ``chained`` for the next ``new_transaction``; one kept before is aborted."""
+        """Keep ``chained`` for the next ``new_transaction``; one kept before is released."""
         with self._lock:
             previous, self._next = self._next, chained
         if previous is not None:
@@ -74,7 +74,7 @@ class TxnChain:
 
     def take(self, timeout_s: float) -> ChainedTxn | None:
         """The chained txn, if there is one, begun with ``timeout_s`` and young enough; any other
-        is aborted."""
+        is released."""
         with self._lock:
             chained, self._next = self._next, None
         if chained is None:
@@ -86,7 +86,7 @@ class TxnChain:
         return chained
 
     def close(self) -> None:
-        """Abort the chained txn, if any, and wait for that (errors are only logged)."""
+        """Release the chained txn, if any, and wait for that (errors are only logged)."""
         with self._lock:
             chained, self._next = self._next, None
         if chained is not None:
@@ -111,9 +111,9 @@ class TxnChain:
 
     def _discard(self, chained: ChainedTxn) -> None:
         self.discarded += 1
-        self._client.loop.submit(self._abort(chained.txn_id))
+        self._client.loop.submit(self._release(chained.txn_id))
 
-    async def _abort(self, txn_id: TxnID) -> None:
+    async def _release(self, txn_id: TxnID) -> None:
         try:
             await self._client.coordinators.release_unused_async(txn_id)
         except RaytxnError as error:

@@ -185,9 +185,11 @@ class Broker:
         at or after a time (>= 0), or from v7 the message with the largest timestamp (-3,
         KIP-734), of those below that end; offset and timestamp -1 when there is none, as in
         Kafka. ``_Unserved`` for the other special times (-4 and -5, of tiered storage)."""
-        if timestamp >= 0 or (timestamp == MAX_TIMESTAMP and version >= 7):
-            found = await (self._call(topic, partition, "kafka_offset_for_time", timestamp, committed)
-                           if timestamp >= 0 else self._call(topic, partition, "kafka_offset_of_max_time", committed))
+        if timestamp >= 0:
+            found = await self._call(topic, partition, "kafka_offset_for_time", timestamp, committed)
+            return (-1, -1) if found is None else (found[0], found[1])
+        if timestamp == MAX_TIMESTAMP and version >= 7:
+            found = await self._call(topic, partition, "kafka_offset_of_max_time", committed)
             return (-1, -1) if found is None else (found[0], found[1])
         if timestamp not in (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP):
             raise _Unserved(timestamp)

@@ -82,7 +82,7 @@ class Workload:
     lease_holders: int = 0         # holders of range leases on the output's own subscription (leases.py)
     key_shared: bool = False       # keyed inputs, consumed through Key_Shared subscriptions (keyshared.py)
     # The pipeline's workers commit with commit_and_begin and run their next txn in the one it
-    # began (runtime/client/txn_chain.py), registering what it lacks; an unused one is aborted.
+    # began (runtime/client/txn_chain.py), registering what it lacks; an unused one is released.
     chain_begin: bool = False
 
 
