@@ -397,14 +397,17 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
             waiter = self._waiters.get(consumer_id)
             if waiter is not None:
                 waiter.set()
-        if self.state.wants_read(self.config.read_ahead_messages):
+        if self.state.wants_read(self._read_ahead()):
             self._wakeup.set()
+
+    def _read_ahead(self) -> int:
+        return self.state.read_ahead(self.config.read_ahead_messages, self.config.max_read_ahead_messages)
 
     async def _read_loop(self) -> None:
         while True:
             state = self.state
             self._wakeup.clear()
-            if not state.wants_read(self.config.read_ahead_messages):
+            if not state.wants_read(self._read_ahead()):
                 try:
                     await asyncio.wait_for(self._wakeup.wait(), 1.0)
                 except TimeoutError:
@@ -425,7 +428,7 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
     async def _read_unless_rewound(self, start: Position, generation: int) -> dict[str, Any] | None:
         """A (long-polling) partition read from ``start``; None when a rewind below ``start`` or a
         seek made it pointless before it returned."""
-        size = self.state.read_size(self.config.read_ahead_messages, self.config.read_batch_entries)
+        size = self.state.read_size(self._read_ahead(), self.config.read_batch_entries)
         read = asyncio.ensure_future(self._partition.call_async("read", start, size, self.config.read_wait_s))
         while True:
             woken = asyncio.ensure_future(self._wakeup.wait())

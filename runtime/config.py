@@ -82,7 +82,8 @@ class SubscriptionConfig:
     cursor_snapshot_interval_s: float = 1.0    # persist the cursor at most this often
     trim_interval_s: float = 5.0               # trim the pending-ack log on this timer too
     consumer_timeout_s: float = 30.0           # a consumer neither fetching nor pinging this long is dropped
-    read_ahead_messages: int = 2000            # messages read from the partition ahead of dispatch
+    read_ahead_messages: int = 2000            # messages read from the partition ahead of dispatch...
+    max_read_ahead_messages: int = 20_000      # ...or as many as consumers' fetches ask for, up to this
     read_batch_entries: int = 200              # entries per partition read
     read_wait_s: float = 5.0                   # a partition read long-polls this long for new data
 

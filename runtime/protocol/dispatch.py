@@ -114,13 +114,14 @@ Chunk = tuple[QueuedEntry, list[int]]
 
 
 class _Consumer:
-    __slots__ = ("consumer_id", "demand", "fetching", "last_seen", "name", "outbox", "outbox_count",
+    __slots__ = ("asked", "consumer_id", "demand", "fetching", "last_seen", "name", "outbox", "outbox_count",
                  "outstanding", "outstanding_count")
 
     def __init__(self, consumer_id: str, name: str, now: float) -> None:
         self.consumer_id = consumer_id
         self.name = name
         self.demand = 0                     # messages the current fetch can still take
+        self.asked = 0                      # messages its last fetch (not a ping) could take
         self.outbox: list[Chunk] = []       # handed out, not yet returned by the fetch
         self.outbox_count = 0
         # Handed out, not acked: entry -> batch index -> its key's hash (Key_Shared; else None),
@@ -274,6 +275,11 @@ class Dispatcher:
         return self._queued
 
     @property
+    def asked(self) -> int:
+        """Messages the consumers' last fetches could take, together: about their receive queues."""
+        return sum(c.asked for c in self._consumers.values())
+
+    @property
     def outstanding(self) -> int:
         return sum(c.outstanding_count for c in self._consumers.values())
 
@@ -282,6 +288,8 @@ class Dispatcher:
         consumer = self._consumers.get(consumer_id)
         if consumer is not None:
             consumer.demand = max(0, max_messages - consumer.outbox_count)
+            if max_messages > 0:
+                consumer.asked = max_messages
 
     def has_outbox(self, consumer_id: str) -> bool:
         consumer = self._consumers.get(consumer_id)

@@ -177,6 +177,14 @@ class SubscriptionState:
             return indexes
         return [index for index in indexes if self.deliverable(position, index, batch_size)]
 
+    def read_ahead(self, base: int, cap: int) -> int:
+        """How many messages to keep queued ahead of dispatch: ``base``, or as many as the
+        consumers' last fetches could take when that is more (about their receive queues), up to
+        ``cap``. With ``base`` alone, a consumer with a 10,000-message receive queue got about
+        ``base`` messages per round trip of the two reads (partition, then fetch): columnar
+        receive ran at a third of its rate with the queue kept a receive queue ahead."""
+        return min(cap, max(base, self.dispatcher.asked))
+
     def wants_read(self, read_ahead: int) -> bool:
         """Read more when somebody may consume it and the queue has room."""
         return bool(self.dispatcher.consumer_ids()) and self.dispatcher.queued < read_ahead

@@ -560,3 +560,24 @@ def test_an_abort_hands_a_message_another_consumer_held_to_that_consumer_once_mo
         state.apply(end, P(9, 3))
     assert (P(0, 0), 0) not in [key for c in ("a", "b") for key in state.dispatcher.release(c)]
     assert not state.dispatcher._resend
+
+
+def test_the_read_ahead_follows_what_the_consumers_last_fetches_could_take_within_its_bounds() -> None:
+    state = state_with_consumer(ConsumerType.Failover)
+    assert state.read_ahead(2000, 20_000) == 2000  # nobody fetched yet
+    state.dispatcher.want("a", 10_000)
+    assert state.read_ahead(2000, 20_000) == 10_000
+    state.add_consumer("b", "b", ConsumerType.Failover, 0.0)  # a standby: it asks too
+    state.dispatcher.want("b", 15_000)
+    assert state.read_ahead(2000, 20_000) == 20_000  # capped
+    position, records = data_entry(0, [b"v%d" % i for i in range(6)])
+    state.on_read(state.read_position, [(position, records)], P(0, 1), P(0, 1))
+    state.dispatch()  # "a" took the entry: its demand fell, but its receive queue did not
+    state.take_entries("a")
+    state.dispatcher.want("a", 0)  # a ping (its queue is full) says nothing of its size
+    assert state.read_ahead(2000, 20_000) == 20_000
+    assert state.wants_read(state.read_ahead(2000, 20_000))
+    state.remove_consumer("b")
+    assert state.read_ahead(2000, 20_000) == 10_000
+    state.remove_consumer("a")
+    assert state.read_ahead(2000, 20_000) == 2000
