@@ -19,11 +19,10 @@ demo: $(STAMP)
 
 # Two pytest workers, each a whole module at a time (module fixtures stay one Ray engine and one
 # Spark session per module; each worker has its own local Ray): the suite waits on actor starts
-# and timers far more than it computes, and one worker kept this 2-core machine 40% busy. Modules go
-# out longest first (tests/conftest.py orders them; xdist's own reorder is off).
+# and timers far more than it computes, and one worker kept this 2-core machine 40% busy.
 test: $(STAMP)
 	$(VENV)/bin/ruff check actors runtime connectors examples tests
-	$(VENV)/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
+	$(VENV)/bin/python -m pytest -n 2 --dist loadfile
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check actors runtime connectors examples tests

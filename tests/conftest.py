@@ -93,26 +93,3 @@ def drop_new_topics(request: pytest.FixtureRequest) -> Iterator[None]:
     except RaytxnError as error:  # a test that left its engine unable to delete: it showed that itself
         print(f"drop_new_topics: left {request.node.name}'s topics: {error!r}")
 
-
-
-RAY_TEST_S = 4.0  # about what a test that needs Ray costs: an engine's or a topic's actors start
-PLAIN_TEST_S = 0.1
-
-
-def _expected_s(item: pytest.Item) -> float:
-    slow = item.get_closest_marker("slow")
-    if slow is not None:
-        return float(slow.kwargs.get("seconds", slow.args[0] if slow.args else RAY_TEST_S))
-    return RAY_TEST_S if "ray_session" in getattr(item, "fixturenames", ()) else PLAIN_TEST_S
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Longest modules first (`make test` runs xdist's loadfile with --no-loadscope-reorder, which
-    hands modules out in this order): xdist's own reorder puts the modules of most tests first,
-    which left the one-test chaos, quickstart and Spark runs for the end, where one worker ran
-    them while the other had nothing left, and they ran beside each other's actor starts.
-    A module's size is its tests' ``slow(seconds)`` marks, and an estimate for the rest."""
-    expected: dict[str, float] = {}
-    for item in items:
-        expected[item.nodeid.split("::")[0]] = expected.get(item.nodeid.split("::")[0], 0.0) + _expected_s(item)
-    items.sort(key=lambda item: -expected[item.nodeid.split("::")[0]])  # stable: in-module order stays
