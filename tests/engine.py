@@ -33,6 +33,14 @@ def engine_client(tmp_path_factory: pytest.TempPathFactory, token: str | None = 
         stop_engine(token)
 
 
+def joinable_ray_address(ray_session: Any) -> str:
+    """The session Ray's address, for a script run in its own process to join (``RAY_ADDRESS``)
+    rather than start a Ray of its own, with no engine left running in it: the script's
+    ``rt.connect`` would attach to that engine, and its storage, instead of starting its own."""
+    stop_engine()
+    return ray_session.get_runtime_context().gcs_address
+
+
 def partition_ref(topic: str, p: int = 0) -> ActorRef:
     """Calls straight to a partition actor (stats, faults, or an append as a coordinator would)."""
     return ActorRef(partition_actor_name(topic, p))

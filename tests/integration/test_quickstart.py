@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.engine import joinable_ray_address
+
 pytestmark = [pytest.mark.ray, pytest.mark.slow(seconds=20)]
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart.py"
@@ -28,17 +30,15 @@ def _run_demo(cwd: Path, ray_address: str) -> str:
         proc = subprocess.run([sys.executable, str(QUICKSTART)], cwd=cwd, capture_output=True, text=True,
                               timeout=120, env={**os.environ, "RAY_ADDRESS": ray_address})
     except subprocess.TimeoutExpired as hung:
-        printed = [(out or b"").decode(errors="replace") for out in (hung.stdout, hung.stderr)]
+        printed = [out if isinstance(out, str) else (out or b"").decode(errors="replace")
+                   for out in (hung.stdout, hung.stderr)]
         raise AssertionError("the demo did not end in 120 s; it printed:\n" + "\n".join(printed)) from None
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
 
 
 def test_a_second_demo_run_starts_the_same_actors(tmp_path: Path, ray_session) -> None:
-    from raytxn.cluster import stop_engine
-
-    stop_engine()  # the demo's rt.connect would attach to an engine left running, and its storage
-    address = ray_session.get_runtime_context().gcs_address
+    address = joinable_ray_address(ray_session)
     first, second = _run_demo(tmp_path, address), _run_demo(tmp_path, address)
     counts = []
     for out in (first, second):

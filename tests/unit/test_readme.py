@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.engine import joinable_ray_address
+
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
@@ -18,10 +20,7 @@ BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
 
 @pytest.mark.parametrize("index", range(len(BLOCKS)))
 def test_readme_snippet_runs(index: int, ray_session) -> None:
-    from raytxn.cluster import stop_engine
-
-    stop_engine()  # a snippet's rt.connect would attach to an engine left running, and its storage
-    address = ray_session.get_runtime_context().gcs_address
+    address = joinable_ray_address(ray_session)
     proc = subprocess.run([sys.executable, "-c", BLOCKS[index]], capture_output=True, text=True, timeout=300,
                           cwd=ROOT, env={**os.environ, "RAY_ADDRESS": address})
     assert proc.returncode == 0, f"README python block {index} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
