@@ -51,6 +51,7 @@ from raytxn.protocol.pending_ack import Record, decode_record, encode_record
 from raytxn.protocol.subscription_state import (
     AckRange,
     AckTuple,
+    IndexRun,
     PersistedCursor,
     SubscriptionState,
     count_entries,
@@ -253,19 +254,22 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
     @guarded(Access.CONSUME)
     async def ack(self, consumer_id: str, acks: list[AckTuple], cumulative: bool = False,
                   txn: TxnID | None = None, request_id: str | None = None,
-                  ranges: list[AckRange] | None = None) -> None:
-        """Acks of ``(position, batch_index, batch_size)``, and of whole entries by ``ranges``
-        ``(ledger_id, first_entry_id, last_entry_id)``. Plain ones change the cursor (which is
-        persisted later); transactional ones return once logged in the pending-ack log.
-        ``request_id`` names a transactional call: sent again (a retry), it succeeds once logged."""
+                  ranges: list[AckRange] | None = None, runs: list[IndexRun] | None = None) -> None:
+        """Acks of ``(position, batch_index, batch_size)``, of whole entries by ``ranges``
+        ``(ledger_id, first_entry_id, last_entry_id)``, and of batch indexes by ``runs``
+        ``(ledger_id, entry_id, batch_size, first_index, last_index)``. Plain ones change the
+        cursor (which is persisted later); transactional ones return once logged in the
+        pending-ack log. ``request_id`` names a transactional call: sent again (a retry), it
+        succeeds once logged."""
         await self._started()
         self.state.dispatcher.touch(consumer_id, self.clock.monotonic())
         async with self._lock:
             if txn is None:
-                self.state.ack(acks, cumulative, ranges or ())
+                self.state.ack(acks, cumulative, ranges or (), runs or ())
             else:
                 await self._log_pending_ack(txn, self.state.prepare_ack(txn, acks, cumulative, request_id,
-                                                                        ranges or (), consumer=consumer_id))
+                                                                        ranges or (), consumer=consumer_id,
+                                                                        runs=runs or ()))
         self._changed()
 
     @guarded(Access.SUPERUSER)

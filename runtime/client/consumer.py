@@ -7,12 +7,14 @@ long-polls the actor for as many messages as that partition's receiver queue
 received. Messages of one partition arrive in order; ``receive`` takes them from one queue.
 
 Acks are grouped per partition and transaction and sent every few milliseconds, like Pulsar's ack
-grouping. Plain acks return at once. An ack in a transaction registers the subscription with the
-coordinator (once per txn and partition) and is tracked by the transaction (commit waits for it,
-and aborts if it failed); ``acknowledge`` with a txn waits until the ack is logged, so a conflict
-raises right there, while ``acknowledge_async`` returns a future. Each group goes in one call with
-a request id, which the subscription logs: a retry of that call (its reply lost, the actor
-restarted) succeeds, while a new call repeating a txn's cumulative ack is a conflict, as in Pulsar.
+grouping; a group goes as ranges of whole entries and runs of batch indexes of the rest, not as a
+tuple per message (``coalesce_acks``, ``index_runs``). Plain acks return at once. An ack in a
+transaction registers the subscription with the coordinator (once per txn and partition) and is
+tracked by the transaction (commit waits for it, and aborts if it failed); ``acknowledge`` with a
+txn waits until the ack is logged, so a conflict raises right there, while ``acknowledge_async``
+returns a future. Each group goes in one call with a request id, which the subscription logs: a
+retry of that call (its reply lost, the actor restarted) succeeds, while a new call repeating a
+txn's cumulative ack is a conflict, as in Pulsar.
 
 Ack timeouts and negative acks are tracked here, as Pulsar's client does: when one is due, the
 consumer asks the actor to redeliver those messages (to whichever consumer should get them).
@@ -44,7 +46,7 @@ from raytxn.client.transaction import Transaction
 from raytxn.errors import InvalidArgument, NotAllowed, Timeout
 from raytxn.ids import Position, subscription_actor_name
 from raytxn.protocol.dispatch import ConsumerType
-from raytxn.protocol.subscription_state import AckRange, WireEntry
+from raytxn.protocol.subscription_state import AckRange, IndexRun, WireEntry
 
 if TYPE_CHECKING:
     from raytxn.client.client import Client
@@ -102,6 +104,7 @@ class _AckGroup:
     txn: Transaction | None
     acks: list[tuple[Position, int | None, int]] = field(default_factory=list)
     ranges: list[AckRange] = field(default_factory=list)  # whole entries (set when the group is sent)
+    runs: list[IndexRun] = field(default_factory=list)    # batch indexes (set when the group is sent)
     # Names the one ack call this group becomes: the subscription knows a retry of it by this.
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     futures: list[concurrent.futures.Future] = field(default_factory=list)
@@ -490,7 +493,7 @@ class Consumer:
         groups = []
         for partition, acks in per_partition.items():
             group = _AckGroup(txn)
-            group.ranges, group.acks = coalesce_acks(acks)
+            group.ranges, group.runs, group.acks = _coalesced(acks)
             groups.append((partition, group))
         if txn is None:
             for partition, group in groups:
@@ -705,7 +708,7 @@ class Consumer:
             self._flush_due_in = math.inf
         for (partition, _, cumulative), group in groups.items():
             if not cumulative:
-                group.ranges, group.acks = coalesce_acks(group.acks)
+                group.ranges, group.runs, group.acks = _coalesced(group.acks)
             task = asyncio.get_running_loop().create_task(self._send_acks(partition, cumulative, group))
             self._sending.add(task)
             task.add_done_callback(self._sending.discard)
@@ -718,7 +721,8 @@ class Consumer:
                 await txn.register("subscription", (self.topic, partition, self.subscription))
             await feed.ref.call_async("ack", self.consumer_id, group.acks, cumulative,
                                       txn.id if txn is not None else None, deadline_s=self._client.deadline_s,
-                                      request_id=group.request_id, ranges=group.ranges or None)
+                                      request_id=group.request_id, ranges=group.ranges or None,
+                                      runs=group.runs or None)
         except BaseException as error:  # every ack of the group learns why
             if txn is None:
                 log.warning("acks on %s failed: %r", feed.ref.name, error)
@@ -831,3 +835,27 @@ def coalesce_acks(acks: list[tuple[Position, int | None, int]]
         else:
             ranges.append((position.ledger_id, position.entry_id, position.entry_id))
     return ranges, partial
+
+
+def index_runs(acks: list[tuple[Position, int | None, int]]) -> list[IndexRun]:
+    """Acks of single batch indexes, grouped by entry with indexes ascending (as ``coalesce_acks`` leaves
+    them), as runs of consecutive indexes of one entry ``(ledger_id, entry_id, batch_size,
+    first_index, last_index)``: a consumer acking in order sends one or two per entry."""
+    runs: list[IndexRun] = []
+    for position, batch_index, batch_size in acks:
+        assert batch_index is not None, "whole entries go as ranges"
+        if runs:
+            ledger_id, entry_id, size, first, last = runs[-1]
+            if (ledger_id, entry_id) == (position.ledger_id, position.entry_id) and last + 1 == batch_index:
+                runs[-1] = (ledger_id, entry_id, size, first, batch_index)
+                continue
+        runs.append((position.ledger_id, position.entry_id, batch_size, batch_index, batch_index))
+    return runs
+
+
+def _coalesced(acks: list[tuple[Position, int | None, int]]
+               ) -> tuple[list[AckRange], list[IndexRun], list[tuple[Position, int | None, int]]]:
+    """A group's individual acks as it is sent: (ranges of whole entries, index runs, no single
+    acks)."""
+    ranges, partial = coalesce_acks(acks)
+    return ranges, index_runs(partial), []

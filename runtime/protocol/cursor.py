@@ -230,6 +230,29 @@ class Cursor:
             return True
         return self._add_range(position, next_position(position))  # also drops the batch state
 
+    def ack_indexes(self, position: Position, batch_size: int, first: int, last: int) -> bool:
+        """``ack`` of batch indexes ``first..last`` (inclusive) of one entry, in one bit operation:
+        a consumer acking in order acks runs of a batch, and a call per index cost the subscription
+        more than the rest of the ack. Idempotent; returns whether anything changed."""
+        _check_position(position)
+        check_batch(first, batch_size)
+        check_batch(last, batch_size)
+        if last < first:
+            raise InvalidArgument(f"index run {first}..{last} of {position} is empty")
+        if self.is_acked(position):
+            return False
+        batch_size_known, bits = self._batches.get(position, (batch_size, _full(batch_size)))
+        if batch_size_known != batch_size:
+            raise InvalidArgument(f"{position} holds {batch_size_known} messages, not {batch_size}")
+        run = _full(last + 1) ^ _full(first)
+        if not bits & run:
+            return False
+        bits &= ~run
+        if bits:
+            self._batches[position] = (batch_size, bits)
+            return True
+        return self._add_range(position, next_position(position))  # also drops the batch state
+
     def ack_range(self, start: Position, end_exclusive: Position) -> bool:
         """Ack every position in ``[start, end_exclusive)`` (skipped markers, aborted messages,
         ledger tails). Idempotent; returns whether anything changed."""

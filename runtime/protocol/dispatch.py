@@ -535,6 +535,34 @@ class Dispatcher:
                 removed.append(key)
         return removed
 
+    def settle_indexes(self, position: Position, first: int, last: int) -> None:
+        """``settle`` batch indexes ``first..last`` of the entry at ``position`` (a plain ack of an
+        index run), and forget the redelivery counts of those that were outstanding: one lookup
+        of the entry for the run, not one per message."""
+        queued = self._queue.get(position)
+        if queued is not None:
+            kept = [index for index in queued.indexes if not first <= index <= last]
+            if len(kept) < len(queued.indexes):
+                self._queued -= len(queued.indexes) - len(kept)
+                if kept:
+                    queued.indexes[:] = kept
+                else:
+                    del self._queue[position]
+        owners = self._owner.get(position)
+        if owners is None:
+            return
+        by_holder: dict[str, list[int]] = {}
+        for index in range(first, last + 1):
+            holder = owners.pop(index, None)
+            if holder is not None:
+                by_holder.setdefault(holder, []).append(index)
+        if not owners:
+            del self._owner[position]
+        for holder, indexes in by_holder.items():
+            self._unpin(position, indexes)
+            self._drop_outstanding(self._consumers[holder], position, indexes)
+            self.forget_redeliveries((position, index) for index in indexes)
+
     def settle_for(self, holder: str, keys: Iterable[MessageKey],
                    entries: Iterable[Position] = ()) -> tuple[list[MessageKey], list[MessageKey]]:
         """``settle`` the messages ``keys`` and every message of ``entries`` for acks that

@@ -68,6 +68,12 @@ WireEntry = tuple[int, int, int, int, list[int], list[int] | None, list[bytes]]
 AckRange = tuple[int, int, int]
 MAX_RANGE_ENTRIES = 1 << 20  # one range never names more entries than this
 
+# Individual acks of batch indexes ``first_index..last_index`` (inclusive) of one entry:
+# (ledger_id, entry_id, batch_size, first_index, last_index). A consumer acking a batch entry in
+# order sends a run or two per entry instead of a tuple per message: one cursor update and one
+# object to unpickle, not a thousand.
+IndexRun = tuple[int, int, int, int, int]
+
 
 class PersistedCursor(msgspec.Struct, frozen=True):
     """The cursor as stored in the pending-ack ledger's properties: its snapshot, and the last
@@ -106,6 +112,34 @@ def normalize_ack(ack: AckTuple | Sequence[Any]) -> Ack:
     if batch_size is None:
         raise InvalidArgument(f"ack of batch index {batch_index} of {position} needs the batch size")
     return Ack(position, batch_index, batch_size)
+
+
+CheckedRun = tuple[Position, int, int, int]  # (entry, batch size, first index, last index)
+
+
+def check_index_runs(runs: Sequence[IndexRun]) -> list[CheckedRun]:
+    """The runs with their entries as ``Position``s; ``InvalidArgument`` for a malformed one, or
+    for two runs of one entry that disagree on its batch size."""
+    checked: list[CheckedRun] = []
+    sizes: dict[Position, int] = {}
+    for run in runs:
+        if not isinstance(run, tuple | list) or len(run) != 5 or any(type(part) is not int for part in run):
+            raise InvalidArgument("an index run is (ledger_id, entry_id, batch_size, first_index, last_index), "
+                                  f"got {run!r}")
+        ledger_id, entry_id, batch_size, first, last = run
+        if entry_id < 0 or batch_size < 1 or not 0 <= first <= last < batch_size:
+            raise InvalidArgument(f"bad index run {run!r}: need entry_id >= 0 and 0 <= first <= last < batch_size")
+        position = Position(ledger_id, entry_id)
+        if sizes.setdefault(position, batch_size) != batch_size:
+            raise InvalidArgument(f"index runs of {position} name batch sizes {sizes[position]} and {batch_size}")
+        checked.append((position, batch_size, first, last))
+    return checked
+
+
+def run_acks(runs: Sequence[CheckedRun]) -> list[Ack]:
+    """The ``Ack`` of each message of the runs (what the runs stand for, one message at a time)."""
+    return [Ack(position) if batch_size == 1 else Ack(position, index, batch_size)
+            for position, batch_size, first, last in runs for index in range(first, last + 1)]
 
 
 def routing_key_of(record: bytes) -> str | None:
@@ -323,17 +357,22 @@ class SubscriptionState:
 
     # --- plain acks --------------------------------------------------------------------------
 
-    def ack(self, acks: Sequence[AckTuple], cumulative: bool = False, ranges: Sequence[AckRange] = ()) -> None:
+    def ack(self, acks: Sequence[AckTuple], cumulative: bool = False, ranges: Sequence[AckRange] = (),
+            runs: Sequence[IndexRun] = ()) -> None:
         """Plain acks: straight to the cursor (messages held by a txn are skipped). ``ranges``:
         whole entries, a range at a time (individual acks only; ``NotAllowed`` for a range
-        reaching past what was delivered)."""
+        reaching past what was delivered). ``runs``: batch indexes, a run of one entry at a time
+        (individual acks only; each the same as acking its messages one by one)."""
         normalized = [normalize_ack(ack) for ack in acks]
+        if (ranges or runs) and cumulative:
+            raise InvalidArgument("range and index-run acks are individual acks, not cumulative")
+        checked_runs = self._check_runs_plain(runs)
         if ranges:
-            if cumulative:
-                raise InvalidArgument("range acks are individual acks, not cumulative")
             checked = self._check_ranges(ranges)
             for start, last in checked:  # every range is valid: now apply them all
                 self._ack_range_plain(start, last)
+        if checked_runs:
+            normalized += self._ack_runs_plain(checked_runs)
         if cumulative:
             self._check_cumulative_allowed()
             for ack in normalized:
@@ -347,6 +386,31 @@ class SubscriptionState:
             self.cursor.ack(ack.position, ack.batch_index, ack.batch_size)
             settled.append(ack)
         self.dispatcher.forget_redeliveries(self._settle(settled))
+
+    def _check_runs_plain(self, runs: Sequence[IndexRun]) -> list[CheckedRun]:
+        """``check_index_runs``, and ``InvalidArgument`` for a run whose batch size is not the
+        one the cursor knows its entry by (checked before any ack is applied)."""
+        checked = check_index_runs(runs)
+        for position, batch_size, _, _ in checked:
+            partial = self.cursor.partial_batch(position)
+            if partial is not None and partial[0] != batch_size:
+                raise InvalidArgument(f"{position} holds {partial[0]} messages, not {batch_size}")
+        return checked
+
+    def _ack_runs_plain(self, runs: Sequence[CheckedRun]) -> list[Ack]:
+        """Apply the index runs no transaction holds any of, a run at a time (cursor and
+        dispatcher); returns the single acks of the rest, for the one-at-a-time path (which
+        skips the messages a txn holds)."""
+        holds_any = self.pending.holds_any
+        loose: list[CheckedRun] = []
+        for run in runs:
+            position, batch_size, first, last = run
+            if batch_size == 1 or (holds_any and self.pending.holds_at(position)):
+                loose.append(run)
+                continue
+            self.cursor.ack_indexes(position, batch_size, first, last)
+            self.dispatcher.settle_indexes(position, first, last)
+        return run_acks(loose)
 
     def _check_ranges(self, ranges: Sequence[AckRange]) -> list[tuple[Position, Position]]:
         """``(first, last)`` entry of each range; ``InvalidArgument`` for a malformed one,
@@ -460,12 +524,17 @@ class SubscriptionState:
 
     def prepare_ack(self, txn: TxnID, acks: Sequence[AckTuple], cumulative: bool = False,
                     request: str | None = None, ranges: Sequence[AckRange] = (),
-                    consumer: str | None = None) -> AckRecord | None:
+                    consumer: str | None = None, runs: Sequence[IndexRun] = ()) -> AckRecord | None:
         """The record to log for one ack call made in ``txn`` (None: nothing to log, success:
         it holds them all already, or ``request``, the call's id, is a retry of a logged call).
-        ``ranges``: whole entries a range at a time (individual acks only); the record names
-        each entry, so that the pending-ack rules, the log and its replay stay as they are.
+        ``ranges`` (whole entries a range at a time) and ``runs`` (batch indexes a run at a
+        time) are individual acks; the record names each entry or message, so that the
+        pending-ack rules, the log and its replay stay as they are.
         ``consumer``: who calls (see ``apply``: what another consumer holds stays with it)."""
+        if runs:
+            if cumulative:
+                raise InvalidArgument("index-run acks are individual acks, not cumulative")
+            acks = [*acks, *((a.position, a.batch_index, a.batch_size) for a in run_acks(check_index_runs(runs)))]
         record = self._prepare_ack(txn, acks, cumulative, request, ranges)
         if record is not None and consumer is not None:
             record = msgspec.structs.replace(record, consumer=consumer)
