@@ -458,9 +458,11 @@ class Driver:
         unanswered one leaves the txn unable to commit, as the client's transaction does."""
         self._requests += 1
         try:
-            ack = (Position(mid.ledger_id, mid.entry_id), mid.batch_index, batch_size)
-            await ref.call_async("ack", consumer, [ack], cumulative, txn, deadline_s=CALL_DEADLINE_S,
-                                 request_id=f"{consumer}-{self._requests}", ranges=None)
+            acks, runs = [(Position(mid.ledger_id, mid.entry_id), mid.batch_index, batch_size)], None
+            if not cumulative and batch_size > 1:  # as the client's ack groups send a batch index
+                acks, runs = [], [(mid.ledger_id, mid.entry_id, batch_size, mid.batch_index, mid.batch_index)]
+            await ref.call_async("ack", consumer, acks, cumulative, txn, deadline_s=CALL_DEADLINE_S,
+                                 request_id=f"{consumer}-{self._requests}", ranges=None, runs=runs)
         except Exception as error:  # noqa: BLE001 - conflict or away: the txn cannot commit
             self._unexpected(f"ack {txn}", error)
             self.counts.error(error)
