@@ -69,7 +69,8 @@ ROWS: dict[str, Callable[[], list[dict]]] = {
         10_000, 100_000, 150 * 2**20, {"rss_bytes": 160 * 2**20, "ongoing_txns": 0, "aborted_txns": 3})],
     "crash-recovery": lambda: [bench_produce.crash_recovery_row("partition", [1500.25, 1700.5, 2200.75])],
     "subscription": lambda: [
-        *bench_subscription.throughput_rows(20_000, {"plain": [30_000.25, 31_000.5], "txn": [25_000.75, 26_000.5],
+        *bench_subscription.throughput_rows(20_000, {"plain": [30_000.25, 31_000.5], "plain-4p": [29_000.5, 28_000.25],
+                                                     "txn": [25_000.75, 26_000.5],
                                                      "txn-pipelined": [28_000.25, 29_500.5],
                                                      "batch": [300_000.5, 310_000.25], "peer": [900_000.5, 850_000.5]}),
         bench_subscription.recovery_row(10_000, 950.25, 1.2345),
@@ -150,7 +151,7 @@ def test_a_table_taking_its_columns_from_the_first_row_is_caught() -> None:
     out = io.StringIO()
     console = Console(file=out, width=10_000, color_system=None)
     console.print(table, width=console.measure(table).maximum)
-    throughputs, others = rows[:5], rows[5:]  # the first kind, and the ratios, recovery, memory
+    throughputs, others = rows[:6], rows[6:]  # the first kind, and the ratios, recovery, memory
     assert missing_figures(rows, out.getvalue()) == [str(row) for row in others]
     assert missing_figures(throughputs, out.getvalue()) == []
 
