@@ -17,7 +17,8 @@ persisted cursor, and does the I/O, locking and timers; every decision is the st
   Plain acks take the same lock, so none lands between a txn ack's preparation and its apply.
 * Kafka consumer groups (``kafka_commit``, ``kafka_committed``): a group reads the partition
   through the Kafka gateway and commits offsets here, plainly (persisted before the answer) or
-  inside a transaction (a cumulative ack in the pending-ack log, like any other).
+  inside a transaction (a cumulative ack in the pending-ack log, like any other), each with its
+  metadata string, which the cursor keeps with its mark-delete bound.
 * Durability: the cursor is persisted (at most every ``cursor_snapshot_interval_s``, and always
   before the log is trimmed) as a property of the pending-ack ledger together with the log
   position it includes. Recovery: restore it, replay the log (rebuilding the index), and deliver
@@ -325,19 +326,20 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
 
     @guarded(Access.CONSUME)
     async def kafka_commit(self, first: Position, index: int, size: int | None, txn: TxnID | None = None,
-                           request_id: str | None = None) -> None:
+                           request_id: str | None = None, metadata: str = "") -> None:
         """A Kafka consumer group's commit (the gateway maps the offset to a position with the
         partition's ``kafka_locate``): message ``index`` of the entry at ``first`` is the first
-        not consumed. Plain: the cursor moves there (forward, or back) and is persisted before
-        this returns. In ``txn``: a cumulative ack of everything before it, returned once logged
+        not consumed, ``metadata`` the commit's metadata string. Plain: the cursor moves there
+        (forward, or back), takes the metadata and is persisted before this returns. In ``txn``:
+        a cumulative ack of everything before it carrying the metadata, returned once logged
         (retries by ``request_id`` succeed), applied when ``txn`` commits."""
         await self._started()
         async with self._lock:
             if txn is None:
-                self.state.reader_commit(first, index, size)
+                self.state.reader_commit(first, index, size, metadata)
             else:
                 await self._log_pending_ack(txn, self.state.prepare_reader_commit(txn, first, index, size,
-                                                                                  request_id))
+                                                                                  request_id, metadata))
         self._changed()
         if txn is None:
             async with self._persist_lock:
@@ -347,12 +349,14 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
     async def kafka_committed(self) -> dict[str, Any]:
         """Where a Kafka group's committed position is: ``position`` and ``index`` of the first
         message not acked (map them to an offset with the partition's ``kafka_offset_of``);
+        ``metadata``: the committed metadata string;
         ``acked_nothing``: the cursor never moved (no commit yet); ``pending``: whether a
         transaction holds acks here (Kafka's pending transactional offsets, which a
         ``require_stable`` OffsetFetch waits out)."""
         await self._started()
         position, index = self.state.first_unacked()
-        return {"position": position, "index": index, "acked_nothing": self.state.acked_nothing(),
+        return {"position": position, "index": index, "metadata": self.state.cursor.metadata,
+                "acked_nothing": self.state.acked_nothing(),
                 "pending": self.state.pending.pending_txn_count > 0}
 
     # --- seek ------------------------------------------------------------------------------

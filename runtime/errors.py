@@ -49,6 +49,10 @@ class InvalidArgument(RaytxnError):
     """A malformed argument: a bad name, a negative timeout, an empty batch, ..."""
 
 
+class MetadataTooLarge(InvalidArgument):
+    """A commit metadata string past the limit (Kafka's OFFSET_METADATA_TOO_LARGE)."""
+
+
 # --- topics and messages ---------------------------------------------------------------------
 
 

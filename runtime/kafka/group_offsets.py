@@ -15,7 +15,11 @@ are as durable as any cursor and outlive the gateway. Nothing about offsets is k
   ``require_stable`` (read_committed consumers) gets UNSTABLE_OFFSET_COMMIT while a transaction
   holds acks on the partition, as from Kafka (KIP-447): the consumer asks again after it ended.
 
-Commit metadata strings are not kept (fetches answer ""). Offsets outside [log start offset, high
+A commit's metadata string is kept with the offset, as durably: the cursor holds it with its
+mark-delete bound (persisted with it), a transactional commit's rides with its cumulative ack in the
+pending-ack log and is set when the transaction commits (an abort drops it); fetches answer it.
+Past 4096 UTF-8 bytes (Kafka's default offset.metadata.max.bytes) a partition's commit gets
+OFFSET_METADATA_TOO_LARGE and changes nothing. Offsets outside [log start offset, high
 watermark] get OFFSET_OUT_OF_RANGE, as does a transactional commit below the committed offset
 (a transaction only moves it forward). A group's commits and raytxn consumers (or leases) on the
 same subscription do not mix: INCONSISTENT_GROUP_PROTOCOL.
@@ -33,11 +37,20 @@ from typing import Any
 from kafka.protocol.consumer import OffsetCommitResponse, OffsetFetchResponse
 from kafka.protocol.producer import TxnOffsetCommitResponse
 
-from raytxn.errors import InvalidArgument, NotAllowed, RaytxnError, Timeout, TopicNotFound, TransactionConflict
+from raytxn.errors import (
+    InvalidArgument,
+    MetadataTooLarge,
+    NotAllowed,
+    RaytxnError,
+    Timeout,
+    TopicNotFound,
+    TransactionConflict,
+)
 from raytxn.ids import TxnID
 from raytxn.kafka import mapping, wire
 from raytxn.kafka.group_membership import GroupMembership, group_id_error
 from raytxn.kafka.transactions import INVALID_TXN_STATE, KafkaTransactions, TxnState
+from raytxn.protocol.cursor import check_metadata
 
 KNOWN_SUBSCRIPTION_S = 2.0  # how long "this group's subscription exists" is trusted without asking
 MAX_KNOWN = 10_000
@@ -63,6 +76,8 @@ def commit_error(error: RaytxnError) -> int:
     """The Kafka error code of a commit or fetch that raytxn refused."""
     if isinstance(error, TransactionConflict):
         return wire.CONCURRENT_TRANSACTIONS  # another txn's offsets are pending there: retry later
+    if isinstance(error, MetadataTooLarge):
+        return wire.OFFSET_METADATA_TOO_LARGE
     if isinstance(error, NotAllowed):
         return wire.INCONSISTENT_GROUP_PROTOCOL  # raytxn consumers or a lease read the subscription
     if type(error) is InvalidArgument:
@@ -72,6 +87,19 @@ def commit_error(error: RaytxnError) -> int:
     if error.retriable:
         return wire.COORDINATOR_NOT_AVAILABLE  # an actor restarting: the client finds us and retries
     return mapping.error_code(error)
+
+
+def metadata_error(metadata: str) -> int:
+    """OFFSET_METADATA_TOO_LARGE for a commit metadata string past the limit, else NONE."""
+    try:
+        check_metadata(metadata)
+    except MetadataTooLarge:
+        return wire.OFFSET_METADATA_TOO_LARGE
+    return wire.NONE
+
+
+# One offset to commit: (topic, partition, offset, metadata).
+Wanted = tuple[str, int, int, str]
 
 
 class GroupOffsets:
@@ -109,10 +137,11 @@ class GroupOffsets:
         return wire.OFFSET_OUT_OF_RANGE if where is None else where
 
     async def _commit(self, topic: str, partition: int, group: str, where: dict[str, Any],
-                      txn: TxnID | None) -> int:
+                      txn: TxnID | None, metadata: str) -> int:
         try:  # (the subscription exists: ``_commit_all`` made sure of it)
             await self.engine.subscription_call(topic, partition, group, "kafka_commit", where["position"],
-                                                where["index"], where["size"], txn, f"kafka-{uuid.uuid4().hex}")
+                                                where["index"], where["size"], txn, f"kafka-{uuid.uuid4().hex}",
+                                                metadata)
         except RaytxnError as e:
             return commit_error(e)
         return wire.NONE
@@ -130,7 +159,8 @@ class GroupOffsets:
             instance_id = request.group_instance_id if version >= 7 else None
             error = self.membership.check_commit(group, request.member_id, request.generation_id_or_member_epoch,
                                                  instance_id)
-        wanted = [(t.name, p.partition_index, p.committed_offset) for t in request.topics for p in t.partitions]
+        wanted = [(t.name, p.partition_index, p.committed_offset, p.committed_metadata or "")
+                  for t in request.topics for p in t.partitions]
         codes = await self._commit_all(group, wanted, error)
         result = OffsetCommitResponse.OffsetCommitResponseTopic
         return {"throttle_time_ms": 0, "topics": [
@@ -138,16 +168,22 @@ class GroupOffsets:
                 partition_index=p.partition_index, error_code=codes[(t.name, p.partition_index)])
                 for p in t.partitions]) for t in request.topics]}
 
-    async def _commit_all(self, group: str, wanted: list[tuple[str, int, int]], error: int,
+    async def _commit_all(self, group: str, wanted: list[Wanted], error: int,
                           txn_state: TxnState | None = None, txn: TxnID | None = None) -> dict[tuple[str, int], int]:
-        """Each ``(topic, partition, offset)``'s error code after committing it (in ``txn``, the
-        group's txn of ``txn_state``, after registering its subscriptions there)."""
+        """Each ``(topic, partition)``'s error code after committing its offset and metadata (in
+        ``txn``, the group's txn of ``txn_state``, after registering its subscriptions there).
+        Metadata past the limit: OFFSET_METADATA_TOO_LARGE for that partition, not committed."""
         if error != wire.NONE:
-            return {(name, index): error for name, index, _ in wanted}
-        wheres = await asyncio.gather(*(self._locate(name, index, offset) for name, index, offset in wanted))
+            return {(name, index): error for name, index, _, _ in wanted}
         codes: dict[tuple[str, int], int] = {}
+        for name, index, _, metadata in wanted:
+            if metadata_error(metadata) != wire.NONE:
+                codes[(name, index)] = wire.OFFSET_METADATA_TOO_LARGE
+        wanted = [row for row in wanted if (row[0], row[1]) not in codes]
+        metadata_of = {(name, index): metadata for name, index, _, metadata in wanted}
+        wheres = await asyncio.gather(*(self._locate(name, index, offset) for name, index, offset, _ in wanted))
         located: dict[tuple[str, int], dict[str, Any]] = {}
-        for (name, index, _), where in zip(wanted, wheres, strict=True):
+        for (name, index, _, _), where in zip(wanted, wheres, strict=True):
             if isinstance(where, int):
                 codes[(name, index)] = where
             else:
@@ -164,7 +200,7 @@ class GroupOffsets:
                 txn_state, [(name, index, group) for name, index in located])
         if registered != wire.NONE:
             return {**codes, **dict.fromkeys(located, registered)}
-        committed = await asyncio.gather(*(self._commit(name, index, group, where, txn)
+        committed = await asyncio.gather(*(self._commit(name, index, group, where, txn, metadata_of[(name, index)])
                                            for (name, index), where in located.items()))
         return {**codes, **dict(zip(located, committed, strict=True))}
 
@@ -184,42 +220,42 @@ class GroupOffsets:
         for name, indexes in wanted:
             answers = await self._fetch_topic(name, indexes, group, stable, error)
             topics.append(result(name=name, partitions=[result.OffsetFetchResponsePartition(
-                partition_index=index, committed_offset=offset, committed_leader_epoch=-1, metadata="",
-                error_code=code) for index, (offset, code) in zip(indexes, answers, strict=True)]))
+                partition_index=index, committed_offset=offset, committed_leader_epoch=-1, metadata=metadata,
+                error_code=code) for index, (offset, metadata, code) in zip(indexes, answers, strict=True)]))
         return {"throttle_time_ms": 0, "topics": topics, "error_code": error}
 
     async def _fetch_topic(self, name: str, indexes: list[int], group: str, stable: bool,
-                           error: int) -> list[tuple[int, int]]:
-        """``(offset, error code)`` of each partition of ``indexes`` of topic ``name``."""
+                           error: int) -> list[tuple[int, str, int]]:
+        """``(offset, metadata, error code)`` of each partition of ``indexes`` of topic ``name``."""
         if error != wire.NONE:
-            return [(-1, error)] * len(indexes)
+            return [(-1, "", error)] * len(indexes)
         codes = await asyncio.gather(*(self._partition_error(name, index) for index in indexes))
         if all(code != wire.NONE for code in codes):
-            return [(-1, code) for code in codes]
+            return [(-1, "", code) for code in codes]
         try:
             subscribed = group in await self.engine.subscriptions(name)
         except RaytxnError as e:
-            return [(-1, code if code != wire.NONE else commit_error(e)) for code in codes]
+            return [(-1, "", code if code != wire.NONE else commit_error(e)) for code in codes]
 
-        async def fetch(index: int, code: int) -> tuple[int, int]:
+        async def fetch(index: int, code: int) -> tuple[int, str, int]:
             if code != wire.NONE or not subscribed:
-                return -1, code
+                return -1, "", code
             try:
                 return await self._committed(name, index, group, stable)
             except RaytxnError as e:
-                return -1, commit_error(e)
+                return -1, "", commit_error(e)
 
         return list(await asyncio.gather(*(fetch(index, code) for index, code in zip(indexes, codes, strict=True))))
 
-    async def _committed(self, topic: str, partition: int, group: str, stable: bool) -> tuple[int, int]:
+    async def _committed(self, topic: str, partition: int, group: str, stable: bool) -> tuple[int, str, int]:
         committed = await self.engine.subscription_call(topic, partition, group, "kafka_committed")
         if stable and committed["pending"]:
-            return -1, wire.UNSTABLE_OFFSET_COMMIT
+            return -1, "", wire.UNSTABLE_OFFSET_COMMIT
         if committed["acked_nothing"]:
-            return -1, wire.NONE
+            return -1, "", wire.NONE
         offset = await self.engine.partition_call(topic, partition, "kafka_offset_of", committed["position"],
                                                   committed["index"])
-        return offset, wire.NONE
+        return offset, committed["metadata"], wire.NONE
 
     # --- offsets in transactions -------------------------------------------------------------
 
@@ -242,7 +278,8 @@ class GroupOffsets:
         if error == wire.NONE and version >= 3:
             error = self.membership.check_txn_commit(group, request.member_id, request.generation_id,
                                                      request.group_instance_id)
-        wanted = [(t.name, p.partition_index, p.committed_offset) for t in request.topics for p in t.partitions]
+        wanted = [(t.name, p.partition_index, p.committed_offset, p.committed_metadata or "")
+                  for t in request.topics for p in t.partitions]
         codes = await self._commit_all(group, wanted, error, state if isinstance(state, TxnState) else None, txn)
         result = TxnOffsetCommitResponse.TxnOffsetCommitResponseTopic
         return {"throttle_time_ms": 0, "topics": [

@@ -21,6 +21,9 @@ ledger's last entry and the next ledger's first, e.g. ``[(3, 10), (4, 0))`` (``g
 those ranges). Without that, the bound stops at the end of a ledger; memory still stays flat
 (in-order acks extend one range per unbridged ledger boundary), but ledgers are not freed.
 
+Commit metadata: a string kept with the mark-delete bound (Pulsar's mark-delete properties), a
+Kafka group's offset metadata. Only ``set_metadata`` changes it: acks and seeks leave it as it is.
+
 Pure: no Ray, no I/O, no clock. Durable through ``snapshot()`` / ``from_snapshot()``.
 """
 
@@ -31,7 +34,7 @@ from collections.abc import Iterable
 import msgspec
 from sortedcontainers import SortedDict
 
-from raytxn.errors import CorruptLedger, InvalidArgument
+from raytxn.errors import CorruptLedger, InvalidArgument, MetadataTooLarge
 from raytxn.ids import EARLIEST, Position
 
 
@@ -47,6 +50,9 @@ def position_before(bound: Position) -> Position:
     after every entry of earlier ledgers. So ``p <= position_before(b)`` exactly when ``p < b``."""
     return Position(bound.ledger_id, bound.entry_id - 1)
 
+
+# Kafka's broker default offset.metadata.max.bytes; counted here in UTF-8 bytes.
+MAX_COMMIT_METADATA_BYTES = 4096
 
 # The lowest bound the cursor uses: everything up to EARLIEST is acked from the start.
 _FLOOR = next_position(EARLIEST)
@@ -70,6 +76,17 @@ def gaps_between(read_start: Position, positions: Iterable[Position]) -> list[tu
 def acked_indexes(ack_set: int, batch_size: int) -> list[int]:
     """The batch indexes a Pulsar ack set acknowledges (its CLEARED bits below ``batch_size``)."""
     return [index for index in range(batch_size) if not ack_set >> index & 1]
+
+
+def check_metadata(metadata: object) -> str:
+    """``metadata`` when it is a commit metadata string; ``InvalidArgument`` when it is not a str,
+    ``MetadataTooLarge`` past ``MAX_COMMIT_METADATA_BYTES`` UTF-8 bytes."""
+    if type(metadata) is not str:
+        raise InvalidArgument(f"commit metadata must be a str, got {metadata!r}")
+    size = len(metadata.encode("utf-8", "surrogatepass"))
+    if size > MAX_COMMIT_METADATA_BYTES:
+        raise MetadataTooLarge(f"commit metadata of {size} bytes (limit {MAX_COMMIT_METADATA_BYTES})")
+    return metadata
 
 
 def _full(batch_size: int) -> int:
@@ -102,11 +119,13 @@ class BatchAckState(msgspec.Struct, frozen=True, array_like=True):
 
 
 class CursorSnapshot(msgspec.Struct, frozen=True):
-    """Everything a cursor holds. ``mark_delete_position`` is ``position_before(acked_below)``."""
+    """Everything a cursor holds. ``mark_delete_position`` is ``position_before(acked_below)``.
+    (Encoded as a map: a snapshot from before a field existed decodes with its default.)"""
 
     acked_below: Position
     acked_ranges: tuple[tuple[Position, Position], ...] = ()
     partial_batches: tuple[BatchAckState, ...] = ()
+    metadata: str = ""  # the commit metadata (``Cursor.set_metadata``)
 
 
 class CursorStats(msgspec.Struct, frozen=True):
@@ -143,6 +162,7 @@ class Cursor:
         self._acked_below = max(next_position(_check_position(mark_delete_position)), _FLOOR)
         self._ranges: SortedDict = SortedDict()  # start -> end (exclusive)
         self._batches: SortedDict = SortedDict()  # position -> (batch_size, unacked bits)
+        self._metadata = ""
 
     @classmethod
     def starting_at(cls, first_unacked: Position) -> Cursor:
@@ -163,6 +183,19 @@ class Cursor:
         """Pulsar's inclusive mark-delete position, ``position_before(acked_below)``: everything at
         or below it is acked. Entry id -1 when the bound sits at the start of a ledger."""
         return position_before(self._acked_below)
+
+    @property
+    def metadata(self) -> str:
+        """The commit metadata kept with the mark-delete bound ("" until set)."""
+        return self._metadata
+
+    def set_metadata(self, metadata: str) -> bool:
+        """Keep ``metadata`` as the commit metadata (checked by ``check_metadata`` first, so a bad
+        one changes nothing); returns whether it changed."""
+        check_metadata(metadata)
+        changed = metadata != self._metadata
+        self._metadata = metadata
+        return changed
 
     def is_acked(self, position: Position, batch_index: int | None = None) -> bool:
         """Whether the entry (``batch_index`` None) or that batch index of it is acked."""
@@ -322,6 +355,7 @@ class Cursor:
             tuple(self._ranges.items()),
             tuple(BatchAckState(position, size, bits.to_bytes((size + 7) // 8, "little"))
                   for position, (size, bits) in self._batches.items()),
+            self._metadata,
         )
 
     @classmethod
@@ -333,6 +367,7 @@ class Cursor:
             cursor._ranges[start] = end
         for batch in snapshot.partial_batches:
             cursor._batches[batch.position] = (batch.batch_size, int.from_bytes(batch.unacked, "little"))
+        cursor._metadata = snapshot.metadata
         try:
             cursor.check_invariants()
         except AssertionError as error:
@@ -351,6 +386,10 @@ class Cursor:
         for position, (size, bits) in self._batches.items():
             _require(size >= 1 and 0 < bits < _full(size), f"batch state {bits:b}/{size} of {position}")
             _require(position >= self._acked_below and not self._in_range(position), f"{position} acked yet partial")
+        try:
+            check_metadata(self._metadata)
+        except InvalidArgument as error:
+            raise AssertionError(f"commit metadata: {error}") from error
 
 
 def _require(condition: bool, message: str) -> None:

@@ -33,6 +33,12 @@ restart; the log keeps every record of a pending transaction (see below), so non
 
 Acking a message that was never delivered on the subscription is ``NotAllowed``.
 
+Commit metadata (a Kafka group's offset metadata, kept by the cursor with its mark-delete bound):
+a cumulative ack may carry the metadata its transaction's commit sets (``AckRecord.metadata``), and
+a ``MetadataRecord`` sets it without acking more (a Kafka transaction committing the committed
+offset again, with other metadata). Commit applies it after the acks; abort drops it. While one
+transaction holds metadata, another's cumulative ack or metadata is a ``TransactionConflict``.
+
 Invariant: no pending ack is below the cursor's mark-delete bound (prepare rejects acked
 messages; the actor keeps plain acks and seeks off pending ones with ``held_by``,
 ``check_plain_cumulative`` and ``check_seek``). So ``PendingAckLogIndex.trim_point`` never lets the
@@ -62,7 +68,7 @@ from raytxn.errors import (
     TransactionConflict,
 )
 from raytxn.ids import Position, TxnID
-from raytxn.protocol.cursor import Cursor, check_batch, position_before
+from raytxn.protocol.cursor import Cursor, check_batch, check_metadata, position_before
 
 DEFAULT_MAX_REMEMBERED_ENDED = 10_000
 MAX_REQUEST_ID_LENGTH = 128
@@ -94,16 +100,30 @@ class AckRecord(msgspec.Struct, tag="ack", frozen=True):
     # The consumer that made the call (None: not a consumer's, or logged before this existed).
     # Live bookkeeping only: a message another consumer holds stays with it until the txn commits.
     consumer: str | None = None
+    # The commit metadata the txn's commit sets on the cursor (cumulative records only; None:
+    # leaves it, as every record logged before this existed does).
+    metadata: str | None = None
 
     def __post_init__(self) -> None:  # a ValueError here is a ValidationError when decoding
         if not self.acks:
             raise ValueError("an ack record needs at least one ack")
         if self.kind is AckKind.CUMULATIVE and len(self.acks) != 1:
             raise ValueError("a cumulative ack record holds exactly one ack")
+        if self.metadata is not None and self.kind is not AckKind.CUMULATIVE:
+            raise ValueError("only a cumulative ack record carries commit metadata")
         for ack in self.acks:
             index, size = ack.batch_index, ack.batch_size
             if (index is None) != (size is None) or (index is not None and size is not None and not 0 <= index < size):
                 raise ValueError(f"bad batch index in {ack}")
+
+
+class MetadataRecord(msgspec.Struct, tag="metadata", frozen=True):
+    """``txn``'s commit sets the cursor's commit metadata to ``metadata`` (it acks nothing more).
+    ``request`` as for ``AckRecord``."""
+
+    txn: TxnID
+    metadata: str
+    request: str | None = None
 
 
 class CommitRecord(msgspec.Struct, tag="commit", frozen=True):
@@ -114,13 +134,13 @@ class AbortRecord(msgspec.Struct, tag="abort", frozen=True):
     txn: TxnID
 
 
-Record = AckRecord | CommitRecord | AbortRecord
+Record = AckRecord | MetadataRecord | CommitRecord | AbortRecord
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(Record)
 
 
 def encode_record(record: Record) -> bytes:
-    if not isinstance(record, AckRecord | CommitRecord | AbortRecord):
+    if not isinstance(record, AckRecord | MetadataRecord | CommitRecord | AbortRecord):
         raise InvalidArgument(f"not a pending-ack record: {record!r}")
     return _ENCODER.encode(record)
 
@@ -176,13 +196,14 @@ class _TxnAcks:
     """The pending acks of one transaction: position -> acked-index mask (None: whole entry), the
     entries its cumulative acks cover, the highest of them, and the ids of its logged calls."""
 
-    __slots__ = ("cumulative", "individual", "point", "requests")
+    __slots__ = ("cumulative", "individual", "metadata", "point", "requests")
 
     def __init__(self) -> None:
         self.individual: dict[Position, int | None] = {}  # a cumulative ack's batch indexes too
         self.cumulative: Position | None = None  # every entry up to here (None: none above the bound)
         self.point: tuple[Position, int] | None = None  # its highest cumulative ack (see _point)
         self.requests: set[str] = set()
+        self.metadata: str | None = None  # the commit metadata its commit sets (None: none)
 
 
 Delivered = Callable[[Position], bool] | Position
@@ -197,6 +218,7 @@ class PendingAck:
         self._holds: SortedDict = SortedDict()  # Position -> _Hold, for every individually pending entry
         self._cumulative_txn: TxnID | None = None  # the one with a pending cumulative ack (Pulsar)
         self._cumulative: tuple[TxnID, Position] | None = None  # it, and the entries that ack covers
+        self._metadata_txn: TxnID | None = None  # the one holding commit metadata
         # Volatile memory of ended txns (rebuilt by replay as far as the log goes): rejects a
         # retried ack of an ended txn. Not needed for correctness of the durable state.
         self._ended: OrderedDict[TxnID, bool] = OrderedDict()  # txn -> committed
@@ -258,6 +280,11 @@ class PendingAck:
                 size = self._holds[position].batch_size
                 result.extend(Ack(position, index, size) for index in range(size) if mask >> index & 1)
         return result, acks.cumulative
+
+    def metadata_of(self, txn: TxnID) -> str | None:
+        """The commit metadata ``txn``'s commit would set (None: it holds none)."""
+        acks = self._txns.get(txn)
+        return None if acks is None else acks.metadata
 
     def cumulative_point_of(self, txn: TxnID) -> tuple[Position, int] | None:
         """How far ``txn``'s pending cumulative ack reaches, comparable with ``cumulative_point``
@@ -368,27 +395,22 @@ class PendingAck:
     # --- prepare -----------------------------------------------------------------------------
 
     def prepare_ack(self, txn: TxnID, kind: AckKind, acks: Sequence[Ack | tuple], delivered: Delivered,
-                    request: str | None = None) -> AckRecord | None:
+                    request: str | None = None, metadata: str | None = None) -> AckRecord | None:
         """Validate the acks of one call made in ``txn``; the record to log, or None when there is
         nothing to log: ``txn`` holds them all already, or ``request`` (the call's id) is logged
         for it already (a retry). ``delivered`` says whether a position was dispatched on this
-        subscription (a predicate, or the highest dispatched position)."""
-        if not isinstance(txn, TxnID):
-            raise InvalidArgument(f"txn must be a TxnID, got {txn!r}")
-        if request is not None and (type(request) is not str or not 0 < len(request) <= MAX_REQUEST_ID_LENGTH):
-            raise InvalidArgument(f"request id must be a str of 1 to {MAX_REQUEST_ID_LENGTH} characters, "
-                                  f"got {request!r}")
-        ended = self._ended.get(txn)
-        if ended is not None:
-            raise (TransactionAlreadyCommitted if ended else TransactionAlreadyAborted)(
-                f"{txn} already {'committed' if ended else 'aborted'} on this subscription")
+        subscription (a predicate, or the highest dispatched position). ``metadata``: the commit
+        metadata a cumulative ack's commit sets (None: none)."""
+        if self._check_call(txn, request):
+            return None  # a retry of a call that was logged (its reply was lost): done
         try:
             kind = AckKind(kind)
         except ValueError:
             raise InvalidArgument(f"ack kind must be individual or cumulative, got {kind!r}") from None
-        pending = self._txns.get(txn)
-        if request is not None and pending is not None and request in pending.requests:
-            return None  # a retry of a call that was logged (its reply was lost): done
+        if metadata is not None:
+            if kind is not AckKind.CUMULATIVE:
+                raise InvalidArgument("only a cumulative ack carries commit metadata")
+            check_metadata(metadata)
         normalized = [_normalize(ack) for ack in acks]
         if not normalized:
             raise InvalidArgument("no acks given")
@@ -396,7 +418,7 @@ class PendingAck:
             if not (delivered(ack.position) if callable(delivered) else ack.position <= delivered):
                 raise NotAllowed(f"{txn} acks {ack.position}, which was never delivered on this subscription")
         if kind is AckKind.CUMULATIVE:
-            return self._prepare_cumulative(txn, normalized, request)
+            return self._prepare_cumulative(txn, normalized, request, metadata)
         new: dict[tuple[Position, int | None], Ack] = {}
         sizes: dict[Position, int] = {}
         for ack in normalized:
@@ -420,7 +442,43 @@ class PendingAck:
         if known != ack.batch_size:
             raise InvalidArgument(f"{ack.position} holds {known} messages, not {ack.batch_size}")
 
-    def _prepare_cumulative(self, txn: TxnID, acks: list[Ack], request: str | None) -> AckRecord:
+    def _check_call(self, txn: TxnID, request: str | None) -> bool:
+        """Check a call's transaction and request id; True when it is a retry of a logged call."""
+        if not isinstance(txn, TxnID):
+            raise InvalidArgument(f"txn must be a TxnID, got {txn!r}")
+        if request is not None and (type(request) is not str or not 0 < len(request) <= MAX_REQUEST_ID_LENGTH):
+            raise InvalidArgument(f"request id must be a str of 1 to {MAX_REQUEST_ID_LENGTH} characters, "
+                                  f"got {request!r}")
+        ended = self._ended.get(txn)
+        if ended is not None:
+            raise (TransactionAlreadyCommitted if ended else TransactionAlreadyAborted)(
+                f"{txn} already {'committed' if ended else 'aborted'} on this subscription")
+        pending = self._txns.get(txn)
+        return request is not None and pending is not None and request in pending.requests
+
+    def prepare_metadata(self, txn: TxnID, metadata: str, request: str | None = None) -> MetadataRecord | None:
+        """The record by which ``txn``'s commit sets the commit metadata without acking more, or
+        None when there is nothing to log: its commit sets that already (or, holding nothing, the
+        cursor has it), or ``request`` is a retry. ``TransactionConflict`` while another txn holds
+        a cumulative ack or metadata."""
+        if self._check_call(txn, request):
+            return None
+        check_metadata(metadata)
+        pending = self._txns.get(txn)
+        if metadata == (self.cursor.metadata if pending is None or pending.metadata is None else pending.metadata):
+            return None
+        holder = self._metadata_conflict(txn)
+        if holder is not None:
+            raise TransactionConflict(f"{txn} sets commit metadata while {holder} holds a cumulative ack or metadata")
+        return MetadataRecord(txn, metadata, request)
+
+    def _metadata_conflict(self, txn: TxnID) -> TxnID | None:
+        """Another transaction holding a cumulative ack or commit metadata."""
+        return next((holder for holder in (self._cumulative_txn, self._metadata_txn)
+                     if holder is not None and holder != txn), None)
+
+    def _prepare_cumulative(self, txn: TxnID, acks: list[Ack], request: str | None,
+                            metadata: str | None = None) -> AckRecord:
         if len(acks) != 1:
             raise InvalidArgument("a cumulative ack takes exactly one position")
         ack = _whole_if_last(acks[0])
@@ -437,6 +495,9 @@ class PendingAck:
         if holder is not None and holder != txn:
             raise TransactionConflict(f"{txn} acks cumulatively while {holder} holds a pending "
                                       f"cumulative ack up to {_point_name(self._txns[holder].point)}")
+        holder = self._metadata_conflict(txn)
+        if holder is not None:
+            raise TransactionConflict(f"{txn} acks cumulatively while {holder} holds commit metadata")
         own = self._txns[txn].point if txn in self._txns else None
         if own is not None and _point(ack) <= own:
             raise TransactionConflict(f"{txn} acks cumulatively up to {named}, at or below its own "
@@ -444,7 +505,7 @@ class PendingAck:
         holder = self._cumulative_conflict(txn, ack)
         if holder is not None:
             raise TransactionConflict(f"{txn} acks cumulatively up to {named} over messages pending in {holder}")
-        return AckRecord(txn, AckKind.CUMULATIVE, (ack,), request)
+        return AckRecord(txn, AckKind.CUMULATIVE, (ack,), request, metadata=metadata)
 
     def _cumulative_conflict(self, txn: TxnID, ack: Ack) -> TxnID | None:
         """Another transaction holding a message that ``txn``'s cumulative ``ack`` covers."""
@@ -493,6 +554,9 @@ class PendingAck:
         if isinstance(record, AckRecord):
             self._apply_ack(record)
             return None
+        if isinstance(record, MetadataRecord):
+            self._apply_metadata(record.txn, record.metadata, record.request)
+            return None
         if isinstance(record, CommitRecord):
             self._end(record.txn, committed=True, touch_cursor=not in_cursor_snapshot)
             return None
@@ -519,12 +583,31 @@ class PendingAck:
             self._raise_cumulative(txn, acks, record.acks[0])
         for ack in holds:
             self._hold(txn, acks, ack)
+        if record.metadata is not None:
+            self._apply_metadata(txn, record.metadata, None)
+
+    def _apply_metadata(self, txn: TxnID, metadata: str, request: str | None) -> None:
+        """``txn``'s commit sets ``metadata`` (the rule of ``prepare_metadata`` still met, checked
+        for a metadata record before it changes anything; ``_apply_cumulative_checks`` did it
+        for an ack record's)."""
+        holder = self._metadata_conflict(txn)
+        if holder is not None:
+            raise InvalidTxnState(f"{txn} sets commit metadata while {holder} holds a cumulative ack or metadata "
+                                  "(prepare -> log -> apply not serialized?)")
+        acks = self._txns.setdefault(txn, _TxnAcks())
+        if request is not None:
+            acks.requests.add(request)
+        acks.metadata = metadata
+        self._metadata_txn = txn
 
     def _apply_cumulative_checks(self, txn: TxnID, ack: Ack) -> list[Ack]:
         """The rules a cumulative record must still meet (``InvalidTxnState`` otherwise); returns
         the batch indexes it holds one by one."""
         if self._cumulative_txn is not None and self._cumulative_txn != txn:
             raise InvalidTxnState(f"{txn} cumulative ack while {self._cumulative_txn} holds one "
+                                  "(prepare -> log -> apply not serialized?)")
+        if self._metadata_txn is not None and self._metadata_txn != txn:
+            raise InvalidTxnState(f"{txn} cumulative ack while {self._metadata_txn} holds commit metadata "
                                   "(prepare -> log -> apply not serialized?)")
         holder = self._cumulative_conflict(txn, ack)
         if holder is not None:
@@ -586,6 +669,8 @@ class PendingAck:
                     del self._holds[position]
         if self._cumulative_txn == txn:
             self._cumulative_txn = self._cumulative = None
+        if self._metadata_txn == txn:
+            self._metadata_txn = None
         if committed:
             if touch_cursor:
                 if acks.cumulative is not None:
@@ -596,6 +681,8 @@ class PendingAck:
                     else:
                         for index in _indexes(mask):
                             self.cursor.ack(position, index, sizes[position])
+                if acks.metadata is not None:
+                    self.cursor.set_metadata(acks.metadata)
             return Redelivery()
         messages: list[tuple[Position, tuple[int, ...] | None]] = []
         for position, mask in sorted(acks.individual.items()):
@@ -617,7 +704,9 @@ class PendingAck:
         cursor's mark-delete bound (holds live and after a complete replay)."""
         owned: dict[tuple[Position, int | None], TxnID] = {}
         for txn, acks in self._txns.items():
-            _require(bool(acks.individual) or acks.point is not None, f"{txn} has nothing pending")
+            _require(bool(acks.individual) or acks.point is not None or acks.metadata is not None,
+                     f"{txn} has nothing pending")
+            _require((acks.metadata is not None) == (self._metadata_txn == txn), f"metadata of {txn} not indexed")
             for position, mask in acks.individual.items():
                 _require(position >= self.cursor.acked_below, f"{txn} pending at {position} below the bound")
                 for index in [None] if mask is None else _indexes(mask):
@@ -638,6 +727,8 @@ class PendingAck:
             _require(self._cumulative_txn in self._txns, "cumulative holder not pending")
         if self._cumulative is not None:
             _require(self._cumulative[0] == self._cumulative_txn, "cumulative cover without its txn")
+        if self._metadata_txn is not None:
+            _require(self._metadata_txn in self._txns, "metadata holder not pending")
 
 
 class PendingAckLogIndex:

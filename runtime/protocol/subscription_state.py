@@ -31,7 +31,14 @@ import msgspec
 from raytxn import testing_bugs
 from raytxn.errors import CorruptLedger, InvalidArgument, NotAllowed, TransactionConflict
 from raytxn.ids import EARLIEST, Position, TxnID
-from raytxn.protocol.cursor import Cursor, CursorSnapshot, gaps_between, next_position, position_before
+from raytxn.protocol.cursor import (
+    Cursor,
+    CursorSnapshot,
+    check_metadata,
+    gaps_between,
+    next_position,
+    position_before,
+)
 from raytxn.protocol.dispatch import ConsumerType, Dispatcher, MessageKey
 from raytxn.protocol.entry_format import decode_entry_header, decode_message
 from raytxn.protocol.lease import UNCOUNTED, Lease, LeaseTable, RangeCount, RangePlan, ledger_spans, plan_range
@@ -41,6 +48,7 @@ from raytxn.protocol.pending_ack import (
     AckKind,
     AckRecord,
     CommitRecord,
+    MetadataRecord,
     PendingAck,
     PendingAckLogIndex,
     Record,
@@ -192,6 +200,9 @@ class SubscriptionState:
         self._txn_foreign: dict[TxnID, list[MessageKey]] = {}
         self._messages_per_entry = 1.0  # a moving average of the partition's batch sizes
         self.leases = LeaseTable()  # volatile: a restart refuses old leases and grants the range again
+        # Where each pending txn's first ``MetadataRecord`` is in the log: such a record acks
+        # nothing, so the log index cannot tell when it may go; ``trim_point`` stops before it.
+        self._metadata_logged: dict[TxnID, Position] = {}
 
     # --- delivery ----------------------------------------------------------------------------
 
@@ -596,7 +607,11 @@ class SubscriptionState:
         redelivery = self.pending.apply(record, in_cursor_snapshot=in_cursor_snapshot)
         self.log_index.on_logged(record, log_position)
         self.applied_log_position = log_position
-        if isinstance(record, AckRecord):
+        if isinstance(record, CommitRecord | AbortRecord):
+            self._metadata_logged.pop(record.txn, None)
+        if isinstance(record, MetadataRecord):
+            self._metadata_logged.setdefault(record.txn, log_position)
+        elif isinstance(record, AckRecord):
             if record.kind is AckKind.CUMULATIVE:
                 self.leases.on_cumulative_ack(record.txn, record.acks[0].position)
                 taken = self._settle_cumulative(record.acks[0])
@@ -630,7 +645,8 @@ class SubscriptionState:
     # consumed". The subscription named after the group keeps that as its cursor. As nothing is
     # delivered here, the delivery guards of consumer acks (``delivered_through``, ``given_back``)
     # do not apply: the reader says what it read. Consumers or a lease on the same subscription
-    # would be a second reader of it, so they do not mix.
+    # would be a second reader of it, so they do not mix. A commit also sets the cursor's commit
+    # metadata (Kafka's offset metadata): at once when plain, at the txn's commit when in one.
 
     def first_unacked(self) -> tuple[Position, int]:
         """The first message not acked, as (entry position, batch index): the mark-delete bound,
@@ -647,12 +663,13 @@ class SubscriptionState:
         Kafka group that never committed, though a transaction of it may have created this)."""
         return self.cursor.snapshot() == Cursor().snapshot()
 
-    def reader_commit(self, first: Position, index: int, size: int | None) -> bool:
+    def reader_commit(self, first: Position, index: int, size: int | None, metadata: str = "") -> bool:
         """A plain commit: message ``index`` of the entry at ``first`` (of ``size`` messages) is
         the first one not consumed; everything before it is acked and nothing after it, so the
-        committed position also moves back (a seek). Returns whether the cursor changed."""
-        ack = self._check_reader_commit(first, index, size)
-        if (first, index) == self.first_unacked():
+        committed position also moves back (a seek). ``metadata`` becomes the commit metadata.
+        Returns whether the cursor changed."""
+        ack = self._check_reader_commit(first, index, size, metadata)
+        if (first, index) == self.first_unacked() and metadata == self.cursor.metadata:
             return False
         if self.pending.pending_txn_count:
             raise TransactionConflict(f"acks of {self.pending.pending_txns()[0]} are pending: a plain commit waits "
@@ -661,39 +678,43 @@ class SubscriptionState:
             self.seek(first)
             for earlier in range(index):
                 self.cursor.ack(first, earlier, size)
-            return True
-        self._ack_cumulative(normalize_ack(ack))
+        elif (first, index) > self.first_unacked():
+            self._ack_cumulative(normalize_ack(ack))
+        self.cursor.set_metadata(metadata)
         return True
 
     def prepare_reader_commit(self, txn: TxnID, first: Position, index: int, size: int | None,
-                              request: str | None = None) -> AckRecord | None:
+                              request: str | None = None, metadata: str = "") -> AckRecord | MetadataRecord | None:
         """A commit inside ``txn``: the record of a cumulative ack of everything before message
-        ``index`` of the entry at ``first`` (None: nothing to log, ``txn`` holds that ack, or
-        the cursor is there already). It may only move forward: ``InvalidArgument`` for a
-        position before the cursor's, or before an ack ``txn`` holds already."""
-        ack = normalize_ack(self._check_reader_commit(first, index, size))
+        ``index`` of the entry at ``first``, carrying ``metadata`` for the commit to set; a
+        ``MetadataRecord`` when only the metadata changes (the cursor is there already, or
+        ``txn`` holds that ack); None when nothing does. It may only move forward:
+        ``InvalidArgument`` for a position before the cursor's, or before an ack ``txn`` holds
+        already."""
+        ack = normalize_ack(self._check_reader_commit(first, index, size, metadata))
         target = (first, index)
         if target < self.first_unacked():
             raise InvalidArgument(f"{txn} commits {first} index {index}, before the committed "
                                   f"{self.first_unacked()}: a transaction does not move a committed position back")
-        if target == self.first_unacked():
-            return None
         own = self.pending.cumulative_point_of(txn)
-        if own is not None and cumulative_point(ack) <= own:
-            if cumulative_point(ack) == own:
-                return None  # the same commit again (a retry with a new request id)
+        if target == self.first_unacked() or (own is not None and cumulative_point(ack) == own):
+            # There already (a retry with a new request id, or a commit of the committed offset):
+            # only the metadata may change.
+            return self.pending.prepare_metadata(txn, metadata, request)
+        if own is not None and cumulative_point(ack) < own:
             raise InvalidArgument(f"{txn} commits {first} index {index}, before its own pending commit")
-        return self.pending.prepare_ack(txn, AckKind.CUMULATIVE, [ack], lambda _: True, request)
+        return self.pending.prepare_ack(txn, AckKind.CUMULATIVE, [ack], lambda _: True, request, metadata)
 
-    def _check_reader_commit(self, first: Position, index: int, size: int | None) -> AckTuple:
+    def _check_reader_commit(self, first: Position, index: int, size: int | None, metadata: str) -> AckTuple:
         """The cumulative ack that acks everything before message ``index`` of ``first``;
-        ``InvalidArgument`` for a malformed one, ``NotAllowed`` while consumers or a lease read
-        this subscription."""
+        ``InvalidArgument`` for a malformed one or bad ``metadata`` (``MetadataTooLarge`` past
+        the limit), ``NotAllowed`` while consumers or a lease read this subscription."""
         if not isinstance(first, Position) or type(index) is not int or index < 0:
             raise InvalidArgument(f"a reader commit names an entry position and an index >= 0, got {first!r}, "
                                   f"{index!r}")
         if index > 0 and (type(size) is not int or not index < size):
             raise InvalidArgument(f"index {index} of an entry of {size!r} messages")
+        check_metadata(metadata)
         if self.dispatcher.consumer_ids():
             raise NotAllowed("consumers are attached: a Kafka group and consumers do not mix on one subscription")
         if self.leases.current is not None:
@@ -805,6 +826,8 @@ class SubscriptionState:
         point = self.log_index.trim_point(position_before(persisted.cursor.acked_below))
         if point is None or point > persisted.log_position:
             return None  # only entries the persisted form includes (always so under the actor's lock)
+        if self._metadata_logged and point >= min(self._metadata_logged.values()):
+            return None  # a pending txn's metadata record would go: wait for its end
         return point
 
     # --- introspection -----------------------------------------------------------------------

@@ -638,3 +638,57 @@ def test_committed_offsets_outlive_the_gateway_and_the_subscription_actor(client
         later.close()
     finally:
         ray.kill(other["actor"], no_restart=True)
+
+
+def test_commit_metadata_is_kept_durably_and_with_transactions(client: rt.Client, bootstrap: str) -> None:
+    """A committed offset's metadata string comes back from OffsetFetch after a restart of the
+    subscription actor; a transactional producer's offsets keep theirs when the transaction
+    commits (also across a restart while it is pending: it rides in the pending-ack log) and not
+    when it aborts; past 4096 bytes a partition's commit fails and changes nothing."""
+    from confluent_kafka import KafkaException, Producer, TopicPartition
+
+    from raytxn.ids import subscription_actor_name
+    from tests.engine import restart_actor
+
+    topic, group = new_topic(client, partitions=2), f"g-{uuid.uuid4().hex[:8]}"
+    produce(bootstrap, topic, [f"m{i}".encode() for i in range(12)], partitions=2)
+    consumer = group_consumer(bootstrap, group)
+
+    def committed() -> list[tuple[int, int, str | None]]:
+        return [(tp.partition, tp.offset, tp.metadata)
+                for tp in consumer.committed([TopicPartition(topic, 0), TopicPartition(topic, 1)], timeout=30)]
+
+    consumer.commit(offsets=[TopicPartition(topic, 0, 2, metadata="first of p0"),
+                             TopicPartition(topic, 1, 1, metadata="p1 \u00e9")], asynchronous=False)
+    assert committed() == [(0, 2, "first of p0"), (1, 1, "p1 \u00e9")]
+    consumer.commit(offsets=[TopicPartition(topic, 0, 2, metadata="second of p0")], asynchronous=False)
+    restart_actor(subscription_actor_name(topic, 0, group))
+    assert committed() == [(0, 2, "second of p0"), (1, 1, "p1 \u00e9")]
+
+    with pytest.raises(KafkaException) as too_large:
+        consumer.commit(offsets=[TopicPartition(topic, 0, 3, metadata="x" * 4097),
+                                 TopicPartition(topic, 1, 3, metadata="fits")], asynchronous=False)
+    assert too_large.value.args[0].code() == 12                      # OFFSET_METADATA_TOO_LARGE
+    assert committed() == [(0, 2, "second of p0"), (1, 3, "fits")]   # the other partition committed
+
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"meta-{group}",
+                         "transaction.timeout.ms": 60000})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.send_offsets_to_transaction([TopicPartition(topic, 0, 4, metadata="txn committed")],
+                                         consumer.consumer_group_metadata(), 30)
+    restart_actor(subscription_actor_name(topic, 0, group))          # pending: only in the log now
+    producer.commit_transaction(30)
+    assert committed()[0] == (0, 4, "txn committed")
+    producer.begin_transaction()
+    producer.send_offsets_to_transaction([TopicPartition(topic, 0, 5, metadata="txn aborted"),
+                                          TopicPartition(topic, 1, 3, metadata="only new metadata")],
+                                         consumer.consumer_group_metadata(), 30)
+    producer.abort_transaction(30)
+    assert committed() == [(0, 4, "txn committed"), (1, 3, "fits")]
+    producer.begin_transaction()                                     # the same offset, new metadata
+    producer.send_offsets_to_transaction([TopicPartition(topic, 1, 3, metadata="only new metadata")],
+                                         consumer.consumer_group_metadata(), 30)
+    producer.commit_transaction(30)
+    assert committed() == [(0, 4, "txn committed"), (1, 3, "only new metadata")]
+    consumer.close()

@@ -1,23 +1,27 @@
 """Kafka group offsets on raytxn subscriptions, pure parts: offset <-> (entry position, index)
 over a partition's entries (``protocol.offsets``), and the subscription state's reader commits
 (plain: forward, back, the same; in a transaction: a cumulative ack that commits or aborts with
-it), with bad input changing nothing."""
+it) and their metadata strings (kept with the cursor, persisted, set when a txn commits), with bad
+input changing nothing."""
 
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raytxn.errors import InvalidArgument, NotAllowed, TransactionConflict
+from raytxn.errors import InvalidArgument, MetadataTooLarge, NotAllowed, TransactionConflict
 from raytxn.ids import Position, TxnID
-from raytxn.protocol.cursor import Cursor
+from raytxn.protocol.cursor import MAX_COMMIT_METADATA_BYTES, Cursor
 from raytxn.protocol.dispatch import ConsumerType
 from raytxn.protocol.entry_format import EntryHeader
 from raytxn.protocol.offsets import OffsetIndex, entry_holding, entry_span, offset_at
-from raytxn.protocol.subscription_state import SubscriptionState
+from raytxn.protocol.pending_ack import MetadataRecord
+from raytxn.protocol.subscription_state import SubscriptionState, decode_persisted, encode_persisted
 from raytxn.protocol.txnlog import EndAction
 
 T1, T2 = TxnID(0, 1), TxnID(0, 2)
@@ -153,3 +157,117 @@ def test_bad_commits_change_nothing() -> None:
         state.prepare_reader_commit(T1, P(6, 0), 0, None)
     state.remove_consumer("c")
     assert view(state) == before
+
+
+# --- commit metadata -------------------------------------------------------------------------
+
+def persist_and_restore(state: SubscriptionState) -> Cursor:
+    """The cursor a restarted subscription gets from ``state``'s persisted form."""
+    return Cursor.from_snapshot(decode_persisted(encode_persisted(state.persisted_form())).cursor)
+
+
+def test_a_plain_commit_keeps_its_metadata_with_the_cursor_durably() -> None:
+    state = SubscriptionState(0, Cursor())
+    assert state.reader_commit(P(5, 2), 1, 3, "first")
+    assert state.cursor.metadata == "first" and persist_and_restore(state).metadata == "first"
+    assert state.reader_commit(P(5, 2), 1, 3, "second")          # the same offset, new metadata
+    assert state.first_unacked() == (P(5, 2), 1) and state.cursor.metadata == "second"
+    assert not state.reader_commit(P(5, 2), 1, 3, "second")      # both the same: nothing changes
+    assert state.reader_commit(P(5, 0), 0, None)                 # back, with the default metadata
+    assert state.cursor.metadata == "" and persist_and_restore(state).snapshot() == state.cursor.snapshot()
+    state.reader_commit(P(6, 0), 0, None, "é" * 10)
+    assert persist_and_restore(state).metadata == "é" * 10
+
+
+def test_a_cursor_persisted_before_metadata_existed_reads_as_no_metadata() -> None:
+    state = SubscriptionState(0, Cursor())
+    state.reader_commit(P(5, 2), 1, 3)
+    raw = msgspec.msgpack.decode(encode_persisted(state.persisted_form()))
+    del raw["cursor"]["metadata"]                                # as an older version wrote it
+    old = decode_persisted(msgspec.msgpack.encode(raw))
+    assert Cursor.from_snapshot(old.cursor).metadata == "" and old.cursor.acked_below == state.cursor.acked_below
+
+
+def test_a_transactional_commit_sets_its_metadata_only_when_the_txn_commits() -> None:
+    state = SubscriptionState(0, Cursor())
+    state.reader_commit(P(5, 0), 0, None, "plain")
+    persisted = state.persisted_form()
+    log: list[tuple[Any, Position]] = []
+
+    def logged(record: Any) -> None:
+        position = P(100, len(log))
+        log.append((record, position))
+        state.apply(record, position)
+
+    def finish(txn: TxnID, action: EndAction) -> None:
+        for record in state.prepare_end(txn, action, None):
+            logged(record)
+
+    logged(state.prepare_reader_commit(T1, P(5, 3), 1, 3, "r1", "in-t1"))
+    assert state.cursor.metadata == "plain"                      # pending, not committed
+    assert state.prepare_reader_commit(T1, P(5, 3), 1, 3, "r2", "in-t1") is None   # the same again
+    finish(T1, EndAction.COMMIT)
+    assert (state.first_unacked(), state.cursor.metadata) == ((P(5, 3), 1), "in-t1")
+
+    logged(state.prepare_reader_commit(T2, P(6, 0), 0, None, "r3", "in-t2"))
+    finish(T2, EndAction.ABORT)
+    assert (state.first_unacked(), state.cursor.metadata) == ((P(5, 3), 1), "in-t1")   # dropped with it
+
+    # The committed offset again with other metadata: a metadata record, which also holds off
+    # other transactions' and plain commits until it ends.
+    t3, t4 = TxnID(0, 3), TxnID(0, 4)
+    record = state.prepare_reader_commit(t3, P(5, 3), 1, 3, "r4", "in-t3")
+    assert isinstance(record, MetadataRecord)
+    logged(record)
+    assert state.pending.pending_txn_count == 1 and state.cursor.metadata == "in-t1"
+    with pytest.raises(TransactionConflict):
+        state.prepare_reader_commit(t4, P(6, 0), 0, None, "r5", "in-t4")
+    with pytest.raises(TransactionConflict):
+        state.reader_commit(P(6, 0), 0, None, "plain")
+    state.pending.check_invariants()
+    logged(state.prepare_reader_commit(t3, P(6, 0), 0, None, "r6", "in-t3 later"))   # then a move, new metadata
+    finish(t3, EndAction.COMMIT)
+    assert (state.first_unacked(), state.cursor.metadata) == ((P(6, 0), 0), "in-t3 later")
+    assert state.prepare_reader_commit(t4, P(6, 0), 0, None, "r7", "in-t3 later") is None   # nothing new
+    state.pending.check_invariants()
+
+    # A restart restores the persisted cursor of before and replays the log: the same cursor.
+    replayed = SubscriptionState(0, Cursor.from_snapshot(persisted.cursor))
+    for record, position in log:
+        replayed.apply(record, position, in_cursor_snapshot=position <= persisted.log_position)
+    assert replayed.cursor.snapshot() == state.cursor.snapshot()
+
+
+def test_metadata_past_the_limit_changes_nothing() -> None:
+    state = SubscriptionState(0, Cursor())
+    state.reader_commit(P(5, 2), 1, 3, "kept")
+    before = view(state)
+    for metadata in ["x" * (MAX_COMMIT_METADATA_BYTES + 1), "é" * (MAX_COMMIT_METADATA_BYTES // 2 + 1)]:
+        with pytest.raises(MetadataTooLarge):
+            state.reader_commit(P(6, 0), 0, None, metadata)
+        with pytest.raises(MetadataTooLarge):
+            state.prepare_reader_commit(T1, P(6, 0), 0, None, "r1", metadata)
+        with pytest.raises(MetadataTooLarge):
+            state.prepare_reader_commit(T1, P(5, 2), 1, 3, "r2", metadata)   # the same offset
+    with pytest.raises(InvalidArgument):
+        state.reader_commit(P(6, 0), 0, None, None)  # type: ignore[arg-type]
+    assert view(state) == before
+    assert state.reader_commit(P(6, 0), 0, None, "x" * MAX_COMMIT_METADATA_BYTES)   # the limit itself
+
+
+def test_the_log_keeps_a_pending_metadata_record_past_trims() -> None:
+    """A metadata record acks nothing, so the log index cannot say when it may go: trims stop
+    before it until its txn ends (else a restart would forget the metadata of a txn that
+    then commits)."""
+    state = SubscriptionState(0, Cursor(), max_index_lag=1)
+    state.reader_commit(P(5, 0), 0, None, "plain")
+    state.delivered_through = P(9, 9)
+    state.apply(state.prepare_reader_commit(T1, P(5, 0), 0, None, "r1", "in-t1"), P(100, 0))
+    t3 = TxnID(0, 3)
+    state.apply(state.prepare_ack(t3, [(P(5, 0), None, None)]), P(100, 1))   # another txn's ack ...
+    for n, record in enumerate(state.prepare_end(t3, EndAction.COMMIT, None)):
+        state.apply(record, P(100, 2 + n))
+    assert state.cursor.acked_below == P(5, 1)                   # ... committed: the bound passed it
+    assert state.trim_point(state.persisted_form()) is None
+    end(state, T1, EndAction.COMMIT)
+    assert state.cursor.metadata == "in-t1" and state.trim_point(state.persisted_form()) == P(100, 1)
