@@ -15,7 +15,7 @@ persisted cursor, and does the I/O, locking and timers; every decision is the st
   ledger's ``on_durable`` callback, so the state changes in log order, and an ack is answered
   only once its record is durable. ``end_txn`` is the coordinator's participant call (idempotent).
   Plain acks take the same lock, so none lands between a txn ack's preparation and its apply.
-* Kafka consumer groups (``kafka_commit``, ``kafka_committed``): a group reads the partition
+* Kafka consumer groups (``kafka_commit``, ``kafka_committed``, ``kafka_delete_offset``): a group reads the partition
   through the Kafka gateway and commits offsets here, plainly (persisted before the answer) or
   inside a transaction (a cumulative ack in the pending-ack log, like any other), each with its
   metadata string, which the cursor keeps with its mark-delete bound.
@@ -344,6 +344,19 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
         if txn is None:
             async with self._persist_lock:
                 await self._persist()
+
+    @guarded(Access.CONSUME)
+    async def kafka_delete_offset(self) -> bool:
+        """A Kafka group's OffsetDelete: the group has no committed offset here any more (see
+        ``SubscriptionState.reader_delete``), persisted before this returns whether anything
+        changed."""
+        await self._started()
+        async with self._lock:
+            changed = self.state.reader_delete()
+        self._changed()
+        async with self._persist_lock:
+            await self._persist()
+        return changed
 
     @guarded(Access.CONSUME)
     async def kafka_committed(self) -> dict[str, Any]:

@@ -186,7 +186,7 @@ class KafkaGateway:
                     26: broker.end_txn, 14: groups.sync_group, 12: groups.heartbeat, 13: groups.leave_group,
                     8: offsets.offset_commit, 9: offsets.offset_fetch, 25: offsets.add_offsets_to_txn,
                     28: offsets.txn_offset_commit, 16: admin.list_groups, 15: admin.describe_groups,
-                    42: admin.delete_groups}
+                    42: admin.delete_groups, 47: offsets.offset_delete}
         try:
             if header.api_key == 0:
                 fields = await broker.produce(request, version, conn)

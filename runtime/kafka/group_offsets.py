@@ -1,4 +1,4 @@
-"""OffsetCommit, OffsetFetch, AddOffsetsToTxn and TxnOffsetCommit: a Kafka group's committed
+"""OffsetCommit, OffsetFetch, OffsetDelete, AddOffsetsToTxn and TxnOffsetCommit: a Kafka group's committed
 offsets are the cursor of the raytxn subscription named after the group (``mapping``), so they
 are as durable as any cursor and outlive the gateway. Nothing about offsets is kept here.
 
@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kafka.protocol.consumer import OffsetCommitResponse, OffsetFetchResponse
+from kafka.protocol.consumer import OffsetCommitResponse, OffsetDeleteResponse, OffsetFetchResponse
 from kafka.protocol.producer import TxnOffsetCommitResponse
 
 from raytxn.errors import (
@@ -48,6 +48,7 @@ from raytxn.errors import (
 )
 from raytxn.ids import TxnID
 from raytxn.kafka import mapping, wire
+from raytxn.kafka.group_admin import GROUP_ID_NOT_FOUND, NON_EMPTY_GROUP
 from raytxn.kafka.group_membership import GroupMembership, group_id_error
 from raytxn.kafka.transactions import INVALID_TXN_STATE, KafkaTransactions, TxnState
 from raytxn.protocol.cursor import check_metadata
@@ -256,6 +257,67 @@ class GroupOffsets:
         offset = await self.engine.partition_call(topic, partition, "kafka_offset_of", committed["position"],
                                                   committed["index"])
         return offset, committed["metadata"], wire.NONE
+
+    # --- deleting offsets ---------------------------------------------------------------------
+
+    async def offset_delete(self, request: Any, version: int) -> dict[str, Any]:
+        """OffsetDelete: the group's committed offsets on the partitions named are deleted
+        (``kafka_delete_offset``), as Kafka does it: GROUP_ID_NOT_FOUND for a group with neither
+        members nor a subscription, NON_EMPTY_GROUP for one with members of another protocol
+        type than "consumer"; per partition UNKNOWN_TOPIC_OR_PARTITION, and
+        GROUP_SUBSCRIBED_TO_TOPIC on a topic a member consumes (or a raytxn consumer or lease
+        reads the subscription). A partition the group never committed on has nothing to delete."""
+        group = request.group_id
+        error = group_id_error(group)
+        consumed: set[str] | None = set()
+        if error == wire.NONE:
+            active = self.membership.table.groups.get(group)
+            if active is not None and active.members:
+                consumed = active.consumed_topics()
+                if active.protocol_type != "consumer":
+                    error = NON_EMPTY_GROUP
+            else:
+                try:
+                    if not any(group in row["subscriptions"] for row in await self.engine.topics()):
+                        error = GROUP_ID_NOT_FOUND
+                except RaytxnError as e:
+                    error = commit_error(e)
+        result = OffsetDeleteResponse.OffsetDeleteResponseTopic
+        if error != wire.NONE:
+            return {"error_code": error, "throttle_time_ms": 0, "topics": []}
+        topics = []
+        for topic in request.topics:
+            indexes = [p.partition_index for p in topic.partitions]
+            codes = await self._delete_topic(topic.name, indexes, group, consumed)
+            topics.append(result(name=topic.name, partitions=[
+                result.OffsetDeleteResponsePartition(partition_index=index, error_code=code)
+                for index, code in zip(indexes, codes, strict=True)]))
+        return {"error_code": wire.NONE, "throttle_time_ms": 0, "topics": topics}
+
+    async def _delete_topic(self, name: str, indexes: list[int], group: str, consumed: set[str] | None) -> list[int]:
+        """The error code of deleting ``group``'s offset on each partition of ``indexes`` of ``name``."""
+        codes = await asyncio.gather(*(self._partition_error(name, index) for index in indexes))
+        if consumed is None or name in consumed:
+            return [code if code != wire.NONE else wire.GROUP_SUBSCRIBED_TO_TOPIC for code in codes]
+        if all(code != wire.NONE for code in codes):
+            return list(codes)
+        try:
+            subscribed = group in await self.engine.subscriptions(name)
+        except RaytxnError as e:
+            return [code if code != wire.NONE else commit_error(e) for code in codes]
+
+        async def delete(index: int, code: int) -> int:
+            if code != wire.NONE or not subscribed:
+                return code  # (not subscribed: the group has no offsets on the topic to delete)
+            try:
+                await self.engine.subscription_call(name, index, group, "kafka_delete_offset")
+            except NotAllowed:
+                return wire.GROUP_SUBSCRIBED_TO_TOPIC  # raytxn consumers or a lease read it
+            except RaytxnError as e:
+                return commit_error(e)
+            return wire.NONE
+
+        return list(await asyncio.gather(*(delete(index, code) for index, code in zip(indexes, codes, strict=True))))
 
     # --- offsets in transactions -------------------------------------------------------------
 

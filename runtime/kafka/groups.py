@@ -46,6 +46,7 @@ JoinGroup answer, which every client accepts) and Kafka's initial rebalance dela
 from __future__ import annotations
 
 import enum
+import struct
 from dataclasses import dataclass, field
 
 from raytxn.errors import GroupStateError
@@ -159,6 +160,31 @@ def check_join(session_timeout_ms: int, rebalance_timeout_ms: int, protocol_type
     return NONE
 
 
+_INT16 = struct.Struct(">h")
+_INT32 = struct.Struct(">i")
+
+
+def subscription_topics(metadata: bytes) -> list[str] | None:
+    """The topics a consumer-protocol member's metadata subscribes to (Kafka's
+    ConsumerProtocolSubscription: an int16 version, then an array of int16-length topic names,
+    then fields this does not need); None when ``metadata`` is not one."""
+    try:
+        (version,) = _INT16.unpack_from(metadata, 0)
+        (count,) = _INT32.unpack_from(metadata, 2)
+        if version < 0 or not 0 <= count <= len(metadata):
+            return None
+        topics, at = [], 6
+        for _ in range(count):
+            (size,) = _INT16.unpack_from(metadata, at)
+            if size < 0 or at + 2 + size > len(metadata):
+                return None
+            topics.append(metadata[at + 2:at + 2 + size].decode("utf-8"))
+            at += 2 + size
+        return topics
+    except (struct.error, UnicodeDecodeError):
+        return None
+
+
 @dataclass
 class Group:
     """One group's membership and generation (see the module docstring)."""
@@ -174,6 +200,19 @@ class Group:
     rebalance_deadline: float | None = None
     answers: list[Answer] = field(default_factory=list)
     instances: dict[str, str] = field(default_factory=dict)  # instance id -> member id, static members
+
+    def consumed_topics(self) -> set[str] | None:
+        """The topics this group's members subscribe to (Kafka's ``subscribedTopics``), from every
+        consumer-protocol metadata they joined with; None when one cannot be read (then every
+        topic counts as consumed, Kafka's rule)."""
+        topics: set[str] = set()
+        for member in self.members.values():
+            for _, metadata in member.protocols:
+                named = subscription_topics(metadata)
+                if named is None:
+                    return None
+                topics.update(named)
+        return topics
 
     def transition(self, target: GroupState) -> None:
         if self.state not in VALID_PREVIOUS[target]:

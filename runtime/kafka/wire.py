@@ -35,6 +35,8 @@ from kafka.protocol.consumer import (
     ListOffsetsResponse,
     OffsetCommitRequest,
     OffsetCommitResponse,
+    OffsetDeleteRequest,
+    OffsetDeleteResponse,
     OffsetFetchRequest,
     OffsetFetchResponse,
     SyncGroupRequest,
@@ -88,6 +90,7 @@ UNSUPPORTED_FOR_MESSAGE_FORMAT = 43
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
 CONCURRENT_TRANSACTIONS = 51
 UNSTABLE_OFFSET_COMMIT = 88
+GROUP_SUBSCRIBED_TO_TOPIC = 86
 UNKNOWN_SERVER_ERROR = -1
 INVALID_RECORD = 87
 
@@ -110,7 +113,7 @@ class Api:
 # to 4, LeaveGroup to 4 (5 adds a reason), OffsetCommit 2-8 (9 is KIP-848's, 10 topic ids),
 # OffsetFetch 1-7 (8 batches groups), AddOffsetsToTxn 0-3, TxnOffsetCommit 0-3 (4 is KIP-890's).
 # Group admin: ListGroups 0-4 (5 filters by KIP-848 group type), DescribeGroups 0-5 (6 answers
-# GROUP_ID_NOT_FOUND where 0-5 answer Dead), DeleteGroups 0-2.
+# GROUP_ID_NOT_FOUND where 0-5 answer Dead), DeleteGroups 0-2, OffsetDelete 0 (its only version).
 # Clients negotiate: confluent-kafka 2.16 (librdkafka) sends JoinGroup 5, SyncGroup 3, Heartbeat 3,
 # LeaveGroup 1, OffsetCommit 8, OffsetFetch 7, TxnOffsetCommit 3, AddOffsetsToTxn 0; kafka-python
 # 3.0 JoinGroup 7, SyncGroup 5, OffsetCommit 8, OffsetFetch 7.
@@ -135,6 +138,7 @@ SERVED: dict[int, Api] = {api.key: api for api in (
     Api(16, ListGroupsRequest, ListGroupsResponse, 0, 4),
     Api(15, DescribeGroupsRequest, DescribeGroupsResponse, 0, 5),
     Api(42, DeleteGroupsRequest, DeleteGroupsResponse, 0, 2),
+    Api(47, OffsetDeleteRequest, OffsetDeleteResponse, 0, 0),
 )}
 API_VERSIONS = 18
 MAX_FRAME_BYTES = 100 << 20

@@ -683,6 +683,25 @@ class SubscriptionState:
         self.cursor.set_metadata(metadata)
         return True
 
+    def reader_delete(self) -> bool:
+        """A Kafka group's committed offset deleted (OffsetDelete): the cursor goes back to where
+        an ``earliest`` subscription starts, with no metadata, so the group has no committed
+        offset here (``acked_nothing``). Returns whether anything changed. ``NotAllowed`` while
+        consumers or a lease read the subscription, ``TransactionConflict`` while a txn holds
+        acks here (deleting offsets a txn may still commit waits for its end)."""
+        if self.dispatcher.consumer_ids():
+            raise NotAllowed("consumers are attached: the subscription's position is theirs")
+        if self.leases.current is not None:
+            raise NotAllowed("a lease is held: the subscription's position is its holder's")
+        if self.acked_nothing():
+            return False
+        if self.pending.pending_txn_count:
+            raise TransactionConflict(f"acks of {self.pending.pending_txns()[0]} are pending: deleting the "
+                                      "committed offset waits for it to end")
+        self.seek(EARLIEST)
+        self.cursor.set_metadata("")
+        return True
+
     def prepare_reader_commit(self, txn: TxnID, first: Position, index: int, size: int | None,
                               request: str | None = None, metadata: str = "") -> AckRecord | MetadataRecord | None:
         """A commit inside ``txn``: the record of a cumulative ack of everything before message

@@ -692,3 +692,49 @@ def test_commit_metadata_is_kept_durably_and_with_transactions(client: rt.Client
     producer.commit_transaction(30)
     assert committed() == [(0, 4, "txn committed"), (1, 3, "only new metadata")]
     consumer.close()
+
+
+def test_offset_delete_forgets_a_partitions_committed_offset(client: rt.Client, bootstrap: str) -> None:
+    """kafka-python's KafkaAdminClient.delete_group_offsets (OffsetDelete v0): the partition's
+    offset and metadata are gone (OffsetFetch -1, also after the subscription actor restarts)
+    and a new member starts there from auto.offset.reset, the other partition's offset stays;
+    a topic a live member consumes gets GROUP_SUBSCRIBED_TO_TOPIC, an unknown partition
+    UNKNOWN_TOPIC_OR_PARTITION, an unknown group GROUP_ID_NOT_FOUND, and none changes anything."""
+    from confluent_kafka import OFFSET_INVALID, TopicPartition
+    from kafka import KafkaAdminClient
+    from kafka import TopicPartition as KpTopicPartition
+    from kafka.errors import GroupIdNotFoundError, GroupSubscribedToTopicError, NoError, UnknownTopicOrPartitionError
+
+    from raytxn.ids import subscription_actor_name
+    from tests.engine import restart_actor
+
+    topic, group = new_topic(client, partitions=2), f"g-{uuid.uuid4().hex[:8]}"
+    produce(bootstrap, topic, [f"d{i}".encode() for i in range(4)], partitions=2)   # p0: d0 d2, p1: d1 d3
+    first = group_consumer(bootstrap, group)
+    first.commit(offsets=[TopicPartition(topic, 0, 2, metadata="gone"), TopicPartition(topic, 1, 1, metadata="kept")],
+                 asynchronous=False)
+
+    def committed(consumer: Any) -> list[tuple[int, int, str | None]]:
+        return [(tp.partition, tp.offset, tp.metadata or "")
+                for tp in consumer.committed([TopicPartition(topic, 0), TopicPartition(topic, 1)], timeout=30)]
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30000)
+    try:
+        deleted = admin.delete_group_offsets(group, [KpTopicPartition(topic, 0), KpTopicPartition(topic, 7)])
+        assert deleted == {KpTopicPartition(topic, 0): NoError,
+                           KpTopicPartition(topic, 7): UnknownTopicOrPartitionError}
+        restart_actor(subscription_actor_name(topic, 0, group))
+        assert committed(first) == [(0, OFFSET_INVALID, ""), (1, 1, "kept")]   # (-1 on the wire)
+        first.close()
+
+        member = group_consumer(bootstrap, group)                # earliest on p0, the offset on p1
+        member.subscribe([topic])
+        assert sorted(m.value() for m in poll_values(member, 3, quiet_s=0.5)) == [b"d0", b"d2", b"d3"]
+        refused = admin.delete_group_offsets(group, [KpTopicPartition(topic, 1)])
+        assert refused == {KpTopicPartition(topic, 1): GroupSubscribedToTopicError}
+        assert committed(member)[1] == (1, 1, "kept")
+        member.close()
+        with pytest.raises(GroupIdNotFoundError):
+            admin.delete_group_offsets(f"nobody-{uuid.uuid4().hex[:8]}", [KpTopicPartition(topic, 0)])
+    finally:
+        admin.close()

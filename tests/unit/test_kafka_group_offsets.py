@@ -271,3 +271,35 @@ def test_the_log_keeps_a_pending_metadata_record_past_trims() -> None:
     assert state.trim_point(state.persisted_form()) is None
     end(state, T1, EndAction.COMMIT)
     assert state.cursor.metadata == "in-t1" and state.trim_point(state.persisted_form()) == P(100, 1)
+
+
+# --- deleting a group's offset (OffsetDelete) ---------------------------------------------------
+
+def test_deleting_the_offset_leaves_the_group_with_none_committed() -> None:
+    state = SubscriptionState(0, Cursor())
+    assert not state.reader_delete()                             # never committed: nothing to delete
+    state.reader_commit(P(5, 2), 1, 3, "meta")
+    assert not state.acked_nothing()
+    assert state.reader_delete()
+    assert state.acked_nothing() and state.cursor.metadata == "" and state.cursor.snapshot() == Cursor().snapshot()
+    assert not state.reader_delete()
+    state.reader_commit(P(6, 0), 0, None)                        # commits again afterwards
+    assert state.first_unacked() == (P(6, 0), 0)
+
+
+def test_deleting_the_offset_waits_for_pending_txns_and_refuses_readers() -> None:
+    state = SubscriptionState(0, Cursor())
+    state.reader_commit(P(5, 0), 0, None, "meta")
+    state.apply(state.prepare_reader_commit(T1, P(5, 3), 0, None, "r1", "in-t1"), P(100, 0))
+    before = view(state)
+    with pytest.raises(TransactionConflict):
+        state.reader_delete()
+    assert view(state) == before
+    end(state, T1, EndAction.ABORT)
+    state.add_consumer("c", "c", ConsumerType.Exclusive, 0.0)
+    before = view(state)
+    with pytest.raises(NotAllowed):
+        state.reader_delete()
+    assert view(state) == before
+    state.remove_consumer("c")
+    assert state.reader_delete() and state.acked_nothing()

@@ -4,6 +4,8 @@ generations, the bounds, and a property test of the invariants over random sched
 
 from __future__ import annotations
 
+import struct
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -332,3 +334,26 @@ def test_a_static_member_leaves_by_instance_id_or_expires_and_its_instance_is_fr
     assert "G" not in table.groups
     assert static_join(table, "ia", new_id="a9", now=100.0) is None        # a new member, a new join
     assert answers(table)[("join", "a9")].generation == 4  # after generation 3, which ended empty
+
+
+def subscription_metadata(*topics: str, version: int = 1) -> bytes:
+    """A consumer's ConsumerProtocolSubscription, as clients send it in JoinGroup."""
+    body = struct.pack(">hi", version, len(topics))
+    for topic in topics:
+        body += struct.pack(">h", len(topic)) + topic.encode()
+    return body + struct.pack(">i", -1) + struct.pack(">i", 0)  # user data (null), owned partitions (none)
+
+
+def test_the_topics_a_group_consumes_come_from_its_members_subscriptions() -> None:
+    assert g.subscription_topics(subscription_metadata("a", "bb")) == ["a", "bb"]
+    assert g.subscription_topics(subscription_metadata(version=0)) == []
+    for bad in [b"", b"\x00\x01", b"\x00\x01\x00\x00\x00\x02\x00\x01a", b"\xff\xff\x00\x00\x00\x00",
+                b"\x00\x01\x00\x00\x00\x01\x00\x02\xff\xfe"]:
+        assert g.subscription_topics(bad) is None, bad
+    group = Group("g")
+    assert group.consumed_topics() == set()
+    for n, topics in enumerate([("a",), ("b", "a")]):
+        group.members[f"m{n}"] = g.Member(f"m{n}", "c", 6000, 6000, (("range", subscription_metadata(*topics)),), 0.0)
+    assert group.consumed_topics() == {"a", "b"}
+    group.members["odd"] = g.Member("odd", "c", 6000, 6000, (("range", b"not a subscription"),), 0.0)
+    assert group.consumed_topics() is None                       # unreadable: every topic counts
