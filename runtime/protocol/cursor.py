@@ -250,18 +250,7 @@ class Cursor:
                 return True
             return self._add_range(position, next_position(position))
         assert batch_size is not None
-        if self.is_acked(position):
-            return False
-        batch_size_known, bits = self._batches.get(position, (batch_size, _full(batch_size)))
-        if batch_size_known != batch_size:
-            raise InvalidArgument(f"{position} holds {batch_size_known} messages, not {batch_size}")
-        if not bits >> batch_index & 1:
-            return False
-        bits &= ~(1 << batch_index)
-        if bits:
-            self._batches[position] = (batch_size, bits)
-            return True
-        return self._add_range(position, next_position(position))  # also drops the batch state
+        return self.ack_indexes(position, batch_size, batch_index, batch_index)
 
     def ack_indexes(self, position: Position, batch_size: int, first: int, last: int) -> bool:
         """``ack`` of batch indexes ``first..last`` (inclusive) of one entry, in one bit operation:

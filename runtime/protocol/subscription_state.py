@@ -542,18 +542,16 @@ class SubscriptionState:
         time) are individual acks; the record names each entry or message, so that the
         pending-ack rules, the log and its replay stay as they are.
         ``consumer``: who calls (see ``apply``: what another consumer holds stays with it)."""
-        if runs:
-            if cumulative:
-                raise InvalidArgument("index-run acks are individual acks, not cumulative")
-            acks = [*acks, *((a.position, a.batch_index, a.batch_size) for a in run_acks(check_index_runs(runs)))]
-        record = self._prepare_ack(txn, acks, cumulative, request, ranges)
+        if runs and cumulative:
+            raise InvalidArgument("index-run acks are individual acks, not cumulative")
+        record = self._prepare_ack(txn, acks, cumulative, request, ranges, run_acks(check_index_runs(runs)))
         if record is not None and consumer is not None:
             record = msgspec.structs.replace(record, consumer=consumer)
         return record
 
     def _prepare_ack(self, txn: TxnID, acks: Sequence[AckTuple], cumulative: bool,
-                     request: str | None, ranges: Sequence[AckRange]) -> AckRecord | None:
-        normalized = [normalize_ack(ack) for ack in acks]
+                     request: str | None, ranges: Sequence[AckRange], from_runs: Sequence[Ack]) -> AckRecord | None:
+        normalized = [normalize_ack(ack) for ack in acks] + list(from_runs)
         if ranges:
             if cumulative:
                 raise InvalidArgument("range acks are individual acks, not cumulative")
