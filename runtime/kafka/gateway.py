@@ -35,6 +35,7 @@ from raytxn.kafka.broker import Broker, Connection
 from raytxn.kafka.group_admin import GroupAdmin
 from raytxn.kafka.group_membership import TICK_S, GroupMembership
 from raytxn.kafka.group_offsets import Engine, GroupOffsets
+from raytxn.kafka.groups import INITIAL_REBALANCE_DELAY_MS, GroupTable, check_initial_delay
 from raytxn.kafka.mapping import raytxn_subscription, raytxn_topic
 from raytxn.kafka.transactions import KafkaTransactions
 
@@ -49,8 +50,10 @@ def gateway_actor_name(port: int) -> str:
 
 class KafkaGateway:
     def __init__(self, port: int = 9092, bind_host: str = "0.0.0.0", advertised_host: str | None = None,
-                 token: str | None = None, num_coordinators: int = 2, call_deadline_s: float = CALL_DEADLINE_S) -> None:
+                 token: str | None = None, num_coordinators: int = 2, call_deadline_s: float = CALL_DEADLINE_S,
+                 initial_rebalance_delay_ms: int = INITIAL_REBALANCE_DELAY_MS) -> None:
         self.port, self.bind_host, self.token = port, bind_host, token
+        self.initial_rebalance_delay_ms = initial_rebalance_delay_ms
         self.call_deadline_s = call_deadline_s  # how long one Kafka request waits on an engine call
         self._coordinators = [ActorRef(coordinator_actor_name(i), token) for i in range(num_coordinators)]
         self.advertised_host = advertised_host or ray.util.get_node_ip_address()
@@ -74,7 +77,7 @@ class KafkaGateway:
                                              self._home_call, self._txn_call)
             self.broker = Broker(self.advertised_host, self.port, self._topic_partitions, self._call,
                                  self._topic_names, transactions)
-            self.groups = GroupMembership()
+            self.groups = GroupMembership(GroupTable(initial_rebalance_delay_ms=self.initial_rebalance_delay_ms))
             engine = Engine(self.broker.partitions, self._call, self._subscription_call, self._subscription_names,
                             self._create_subscription, self._topic_rows)
             self.offsets = GroupOffsets(engine, self.groups, transactions)
@@ -223,21 +226,25 @@ KafkaGatewayActor = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=10_00
 
 def start_gateway(port: int = 9092, *, bind_host: str = "0.0.0.0", advertised_host: str | None = None,
                   token: str | None = None, num_coordinators: int = 2,
-                  call_deadline_s: float = CALL_DEADLINE_S) -> dict[str, Any]:
+                  call_deadline_s: float = CALL_DEADLINE_S,
+                  initial_rebalance_delay_ms: int = INITIAL_REBALANCE_DELAY_MS) -> dict[str, Any]:
     """Start a Kafka gateway actor on the Ray cluster this driver is connected to (after
     ``raytxn.connect``), serving ``port`` (0: any free port); returns its advertised address,
     ``bootstrap`` being what Kafka clients take as ``bootstrap.servers``. Idempotent per port.
     ``num_coordinators``: the engine's (``client.config.coordinator.num_coordinators``);
     ``call_deadline_s``: how long a request waits on an engine call before it answers a
-    retriable error (the client then sends it again)."""
+    retriable error (the client then sends it again); ``initial_rebalance_delay_ms``: how long
+    the first rebalance of a group waits for more members (Kafka's
+    ``group.initial.rebalance.delay.ms``, 3 s by default; 0 for none)."""
     if type(port) is not int or not 0 <= port < 65536:
         raise InvalidArgument(f"port must be an int in 0..65535, got {port!r}")
+    check_initial_delay(initial_rebalance_delay_ms)
     name = gateway_actor_name(port) if port else None
     options: dict[str, Any] = {"namespace": NAMESPACE, "lifetime": "detached"}
     if name is not None:
         options.update(name=name, get_if_exists=True)
     actor = KafkaGatewayActor.options(**options).remote(port, bind_host, advertised_host, token, num_coordinators,
-                                                        call_deadline_s)
+                                                        call_deadline_s, initial_rebalance_delay_ms)
     address = ray.get(actor.start.remote())
     address["actor"] = actor
     return address

@@ -39,8 +39,14 @@ otherwise the group rebalances. The old member id is fenced from then on: any ca
 instance with another member id gets FENCED_INSTANCE_ID. A static member leaves as any other
 (LeaveGroup, or its session expiring), and LeaveGroup may name it by instance id alone.
 
+Initial rebalance delay (KIP-134, Kafka's ``group.initial.rebalance.delay.ms``): the first
+rebalance of an Empty group does not complete as soon as everyone known joined, but waits
+``initial_delay_ms``, so that consumers started together land in one generation instead of one
+rebalance each. If a new member joined meanwhile the wait is extended by the delay again, never
+past the longest rebalance timeout of the members (Kafka's ``InitialDelayedJoin``).
+
 Not served: KIP-394's MEMBER_ID_REQUIRED round trip (a new member gets its id in its first
-JoinGroup answer, which every client accepts) and Kafka's initial rebalance delay.
+JoinGroup answer, which every client accepts).
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ import enum
 import struct
 from dataclasses import dataclass, field
 
-from raytxn.errors import GroupStateError
+from raytxn.errors import GroupStateError, InvalidArgument
 
 # Kafka error codes answered here (Kafka's ``Errors``).
 NONE = 0
@@ -71,6 +77,8 @@ MAX_MEMBERS = 5_000
 MAX_PROTOCOLS = 16
 MAX_METADATA_BYTES = 32 << 10  # a member's protocol metadata, all protocols together
 MAX_ASSIGNMENT_BYTES = 32 << 10
+INITIAL_REBALANCE_DELAY_MS = 3_000  # Kafka's group.initial.rebalance.delay.ms default
+MAX_INITIAL_REBALANCE_DELAY_MS = 300_000  # Kafka's default max.poll.interval.ms, the usual rebalance timeout
 
 
 class GroupState(enum.StrEnum):
@@ -164,6 +172,12 @@ _INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
 
 
+def check_initial_delay(delay_ms: object) -> None:
+    if type(delay_ms) is not int or not 0 <= delay_ms <= MAX_INITIAL_REBALANCE_DELAY_MS:
+        raise InvalidArgument(f"initial_rebalance_delay_ms must be an int in 0..{MAX_INITIAL_REBALANCE_DELAY_MS}, "
+                              f"got {delay_ms!r}")
+
+
 def subscription_topics(metadata: bytes) -> list[str] | None:
     """The topics a consumer-protocol member's metadata subscribes to (Kafka's
     ConsumerProtocolSubscription: an int16 version, then an array of int16-length topic names,
@@ -200,6 +214,11 @@ class Group:
     rebalance_deadline: float | None = None
     answers: list[Answer] = field(default_factory=list)
     instances: dict[str, str] = field(default_factory=dict)  # instance id -> member id, static members
+    initial_delay_ms: int = 0
+    # The first rebalance out of Empty: (when its wait ends, seconds left to extend it by), and
+    # whether a new member joined during the current wait (then it is extended once it ends).
+    initial_join: tuple[float, float] | None = None
+    new_member_added: bool = False
 
     def consumed_topics(self) -> set[str] | None:
         """The topics this group's members subscribe to (Kafka's ``subscribedTopics``), from every
@@ -306,6 +325,8 @@ class Group:
                 self.protocol_type = protocol_type
             if self.leader is None:
                 self.leader = new_member_id
+            if self.state is GroupState.PREPARING_REBALANCE:
+                self.new_member_added = True
             self._prepare_rebalance(now)
             self._maybe_complete_join(now)
             return None
@@ -360,16 +381,39 @@ class Group:
         if self.state is GroupState.COMPLETING_REBALANCE:
             for member in self.members.values():  # the assignment under way will not come
                 self._answer_sync(member, SyncAnswer(REBALANCE_IN_PROGRESS))
-        self.transition(GroupState.PREPARING_REBALANCE)
         longest = max((m.rebalance_timeout_ms for m in self.members.values()), default=0)
+        if self.state is GroupState.EMPTY and self.initial_delay_ms > 0:
+            delay_ms = min(self.initial_delay_ms, longest)
+            self.initial_join, self.new_member_added = (now + delay_ms / 1000, (longest - delay_ms) / 1000), False
+        self.transition(GroupState.PREPARING_REBALANCE)
         self.rebalance_deadline = now + longest / 1000
 
     def _maybe_complete_join(self, now: float) -> None:
         if self.state is not GroupState.PREPARING_REBALANCE:
             return
+        if self.initial_join is not None:
+            self._maybe_end_initial_join(now)
+            return
         everyone = all(m.awaiting_join for m in self.members.values())
         if everyone or (self.rebalance_deadline is not None and now >= self.rebalance_deadline):
             self._complete_join(now)
+
+    def _maybe_end_initial_join(self, now: float) -> None:
+        """The first rebalance completes once its wait ended with no new member in it, the
+        rebalance timeout is used up, or every member left; a wait that saw a new member is
+        extended from where it ended (so the outcome does not depend on when ticks come)."""
+        assert self.initial_join is not None
+        for _ in range(2):  # one extension at most is due at any ``now``: it clears new_member_added
+            until, left_s = self.initial_join
+            if self.members and now < until:
+                return
+            if self.members and self.new_member_added and left_s > 0:
+                extend_s = min(self.initial_delay_ms / 1000, left_s)
+                self.initial_join, self.new_member_added = (until + extend_s, left_s - extend_s), False
+                continue
+            self.initial_join, self.new_member_added = None, False
+            self._complete_join(now)
+            return
 
     def _complete_join(self, now: float) -> None:
         """The next generation: members that did not join again are out; everyone else gets
@@ -531,8 +575,12 @@ class GroupTable:
     ``max_groups`` others and ``max_members`` members in all."""
 
     def __init__(self, max_groups: int = MAX_GROUPS, max_members: int = MAX_MEMBERS,
-                 max_members_per_group: int = MAX_MEMBERS_PER_GROUP) -> None:
+                 max_members_per_group: int = MAX_MEMBERS_PER_GROUP, initial_rebalance_delay_ms: int = 0) -> None:
+        """``initial_rebalance_delay_ms``: see the module docstring (0: none, as Kafka's own
+        tests set it; the gateway defaults to Kafka's 3 s)."""
+        check_initial_delay(initial_rebalance_delay_ms)
         self.max_groups, self.max_members, self.max_members_per_group = max_groups, max_members, max_members_per_group
+        self.initial_rebalance_delay_ms = initial_rebalance_delay_ms
         self.groups: dict[str, Group] = {}
         self._answers: list[Answer] = []
         # A group dropped and created again goes on from the highest generation any dropped group
@@ -551,7 +599,8 @@ class GroupTable:
                 return JoinAnswer(UNKNOWN_MEMBER_ID, member_id)
             if len(self.groups) >= self.max_groups:
                 return JoinAnswer(COORDINATOR_NOT_AVAILABLE)  # retriable: room comes as groups empty
-            group = Group(group_id, self.max_members_per_group, generation=self._generation_floor)
+            group = Group(group_id, self.max_members_per_group, generation=self._generation_floor,
+                          initial_delay_ms=self.initial_rebalance_delay_ms)
         room = self.member_count() < self.max_members
         answer = group.join(member_id, new_member_id, client_id, protocol_type, protocols, session_timeout_ms,
                             rebalance_timeout_ms, now, room, instance_id, client_host)

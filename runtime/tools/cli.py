@@ -178,6 +178,10 @@ def kafka(port: Annotated[int, typer.Option("--port", help="TCP port Kafka clien
           bind_host: Annotated[str, typer.Option("--bind-host", help="interface to listen on")] = "0.0.0.0",
           advertised_host: Annotated[str | None, typer.Option(
               "--advertised-host", help="host clients are told to connect to (default: the node's IP)")] = None,
+          initial_rebalance_delay_ms: Annotated[int, typer.Option(
+              "--initial-rebalance-delay-ms",
+              help="how long a group's first rebalance waits for more members (Kafka's "
+                   "group.initial.rebalance.delay.ms)")] = 3000,
           address: Address = "auto", as_json: Json = False) -> None:
     """Start a Kafka-protocol gateway actor on the cluster: Kafka clients (confluent-kafka,
     kafka-python, kcat) then produce and fetch with bootstrap.servers set to the address shown."""
@@ -185,7 +189,8 @@ def kafka(port: Annotated[int, typer.Option("--port", help="TCP port Kafka clien
 
     with _client(address) as client:
         gateway = start_gateway(port, bind_host=bind_host, advertised_host=advertised_host, token=_token,
-                                num_coordinators=client.config.coordinator.num_coordinators)
+                                num_coordinators=client.config.coordinator.num_coordinators,
+                                initial_rebalance_delay_ms=initial_rebalance_delay_ms)
     gateway.pop("actor")
     if as_json:
         print(json.dumps(gateway))

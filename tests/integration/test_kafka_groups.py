@@ -35,7 +35,9 @@ def client(ray_session: object, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 @pytest.fixture(scope="module")
 def gateway(client: rt.Client) -> Iterator[dict[str, Any]]:
-    address = start_gateway(0, bind_host="127.0.0.1", advertised_host="127.0.0.1")
+    # No initial rebalance delay (as Kafka's own tests set it): every group here would wait 3 s
+    # before its first generation. test_consumers_started_together_... runs with the default.
+    address = start_gateway(0, bind_host="127.0.0.1", advertised_host="127.0.0.1", initial_rebalance_delay_ms=0)
     try:
         yield address
     finally:
@@ -147,6 +149,36 @@ def test_two_consumers_of_a_group_split_the_partitions(client: rt.Client, bootst
     assert sorted(m.value() for ms in got.values() for m in ms) == sorted(f"v{i}".encode() for i in range(20))
     first.close()
     second.close()
+
+
+def test_consumers_started_together_get_one_assignment_each_after_the_initial_delay(client: rt.Client) -> None:
+    """With the gateway's default initial rebalance delay (Kafka's 3 s), two consumers started
+    together land in the group's first generation: each is assigned once, half the partitions.
+    Without it the first to join would be given all four, then rebalance when the second came."""
+    gateway = start_gateway(0, bind_host="127.0.0.1", advertised_host="127.0.0.1")
+    try:
+        topic, group = new_topic(client, partitions=4), f"g-{uuid.uuid4().hex[:8]}"
+        consumers = [group_consumer(gateway["bootstrap"], group) for _ in range(2)]
+        assigned: list[list[set[int]]] = [[], []]
+        for consumer, seen in zip(consumers, assigned, strict=True):
+            consumer.subscribe([topic], on_assign=lambda _c, tps, seen=seen: seen.append({tp.partition for tp in tps}))
+        started = time.monotonic()
+        wait_for_assignment(consumers, 2)
+        waited_s = time.monotonic() - started
+        settle_until = time.monotonic() + 1.0  # no later rebalance either
+        while time.monotonic() < settle_until:
+            for consumer in consumers:
+                consumer.poll(0.05)
+        assert [len(seen) for seen in assigned] == [1, 1], assigned
+        generation = ray.get(gateway["actor"].__ray_call__.remote(
+            lambda gateway_actor: gateway_actor.groups.table.groups[group].generation))
+        assert generation == 1, f"the group is at generation {generation}, not its first"
+        assert assigned[0][0] | assigned[1][0] == {0, 1, 2, 3} and not assigned[0][0] & assigned[1][0]
+        assert waited_s >= 2.9, f"the first generation came after {waited_s:.2f} s, before the 3 s delay"
+        for consumer in consumers:
+            consumer.close()
+    finally:
+        ray.kill(gateway["actor"], no_restart=True)
 
 
 def wait_for_assignment(consumers: list[Any], each: int, timeout_s: float = 30) -> None:
@@ -629,7 +661,7 @@ def test_committed_offsets_outlive_the_gateway_and_the_subscription_actor(client
     consumer.commit(offsets=[TopicPartition(topic, 0, 2)], asynchronous=False)
     consumer.close()
     restart_actor(subscription_actor_name(topic, 0, group))
-    other = start_gateway(0, bind_host="127.0.0.1", advertised_host="127.0.0.1")
+    other = start_gateway(0, bind_host="127.0.0.1", advertised_host="127.0.0.1", initial_rebalance_delay_ms=0)
     try:
         later = group_consumer(other["bootstrap"], group)
         assert [tp.offset for tp in later.committed([TopicPartition(topic, 0)], timeout=30)] == [2]

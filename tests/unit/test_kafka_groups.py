@@ -168,14 +168,15 @@ operations = st.lists(st.tuples(
     st.sampled_from(MEMBERS), st.floats(min_value=0.0, max_value=12.0)), max_size=60)
 
 
-@settings(max_examples=300, deadline=None)
-@given(operations)
-def test_invariants_hold_under_any_schedule(ops: list[tuple[str, str, float]]) -> None:
+@settings(max_examples=200, deadline=None)
+@given(operations, st.sampled_from([0, 3_000]))
+def test_invariants_hold_under_any_schedule(ops: list[tuple[str, str, float]], initial_delay_ms: int) -> None:
     """Whatever members do and however time passes: transitions stay legal (no GroupStateError),
     generations only grow, a completing or stable group has a leader among its members and a
     protocol they all support, and every JoinGroup/SyncGroup left waiting gets exactly one answer
-    (a removed member's too) - a waiting call is never forgotten."""
-    table = GroupTable()
+    (a removed member's too) - a waiting call is never forgotten. With and without the initial
+    rebalance delay."""
+    table = GroupTable(initial_rebalance_delay_ms=initial_delay_ms)
     now, last_generation = 0.0, 0
     waiting: set[tuple[str, str]] = set()
     generation_of: dict[str, int] = {}
@@ -357,3 +358,78 @@ def test_the_topics_a_group_consumes_come_from_its_members_subscriptions() -> No
     assert group.consumed_topics() == {"a", "b"}
     group.members["odd"] = g.Member("odd", "c", 6000, 6000, (("range", b"not a subscription"),), 0.0)
     assert group.consumed_topics() is None                       # unreadable: every topic counts
+
+
+# --- the initial rebalance delay (KIP-134) ---------------------------------------------------
+
+
+def delayed_table(delay_ms: int = 3_000) -> GroupTable:
+    return GroupTable(initial_rebalance_delay_ms=delay_ms)
+
+
+def test_the_first_rebalance_waits_the_initial_delay_even_when_everyone_known_joined() -> None:
+    table = delayed_table()
+    assert join(table, new_id="a", now=10.0) is None
+    table.tick(12.9)
+    assert answers(table) == {} and table.groups["G"].state is GroupState.PREPARING_REBALANCE
+    table.tick(13.0)
+    first = answers(table)[("join", "a")]
+    assert (first.error, first.generation, first.leader) == (g.NONE, 1, "a")
+
+
+def test_consumers_started_together_land_in_one_generation() -> None:
+    """b joins during a's wait: the wait is extended by the delay from where it ended, then both
+    get generation 1 (without the delay a would get generation 1 alone, then rebalance)."""
+    table = delayed_table()
+    assert join(table, new_id="a", now=0.0) is None
+    assert join(table, new_id="b", now=1.0) is None
+    table.tick(3.5)
+    assert answers(table) == {}                              # extended to 6.0
+    table.tick(5.99)
+    assert answers(table) == {}
+    table.tick(6.0)
+    joined = answers(table)
+    assert {k for k in joined} == {("join", "a"), ("join", "b")}
+    assert {a.generation for a in joined.values()} == {1}
+    assert [m for m, _ in joined[("join", "a")].members] == ["a", "b"]
+
+
+def test_the_initial_delay_never_runs_past_the_rebalance_timeout() -> None:
+    table = delayed_table()
+    rebalance_s = 5.0
+    # Members keep arriving every second; the rebalance timeout (5 s) bounds the wait.
+    for i, t in enumerate((0.0, 1.0, 2.0, 3.0, 4.0)):
+        assert table.join("G", "", f"m{i}", "client", "consumer", PROTOCOLS, SESSION_MS, int(rebalance_s * 1000),
+                          t) is None
+        assert answers(table) == {}
+    table.tick(4.99)
+    assert answers(table) == {}
+    table.tick(rebalance_s)
+    assert {a.generation for a in answers(table).values()} == {1}
+    assert len(table.groups["G"].members) == 5
+
+
+def test_only_the_first_rebalance_is_delayed() -> None:
+    table = delayed_table()
+    assert join(table, new_id="a", now=0.0) is None
+    table.tick(3.0)
+    answers(table)
+    assert table.sync("G", "a", 1, "consumer", "range", {"a": b"all"}, 3.1) is None
+    answers(table)
+    assert join(table, new_id="b", now=4.0) is None        # a Stable group's rebalance
+    assert join(table, member_id="a", now=4.1) is None     # everyone joined: done at once
+    assert {a.generation for a in answers(table).values()} == {2}
+
+
+def test_a_group_whose_members_all_leave_during_the_delay_is_dropped() -> None:
+    table = delayed_table()
+    assert join(table, new_id="a", now=0.0) is None
+    assert table.leave("G", ["a"], 1.0) == [g.NONE]
+    assert answers(table) == {("join", "a"): JoinAnswer(g.UNKNOWN_MEMBER_ID, "a")}
+    assert "G" not in table.groups
+
+
+def test_a_bad_initial_delay_is_refused() -> None:
+    for bad in (-1, 1.5, "3000", g.MAX_INITIAL_REBALANCE_DELAY_MS + 1):
+        with pytest.raises(g.InvalidArgument):
+            GroupTable(initial_rebalance_delay_ms=bad)
