@@ -4,7 +4,7 @@ kill actors or nodes, for chaos and fault tests."""
 from __future__ import annotations
 
 from raytxn.client.rpc import ActorRef
-from raytxn.errors import InvalidArgument
+from raytxn.errors import ActorUnavailable, InvalidArgument
 from raytxn.faults import FaultPoints
 from raytxn.ids import SUPERVISOR_NAME
 
@@ -57,8 +57,26 @@ class Faults:
         return {name: faults for name, faults in armed.items() if faults}
 
     def kill(self, actor: str, restart: bool = True) -> None:
-        """Kill an actor's process by name (Ray restarts it unless ``restart=False``)."""
-        kill_actor(actor, restart)
+        """Kill an actor's process by name (Ray restarts it unless ``restart=False``).
+
+        A partition or subscription served by a host (``actor_hosts``) has no process of its
+        own: its host drops it, a crash of that actor alone (its memory is lost and its tasks
+        cancelled, as a process end would), and the next call activates it again whatever
+        ``restart`` says. ``ActorUnavailable``: nothing of that name runs (dormant, or never
+        started)."""
+        try:
+            kill_actor(actor, restart)
+            return
+        except ValueError:  # Ray knows no actor of that name: hosted, or not running
+            pass
+        hosts = self._supervisor.call("engine_config", deadline_s=self._deadline_s).actor_hosts
+        if hosts > 0:
+            from raytxn.actors.host import host_for
+
+            host = ActorRef(host_for(actor, hosts), self._supervisor.token)
+            if host.call("drop", actor, deadline_s=self._deadline_s):
+                return
+        raise ActorUnavailable(f"no actor {actor!r} is running to kill")
 
 
 def kill_actor(name: str, restart: bool = True) -> None:
