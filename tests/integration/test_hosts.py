@@ -100,6 +100,30 @@ def test_a_txn_spanning_hosted_participants_commits_across_the_crash_of_their_ho
     again.close()
 
 
+def test_faults_kill_of_a_hosted_actor_is_a_crash_of_that_actor_alone(client: rt.Client) -> None:
+    """``client.faults.kill`` of a hosted partition mid-transaction: its host drops it (its host
+    process and the other actors it serves live on), the commit activates it again from storage
+    as a new incarnation, and the txn's output is visible once. Killing what does not run is
+    ActorUnavailable."""
+    topic = f"kill{uuid.uuid4().hex[:6]}"
+    client.create_topic(topic)
+    name = partition_actor_name(topic, 0)
+    producer = client.create_producer(topic)
+    producer.send(b"before")
+    host = host_for(name, HOSTS)
+    pid_before, incarnation_before = ActorRef(host).call("ready")["pid"], row(client, name)["incarnation"]
+    txn = client.new_transaction()
+    producer.send(b"in-txn", txn=txn)
+    client.faults.kill(name)
+    assert name not in ActorRef(host).call("hosted")
+    txn.commit()
+    assert ActorRef(host).call("ready")["pid"] == pid_before
+    wait_for(lambda: row(client, name)["incarnation"] > incarnation_before, what="a new incarnation")
+    assert visible_values(topic) == [b"before", b"in-txn"]
+    with pytest.raises(ActorUnavailable):
+        client.faults.kill(partition_actor_name(f"never{uuid.uuid4().hex[:6]}", 0))
+
+
 def test_a_host_serves_only_what_a_dedicated_actor_serves_and_names_it_hosts(client: rt.Client) -> None:
     topic = f"bad{uuid.uuid4().hex[:6]}"
     client.create_topics([topic])
