@@ -19,10 +19,11 @@ demo: $(STAMP)
 
 # Two pytest workers, each a whole module at a time (module fixtures stay one Ray engine and one
 # Spark session per module; each worker has its own local Ray): the suite waits on actor starts
-# and timers far more than it computes, and one worker kept this 2-core machine 40% busy.
+# and timers far more than it computes, and one worker kept this 2-core machine 40% busy. Modules
+# go longest first (tests/conftest.py), not in xdist's most-tests-first order.
 test: $(STAMP)
 	$(VENV)/bin/ruff check actors runtime connectors examples tests
-	$(VENV)/bin/python -m pytest -n 2 --dist loadfile
+	$(VENV)/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check actors runtime connectors examples tests

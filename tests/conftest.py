@@ -93,3 +93,35 @@ def drop_new_topics(request: pytest.FixtureRequest) -> Iterator[None]:
     except RaytxnError as error:  # a test that left its engine unable to delete: it showed that itself
         print(f"drop_new_topics: left {request.node.name}'s topics: {error!r}")
 
+
+
+# --- the order the two test workers take modules in ------------------------------------------
+#
+# `make test` runs two xdist workers, a module at a time (--dist loadfile). xdist's own order
+# (the modules with the most tests first) left one-test modules, the longest of all among them,
+# for last: one worker ran them alone for minutes while the other had finished. The Makefile turns
+# that order off (--no-loadscope-reorder) and this hook sorts modules longest first (the LPT
+# rule), each test weighing its slow(seconds) mark or, unmarked, the typical CI time of a test
+# of its directory that needs Ray (one that does not is a fraction of a second). Within a module
+# the order stays the file's.
+
+TYPICAL_RAY_TEST_S = {"spark": 25.0, "chaos": 45.0, "integration": 5.0, "unit": 1.0}
+
+
+def test_weight_s(item: pytest.Item) -> float:
+    slow = item.get_closest_marker("slow")
+    if slow is not None:
+        return float(slow.kwargs.get("seconds", slow.args[0] if slow.args else 30.0))
+    if item.get_closest_marker("ray") is None and item.get_closest_marker("spark") is None:
+        return 0.3
+    parts = item.nodeid.split("/")
+    return TYPICAL_RAY_TEST_S.get(parts[1] if len(parts) > 2 else "", 1.0)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    modules: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+    weight = {module: sum(map(test_weight_s, tests)) for module, tests in modules.items()}
+    order = sorted(modules, key=lambda module: (-weight[module], module))  # stable across workers
+    items[:] = [item for module in order for item in modules[module]]

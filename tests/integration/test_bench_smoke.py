@@ -12,6 +12,7 @@ from tests.unit.test_bench_tables import missing_figures
 
 
 @pytest.mark.s3
+@pytest.mark.slow(seconds=10)
 def test_bench_ledger_short_writes_json(tmp_path: Path) -> None:
     out = tmp_path / "ledger.json"
     proc = subprocess.run([sys.executable, "-m", "raytxn.tools.cli", "bench", "ledger", "--short", "--out", str(out)],
@@ -32,6 +33,7 @@ def test_bench_ledger_short_writes_json(tmp_path: Path) -> None:
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow(seconds=12)
 def test_bench_ceiling_short_writes_json(tmp_path: Path) -> None:
     """The ceiling probe that every produce figure is a ratio to: a bare actor fsyncing prebuilt
     batches, three runs, the best kept."""

@@ -18,7 +18,16 @@ README = ROOT / "README.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
 
 
-@pytest.mark.parametrize("index", range(len(BLOCKS)))
+
+
+def snippet_seconds(block: str) -> int:
+    """A snippet's time alone, for the test order (tests/conftest.py): each starts an engine; the
+    Spark one starts Spark on Ray, the Ray Data one runs Ray tasks."""
+    return 45 if "init_spark" in block else 30 if "connectors.ray_data" in block else 8
+
+
+@pytest.mark.parametrize("index", [pytest.param(i, marks=pytest.mark.slow(seconds=snippet_seconds(block)))
+                                   for i, block in enumerate(BLOCKS)])
 def test_readme_snippet_runs(index: int, ray_session) -> None:
     address = joinable_ray_address(ray_session)
     proc = subprocess.run([sys.executable, "-c", BLOCKS[index]], capture_output=True, text=True, timeout=300,
