@@ -37,7 +37,6 @@ from raytxn.actors.shell import ActorShell
 from raytxn.auth import Access, AuthConfig, Authorizer, AuthTarget, guarded
 from raytxn.config import PartitionConfig, SubscriptionConfig
 from raytxn.errors import ActorUnavailable, CannotPlaceActor, InvalidArgument
-from raytxn.hashing import stable_hash
 from raytxn.ledger.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -47,13 +46,6 @@ HOSTED: contextvars.ContextVar[ActorShell | None] = contextvars.ContextVar("rayt
 MAX_TASKS_PER_ACTOR = 10_000  # a bound, far above any actor's timers, writers and waiters
 
 
-def host_actor_name(index: int) -> str:
-    return f"host-{index}"
-
-
-def host_for(actor_name: str, hosts: int) -> str:
-    """The host that serves ``actor_name`` when there are ``hosts`` of them."""
-    return host_actor_name(stable_hash(actor_name) % hosts)
 
 
 class ActorHost(AuthTarget):

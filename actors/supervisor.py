@@ -20,7 +20,6 @@ from typing import Any, NamedTuple
 import msgspec
 import ray
 
-from raytxn.actors.host import host_actor_name, host_for
 from raytxn.actors.shell import ActorRefs, ActorShell, Clock
 from raytxn.auth import Access, Authorizer, guarded
 from raytxn.config import EngineConfig
@@ -30,6 +29,8 @@ from raytxn.ids import (
     NAMESPACE,
     SUPERVISOR_NAME,
     coordinator_actor_name,
+    host_actor_name,
+    host_for,
     partition_actor_name,
     subscription_actor_name,
 )

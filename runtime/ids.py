@@ -12,6 +12,7 @@ from collections.abc import Iterable
 import msgspec
 
 from raytxn.errors import InvalidArgument, InvalidTopicName
+from raytxn.hashing import stable_hash
 
 
 class Position(msgspec.Struct, frozen=True, order=True, array_like=True):
@@ -102,6 +103,15 @@ def check_actions(actions: Iterable[str]) -> tuple[str, ...]:
 
 NAMESPACE = "raytxn"
 SUPERVISOR_NAME = "supervisor"
+
+
+def host_actor_name(index: int) -> str:
+    return f"host-{index}"
+
+
+def host_for(actor_name: str, hosts: int) -> str:
+    """The host that serves ``actor_name`` when there are ``hosts`` of them (``actor_hosts``)."""
+    return host_actor_name(stable_hash(actor_name) % hosts)
 
 
 def coordinator_actor_name(tc_id: int) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from raytxn.client.rpc import ActorRef
 from raytxn.errors import ActorUnavailable, InvalidArgument
 from raytxn.faults import FaultPoints
-from raytxn.ids import SUPERVISOR_NAME
+from raytxn.ids import SUPERVISOR_NAME, host_for
 
 
 class Faults:
@@ -71,8 +71,6 @@ class Faults:
             pass
         hosts = self._supervisor.call("engine_config", deadline_s=self._deadline_s).actor_hosts
         if hosts > 0:
-            from raytxn.actors.host import host_for
-
             host = ActorRef(host_for(actor, hosts), self._supervisor.token)
             if host.call("drop", actor, deadline_s=self._deadline_s):
                 return

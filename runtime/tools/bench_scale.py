@@ -24,10 +24,9 @@ from typing import Any
 import psutil
 import ray
 
-from raytxn.actors.host import host_actor_name
 from raytxn.client.rpc import ActorRef
 from raytxn.cluster import stop_engine
-from raytxn.ids import NAMESPACE, partition_actor_name
+from raytxn.ids import NAMESPACE, host_actor_name, partition_actor_name
 from raytxn.tools.bench import _percentile
 from raytxn.tools.bench_produce import PAYLOAD, _engine, _produce
 

@@ -13,10 +13,9 @@ import pytest
 import ray
 
 import raytxn as rt
-from raytxn.actors.host import host_actor_name, host_for
 from raytxn.client.rpc import ActorRef
 from raytxn.errors import ActorUnavailable, InvalidArgument
-from raytxn.ids import NAMESPACE, partition_actor_name, subscription_actor_name
+from raytxn.ids import NAMESPACE, host_actor_name, host_for, partition_actor_name, subscription_actor_name
 from tests.engine import engine_client, nothing_more, receive_all, visible_values, wait_for
 from tests.engine import health_row as row
 
