@@ -33,8 +33,12 @@ Granularity. The queue and the outboxes hold whole entries (a producer batch, up
 messages) with the batch indexes of theirs that still wait, not one object per message: Exclusive
 and Failover consumers take an entry's messages in one slice, so handing out a batch costs about
 what handing out one message does. Shared and Key_Shared route message by message within an
-entry, as their rules need, but still hand out slices of entries. A consumer's demand may end in
-the middle of an entry; the rest of it stays queued.
+entry, as their rules need, but still hand out slices of entries, and a consumer's demand may
+end in the middle of an entry (the rest of it stays queued). An Exclusive or Failover consumer
+with any demand takes the rest of an entry whole, as Pulsar's dispatcher hands out whole entries
+and lets a consumer's permits go below zero: a consumer asking for half its 1,000-message receive
+queue then gets a producer's 1,000-message batch in one fetch, not in two, and its queue holds at
+most one entry more than its size.
 
 Pure: no Ray, no I/O, no clock (times are passed in).
 """
@@ -311,7 +315,7 @@ class Dispatcher:
                 entry.indexes = indexes
             if indexes:
                 if whole_entries:
-                    handed = self._hand_out_slice(entry, served, demand)
+                    handed = self._hand_out_whole(entry, served)
                     if not handed:
                         break
                 else:
@@ -321,27 +325,24 @@ class Dispatcher:
                 demand -= handed
             if not entry.indexes:
                 emptied.append(position)
-            if not demand:
+            if demand <= 0:
                 break
         for position in emptied:
             del self._queue[position]
         return list(served)
 
-    def _hand_out_slice(self, entry: QueuedEntry, served: dict[str, None], demand: int) -> int:
-        """Exclusive / Failover: the active consumer takes the entry's first queued indexes, as
-        many as its demand allows. Returns how many (0: nobody may take any)."""
+    def _hand_out_whole(self, entry: QueuedEntry, served: dict[str, None]) -> int:
+        """Exclusive / Failover: the active consumer, if it has any demand, takes every queued
+        index of the entry (see the module docstring: whole entries, as Pulsar). Returns how many
+        (0: nobody may take any)."""
         consumer = self._consumers[self._active] if self._active is not None else None
         if consumer is None or consumer.demand <= 0:
             return 0
-        count = min(consumer.demand, len(entry.indexes), demand)
-        if count == len(entry.indexes):
-            handed, entry.indexes = entry.indexes, []
-        else:
-            handed, entry.indexes = entry.indexes[:count], entry.indexes[count:]
-        consumer.demand -= count
+        handed, entry.indexes = entry.indexes, []
+        consumer.demand = max(0, consumer.demand - len(handed))
         self._hand_out(consumer, entry, handed, None)
         served[consumer.consumer_id] = None
-        return count
+        return len(handed)
 
     def _hand_out_routed(self, entry: QueuedEntry, served: dict[str, None], demand: int) -> int | None:
         """Shared / Key_Shared: route each queued message of the entry. Returns how many were

@@ -249,26 +249,31 @@ def test_settle_entries_and_cumulative_and_idle_consumers() -> None:
     assert dispatcher.idle_consumers(100.0, 30.0) == ["a"]
 
 
-def test_batch_entries_go_out_in_slices_and_shared_consumers_split_them() -> None:
-    """The queue holds entries: an exclusive fetch whose demand ends inside one takes a slice and
-    the next fetch the rest; Shared consumers get an entry's messages round-robin, each with the
-    right record."""
+def test_batch_entries_go_out_whole_to_exclusive_consumers_and_shared_consumers_split_them() -> None:
+    """The queue holds entries: an exclusive fetch whose demand ends inside one still takes it
+    whole (Pulsar's dispatcher: the consumer's permits go below zero), and the next entry waits
+    for the next fetch; Shared consumers get an entry's messages round-robin, each with the right
+    record, no more than their demand."""
     values = [b"m%d" % i for i in range(10)]
     records = encode_entry(EntryHeader("data", None, "p", 0, 9, 10, 7), [MessageRecord(v) for v in values])
     dispatcher = Dispatcher(0, routing_key_of)
     dispatcher.add_consumer("a", "a", ConsumerType.Exclusive, 0.0)
     assert dispatcher.offer_entry(P(0, 1), 10, 7, records, list(range(10))) == 10
     assert dispatcher.offer_entry(P(0, 1), 10, 7, records, list(range(10))) == 0  # queued already
+    assert dispatcher.offer_entry(P(0, 2), 10, 7, records, list(range(10))) == 10
     dispatcher.want("a", 4)
     dispatcher.dispatch(never_settled)
     first = dispatcher.take("a")
-    assert [(m.batch_index, m.record) for m, _ in first] == [(i, records[i + 1]) for i in range(4)]
-    assert dispatcher.queued == 6 and dispatcher.outstanding == 4 and dispatcher.first_queued() == (P(0, 1), 4)
-    assert dispatcher.offer_entry(P(0, 1), 10, 7, records, list(range(10))) == 0  # outstanding or queued
+    assert [(m.batch_index, m.record) for m, _ in first] == [(i, records[i + 1]) for i in range(10)]
+    assert dispatcher.queued == 10 and dispatcher.outstanding == 10 and dispatcher.first_queued() == (P(0, 2), 0)
+    assert dispatcher.offer_entry(P(0, 1), 10, 7, records, list(range(10))) == 0  # outstanding
+    dispatcher.want("a", 0)
+    dispatcher.dispatch(never_settled)
+    assert dispatcher.take("a") == []  # no demand: the next entry waits
     dispatcher.want("a", 100)
     dispatcher.dispatch(lambda position, size, indexes: [i for i in indexes if i != 7])  # 7 is settled by now
-    assert [m.batch_index for m, _ in dispatcher.take("a")] == [4, 5, 6, 8, 9]
-    assert dispatcher.queued == 0 and dispatcher.outstanding == 9
+    assert [m.batch_index for m, _ in dispatcher.take("a")] == [0, 1, 2, 3, 4, 5, 6, 8, 9]
+    assert dispatcher.queued == 0 and dispatcher.outstanding == 19
     assert dispatcher.release("a", [(P(0, 1), 2)]) == [(P(0, 1), 2)]
     assert dispatcher.offer_entry(P(0, 1), 10, 7, records, [2]) == 1  # read again
     assert fetch(dispatcher, "a", 5) == [1]
