@@ -46,8 +46,6 @@ HOSTED: contextvars.ContextVar[ActorShell | None] = contextvars.ContextVar("rayt
 MAX_TASKS_PER_ACTOR = 10_000  # a bound, far above any actor's timers, writers and waiters
 
 
-
-
 class ActorHost(AuthTarget):
     """Hosted partition and subscription actors by name; see the module docstring."""
 

@@ -23,6 +23,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from raytxn.errors import RaytxnError
+from raytxn.kafka.groups import INITIAL_REBALANCE_DELAY_MS
 from raytxn.tools import bench
 
 app = typer.Typer(help="raytxn: exactly-once transactional messaging on Ray.", no_args_is_help=True)
@@ -181,7 +182,7 @@ def kafka(port: Annotated[int, typer.Option("--port", help="TCP port Kafka clien
           initial_rebalance_delay_ms: Annotated[int, typer.Option(
               "--initial-rebalance-delay-ms",
               help="how long a group's first rebalance waits for more members (Kafka's "
-                   "group.initial.rebalance.delay.ms)")] = 3000,
+                   "group.initial.rebalance.delay.ms)")] = INITIAL_REBALANCE_DELAY_MS,
           address: Address = "auto", as_json: Json = False) -> None:
     """Start a Kafka-protocol gateway actor on the cluster: Kafka clients (confluent-kafka,
     kafka-python, kcat) then produce and fetch with bootstrap.servers set to the address shown."""
