@@ -95,3 +95,14 @@ PROFILES: dict[str, Profile] = {
     "passivation": Profile(_DEFAULT_STORAGE, _DEFAULT_NETWORK,
                            CrashFaults(mean_interval_s=0.3, zombie=0.25, passivate=0.5)),
 }
+
+# ``--faults all``: each seed runs one of the faulty profiles in turn (seed modulo their number),
+# so one long run covers every kind of fault and workload; a failing seed's replay command names
+# the profile it ran.
+ALL_PROFILES = "all"
+_ROTATION = tuple(name for name in PROFILES if name != "none")
+
+
+def profile_of_seed(profile_name: str, seed: int) -> str:
+    """The profile ``seed`` runs under ``profile_name`` (itself, but for ``all``)."""
+    return _ROTATION[seed % len(_ROTATION)] if profile_name == ALL_PROFILES else profile_name

@@ -46,7 +46,7 @@ from raytxn.sim.leases import violations as lease_violations
 from raytxn.sim.loop import Deadlock, SimLoop
 from raytxn.sim.pipelined import pipelined_producer
 from raytxn.sim.pipelined import violations as pipelined_violations
-from raytxn.sim.profiles import PROFILES, Profile
+from raytxn.sim.profiles import PROFILES, Profile, profile_of_seed
 from raytxn.sim.schedule import Schedule
 from raytxn.sim.supervisor import CatalogStore, SimSupervisor
 from raytxn.sim.trace import Trace
@@ -405,11 +405,13 @@ def _run_one(job: tuple[int, str, bool, Schedule | None, ExtraCheck | None, tupl
 def run_many(seeds: Iterable[int], profile_name: str = "default", jobs: int = 1,
              keep_trace: bool = False, schedule: Schedule | None = None,
              extra_check: ExtraCheck | None = None, reintroduce: Iterable[str] = ()) -> Iterator[SeedResult]:
-    """``run_seed`` for each seed, in seed order; ``jobs`` > 1 runs them in that many processes
+    """``run_seed`` for each seed, in seed order (``profile_name`` "all": each seed's profile in turn,
+    ``profiles.profile_of_seed``); ``jobs`` > 1 runs them in that many processes
     (each seed is deterministic on its own, so parallelism changes no result). ``reintroduce``:
     test-only bug switches (``raytxn.testing_bugs``) on for these runs, besides those already on."""
     bugs = tuple(sorted({*active(), *reintroduce}))
-    work = [(seed, profile_name, keep_trace, schedule, extra_check, bugs) for seed in seeds]
+    # Lazy: a time-limited run passes a range far longer than it runs (Pool.imap pulls as it goes).
+    work = ((seed, profile_of_seed(profile_name, seed), keep_trace, schedule, extra_check, bugs) for seed in seeds)
     if jobs <= 1:
         yield from map(_run_one, work)
         return

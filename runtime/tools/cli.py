@@ -528,11 +528,14 @@ def chaos_command(
 
 @app.command("sim")
 def sim_command(
-    seeds: Annotated[int, typer.Option("--seeds", min=1, help="how many seeds to run")] = 100,
+    seeds: Annotated[int | None, typer.Option(
+        "--seeds", min=1, help="how many seeds to run (default 100; with --minutes, at most this many)")] = None,
     seed: Annotated[int, typer.Option("--seed", help="the first seed")] = 0,
-    faults: Annotated[str, typer.Option("--faults", help="none, default, heavy, stale-handles, consumer-swap, "
-                                                         "topic-delete, pipelined, leases, key-shared or "
-                                                         "passivation")] = "default",
+    minutes: Annotated[float | None, typer.Option(
+        "--minutes", min=0, help="run seeds one after another until this much time has passed (a long run)")] = None,
+    faults: Annotated[str, typer.Option("--faults", help="a fault profile (raytxn.sim.profiles: none, default, "
+                                                         "heavy, ...), or all: each seed one of the faulty "
+                                                         "profiles in turn")] = "default",
     jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="processes running seeds in parallel")] = 1,
     trace: Annotated[bool, typer.Option("--trace", help="print each failing seed's trace")] = False,
     schedule: Annotated[str, typer.Option(
@@ -550,14 +553,14 @@ def sim_command(
     """Simulate the real actors deterministically, one run per seed, and check every run; prints
     one line per failing seed with the command that replays it (and, with --shrink, the smallest
     schedule found that fails the same way, with the command that replays that)."""
-    from raytxn.sim.profiles import PROFILES
+    from raytxn.sim.profiles import ALL_PROFILES, PROFILES
     from raytxn.sim.run import SeedResult, load_check, run_many
     from raytxn.sim.schedule import parse_schedule
     from raytxn.sim.shrink import shrink as shrink_seed
     from raytxn.testing_bugs import check_names, reintroduced
 
-    if faults not in PROFILES:
-        console.print(f"[red]--faults must be one of {', '.join(PROFILES)}[/red]")
+    if faults not in PROFILES and faults != ALL_PROFILES:
+        console.print(f"[red]--faults must be one of {', '.join(PROFILES)} or {ALL_PROFILES}[/red]")
         raise typer.Exit(2)
     try:
         check_names(reintroduce or [])
@@ -575,11 +578,17 @@ def sim_command(
         return (f"seed {result.seed} FAILED: {(result.failure or '').splitlines()[0]}  trace {result.digest[:12]}  "
                 f"replay: {result.replay_command()}")
 
+    if seeds is None:
+        # With a time limit the seed count is only a bound; seeds are made lazily, so it costs nothing.
+        seeds = 100 if minutes is None else 10**9
     began = time.perf_counter()
-    failing = txns = 0
+    deadline = None if minutes is None else began + minutes * 60
+    failing = txns = ran = 0
     injected: dict[str, int] = {}
-    for result in run_many(range(seed, seed + seeds), faults, jobs, keep_trace=trace, schedule=overrides,
-                           extra_check=extra_check, reintroduce=reintroduce or ()):
+    results = run_many(range(seed, seed + seeds), faults, jobs, keep_trace=trace, schedule=overrides,
+                       extra_check=extra_check, reintroduce=reintroduce or ())
+    for result in results:
+        ran += 1
         txns += result.txns
         for kind, count in result.faults.items():
             injected[kind] = injected.get(kind, 0) + count
@@ -594,10 +603,15 @@ def sim_command(
                                          original=result, max_runs=shrink_runs, max_seconds=shrink_seconds)
                 console.print(f"  {shrunk.summary()}", markup=False, soft_wrap=True)
                 console.print(f"  smallest: {failed_line(shrunk.shrunk)}", markup=False, soft_wrap=True)
+        if deadline is not None and time.perf_counter() >= deadline:
+            break
+    results.close()  # ends a --jobs pool still running seeds past the deadline
     elapsed = time.perf_counter() - began
     bugs = f", reintroduced: {', '.join(reintroduce)}" if reintroduce else ""
-    console.print(f"{seeds} seeds ({faults}{bugs}), {failing} failing, {seeds / elapsed:.1f} seeds/s, "
-                  f"{txns / seeds:.0f} txns/seed, injected: {injected}", markup=False)
+    last = f" ({seed}..{seed + ran - 1})" if minutes is not None else ""
+    console.print(f"{ran} seeds{last} ({faults}{bugs}), {failing} failing, {ran / elapsed:.1f} seeds/s, "
+                  f"{txns / max(ran, 1):.0f} txns/seed, {elapsed / 60:.1f} min, injected: {injected}",
+                  markup=False)
     if failing:
         raise typer.Exit(1)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import re
 import subprocess
 import sys
 import time
@@ -19,7 +20,7 @@ from raytxn.errors import ActorUnavailable, Fenced, StorageUnavailable
 from raytxn.ledger import ManagedLedger
 from raytxn.ledger.storage import ObjectExists
 from raytxn.sim.loop import Deadlock, SimLoop
-from raytxn.sim.profiles import PROFILES
+from raytxn.sim.profiles import ALL_PROFILES, PROFILES, profile_of_seed
 from raytxn.sim.run import run_many, run_seed
 from raytxn.sim.storage import SimStorage, StorageFaults
 from raytxn.sim.trace import Trace
@@ -361,3 +362,25 @@ def test_cli_prints_one_line_per_failing_seed_with_its_replay_command() -> None:
             in line, line
     assert "2 seeds (consumer-swap, reintroduced: consumer_swap_loss), 2 failing" in failing.output
     assert runner.invoke(app, ["sim", "--faults", "nope"]).exit_code == 2
+
+
+def test_faults_all_runs_each_faulty_profile_in_turn_and_a_failure_replays_under_its_own_profile() -> None:
+    rotation = [profile_of_seed(ALL_PROFILES, seed) for seed in range(len(PROFILES) - 1)]
+    assert sorted(rotation) == sorted(name for name in PROFILES if name != "none")
+    assert profile_of_seed("heavy", 3) == "heavy"
+    runner = CliRunner()
+    swap_seed = rotation.index("consumer-swap")
+    failing = runner.invoke(app, ["sim", "--seeds", "1", "--seed", str(swap_seed), "--faults", "all",
+                                  "--reintroduce", "consumer_swap_loss"])
+    assert failing.exit_code == 1, failing.output
+    assert (f"replay: raytxn sim --seed {swap_seed} --seeds 1 --faults consumer-swap "
+            "--reintroduce consumer_swap_loss") in failing.output
+
+
+def test_minutes_runs_seeds_until_the_time_is_up_and_says_which() -> None:
+    result = CliRunner().invoke(app, ["sim", "--minutes", "0.03", "--seed", "40", "--faults", "none"])
+    assert result.exit_code == 0, result.output
+    summary = re.search(r"(\d+) seeds \(40\.\.(\d+)\) \(none\), 0 failing", result.output)
+    assert summary, result.output
+    ran, last = int(summary[1]), int(summary[2])
+    assert ran >= 2 and last == 40 + ran - 1
