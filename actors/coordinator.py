@@ -49,7 +49,7 @@ from typing import Any
 import ray
 
 from raytxn.actors.participants import end_on_participant, participant_name
-from raytxn.actors.shell import ActorRefs, ActorShell, Clock, replay
+from raytxn.actors.shell import ActorRefs, ActorShell, Clock, ray_actor_options, replay
 from raytxn.auth import Access, AuthConfig, Authorizer, guarded
 from raytxn.client.rpc import ActorRef
 from raytxn.config import CoordinatorConfig
@@ -667,7 +667,4 @@ def _ending(action: EndAction) -> str:
     return str(TxnState.COMMITTING if action is EndAction.COMMIT else TxnState.ABORTING)
 
 
-# The Ray actor: restarted by Ray forever; calls are not retried by Ray (clients retry, every
-# call is idempotent or harmless to repeat).
-CoordinatorActor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0,
-                              max_concurrency=10_000)(TransactionCoordinator)
+CoordinatorActor = ray.remote(**ray_actor_options(max_concurrency=10_000))(TransactionCoordinator)

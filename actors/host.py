@@ -33,7 +33,7 @@ from typing import Any
 
 import ray
 
-from raytxn.actors.shell import ActorShell
+from raytxn.actors.shell import ActorShell, ray_actor_options
 from raytxn.auth import Access, AuthConfig, Authorizer, AuthTarget, guarded
 from raytxn.config import PartitionConfig, SubscriptionConfig
 from raytxn.errors import ActorUnavailable, CannotPlaceActor, InvalidArgument
@@ -185,4 +185,4 @@ class ActorHost(AuthTarget):
             raise ActorUnavailable(f"{name}: dropped by {self.name} during the call; retry") from None
 
 
-ActorHostActor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=100_000)(ActorHost)
+ActorHostActor = ray.remote(**ray_actor_options(max_concurrency=100_000))(ActorHost)

@@ -37,7 +37,7 @@ import ray
 
 from raytxn import testing_bugs
 from raytxn.actors.retention import topic_and_marks
-from raytxn.actors.shell import ActorRefs, ActorShell, Clock, replay
+from raytxn.actors.shell import ActorRefs, ActorShell, Clock, ray_actor_options, replay
 from raytxn.actors.topic_permissions import TopicPermissions
 from raytxn.auth import Access, AuthConfig, Authorizer, guarded
 from raytxn.config import PartitionConfig
@@ -838,5 +838,4 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
         return None, True
 
 
-PartitionActor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0,
-                            max_concurrency=10_000)(PartitionBuffer)
+PartitionActor = ray.remote(**ray_actor_options(max_concurrency=10_000))(PartitionBuffer)

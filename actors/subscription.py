@@ -34,7 +34,7 @@ from typing import Any
 
 import ray
 
-from raytxn.actors.shell import ActorRefs, ActorShell, Clock, replay
+from raytxn.actors.shell import ActorRefs, ActorShell, Clock, ray_actor_options, replay
 from raytxn.actors.subscription_leases import SubscriptionLeases
 from raytxn.actors.topic_permissions import TopicPermissions
 from raytxn.auth import Access, AuthConfig, Authorizer, guarded
@@ -567,8 +567,5 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
         return {"pid": os.getpid(), "rss": psutil.Process().memory_info().rss}
 
 
-
-# Restarted by Ray forever; calls are not retried by Ray (clients retry, every call is idempotent
-# or harmless to repeat: acks, ends, fetches of a consumer that must subscribe again).
-SubscriptionActor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0,
-                               max_concurrency=10_000)(Subscription)
+# (Fetches a consumer must subscribe again for are harmless to repeat, as ray_actor_options requires.)
+SubscriptionActor = ray.remote(**ray_actor_options(max_concurrency=10_000))(Subscription)

@@ -15,7 +15,7 @@ import pytest
 
 from raytxn.actors.coordinator import TransactionCoordinator, log_stream
 from raytxn.actors.partition import PartitionBuffer, partition_stream
-from raytxn.actors.shell import EXIT_CODE, ActorShell, Clock, replay
+from raytxn.actors.shell import EXIT_CODE, ActorShell, Clock, ray_actor_options, replay
 from raytxn.actors.subscription import Subscription, pending_ack_stream
 from raytxn.actors.supervisor import probes_due
 from raytxn.auth import Access, guarded
@@ -386,3 +386,17 @@ def test_the_watcher_probes_live_actors_in_turn_under_its_budget() -> None:
     assert rounds[0] == ["b", "c"]  # never probed first, in the order given
     assert sorted(rounds[0] + rounds[1] + [rounds[2][0]]) == names  # all five within three rounds
     assert probes_due(names, probed_at, 10) == sorted(names, key=probed_at.__getitem__)  # under budget: all
+
+
+def test_engine_actors_record_no_ray_task_events_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from raytxn.actors.coordinator import CoordinatorActor
+    from raytxn.actors.host import ActorHostActor
+    from raytxn.actors.partition import PartitionActor
+    from raytxn.actors.subscription import SubscriptionActor
+
+    for actor_class in (PartitionActor, SubscriptionActor, CoordinatorActor, ActorHostActor):
+        options = actor_class._default_options
+        assert options["enable_task_events"] is False, actor_class
+        assert (options["max_restarts"], options["max_task_retries"], options["num_cpus"]) == (-1, 0, 0)
+    monkeypatch.setenv("RAYTXN_TASK_EVENTS", "1")
+    assert ray_actor_options(10)["enable_task_events"] is True
