@@ -71,6 +71,15 @@ but not yet in a stored entry is volatile: after a restart, a late append of the
 land before the successor's first one. It is then simply stored (its sequences are its epoch's),
 and the successor's batches, of the newer epoch, neither collide with it nor are fenced by it.
 Producers that never ask (epoch 0 throughout) keep the sequence rule alone.
+
+Epochs are never handed out twice. The partition passes a floor, its ledger's writer incarnation
+shifted left by ``EPOCH_FLOOR_SHIFT`` bits (durable, and higher for every new incarnation), and
+epochs rise across all names within an incarnation. Without the floor, a partition that restarted
+after handing out epoch 2 (volatile) knew only epoch 1: the dead incarnation's client stored
+sequences 0..1 in epoch 2, and its successor, handed epoch 2 again, had 0..2 refused as an overlap
+(``raytxn sim --seed 2002810 --seeds 1 --faults zombie-appends``), and would have had a batch of
+0..1 acknowledged as a duplicate without being stored. Without the rise across names, an epoch
+evicted from the bounded table of handed-out ones could be handed out again.
 """
 
 from __future__ import annotations
@@ -95,6 +104,9 @@ from raytxn.protocol.offsets import DEFAULT_INDEX_INTERVAL, OffsetIndex, OffsetS
 from raytxn.protocol.txnlog import EndAction, end_action
 
 DEFAULT_MAX_PRODUCERS = 10_000
+# A partition incarnation's epochs start above its writer incarnation << this: room for 2**32
+# epochs per incarnation, and each incarnation's above every epoch an earlier one handed out.
+EPOCH_FLOOR_SHIFT = 32
 
 
 class AppendStatus(enum.StrEnum):
@@ -237,6 +249,7 @@ class TransactionBuffer:
         # producer -> an epoch ``init_producer`` handed out, until an entry of it is applied
         # (least recently handed out first; bounded like the dedup table)
         self._handed_epochs: OrderedDict[str, int] = OrderedDict()
+        self._last_handed_epoch = 0  # of any name: epochs rise across names (never handed out twice)
         self._pending_appends: dict[TxnID, int] = {}  # txn -> prepared, unapplied data entries
         self._ending: dict[TxnID, EndAction] = {}  # marker prepared, not applied yet
         self._heard_low_watermarks: dict[int, int] = {}
@@ -332,12 +345,16 @@ class TransactionBuffer:
         return max(known.epoch if known is not None else 0, pending[-1][0] if pending else 0,
                    self._handed_epochs.get(producer, 0))
 
-    def init_producer(self, producer: str) -> int:
-        """A new incarnation of ``producer``: its epoch here, above every one known, which fences
-        the older ones at once (volatile until an entry of it is stored; see the epoch rule)."""
+    def init_producer(self, producer: str, floor: int = 0) -> int:
+        """A new incarnation of ``producer``: its epoch here, above every one known and above
+        ``floor`` (the partition's incarnation floor), which fences the older ones at once
+        (volatile until an entry of it is stored; see the epoch rule)."""
         if not producer or type(producer) is not str:
             raise InvalidArgument(f"a producer is a non-empty name, got {producer!r}")
-        epoch = self.producer_epoch(producer) + 1
+        if type(floor) is not int or floor < 0:
+            raise InvalidArgument(f"an epoch floor is an int >= 0, got {floor!r}")
+        epoch = max(self.producer_epoch(producer), self._last_handed_epoch, floor) + 1
+        self._last_handed_epoch = epoch
         self._handed_epochs.pop(producer, None)
         self._handed_epochs[producer] = epoch
         while len(self._handed_epochs) > self.max_producers:

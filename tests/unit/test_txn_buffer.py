@@ -23,7 +23,13 @@ from raytxn.protocol.entry_format import (
     encode_header,
     marker_header,
 )
-from raytxn.protocol.txn_buffer import AppendStatus, EndDecision, TransactionBuffer, TxnBufferSnapshot
+from raytxn.protocol.txn_buffer import (
+    EPOCH_FLOOR_SHIFT,
+    AppendStatus,
+    EndDecision,
+    TransactionBuffer,
+    TxnBufferSnapshot,
+)
 from raytxn.protocol.txnlog import EndAction
 
 COMMIT, ABORT = EndAction.COMMIT, EndAction.ABORT
@@ -424,10 +430,32 @@ def test_a_dead_incarnations_append_still_on_its_way_is_fenced_by_its_successor(
     assert restore(None, part.ledger).snapshot() == part.buffer.snapshot()
 
 
+def test_a_restarted_partition_never_hands_out_an_epoch_its_dead_incarnation_handed_out() -> None:
+    """Seed 2002810 of zombie-appends: incarnation 1 of the partition hands epoch 2 to client B of
+    "p" (volatile) and dies. B dies too, its first append still on its way; its successor C asks
+    incarnation 2, which knew only epoch 1 and handed out 2 again. B's append of 0..1 then landed
+    in C's epoch, and C's 0..2 was refused as an overlap; a C batch of 0..1 would have been
+    acknowledged as a duplicate and never stored. With the incarnation floor, C's epoch is above
+    anything incarnation 1 handed out, and it fences B's late append at once."""
+    part = Partition()
+    a = part.buffer.init_producer("p", floor=1 << EPOCH_FLOOR_SHIFT)
+    part.land(epoch_header("p", 0, a, 3), entry(epoch_header("p", 0, a, 3)))
+    b = part.buffer.init_producer("p", floor=1 << EPOCH_FLOOR_SHIFT)  # volatile: incarnation 1 dies now
+    successor = restore(through_storage(part.buffer.snapshot()), part.ledger)
+    assert successor.producer_epoch("p") == a
+    c = successor.init_producer("p", floor=2 << EPOCH_FLOOR_SHIFT)
+    assert c > b > a
+    with pytest.raises(errors.Fenced):  # B's late first append
+        successor.prepare_append(epoch_header("p", 0, b, 2))
+    assert successor.prepare_append(epoch_header("p", 0, c, 2)).status is AppendStatus.OK  # new data
+    with pytest.raises(InvalidArgument, match="floor"):
+        successor.init_producer("p", floor=-1)
+
+
 def test_epochs_keep_the_sequence_rule_within_each_and_survive_replay() -> None:
     part = Partition()
     epoch = part.buffer.init_producer("q")
-    assert epoch == 1 and part.buffer.init_producer("r") == 1  # per name
+    assert epoch == 1 and part.buffer.init_producer("r") == 2  # rising across names: never handed out twice
     position = part.land(epoch_header("q", 0, epoch, 2), entry(epoch_header("q", 0, epoch, 2)))
     duplicate = part.buffer.prepare_append(epoch_header("q", 0, epoch, 2))
     assert duplicate.duplicate and duplicate.position == position
