@@ -61,7 +61,12 @@ PING_INTERVAL_S = 0.5     # a consumer whose queue is full still shows it is ali
 # the txn commits (a commit sends its txn's acks at once).
 ACK_GROUP_DELAY_S = 0.02
 TXN_ACK_GROUP_DELAY_S = 0.005
-ACK_GROUP_MAX = 1000
+# A group is sent at once when it holds this many acks. Individual acks in order coalesce into a
+# range or two, so a big group costs the subscription no more than a small one, and the delay
+# above still bounds what a crash can leave unsent. 1,000 (Pulsar's maxAcknowledgmentGroupSize)
+# meant an ack call every 1,000 messages, about a quarter of the subscription's calls under plain
+# consume (with two fetches and one partition read per 1,000).
+ACK_GROUP_MAX = 5000
 REMEMBERED_BATCH_SIZES = 100_000  # entries whose batch size acks by MessageId can look up
 
 
