@@ -38,7 +38,7 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 
-from raytxn.errors import CorruptLedger, InvalidArgument, PositionTrimmed
+from raytxn.errors import CorruptLedger, InvalidArgument, PositionTrimmed, StorageUnavailable
 from raytxn.ids import Position, TxnID, partition_stream
 from raytxn.ledger.managed import Entry, LedgerConfig, ManagedLedger
 from raytxn.ledger.metadata import read_metadata
@@ -48,6 +48,12 @@ from raytxn.protocol.txn_buffer import AbortedTxn
 
 # One ledger read (and one record batch at most) covers this many entries: bounds memory per step.
 DEFAULT_ENTRIES_PER_BATCH = 1000
+# A range read is read-only, so a storage outage is retried from the range's start, this many
+# times with doubling waits (0.5 s, 1 s, 2 s), before the task fails: a Ray task is not retried
+# on an application error unless its caller asked, and a bucket that answers a list in more than
+# obstore's 10 s under load is an outage of seconds, not a lost range.
+READ_ATTEMPTS = 4
+READ_RETRY_FIRST_WAIT_S = 0.5
 # A reader keeps few decoded objects: each chunk is read once.
 _READER_CONFIG = LedgerConfig(cache_bytes=4 << 20)
 
@@ -236,5 +242,18 @@ def read_range(storage_url: str, storage_options: dict[str, Any] | None, topic: 
     """``read_range_async`` for synchronous callers (Spark and Ray tasks), given the storage URL
     and options the engine runs on. Not from inside a running event loop."""
     storage = Storage.from_url(storage_url, **(storage_options or {}))
-    return asyncio.run(read_range_async(storage, topic, partition, start, end, aborted, columns=columns,
-                                        entries_per_batch=entries_per_batch))
+
+    async def read_retrying() -> list[pa.RecordBatch]:
+        wait_s = READ_RETRY_FIRST_WAIT_S
+        for attempt in range(1, READ_ATTEMPTS + 1):
+            try:
+                return await read_range_async(storage, topic, partition, start, end, aborted, columns=columns,
+                                              entries_per_batch=entries_per_batch)
+            except StorageUnavailable:
+                if attempt == READ_ATTEMPTS:
+                    raise
+                await asyncio.sleep(wait_s)
+                wait_s *= 2
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    return asyncio.run(read_retrying())

@@ -251,12 +251,14 @@ def test_a_new_incarnation_of_a_producer_name_fences_the_older_ones_appends(clie
     old = client.create_producer(topic, producer_name="incarnated")
     old.send(b"old-0")
     new = client.create_producer(topic, producer_name="incarnated")
+    old_epoch, new_epoch = old._epochs[0], new._epochs[0]
+    assert new_epoch > old_epoch
     late = [encode_message(MessageRecord(b"late"))]
-    with pytest.raises(Fenced, match="fenced by its epoch 2"):
-        partition_ref(topic).call("append", "incarnated", 1, late, None, 0, 1)  # epoch 1, after 0
+    with pytest.raises(Fenced, match=f"epoch {old_epoch} is fenced by its epoch {new_epoch}"):
+        partition_ref(topic).call("append", "incarnated", 1, late, None, 0, old_epoch)  # after 0
     with pytest.raises(Fenced):
-        partition_ref(topic).call("append", "incarnated", 0, late, None, -1, 1)
-    assert new.send(b"new-0").entry_id >= 0  # sequence 0 again, in epoch 2: stored
+        partition_ref(topic).call("append", "incarnated", 0, late, None, -1, old_epoch)
+    assert new.send(b"new-0").entry_id >= 0  # sequence 0 again, in the new epoch: stored
     with pytest.raises(Fenced):
         old.send(b"old-1")
     assert visible(topic) == [b"old-0", b"new-0"]

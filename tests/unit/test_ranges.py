@@ -213,3 +213,34 @@ def test_a_corrupted_object_is_named_and_a_trimmed_range_refused() -> None:
         assert [r["value"] for r in await ranged(part, Position(ledger_id, 2), end)] == [b"v2", b"v3"]
 
     run(main)
+
+
+def test_a_range_read_retries_a_storage_outage_from_its_start_a_bounded_number_of_times(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chunk read in a Ray task met a list that took obstore more than 10 s on a loaded bucket
+    (CI): one StorageUnavailable failed the task. It is read-only, so it starts again, up to
+    READ_ATTEMPTS times; what keeps failing still fails, with the storage's own error."""
+    from raytxn.errors import StorageUnavailable
+    from raytxn.ledger import ranges
+
+    calls: list[Position] = []
+    outages = [2]
+
+    async def flaky(storage: object, topic: str, partition: int, start: Position, *args: Any,
+                    **kwargs: Any) -> list[pa.RecordBatch]:
+        calls.append(start)
+        if outages[0] > 0:
+            outages[0] -= 1
+            raise StorageUnavailable("list: timed out")
+        return []
+
+    monkeypatch.setattr(ranges, "read_range_async", flaky)
+    monkeypatch.setattr(ranges, "READ_RETRY_FIRST_WAIT_S", 0.001)
+    start, end = Position(0, 3), Position(0, 9)
+    assert ranges.read_range("memory://", None, "t", 0, start, end) == []
+    assert calls == [start] * 3
+    calls.clear()
+    outages[0] = ranges.READ_ATTEMPTS
+    with pytest.raises(StorageUnavailable, match="timed out"):
+        ranges.read_range("memory://", None, "t", 0, start, end)
+    assert len(calls) == ranges.READ_ATTEMPTS
