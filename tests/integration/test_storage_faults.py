@@ -69,7 +69,12 @@ def test_outage_of_ten_seconds_loses_nothing_acknowledged(s3_client: tuple[rt.Cl
 
     worker = threading.Thread(target=produce)
     worker.start()
-    time.sleep(2)
+    # The outage begins once sends are being acknowledged: a fixed 2 s was not enough for the
+    # first one (two partitions starting on S3) on a loaded CI machine.
+    running_by = time.monotonic() + 60
+    while not acked and time.monotonic() < running_by:
+        time.sleep(0.1)
+    time.sleep(1)
     before_outage = len(acked)
     server.pause()  # the store stops answering
     time.sleep(10)
