@@ -244,16 +244,15 @@ def read_range(storage_url: str, storage_options: dict[str, Any] | None, topic: 
     storage = Storage.from_url(storage_url, **(storage_options or {}))
 
     async def read_retrying() -> list[pa.RecordBatch]:
-        wait_s = READ_RETRY_FIRST_WAIT_S
-        for attempt in range(1, READ_ATTEMPTS + 1):
+        async def read() -> list[pa.RecordBatch]:
+            return await read_range_async(storage, topic, partition, start, end, aborted, columns=columns,
+                                          entries_per_batch=entries_per_batch)
+
+        for retry in range(READ_ATTEMPTS - 1):
             try:
-                return await read_range_async(storage, topic, partition, start, end, aborted, columns=columns,
-                                              entries_per_batch=entries_per_batch)
+                return await read()
             except StorageUnavailable:
-                if attempt == READ_ATTEMPTS:
-                    raise
-                await asyncio.sleep(wait_s)
-                wait_s *= 2
-        raise AssertionError("unreachable: the last attempt returns or raises")
+                await asyncio.sleep(READ_RETRY_FIRST_WAIT_S * 2**retry)
+        return await read()  # the last attempt: its outage is the caller's
 
     return asyncio.run(read_retrying())
