@@ -67,7 +67,7 @@ from raytxn.protocol.offsets import (
     offset_of_max_time,
 )
 from raytxn.protocol.retention import StoredObject, acked_bound, retention_cut
-from raytxn.protocol.txn_buffer import EPOCH_FLOOR_SHIFT, TransactionBuffer, TxnBufferSnapshot
+from raytxn.protocol.txn_buffer import TransactionBuffer, TxnBufferSnapshot
 from raytxn.protocol.txnlog import EndAction
 
 FAULT_POINTS = (
@@ -453,7 +453,7 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
         if testing_bugs.REINTRODUCED["no_producer_epochs"]:  # test only: as after the fix, before epochs
             return self.buffer.producer_epoch(producer), self.buffer.highest_sequence(producer) + 1
         assert self._ledger is not None
-        return self.buffer.init_producer(producer, floor=self._ledger.incarnation << EPOCH_FLOOR_SHIFT), 0
+        return self.buffer.init_producer(producer, incarnation=self._ledger.incarnation), 0
 
     @guarded(Access.PRODUCE)
     async def last_sequence(self, producer: str) -> int:

@@ -72,8 +72,9 @@ land before the successor's first one. It is then simply stored (its sequences a
 and the successor's batches, of the newer epoch, neither collide with it nor are fenced by it.
 Producers that never ask (epoch 0 throughout) keep the sequence rule alone.
 
-Epochs are never handed out twice. The partition passes a floor, its ledger's writer incarnation
-shifted left by ``EPOCH_FLOOR_SHIFT`` bits (durable, and higher for every new incarnation), and
+Epochs are never handed out twice. The partition passes its ledger's writer incarnation (durable,
+and higher for every new incarnation); epochs start above it shifted left by ``EPOCH_FLOOR_SHIFT``
+bits, and
 epochs rise across all names within an incarnation. Without the floor, a partition that restarted
 after handing out epoch 2 (volatile) knew only epoch 1: the dead incarnation's client stored
 sequences 0..1 in epoch 2, and its successor, handed epoch 2 again, had 0..2 refused as an overlap
@@ -345,14 +346,15 @@ class TransactionBuffer:
         return max(known.epoch if known is not None else 0, pending[-1][0] if pending else 0,
                    self._handed_epochs.get(producer, 0))
 
-    def init_producer(self, producer: str, floor: int = 0) -> int:
-        """A new incarnation of ``producer``: its epoch here, above every one known and above
-        ``floor`` (the partition's incarnation floor), which fences the older ones at once
+    def init_producer(self, producer: str, incarnation: int = 0) -> int:
+        """A new incarnation of ``producer``: its epoch here, above every one known and above the
+        floor of the partition's writer ``incarnation``, which fences the older ones at once
         (volatile until an entry of it is stored; see the epoch rule)."""
         if not producer or type(producer) is not str:
             raise InvalidArgument(f"a producer is a non-empty name, got {producer!r}")
-        if type(floor) is not int or floor < 0:
-            raise InvalidArgument(f"an epoch floor is an int >= 0, got {floor!r}")
+        if type(incarnation) is not int or incarnation < 0:
+            raise InvalidArgument(f"the incarnation of an epoch floor is an int >= 0, got {incarnation!r}")
+        floor = incarnation << EPOCH_FLOOR_SHIFT
         epoch = max(self.producer_epoch(producer), self._last_handed_epoch, floor) + 1
         self._last_handed_epoch = epoch
         self._handed_epochs.pop(producer, None)

@@ -23,13 +23,7 @@ from raytxn.protocol.entry_format import (
     encode_header,
     marker_header,
 )
-from raytxn.protocol.txn_buffer import (
-    EPOCH_FLOOR_SHIFT,
-    AppendStatus,
-    EndDecision,
-    TransactionBuffer,
-    TxnBufferSnapshot,
-)
+from raytxn.protocol.txn_buffer import AppendStatus, EndDecision, TransactionBuffer, TxnBufferSnapshot
 from raytxn.protocol.txnlog import EndAction
 
 COMMIT, ABORT = EndAction.COMMIT, EndAction.ABORT
@@ -438,18 +432,18 @@ def test_a_restarted_partition_never_hands_out_an_epoch_its_dead_incarnation_han
     acknowledged as a duplicate and never stored. With the incarnation floor, C's epoch is above
     anything incarnation 1 handed out, and it fences B's late append at once."""
     part = Partition()
-    a = part.buffer.init_producer("p", floor=1 << EPOCH_FLOOR_SHIFT)
+    a = part.buffer.init_producer("p", incarnation=1)
     part.land(epoch_header("p", 0, a, 3), entry(epoch_header("p", 0, a, 3)))
-    b = part.buffer.init_producer("p", floor=1 << EPOCH_FLOOR_SHIFT)  # volatile: incarnation 1 dies now
+    b = part.buffer.init_producer("p", incarnation=1)  # volatile: incarnation 1 dies now
     successor = restore(through_storage(part.buffer.snapshot()), part.ledger)
     assert successor.producer_epoch("p") == a
-    c = successor.init_producer("p", floor=2 << EPOCH_FLOOR_SHIFT)
+    c = successor.init_producer("p", incarnation=2)
     assert c > b > a
     with pytest.raises(errors.Fenced):  # B's late first append
         successor.prepare_append(epoch_header("p", 0, b, 2))
     assert successor.prepare_append(epoch_header("p", 0, c, 2)).status is AppendStatus.OK  # new data
     with pytest.raises(InvalidArgument, match="floor"):
-        successor.init_producer("p", floor=-1)
+        successor.init_producer("p", incarnation=-1)
 
 
 def test_epochs_keep_the_sequence_rule_within_each_and_survive_replay() -> None:
