@@ -25,13 +25,13 @@ import selectors
 from asyncio import format_helpers
 from asyncio.base_events import _MIN_CANCELLED_TIMER_HANDLES_FRACTION, _MIN_SCHEDULED_TIMER_HANDLES
 from collections.abc import Coroutine
-from functools import partial
 from typing import Any
 
 # Which simulated process the running code belongs to (None: the harness itself).
 OWNER: contextvars.ContextVar[object | None] = contextvars.ContextVar("raytxn_sim_owner", default=None)
 
 MAX_TASKS_PER_OWNER = 100_000  # a process holding more live tasks than this is a leak: fail loudly
+SWEEP_EVERY_TASKS = 512        # task creations between two sweeps of ended tasks (SimLoop._sweep)
 
 
 class Deadlock(RuntimeError):
@@ -95,7 +95,10 @@ class SimLoop(asyncio.SelectorEventLoop):
         super().__init__(selectors.SelectSelector())  # built for the base class; never polled
         self._clock_resolution = 1e-9
         self._tasks_by_owner: dict[object, dict[asyncio.Task, None]] = {}
-        self.broken: list[str] = []  # tasks that ended with a broken assertion (or worse), in order
+        self._unowned: list[asyncio.Task] = []   # the harness's own tasks, until a sweep looks at them
+        self._orphans: list[asyncio.Task] = []   # tasks of a killed owner, cancelled, until a sweep
+        self._created_since_sweep = 0
+        self._broken: list[str] = []
         self.set_task_factory(self._make_task)
 
     def time(self) -> float:
@@ -209,25 +212,55 @@ class SimLoop(asyncio.SelectorEventLoop):
         owner = OWNER.get() if context is None else context.get(OWNER)
         task = asyncio.Task(coro, loop=loop, context=context)
         if owner is None:
-            task.add_done_callback(self._note_broken)
-            return task
-        tasks = self._tasks_by_owner.get(owner)
-        if tasks is None:
-            tasks = self._tasks_by_owner[owner] = {}
-        tasks[task] = None  # a dict keeps creation order: kill_owner cancels in that order
-        assert len(tasks) <= MAX_TASKS_PER_OWNER, f"{owner} holds {len(tasks)} tasks"
-        task.add_done_callback(partial(self._owned_task_done, tasks))
+            self._unowned.append(task)
+        else:
+            tasks = self._tasks_by_owner.get(owner)
+            if tasks is None:
+                tasks = self._tasks_by_owner[owner] = {}
+            tasks[task] = None  # a dict keeps creation order: kill_owner cancels in that order
+            assert len(tasks) <= MAX_TASKS_PER_OWNER, f"{owner} holds {len(tasks)} tasks"
+        self._created_since_sweep += 1
+        if self._created_since_sweep >= SWEEP_EVERY_TASKS:
+            self._sweep()
         return task
 
-    def _owned_task_done(self, tasks: dict[asyncio.Task, None], finished: asyncio.Task) -> None:
-        tasks.pop(finished, None)
-        self._note_broken(finished)
+    # Ended tasks leave the owners' tables in sweeps, not through a done callback each: a callback
+    # per task was a sixth of a run's callbacks. A sweep looks at every task it holds, so it runs
+    # once per this many task creations, and its cost per task stays constant.
+    def _sweep(self) -> None:
+        """Drop ended tasks from the tables, noting those that broke an invariant. Sweeps run at
+        points the code alone decides (task creations, ``broken``, ``kill_owner``), so the notes
+        never depend on the heap; only the order they are noted in differs from the order the
+        tasks ended in."""
+        self._created_since_sweep = 0
+        for tasks in self._tasks_by_owner.values():
+            ended = [task for task in tasks if task.done()]
+            for task in ended:
+                del tasks[task]
+                self._note_broken(task)
+        self._unowned = self._without_ended(self._unowned)
+        self._orphans = self._without_ended(self._orphans)
+
+    def _without_ended(self, tasks: list[asyncio.Task]) -> list[asyncio.Task]:
+        live = []
+        for task in tasks:
+            if task.done():
+                self._note_broken(task)
+            else:
+                live.append(task)
+        return live
+
+    @property
+    def broken(self) -> list[str]:
+        """What ended tasks broke: an ``AssertionError`` or a non-``Exception`` error, in the order
+        sweeps found them."""
+        self._sweep()
+        return self._broken
 
     def _note_broken(self, task: asyncio.Task) -> None:
         """A task that died of an ``AssertionError`` (anywhere in its error's chain: the actor
         shell wraps a failed apply in ``ActorUnavailable``) or of a non-``Exception`` error broke
-        an invariant. Noted when the task ends, not when the collector frees it, so the verdict
-        never depends on the heap."""
+        an invariant."""
         if task.cancelled():
             return
         error: BaseException | None = task.exception()
@@ -237,16 +270,18 @@ class SimLoop(asyncio.SelectorEventLoop):
             if error is None:
                 return
             if isinstance(error, AssertionError) or not isinstance(error, Exception | asyncio.CancelledError):
-                self.broken.append(f"{task.get_coro().__qualname__}: {error!r}")
+                self._broken.append(f"{task.get_coro().__qualname__}: {error!r}")
                 return
             error = error.__cause__ or error.__context__
 
     def kill_owner(self, owner: object) -> int:
         """Cancel every live task ``owner`` created, in creation order; returns how many."""
         tasks = self._tasks_by_owner.pop(owner, {})
-        for task in list(tasks):
+        live = self._without_ended(list(tasks))
+        for task in live:
             task.cancel()
-        return len(tasks)
+        self._orphans.extend(live)  # a cancelled task may still end with an error of its own
+        return len(live)
 
     def spawn(self, owner: object, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
         """Run ``coro`` as a task of ``owner`` (its children belong to ``owner`` too)."""

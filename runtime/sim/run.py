@@ -37,6 +37,7 @@ from raytxn.actors.subscription import Subscription
 from raytxn.config import CoordinatorConfig, PartitionConfig, SubscriptionConfig
 from raytxn.errors import InvalidArgument
 from raytxn.ids import SUPERVISOR_NAME, coordinator_actor_name, partition_actor_name, subscription_actor_name
+from raytxn.metrics import not_recorded
 from raytxn.sim.driver import SUB_PIPE, SUB_VERIFY, TOPIC_IN, TOPIC_OUT, Driver, Workload
 from raytxn.sim.gate import FaultGate
 from raytxn.sim.keyshared import violations as key_shared_violations
@@ -248,7 +249,7 @@ def run_seed(seed: int, profile_name: str = "default", workload: Workload | None
     world = build_world(loop, rng, trace, profile, workload, schedule.gate(trace))
     driver = Driver(world, rng, workload, history)
     failure: str | None = None
-    with _quiet_logs(), _fewer_collections():
+    with _quiet_logs(), _fewer_collections(), not_recorded():
         try:
             loop.run_until_complete(asyncio.wait_for(_scenario(world, driver, profile, workload), MAX_VIRTUAL_S))
         except Failure as found:
