@@ -69,6 +69,7 @@ from raytxn.protocol.offsets import (
 from raytxn.protocol.retention import StoredObject, acked_bound, retention_cut
 from raytxn.protocol.txn_buffer import TransactionBuffer, TxnBufferSnapshot
 from raytxn.protocol.txnlog import EndAction
+from raytxn.waiting import Signal
 
 FAULT_POINTS = (
     "partition.before_append",
@@ -120,7 +121,7 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
         self.buffer = TransactionBuffer()
         self.faults = FaultPoints()
         self._ledger: ManagedLedger | None = None
-        self._advanced = asyncio.Condition()
+        self._advanced = Signal()  # readers long-polling for the readable end to move
         self._sequence_waiters: list[asyncio.Future] = []  # appends waiting for the batch they follow
         self._ended_since_snapshot = 0
         self._changed_since_snapshot = False
@@ -306,8 +307,7 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
     async def _notify(self) -> None:
         """After appends and markers: wake waiting readers (the readable end may have moved)."""
         self.metrics.max_read_lag(self.buffer.lag_entries)
-        async with self._advanced:
-            self._advanced.notify_all()
+        self._advanced.notify_all()
 
     # --- ends ------------------------------------------------------------------------------
 
@@ -359,11 +359,8 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
         start = max(start, self._ledger.trimmed_below)
         deadline = self.clock.monotonic() + max_wait_s
         while self.buffer.max_read_position < start and self.clock.monotonic() < deadline:
-            async with self._advanced:
-                try:
-                    await asyncio.wait_for(self._advanced.wait(), deadline - self.clock.monotonic())
-                except TimeoutError:
-                    break
+            if not await self._advanced.wait(deadline - self.clock.monotonic()):
+                break
         max_read = self.buffer.max_read_position
         if max_read < start:
             return {"entries": [], "next": start, "max_read": max_read}
@@ -654,11 +651,8 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
 
         deadline = self.clock.monotonic() + max_wait_s
         while limit() <= offset and self.clock.monotonic() < deadline:
-            async with self._advanced:
-                try:
-                    await asyncio.wait_for(self._advanced.wait(), deadline - self.clock.monotonic())
-                except TimeoutError:
-                    break
+            if not await self._advanced.wait(deadline - self.clock.monotonic()):
+                break
         marks = self._kafka_offsets()
         out: dict[str, Any] = {**marks, "entries": [], "aborted": [], "out_of_range": False}
         if not marks["log_start"] <= offset <= marks["high_watermark"]:

@@ -60,6 +60,7 @@ from raytxn.protocol.subscription_state import (
     encode_persisted,
 )
 from raytxn.protocol.txnlog import EndAction
+from raytxn.waiting import Flag
 
 FAULT_POINTS = (
     "subscription.before_pending_ack_log",
@@ -106,8 +107,8 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
         self._lock = asyncio.Lock()          # prepare -> log -> apply, and every other state change
         self._lease_turn = asyncio.Condition(self._lock)  # a txn ended: a chained lease's ack may go
         self._persist_lock = asyncio.Lock()  # persisted cursor forms go out in order, trims after them
-        self._wakeup = asyncio.Event()       # the reader: a rewind, a seek, new demand
-        self._waiters: dict[str, asyncio.Event] = {}  # consumer id -> its waiting fetch
+        self._wakeup = Flag()                # the reader: a rewind, a seek, new demand
+        self._waiters: dict[str, Flag] = {}  # consumer id -> its waiting fetch
         self._last_persisted: PersistedCursor | None = None
         self._last_persist = 0.0
         self._last_trim = 0.0
@@ -202,12 +203,9 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
                 state.dispatcher.want(consumer_id, max_messages)
                 self._dispatch()
                 if not state.dispatcher.has_outbox(consumer_id) and max_wait_s > 0:
-                    waiter = self._waiters.setdefault(consumer_id, asyncio.Event())
+                    waiter = self._waiters.setdefault(consumer_id, Flag())
                     waiter.clear()
-                    try:
-                        await asyncio.wait_for(waiter.wait(), max_wait_s)
-                    except TimeoutError:
-                        pass
+                    await waiter.wait(max_wait_s)
             messages = state.take_entries(consumer_id)
         finally:
             state.dispatcher.touch(consumer_id, self.clock.monotonic(), fetching=-1)
@@ -429,10 +427,7 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
             state = self.state
             self._wakeup.clear()
             if not state.wants_read(self._read_ahead()):
-                try:
-                    await asyncio.wait_for(self._wakeup.wait(), 1.0)
-                except TimeoutError:
-                    pass
+                await self._wakeup.wait(1.0)
                 continue
             start, generation = state.read_position, state.generation
             try:
@@ -452,7 +447,7 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
         size = self.state.read_size(self._read_ahead(), self.config.read_batch_entries)
         read = asyncio.ensure_future(self._partition.call_async("read", start, size, self.config.read_wait_s))
         while True:
-            woken = asyncio.ensure_future(self._wakeup.wait())
+            woken = self._wakeup.future()
             done, _ = await asyncio.wait({read, woken}, return_when=asyncio.FIRST_COMPLETED)
             woken.cancel()
             if read in done:

@@ -31,6 +31,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, NamedTuple
 
 import msgspec
@@ -219,11 +220,13 @@ class ManagedLedger:
         self._pending_bytes += len(payload)
         if self._flusher is None:
             self._flusher = asyncio.create_task(self._flush_loop())
-        try:
-            return await asyncio.wait_for(asyncio.shield(future), self.config.append_timeout_s)
-        except TimeoutError as e:
+        # Wait for the entry without owning it: a caller cancelled or timed out leaves it queued
+        # (``asyncio.wait_for(asyncio.shield(...))`` does the same with a task, two futures and
+        # four callbacks more per append; appends are a large part of every actor's work).
+        if not await _settled_within(future, self.config.append_timeout_s):
             raise StorageUnavailable(f"append to {self.stream} not durable after "
-                                     f"{self.config.append_timeout_s}s; it may still be written") from e
+                                     f"{self.config.append_timeout_s}s; it may still be written")
+        return future.result()
 
     def _take_batch(self) -> list[_Pending]:
         limit_entries = self.config.max_batch_entries if self.config.group_commit else 1
@@ -666,3 +669,26 @@ async def _seal(storage: Storage, stream: str, ledger_id: int) -> int:
             return tail
         except ObjectExists:
             continue
+
+
+def _release(waiter: asyncio.Future, _settled: object = None) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+async def _settled_within(future: asyncio.Future, timeout_s: float) -> bool:
+    """Whether ``future`` is done within ``timeout_s``; cancelling the caller cancels only its
+    wait, never ``future``."""
+    if future.done():
+        return True
+    loop = asyncio.get_running_loop()
+    waiter = loop.create_future()
+    release = partial(_release, waiter)
+    future.add_done_callback(release)
+    timer = loop.call_later(timeout_s, _release, waiter)
+    try:
+        await waiter
+    finally:
+        timer.cancel()
+        future.remove_done_callback(release)
+    return future.done()

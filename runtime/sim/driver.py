@@ -55,12 +55,12 @@ KEY_SHARED_AWAY_S = (0.0, 0.3)
 
 @dataclass(frozen=True)
 class Workload:
-    inputs: int = 80               # messages the pipeline moves, each in its own txn
+    inputs: int = 56               # messages the pipeline moves, each in its own txn
     partitions: int = 2            # of each topic
     coordinators: int = 2
     workers: int = 2               # consume-transform-produce workers
     tid_producers: int = 2         # producers with a transactional id
-    tid_txns: int = 25             # txns each of them runs
+    tid_txns: int = 18             # txns each of them runs
     txn_timeout_ms: int = 2000
     abort: float = 0.15            # a txn its worker aborts on purpose
     forget: float = 0.03           # a txn its worker leaves open: the coordinator times it out

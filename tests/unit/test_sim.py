@@ -26,8 +26,8 @@ from raytxn.sim.storage import SimStorage, StorageFaults
 from raytxn.sim.trace import Trace
 from raytxn.tools.cli import app
 
-# The CI range: 1,000 seeds, run on both cores (about 0.25 s a seed on one core, so about two
-# minutes in all), 84 of them of the profiles for pipelined appends, zombie appends, leases and
+# The CI range: 1,000 seeds, run on both cores (about 0.15 s a seed on one core, so about a minute
+# and a half in all), 84 of them of the profiles for pipelined appends, zombie appends, leases and
 # Key_Shared (a leases seed runs twice the txns). A longer run is `raytxn sim --seeds N --faults P -j 2`.
 # (key-shared: seeds 66, 268 and 347 of 0-399 failed once; tests/unit/test_sim_key_shared.py keeps them.
 # passivation: seeds 0-999 clean when it came in.)
@@ -272,8 +272,8 @@ def test_same_seed_same_trace_in_processes_with_different_hash_seeds() -> None:
 
 # --- the seed range CI runs --------------------------------------------------------------------
 
-@pytest.mark.parametrize("profile", [pytest.param(profile, marks=pytest.mark.slow(seconds=max(3, len(seeds) // 8)))
-                                     for profile, seeds in CI_SEEDS.items()])  # ~0.125 s a seed on 2 cores
+@pytest.mark.parametrize("profile", [pytest.param(profile, marks=pytest.mark.slow(seconds=max(3, len(seeds) // 10)))
+                                     for profile, seeds in CI_SEEDS.items()])  # ~0.1 s a seed on 2 cores
 def test_seed_range_is_clean(profile: str) -> None:
     results = list(run_many(CI_SEEDS[profile], profile, jobs=CI_JOBS))
     failing = [f"seed {r.seed}: {r.failure}  (replay: {r.replay_command()})" for r in results if not r.ok]
@@ -295,6 +295,13 @@ def test_seed_range_is_clean(profile: str) -> None:
 
 
 # --- a bug the simulator found -----------------------------------------------------------------
+
+# The regression seeds here (and in test_sim_pipelined.py and test_sim_key_shared.py) replayed the
+# schedule that found their bug until a change of the simulator or of the workload changed every
+# seed's schedule (the latest: the workload sized to about 100 txns a seed, and waits that take
+# fewer callbacks). They stay as clean seeds of their profiles. A bug with a test-only switch
+# (raytxn.testing_bugs) has seeds whose schedule today still meets it, and their tests show that
+# with the switch on (test_sim_bugs.py, test_sim_pipelined.py).
 
 # Regression seeds of a bug the simulator found (fixed: a participant proves it still owns its
 # stream before it acknowledges a commit it holds nothing of). A zombie incarnation of a

@@ -25,7 +25,7 @@ from raytxn.sim.run import SeedResult, run_seed
 from raytxn.testing_bugs import reintroduced
 from raytxn.tools.cli import app
 
-N = 20  # seeds 0..N-1: each bug is found in them (today at seed 0); about 0.2 s a seed
+N = 20  # seeds 0..N-1 (or N from another start): each bug is found in them; about 0.15 s a seed
 
 # bug -> (the profile made to find it, what its failure starts with, what it says (or one of these
 # things), the seeds)
@@ -35,14 +35,14 @@ CASES = {
     "given_back_cumulative_ack": ("consumer-swap", "lost: ", "consumed but neither transformed by a committed txn",
                                   range(N)),
     "deleted_topic_stuck": ("topic-delete", "liveness: ", "txns still live", range(N)),
-    # Needs a client crash while an append is being stored. Since producer epochs (a named producer
-    # asks init_producer, not last_sequence, which changed every trace) 2 of seeds 0-199 find it
-    # without the fix: 78 (the checker: lost) and 162 (pipelined sends refused for good as
-    # overlaps, and an acknowledged one not stored; 8 of 0-199 before epochs, from 45): 20 from 150.
+    # Needs a client crash while an append is being stored: 6 of seeds 0-199 find it without the
+    # fix (22, 61, 69, 79, 105, 150: acknowledged sends lost, or pipelined sends refused for good
+    # as overlaps), 3 of them in the 20 from 60. (Counted again when the sized-down workload and the
+    # simulator's cheaper waits changed every seed's schedule; 2 of 0-199 before.)
     "restarted_producer_collision": ("pipelined", "", ("plain send acknowledged", "pipelined sends"),
-                                     range(150, 150 + N)),
+                                     range(60, 60 + N)),
     # A dead client's append still in the network, arriving after its successor started (the
-    # zombie-appends profile makes that common): 10 of seeds 0-59 without producer epochs, from 0.
+    # zombie-appends profile makes that common): 8 of seeds 0-59 without producer epochs, from 9.
     "no_producer_epochs": ("zombie-appends", "", ("plain send acknowledged", "pipelined sends"), range(N)),
 }
 
@@ -124,7 +124,13 @@ def test_cli_reintroduce() -> None:
 # to m; the successor's cumulative ack of a later message was accepted and committed, covering
 # given-back messages nobody received (9 of seeds 0-29 lost inputs without the check; also through a restart
 # right after the abort, where the new incarnation had forgotten the give-back).
-@pytest.mark.parametrize("seed", [2, 3, 5])
+# Seeds 2, 3 and 5 found it; the schedules of every seed changed since (a workload sized to 100 txns,
+# cheaper waits in the simulator), so the seeds kept are ones whose schedule today still loses
+# inputs with the bug brought back (4 of 0-19: 7, 11, 12, 19), and the test shows both.
+@pytest.mark.parametrize("seed", [7, 11, 12])
 def test_regression_seed_a_cumulative_ack_after_an_abort_covers_the_messages_it_gave_back(seed: int) -> None:
     result = run_seed(seed, "consumer-swap")
     assert result.ok, result.failure
+    with reintroduced("given_back_cumulative_ack"):
+        broken = run_seed(seed, "consumer-swap")
+    assert broken.failure is not None and broken.failure.startswith("lost: "), broken.failure

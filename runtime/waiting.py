@@ -1,0 +1,109 @@
+"""Waiting with a timeout, without a task per wait.
+
+``asyncio.wait_for(event.wait(), timeout)`` wraps the wait in a task of its own, and a
+``Condition`` adds a lock to take and take again around it: about five callbacks per long-polling
+read or fetch. These wait on one future with one timer, and wake in the same order (a waiter's
+future is resolved by ``set``/``notify_all``, its task resumes on the next round). The actors
+long-poll on every read and fetch, and the simulator runs them hundreds of times a seed.
+
+Both hold at most one future per waiting call: the actors' calls are bounded by their
+``max_concurrency``, so the lists are too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+
+def _expire(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_result(False)
+
+
+class Signal:
+    """``notify_all`` wakes every caller waiting now (``Condition.notify_all`` without the lock:
+    the actors' loops run one step at a time, so nothing can slip between a check and a wait)."""
+
+    __slots__ = ("_waiters",)
+
+    def __init__(self) -> None:
+        self._waiters: list[asyncio.Future] = []
+
+    def notify_all(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(True)
+
+    async def wait(self, timeout_s: float) -> bool:
+        """True when notified, False when ``timeout_s`` passed first."""
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+        self._waiters.append(waiter)
+        timer = loop.call_later(max(0.0, timeout_s), _expire, waiter)
+        try:
+            return await waiter
+        finally:
+            timer.cancel()
+            if not _notified(waiter):  # timed out or cancelled: it may still be listed
+                _discard(self._waiters, waiter)
+
+
+class Flag:
+    """``asyncio.Event`` whose ``wait`` takes a timeout and returns whether it was set, and whose
+    ``future`` is a plain future to race against another (``asyncio.wait``)."""
+
+    __slots__ = ("_set", "_waiters")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._waiters: list[asyncio.Future] = []
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        if self._set:
+            return
+        self._set = True
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(True)
+
+    def clear(self) -> None:
+        self._set = False
+
+    def future(self) -> asyncio.Future:
+        """Done (True) once set; cancelling it just stops the wait."""
+        waiter = asyncio.get_running_loop().create_future()
+        if self._set:
+            waiter.set_result(True)
+        else:
+            self._waiters = [w for w in self._waiters if not w.done()]  # earlier ones given up on
+            self._waiters.append(waiter)
+        return waiter
+
+    async def wait(self, timeout_s: float) -> bool:
+        """True once set (at once if it is), False when ``timeout_s`` passed first."""
+        if self._set:
+            return True
+        waiter = self.future()
+        timer = asyncio.get_running_loop().call_later(max(0.0, timeout_s), _expire, waiter)
+        try:
+            return await waiter
+        finally:
+            timer.cancel()
+            if not _notified(waiter):
+                _discard(self._waiters, waiter)
+
+
+def _notified(waiter: asyncio.Future) -> bool:
+    return waiter.done() and not waiter.cancelled() and waiter.result()
+
+
+def _discard(waiters: list[asyncio.Future], waiter: asyncio.Future) -> None:
+    try:
+        waiters.remove(waiter)
+    except ValueError:
+        pass
