@@ -23,9 +23,19 @@ from raytxn.connectors.spark import ExactlyOncePipeline, read_batch
 from raytxn.connectors.wordcount import expected_counts, sample_lines, total_counts, wordcount
 from raytxn.ids import coordinator_actor_name
 from tests.engine import engine_client
+from tests.unit.test_readme import BLOCKS, SPARK_BLOCKS, run_readme_block, snippet_seconds
 
 pytestmark = [pytest.mark.ray, pytest.mark.spark]
 ROOT = Path(__file__).resolve().parents[2]
+
+
+# First in the module: the README's Spark block starts its own engine and Spark, so it runs before
+# this module's engine and Spark exist (one Spark per Ray namespace), and never beside another
+# Spark's start (tests/unit/test_readme.py).
+@pytest.mark.parametrize("index", [pytest.param(i, marks=pytest.mark.slow(seconds=snippet_seconds(BLOCKS[i])))
+                                   for i in SPARK_BLOCKS])
+def test_readme_spark_snippet_runs(index: int, ray_session: object) -> None:
+    run_readme_block(index, ray_session)
 
 
 @pytest.fixture(scope="module")
@@ -238,9 +248,11 @@ def test_two_pipelines_on_two_subscriptions_of_one_topic(client: rt.Client, spar
     source, sink = setup_topics(client, lines)
     other_sink = f"{sink}-other"
     client.create_topic(other_sink, 2)
-    first = ExactlyOncePipeline(spark, client, source, "wc-a", sink, wordcount, f"a-{source}", batch_max_messages=40)
+    # Three Spark batches in all (each costs seconds under CI load): first's half, second's whole,
+    # first's other half.
+    first = ExactlyOncePipeline(spark, client, source, "wc-a", sink, wordcount, f"a-{source}", batch_max_messages=50)
     second = ExactlyOncePipeline(spark, client, source, "wc-b", other_sink, wordcount, f"b-{source}",
-                                 batch_max_messages=60)
+                                 batch_max_messages=100)
     first.run(max_batches=1, progress=False)
     second.run(until_idle=True, progress=False)  # interleaved: each subscription keeps its own cursor
     first.run(until_idle=True, progress=False)
