@@ -1,8 +1,7 @@
 """A pipeline driver process for the driver-crash tests: attaches to the test's Ray and engine,
 starts its own Spark on Ray, and runs the word-count pipeline until its input is drained.
 Prints `COMMITTING <batch>` before each commit and waits `--pause` seconds there, so the test
-can stop or kill it mid-batch. Exit code 3: fenced by a newer incarnation. ``--all-cpus``: Spark's
-executor takes every free Ray CPU, so anything the pipeline ran as a Ray task would wait forever."""
+can stop or kill it mid-batch. Exit code 3: fenced by a newer incarnation."""
 
 from __future__ import annotations
 
@@ -26,18 +25,14 @@ def main() -> int:
     parser.add_argument("--source", required=True)
     parser.add_argument("--sink", required=True)
     parser.add_argument("--pause", type=float, default=0.0)
-    parser.add_argument("--all-cpus", action="store_true", help="give Spark's executor every free Ray CPU")
     args = parser.parse_args()
     # RayDP names its app master RAY_APP_MASTER per namespace: one Spark driver per namespace.
     # Engine actors are always looked up in the "raytxn" namespace, so any namespace works here.
     # log_to_driver=False: workers' log lines must not interleave with the protocol lines below
     ray.init(address=args.address, namespace=f"driver-{os.getpid()}", logging_level="ERROR", log_to_driver=False)
     client = rt.connect(address=args.address, deadline_s=120)
-    cores = int(ray.available_resources().get("CPU", 1)) if args.all_cpus else 1
-    spark = sc.init_spark(f"driver-{args.pipeline}-{os.getpid()}", executor_cores=cores,
+    spark = sc.init_spark(f"driver-{args.pipeline}-{os.getpid()}", executor_cores=1,
                           **{"spark.sql.shuffle.partitions": "2"})
-    spark.range(1).count()  # the executor is up: it holds its CPUs now
-    print(f"FREE_CPUS {ray.available_resources().get('CPU', 0)}", flush=True)
 
     def before_commit(batch: int) -> None:
         print(f"COMMITTING {batch}", flush=True)
