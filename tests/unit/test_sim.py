@@ -36,7 +36,7 @@ CI_SEEDS = {"none": range(0, 40), "default": range(0, 336), "heavy": range(0, 26
             "leases": range(0, 12), "key-shared": range(0, 24), "passivation": range(0, 40),
             "chained": range(0, 40)}
 # One process, not a pool of two: the other pytest worker runs its own modules meanwhile, and a
-# second simulator process took its core (Spark tests in that CI ran 6-10 times as long as alone).
+# second simulator process took its core (Spark tests beside the range ran 2-6 times as long as alone).
 CI_JOBS = 1
 
 
