@@ -101,6 +101,10 @@ class SeaweedFS:
         self._wait_ready(timeout_s)
         return self
 
+    def lost_a_port(self) -> bool:
+        """Whether ``weed`` ended because a port it was given was taken meanwhile."""
+        return self.log_path is not None and b"address already in use" in self.log_path.read_bytes()
+
     def _wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         last: Exception | None = None
@@ -163,7 +167,22 @@ class SeaweedFS:
             self.process.wait(timeout=15)
 
 
+BIND_ATTEMPTS = 3  # fresh servers started when the last one lost a port it was given
+
+
 def start_seaweedfs(data_dir: str | Path | None = None) -> SeaweedFS:
-    """Start a SeaweedFS server on loopback in ``data_dir`` (a new temp dir by default)."""
+    """Start a SeaweedFS server on loopback in ``data_dir`` (a new temp dir by default).
+
+    Its eight ports are picked free, then bound by ``weed`` a moment later; another process may
+    take one in between (CI once lost the S3 port: "bind: address already in use"). Then a fresh
+    server, with new ports and its own directory, is started, up to ``BIND_ATTEMPTS`` in all."""
     path = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="raytxn-seaweedfs-"))
-    return SeaweedFS(data_dir=path).start()
+    for attempt in range(BIND_ATTEMPTS):
+        server = SeaweedFS(data_dir=path if attempt == 0 else path / f"retry-{attempt}")
+        try:
+            return server.start()
+        except RuntimeError:
+            if attempt == BIND_ATTEMPTS - 1 or not server.lost_a_port():
+                raise
+            server.stop()
+    raise AssertionError("unreachable: the last attempt returns or raises")
