@@ -13,9 +13,10 @@ Both hold at most one future per waiting call: the actors' calls are bounded by 
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 
 
-def _expire(waiter: asyncio.Future) -> None:
+def _expire(waiter: asyncio.Future, _settled: object = None) -> None:
     if not waiter.done():
         waiter.set_result(False)
 
@@ -30,23 +31,14 @@ class Signal:
         self._waiters: list[asyncio.Future] = []
 
     def notify_all(self) -> None:
-        waiters, self._waiters = self._waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(True)
+        _wake(self._waiters)
+        self._waiters = []
 
     async def wait(self, timeout_s: float) -> bool:
         """True when notified, False when ``timeout_s`` passed first."""
-        loop = asyncio.get_running_loop()
-        waiter = loop.create_future()
+        waiter = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
-        timer = loop.call_later(max(0.0, timeout_s), _expire, waiter)
-        try:
-            return await waiter
-        finally:
-            timer.cancel()
-            if not _notified(waiter):  # timed out or cancelled: it may still be listed
-                _discard(self._waiters, waiter)
+        return await _wait_listed(self._waiters, waiter, timeout_s)
 
 
 class Flag:
@@ -66,10 +58,8 @@ class Flag:
         if self._set:
             return
         self._set = True
-        waiters, self._waiters = self._waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(True)
+        _wake(self._waiters)
+        self._waiters = []
 
     def clear(self) -> None:
         self._set = False
@@ -88,22 +78,47 @@ class Flag:
         """True once set (at once if it is), False when ``timeout_s`` passed first."""
         if self._set:
             return True
-        waiter = self.future()
-        timer = asyncio.get_running_loop().call_later(max(0.0, timeout_s), _expire, waiter)
-        try:
-            return await waiter
-        finally:
-            timer.cancel()
-            if not _notified(waiter):
-                _discard(self._waiters, waiter)
+        waiter = self.future()  # first: it may replace the list
+        return await _wait_listed(self._waiters, waiter, timeout_s)
 
 
-def _notified(waiter: asyncio.Future) -> bool:
-    return waiter.done() and not waiter.cancelled() and waiter.result()
-
-
-def _discard(waiters: list[asyncio.Future], waiter: asyncio.Future) -> None:
+async def settled_within(future: asyncio.Future, timeout_s: float) -> bool:
+    """Whether ``future`` is done within ``timeout_s``; cancelling the caller cancels only its
+    wait, never ``future`` (``wait_for(shield(...))`` without its task and extra futures)."""
+    if future.done():
+        return True
+    waiter = asyncio.get_running_loop().create_future()
+    release = partial(_expire, waiter)
+    future.add_done_callback(release)
     try:
-        waiters.remove(waiter)
-    except ValueError:
-        pass
+        await _timed(waiter, timeout_s)
+    finally:
+        future.remove_done_callback(release)
+    return future.done()
+
+
+def _wake(waiters: list[asyncio.Future]) -> None:
+    for waiter in waiters:
+        if not waiter.done():
+            waiter.set_result(True)
+
+
+async def _timed(waiter: asyncio.Future, timeout_s: float) -> bool:
+    """``waiter``'s result, or False once ``timeout_s`` passed (one timer, no task)."""
+    timer = asyncio.get_running_loop().call_later(max(0.0, timeout_s), _expire, waiter)
+    try:
+        return await waiter
+    finally:
+        timer.cancel()
+
+
+async def _wait_listed(waiters: list[asyncio.Future], waiter: asyncio.Future, timeout_s: float) -> bool:
+    """Wait for ``waiter``, listed in ``waiters``; unlisted again unless it was woken."""
+    try:
+        return await _timed(waiter, timeout_s)
+    finally:
+        if not (waiter.done() and not waiter.cancelled() and waiter.result()):  # timed out or cancelled
+            try:
+                waiters.remove(waiter)
+            except ValueError:
+                pass

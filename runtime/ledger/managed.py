@@ -31,7 +31,6 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, NamedTuple
 
 import msgspec
@@ -43,6 +42,7 @@ from raytxn.ledger.framing import FrameKind, decode_frames, decode_records, enco
 from raytxn.ledger.metadata import LedgerInfo, StreamMetadata, compare_and_set, read_metadata
 from raytxn.ledger.storage import ObjectExists, ObjectInfo, Storage
 from raytxn.metrics import LedgerMetrics
+from raytxn.waiting import settled_within
 
 
 @dataclass
@@ -223,7 +223,7 @@ class ManagedLedger:
         # Wait for the entry without owning it: a caller cancelled or timed out leaves it queued
         # (``asyncio.wait_for(asyncio.shield(...))`` does the same with a task, two futures and
         # four callbacks more per append; appends are a large part of every actor's work).
-        if not await _settled_within(future, self.config.append_timeout_s):
+        if not await settled_within(future, self.config.append_timeout_s):
             raise StorageUnavailable(f"append to {self.stream} not durable after "
                                      f"{self.config.append_timeout_s}s; it may still be written")
         return future.result()
@@ -670,25 +670,3 @@ async def _seal(storage: Storage, stream: str, ledger_id: int) -> int:
         except ObjectExists:
             continue
 
-
-def _release(waiter: asyncio.Future, _settled: object = None) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
-
-
-async def _settled_within(future: asyncio.Future, timeout_s: float) -> bool:
-    """Whether ``future`` is done within ``timeout_s``; cancelling the caller cancels only its
-    wait, never ``future``."""
-    if future.done():
-        return True
-    loop = asyncio.get_running_loop()
-    waiter = loop.create_future()
-    release = partial(_release, waiter)
-    future.add_done_callback(release)
-    timer = loop.call_later(timeout_s, _release, waiter)
-    try:
-        await waiter
-    finally:
-        timer.cancel()
-        future.remove_done_callback(release)
-    return future.done()
