@@ -48,6 +48,7 @@ deterministic simulator (or a unit test) can run the real actor classes without 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import time
@@ -57,6 +58,7 @@ from typing import Any, ClassVar, TypeVar
 from raytxn.auth import Access, AuthTarget, guarded
 from raytxn.client.rpc import ActorRef, retriable, unwrap
 from raytxn.errors import ActorUnavailable, Fenced, MessageTooLarge
+from raytxn.gc_freeze import freeze_startup_objects
 from raytxn.ids import Position
 from raytxn.ledger import Entry, ManagedLedger
 from raytxn.metrics import recovered
@@ -98,6 +100,14 @@ class Clock:
 
 
 SYSTEM_CLOCK = Clock()
+
+
+def in_ray_actor_process() -> bool:
+    """Whether this process is a Ray actor's (not a driver, a test or a simulator running the
+    actor classes in their own process)."""
+    import ray
+
+    return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
 ActorRefs = Callable[[str, "str | None"], ActorRef]  # (actor name, token) -> a reference to call it by
 
 
@@ -157,6 +167,9 @@ class ActorShell(AuthTarget):
         self.info["started_ms"] = self.clock.now_ms()
         recovered(self.actor_kind, self.info["recovery_ms"])
         self._serving = True
+        if in_ray_actor_process():
+            freeze_startup_objects()  # the imports and the recovered state: out of the collector's walks
+            self.info["gc_frozen_objects"] = gc.get_freeze_count()
 
     # --- stop ------------------------------------------------------------------------------
 

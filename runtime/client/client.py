@@ -33,6 +33,7 @@ from raytxn.client.transaction import Transaction
 from raytxn.client.txn_chain import TxnChain
 from raytxn.config import CoordinatorConfig, EngineConfig, parse_duration
 from raytxn.errors import InvalidArgument, TopicAlreadyExists, TopicNotFound, TransactionNotFound
+from raytxn.gc_freeze import freeze_startup_objects
 from raytxn.ids import NAMESPACE, SUPERVISOR_NAME, TxnID, parse_txn_id, partition_actor_name
 from raytxn.ledger.storage import DEFAULT_URL
 from raytxn.protocol.coordinator_rules import check_timeout_ms
@@ -138,6 +139,7 @@ class Client:
         self._producers: list[Producer] = []
         self._consumers: list[Any] = []
         self._started_ray = False
+        freeze_startup_objects()  # the imports and Ray's state: out of the cyclic collector's walks
 
     # --- admin -------------------------------------------------------------------------------
 

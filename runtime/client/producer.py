@@ -106,15 +106,29 @@ class SendFuture(concurrent.futures.Future):
     Condition and an RLock per message, which was the largest cost of a send. The batch settles
     all its futures at once under that lock (``_settle``), so a waiter never wakes for a sibling.
     A message handed to the producer cannot be taken back: ``cancel()`` returns False, as with
-    Kafka's producer futures."""
+    Kafka's producer futures.
+
+    Its waiter and callback lists are made when first asked for: most futures never get either,
+    and two lists a message were two of a send's three objects the cyclic collector tracks (the
+    collector's full walks grow with them, ``raytxn.gc_freeze``)."""
 
     def __init__(self, condition: threading.Condition) -> None:  # the base's fields, shared lock
         self._condition = condition
         self._state = futures_base.PENDING
         self._result: MessageId | None = None
         self._exception: BaseException | None = None
-        self._waiters: list = []
-        self._done_callbacks: list = []
+
+    @property
+    def _waiters(self) -> list:  # type: ignore[override]  # concurrent.futures.wait appends to it
+        return self.__dict__.setdefault("_waiter_list", [])
+
+    @property
+    def _done_callbacks(self) -> list:  # type: ignore[override]  # add_done_callback appends to it
+        return self.__dict__.setdefault("_callback_list", [])
+
+    def _invoke_callbacks(self) -> None:
+        if "_callback_list" in self.__dict__:
+            super()._invoke_callbacks()
 
     def cancel(self) -> bool:
         return False
@@ -134,7 +148,7 @@ def _settle(futures: list[SendFuture], condition: threading.Condition, results: 
             else:
                 future._exception = error
             future._state = futures_base.FINISHED
-            for waiter in future._waiters:
+            for waiter in future.__dict__.get("_waiter_list", ()):
                 if error is None:
                     waiter.add_result(future)
                 else:
