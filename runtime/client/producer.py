@@ -74,6 +74,7 @@ from concurrent.futures import _base as futures_base
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from raytxn.client.batch_cuts import cut_points, pick
 from raytxn.client.message import MessageId
 from raytxn.client.rpc import ActorRef, retriable, retry_async, unwrap
 from raytxn.client.transaction import Transaction
@@ -440,7 +441,8 @@ class Producer:
         if count == 0:
             collector.future.set_result([])
             return collector.future
-        total = sum(map(len, records))
+        sizes = list(map(len, records))
+        total = sum(sizes)
         # Keyed messages by partition, input order kept; keyless ones go as whole batches.
         keyed: dict[int, list[int]] = {}
         keyless: list[int] = []
@@ -457,7 +459,7 @@ class Producer:
             self._hold(txn)
         touched: list[int] = []
         tails: list[_Batch] = []
-        keyless_chunks = self._chunks(records, keyless)
+        keyless_chunks = self._chunks(sizes, keyless)
         with self._lock:
             if self._pending_messages and (self._pending_messages + count > self.max_pending_messages
                                            or self._pending_bytes + total > self.max_pending_bytes):
@@ -472,28 +474,21 @@ class Producer:
                 else:
                     keyed[partition] = chunk
             for partition, indexes in keyed.items():
-                self._queue_chunks_locked(partition, txn, records, indexes, collector, touched, tails)
+                self._queue_chunks_locked(partition, txn, records, sizes, indexes, collector, touched, tails)
         self._client.loop.call_soon(self._batches_queued, txn, touched, tails)
         return collector.future
 
-    def _chunks(self, records: list[bytes], indexes: list[int], held: tuple[int, int] = (0, 0)) -> list[list[int]]:
-        """``indexes`` cut into runs within the batch limits (a record alone always makes one).
-        ``held``: the messages and bytes of an open batch the first run tops up (that run is
-        empty when even the first record does not fit)."""
-        chunks: list[list[int]] = []
+    def _chunks(self, sizes: list[int], indexes: list[int], held: tuple[int, int] = (0, 0)) -> list[list[int]]:
+        """``indexes`` (ascending) cut into runs within the batch limits (a record alone always
+        makes one); ``sizes``: every record's encoded size, by index. ``held``: the messages and
+        bytes of an open batch the first run tops up (that run is empty when even the first
+        record does not fit)."""
+        picked = sizes if len(indexes) == len(sizes) else pick(sizes, indexes)  # all, in order: range(count)
+        chunks = []
         start = 0
-        held_messages, held_bytes = held
-        while start < len(indexes):
-            end, size = start, held_bytes
-            while end < len(indexes) and end - start + held_messages < self.max_messages:
-                record_size = len(records[indexes[end]])
-                if (end > start or held_messages) and size + record_size > self.max_bytes:
-                    break
-                size += record_size
-                end += 1
+        for end in cut_points(picked, self.max_messages, self.max_bytes, held):
             chunks.append(indexes[start:end])
             start = end
-            held_messages, held_bytes = 0, 0
         return chunks
 
     def _encode_all(self, values: list[bytes], keys: list[str | None] | None,
@@ -517,7 +512,7 @@ class Producer:
                 raise InvalidArgument(f"properties of message {index} must be a dict, got {type(props).__name__}")
         return records
 
-    def _queue_chunks_locked(self, partition: int, txn: Transaction | None, records: list[bytes],
+    def _queue_chunks_locked(self, partition: int, txn: Transaction | None, records: list[bytes], sizes: list[int],
                              indexes: list[int], collector: _Collector, touched: list[int],
                              tails: list[_Batch]) -> None:
         """Under the lock: queue ``indexes`` for ``partition`` behind the open batch of the same
@@ -530,17 +525,18 @@ class Producer:
         touched.append(partition)
         open_batch = self._open.get(_batch_key(partition, txn))
         tail = open_batch if open_batch is not None and open_batch.parts else None
-        chunks = self._chunks(records, indexes, (len(tail.records), tail.size) if tail is not None else (0, 0))
+        chunks = self._chunks(sizes, indexes, (len(tail.records), tail.size) if tail is not None else (0, 0))
         if tail is not None and chunks:
             topped = chunks.pop(0)
             if topped:
-                tail.records.extend(records[i] for i in topped)
+                topping = pick(records, topped)
+                tail.records.extend(topping)
                 tail.parts.append((collector, topped))
-                tail.size += sum(len(records[i]) for i in topped)
+                tail.size += sum(map(len, topping))
         if open_batch is not None and chunks:  # what follows goes after it
             self._seal_locked(open_batch)
         for number, chunk in enumerate(chunks, 1):
-            batch_records = [records[i] for i in chunk]
+            batch_records = pick(records, chunk)
             batch = _Batch(partition, txn, batch_records, [], size=sum(map(len, batch_records)),
                            parts=[(collector, chunk)])
             if number < len(chunks) or len(chunk) >= self.max_messages or batch.size >= self.max_bytes:
