@@ -108,6 +108,8 @@ def in_ray_actor_process() -> bool:
     import ray
 
     return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
+
+
 ActorRefs = Callable[[str, "str | None"], ActorRef]  # (actor name, token) -> a reference to call it by
 
 
