@@ -4,8 +4,8 @@ A call of 1,000 records was cut one record at a time in Python, twice (once for 
 round-robin, once per partition behind its open batch): two ``len`` calls and a comparison a
 record, a third of the sending thread's time for 100 B messages. Here the cut points come from a
 running sum and a binary search per batch (``bisect``), and records are picked by slices or
-``operator.itemgetter``. ``cut_points_reference`` is the old loop, kept as the property tests'
-oracle."""
+``operator.itemgetter``. The old loop is the property test's oracle
+(tests/unit/test_batch_cuts.py)."""
 
 from __future__ import annotations
 
@@ -38,25 +38,6 @@ def cut_points(sizes: Sequence[int], max_messages: int, max_bytes: int,
         cuts.append(end)
         if end > start:
             before = ends[end - 1]
-        start = end
-        held_messages, held_bytes = 0, 0
-    return cuts
-
-
-def cut_points_reference(sizes: Sequence[int], max_messages: int, max_bytes: int,
-                         held: tuple[int, int] = (0, 0)) -> list[int]:
-    """``cut_points`` one record at a time (the property tests' oracle)."""
-    cuts: list[int] = []
-    start = 0
-    held_messages, held_bytes = held
-    while start < len(sizes):
-        end, size = start, held_bytes
-        while end < len(sizes) and end - start + held_messages < max_messages:
-            if (end > start or held_messages) and size + sizes[end] > max_bytes:
-                break
-            size += sizes[end]
-            end += 1
-        cuts.append(end)
         start = end
         held_messages, held_bytes = 0, 0
     return cuts

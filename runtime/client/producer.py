@@ -433,9 +433,10 @@ class Producer:
         key_list = _key_list(keys, count)
         if properties is not None and (not isinstance(properties, Sequence) or len(properties) != count):
             raise InvalidArgument(f"properties must be None or a list of {count} dicts (or None)")
-        for index, value in enumerate(value_list):
-            if len(value) > self.max_message_bytes:
-                raise MessageTooLarge(f"message {index} of {len(value)} bytes exceeds {self.max_message_bytes}")
+        if value_list and max(map(len, value_list)) > self.max_message_bytes:  # the common case in C
+            index = next(i for i, value in enumerate(value_list) if len(value) > self.max_message_bytes)
+            raise MessageTooLarge(f"message {index} of {len(value_list[index])} bytes exceeds "
+                                  f"{self.max_message_bytes}")
         records = self._encode_all(value_list, key_list, properties)
         collector = _Collector(count)
         if count == 0:
@@ -483,10 +484,9 @@ class Producer:
         makes one); ``sizes``: every record's encoded size, by index. ``held``: the messages and
         bytes of an open batch the first run tops up (that run is empty when even the first
         record does not fit)."""
-        picked = sizes if len(indexes) == len(sizes) else pick(sizes, indexes)  # all, in order: range(count)
         chunks = []
         start = 0
-        for end in cut_points(picked, self.max_messages, self.max_bytes, held):
+        for end in cut_points(pick(sizes, indexes), self.max_messages, self.max_bytes, held):
             chunks.append(indexes[start:end])
             start = end
         return chunks

@@ -669,4 +669,3 @@ async def _seal(storage: Storage, stream: str, ledger_id: int) -> int:
             return tail
         except ObjectExists:
             continue
-

@@ -13,7 +13,7 @@ from raytxn.gc_freeze import freeze_startup_objects
 assert gc.get_freeze_count() == 0
 first = freeze_startup_objects()
 frozen = gc.get_freeze_count()
-kept = [[] for _ in range(1000)]  # tracked objects made after the freeze stay collectable
+kept = [[] for _ in range(1000)]  # new tracked objects: the second call must not freeze them
 second = freeze_startup_objects()
 print(first, second, frozen, gc.get_freeze_count())
 """
