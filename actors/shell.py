@@ -55,6 +55,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, TypeVar
 
+import ray
+
 from raytxn.auth import Access, AuthTarget, guarded
 from raytxn.client.rpc import ActorRef, retriable, unwrap
 from raytxn.errors import ActorUnavailable, Fenced, MessageTooLarge
@@ -105,8 +107,6 @@ SYSTEM_CLOCK = Clock()
 def in_ray_actor_process() -> bool:
     """Whether this process is a Ray actor's (not a driver, a test or a simulator running the
     actor classes in their own process)."""
-    import ray
-
     return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
 
 

@@ -4,6 +4,7 @@ read-committed visibility, ordering, idempotent retries, recovery with and witho
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 import uuid
 from collections.abc import Iterator
@@ -405,8 +406,6 @@ def test_actor_and_client_processes_freeze_their_startup_objects(client: rt.Clie
     """An engine actor's process, after its first start, and a client's process keep their
     startup objects out of the cyclic collector's full walks (``raytxn.gc_freeze``): a Ray
     process tracks about 120k of them, and walking them cost a third of a produce run."""
-    import gc
-
     topic = new_topic(client)
     info = partition_ref(topic).call("ready")
     assert info["gc_frozen_objects"] > 10_000, info  # Ray's and raytxn's modules at least
