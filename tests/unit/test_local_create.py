@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import errno
+import os
+import stat
 from pathlib import Path
 
 import pytest
 
+from raytxn.errors import StorageUnavailable
 from raytxn.ledger.storage import ObjectExists, Storage
 
 
@@ -47,24 +51,71 @@ def test_a_large_object_is_written_whole(tmp_path: Path) -> None:
 
 def test_a_create_returns_after_fsyncing_the_object_and_every_new_directory(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The object, its directory, and each directory made for it (its entry in its parent) are
-    fsynced before ``create`` returns; a directory's parents once per process."""
-    import os
-
+    """The object's bytes are fsynced before its name exists (a machine crash leaves the whole
+    object or nothing there), and its directory and each directory made for it (its entry in its
+    parent) before ``create`` returns; a directory's parents once per process."""
     import raytxn.ledger.storage as storage_module
 
-    synced: list[str] = []
+    root = tmp_path.resolve()
+    synced_files: list[tuple[int, bool]] = []  # (inode, whether the object's name existed then)
+    synced_directories: list[str] = []
     real_fsync = os.fsync
 
     def recording_fsync(fd: int) -> None:
         real_fsync(fd)
-        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            synced_directories.append(os.readlink(f"/proc/self/fd/{fd}"))
+        else:
+            synced_files.append((info.st_ino, (root / "a/b/first").exists() or (root / "a/b/second").exists()))
 
     monkeypatch.setattr(storage_module.os, "fsync", recording_fsync)
     storage = Storage.from_url(f"file://{tmp_path}")
-    root = tmp_path.resolve()
     asyncio.run(storage.create("a/b/first", b"1"))
-    assert sorted(synced) == sorted(str(p) for p in (root / "a/b/first", root / "a/b", root / "a", root))
-    synced.clear()
+    assert synced_files == [((root / "a/b/first").stat().st_ino, False)]
+    assert sorted(synced_directories) == sorted(str(p) for p in (root / "a/b", root / "a", root))
+    synced_files.clear()
+    synced_directories.clear()
+    (root / "a/b/first").rename(root / "a/b/moved")  # so the check above sees only the second's name
     asyncio.run(storage.create("a/b/second", b"2"))
-    assert sorted(synced) == sorted(str(p) for p in (root / "a/b/second", root / "a/b"))
+    assert synced_files == [((root / "a/b/second").stat().st_ino, False)]
+    assert synced_directories == [str(root / "a/b")]
+
+
+@pytest.mark.parametrize("failing", ["write", "fsync", "link"])
+def test_a_create_that_fails_leaves_no_object_and_no_staging_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str) -> None:
+    """A disk error at any step is StorageUnavailable (retriable), and the path stays free."""
+    import raytxn.ledger.storage as storage_module
+
+    def broken(*args: object) -> None:
+        raise OSError(errno.EIO, f"injected {failing} failure")
+
+    storage = Storage.from_url(f"file://{tmp_path}")
+    asyncio.run(storage.create("d/warm", b"w"))  # the directory exists: the failure is the put's own
+    with monkeypatch.context() as patch:
+        patch.setattr(storage_module.os, failing, broken)
+        with pytest.raises(StorageUnavailable, match=f"injected {failing} failure"):
+            asyncio.run(storage.create("d/object", b"data"))
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["warm"]
+    asyncio.run(storage.create("d/object", b"data"))  # the retry succeeds
+    assert (tmp_path / "d/object").read_bytes() == b"data"
+
+
+def test_a_staging_file_left_by_a_killed_writer_is_not_listed_and_goes_with_its_folder(tmp_path: Path) -> None:
+    """A process killed between its staging write and the link leaves ``<path>#<n>``: listings
+    do not show it, a create of the path still succeeds, and deleting the folder removes it."""
+    storage = Storage.from_url(f"file://{tmp_path}")
+    (tmp_path / "f").mkdir()
+    leftover = tmp_path / f"f/object#{(os.getpid() << 32) + 7}"
+    leftover.write_bytes(b"torn")
+
+    async def run() -> None:
+        assert await storage.list("f") == []
+        await storage.create("f/object", b"whole")
+        assert await storage.list("f") == ["f/object"]
+        assert await storage.get("f/object") == b"whole"
+        await storage.delete_folder("f")
+
+    asyncio.run(run())
+    assert list((tmp_path / "f").iterdir()) == []
