@@ -8,7 +8,7 @@ received. Messages of one partition arrive in order; ``receive`` takes them from
 
 Acks are grouped per partition and transaction and sent every few milliseconds, like Pulsar's ack
 grouping; a group goes as ranges of whole entries and runs of batch indexes of the rest, not as a
-tuple per message (``coalesce_acks``, ``index_runs``). Plain acks return at once. An ack in a
+tuple per message (``raytxn.client.ack_spans``). Plain acks return at once. An ack in a
 transaction registers the subscription with the coordinator (once per txn and partition) and is
 tracked by the transaction (commit waits for it, and aborts if it failed); ``acknowledge`` with a
 txn waits until the ack is logged, so a conflict raises right there, while ``acknowledge_async``
@@ -39,6 +39,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from raytxn.client.ack_spans import AckSpan, coalesce_spans, extend_spans, whole_entry_span
 from raytxn.client.batch import MessageBatch, Run, build_table
 from raytxn.client.message import Message, MessageId
 from raytxn.client.rpc import ActorRef
@@ -107,7 +108,10 @@ class _HeldBatch:
 @dataclass
 class _AckGroup:
     txn: Transaction | None
-    acks: list[tuple[Position, int | None, int]] = field(default_factory=list)
+    # Individual acks: spans of indexes (raytxn.client.ack_spans); a cumulative ack: one
+    # (position, batch index, batch size). Either way what is sent as ``acks`` once coalesced.
+    acks: list = field(default_factory=list)
+    count: int = 0  # acks queued in it (an in-order run of them is one span)
     ranges: list[AckRange] = field(default_factory=list)  # whole entries (set when the group is sent)
     runs: list[IndexRun] = field(default_factory=list)    # batch indexes (set when the group is sent)
     # Names the one ack call this group becomes: the subscription knows a retry of it by this.
@@ -147,7 +151,10 @@ class Consumer:
         self._queued = 0  # messages in ``_queue``; the front run's first ``_front_taken`` are received
         self._front_taken = 0
         self._rewinds_seen = 0
-        self._cond = threading.Condition()      # guards the queue and the feeds' counters
+        # Guards the queue and the feeds' counters. A plain lock under the condition: receive's
+        # fast path takes it without the condition's Python-level enter and exit.
+        self._queue_lock = threading.Lock()
+        self._cond = threading.Condition(self._queue_lock)
         self._acks_lock = threading.Lock()      # guards everything below
         self._ack_groups: dict[tuple[int, Transaction | None, bool], _AckGroup] = {}
         self._held: dict[tuple[Transaction, int, Position], _HeldBatch] = {}  # (txn, partition, entry)
@@ -168,19 +175,25 @@ class Consumer:
 
     def receive(self, timeout: float | None = None) -> Message:
         """The next message; waits up to ``timeout`` seconds (None: forever), then ``Timeout``."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
-            self._check_open()
-            while not self._queued:
-                self._check_open()
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise Timeout(f"no message on {self.topic}/{self.subscription} within {timeout}s")
-                self._cond.wait(remaining)
-            message = self._pop_locked()
+        with self._queue_lock:
+            if self._queued and not self._closed:
+                message = self._pop_locked()
+            else:
+                message = self._wait_and_pop_locked(timeout)
         if self.ack_timeout_s is not None:
             self._track_received([message])
         return message
+
+    def _wait_and_pop_locked(self, timeout: float | None) -> Message:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._check_open()
+        while not self._queued:
+            self._check_open()
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise Timeout(f"no message on {self.topic}/{self.subscription} within {timeout}s")
+            self._cond.wait(remaining)
+        return self._pop_locked()
 
     def receive_batch(self, max_messages: int = 10_000, timeout_s: float = 0.1) -> MessageBatch:
         """Up to ``max_messages`` messages as one ``MessageBatch``: an Arrow table (``.table``,
@@ -258,7 +271,8 @@ class Consumer:
             self._front_taken = at + 1
         self._queued -= 1
         feed.queued -= 1
-        self._signal_room_locked(feed)
+        if feed.waiting:
+            self._signal_room_locked(feed)
         return message
 
     def _signal_room_locked(self, feed: _Feed) -> None:
@@ -319,18 +333,32 @@ class Consumer:
 
     def _ack_plain(self, message: Message | MessageId) -> concurrent.futures.Future:
         """A plain individual ack, the hot path: into its partition's group, nothing per message
-        but the tuple (the group's one future stands for all of its acks)."""
-        self._check_open()
-        message_id, batch_size = self._id_and_size(message)
-        ack = (message_id.position, message_id.batch_index, batch_size)
+        but extending the group's newest span (``extend_spans``, inline: acks in order of an
+        entry's messages make one span); the group's one future stands for all of its acks."""
+        if self._closed:
+            self._check_open()
+        if type(message) is Message:  # the usual case, without _id_and_size's calls
+            message_id, batch_size = message._id, message._batch_size
+            if message_id.topic != self.topic or not 0 <= message_id.partition < len(self._feeds):
+                raise InvalidArgument(f"{message_id} is not a message of {self.topic}")
+        else:
+            message_id, batch_size = self._id_and_size(message)
+        partition, ledger_id, entry_id, index = (message_id.partition, message_id.ledger_id, message_id.entry_id,
+                                                 message_id.batch_index)
         with self._acks_lock:
             if self._unacked:
                 self._unacked.pop(message_id, None)
-            group = self._ack_groups.get((message_id.partition, None, False))
+            group = self._ack_groups.get((partition, None, False))
             if group is None:
-                group = self._ack_groups[(message_id.partition, None, False)] = _AckGroup(None)
-            group.acks.append(ack)
-            flush_now = len(group.acks) >= ACK_GROUP_MAX
+                group = self._ack_groups[(partition, None, False)] = _AckGroup(None)
+            spans = group.acks
+            newest = spans[-1] if spans else None
+            if newest is not None and newest[4] + 1 == index and newest[1] == entry_id and newest[0] == ledger_id:
+                newest[4] = index
+            else:
+                spans.append([ledger_id, entry_id, batch_size, index, index])
+            group.count += 1
+            flush_now = group.count >= ACK_GROUP_MAX
             flush_later = not flush_now and ACK_GROUP_DELAY_S < self._flush_due_in
             if flush_later:
                 self._flush_due_in = ACK_GROUP_DELAY_S
@@ -410,10 +438,13 @@ class Consumer:
             group, new_group = self._group_locked(message_id.partition, txn, cumulative)
             if cumulative:  # one call names one message: the highest, which covers the others
                 group.acks = [max([*group.acks, ack], key=lambda a: (a[0], a[1] or 0))]
+            elif ack[1] is None:  # a held batch, acked whole
+                group.acks.append(whole_entry_span(message_id.position, batch_size))
             else:
-                group.acks.append(ack)
+                extend_spans(group.acks, message_id.ledger_id, message_id.entry_id, batch_size, message_id.batch_index)
+            group.count += 1
             group.futures.append(future)
-            flush_now = send_now or len(group.acks) >= ACK_GROUP_MAX
+            flush_now = send_now or group.count >= ACK_GROUP_MAX
             delay = ACK_GROUP_DELAY_S if txn is None else TXN_ACK_GROUP_DELAY_S
             flush_later = not flush_now and delay < self._flush_due_in
             if flush_later:
@@ -470,7 +501,9 @@ class Consumer:
                 held = self._held.pop(held_key)
                 _, partition, position = held_key
                 group, new_group = self._group_locked(partition, txn, False)
-                group.acks += [(position, index, held.batch_size) for index in sorted(held.indexes)]
+                for index in sorted(held.indexes):
+                    extend_spans(group.acks, position.ledger_id, position.entry_id, held.batch_size, index)
+                group.count += len(held.indexes)
                 group.futures.append(held.future)
                 if new_group:
                     new_groups.append(group)
@@ -482,13 +515,14 @@ class Consumer:
         """Acknowledge received runs (``MessageBatch.ack``): one ack call per partition, now,
         with the whole entries as ranges. With a ``txn`` and ``wait``, wait until logged."""
         self._check_open()
-        per_partition: dict[int, list[tuple[Position, int | None, int]]] = {}
+        per_partition: dict[int, list[AckSpan]] = {}
         for run in runs:
-            acks = per_partition.setdefault(run.partition, [])
+            spans = per_partition.setdefault(run.partition, [])
             if len(run.indexes) == run.batch_size:
-                acks.append((run.position, None, run.batch_size))
+                spans.append(whole_entry_span(run.position, run.batch_size))
             else:
-                acks += [(run.position, index, run.batch_size) for index in run.indexes]
+                for index in run.indexes:
+                    extend_spans(spans, run.ledger_id, run.entry_id, run.batch_size, index)
         if self._unacked:
             with self._acks_lock:
                 for run in runs:
@@ -496,9 +530,9 @@ class Consumer:
                         self._unacked.pop(MessageId(self.topic, run.partition, run.ledger_id, run.entry_id, index),
                                           None)
         groups = []
-        for partition, acks in per_partition.items():
+        for partition, spans in per_partition.items():
             group = _AckGroup(txn)
-            group.ranges, group.runs, group.acks = _coalesced(acks)
+            group.ranges, group.runs, group.acks = _coalesced(spans)
             groups.append((partition, group))
         if txn is None:
             for partition, group in groups:
@@ -810,57 +844,8 @@ def _all_of(futures: list[concurrent.futures.Future]) -> concurrent.futures.Futu
     return combined
 
 
-def coalesce_acks(acks: list[tuple[Position, int | None, int]]
-                  ) -> tuple[list[AckRange], list[tuple[Position, int | None, int]]]:
-    """Individual acks as (ranges of whole entries, acks of single batch indexes): an entry acked
-    whole, as a single message, or by every one of its batch indexes is whole; contiguous whole
-    entries of a ledger make one range ``(ledger_id, first_entry_id, last_entry_id)``. Much less
-    work for the subscription than one ack per message (a range is one cursor update)."""
-    whole: set[Position] = set()
-    indexes: dict[Position, set[int]] = {}
-    sizes: dict[Position, int] = {}
-    for position, batch_index, batch_size in acks:
-        if batch_index is None or batch_size == 1:
-            whole.add(position)
-        else:
-            indexes.setdefault(position, set()).add(batch_index)
-            sizes[position] = batch_size
-    partial: list[tuple[Position, int | None, int]] = []
-    for position, seen in indexes.items():
-        if position in whole:
-            continue
-        if len(seen) == sizes[position]:
-            whole.add(position)
-        else:
-            partial += [(position, index, sizes[position]) for index in sorted(seen)]
-    ranges: list[AckRange] = []
-    for position in sorted(whole):
-        if ranges and ranges[-1][0] == position.ledger_id and ranges[-1][2] + 1 == position.entry_id:
-            ranges[-1] = (position.ledger_id, ranges[-1][1], position.entry_id)
-        else:
-            ranges.append((position.ledger_id, position.entry_id, position.entry_id))
-    return ranges, partial
-
-
-def index_runs(acks: list[tuple[Position, int | None, int]]) -> list[IndexRun]:
-    """Acks of single batch indexes, grouped by entry with indexes ascending (as ``coalesce_acks`` leaves
-    them), as runs of consecutive indexes of one entry ``(ledger_id, entry_id, batch_size,
-    first_index, last_index)``: a consumer acking in order sends one or two per entry."""
-    runs: list[IndexRun] = []
-    for position, batch_index, batch_size in acks:
-        assert batch_index is not None, "whole entries go as ranges"
-        if runs:
-            ledger_id, entry_id, size, first, last = runs[-1]
-            if (ledger_id, entry_id) == (position.ledger_id, position.entry_id) and last + 1 == batch_index:
-                runs[-1] = (ledger_id, entry_id, size, first, batch_index)
-                continue
-        runs.append((position.ledger_id, position.entry_id, batch_size, batch_index, batch_index))
-    return runs
-
-
-def _coalesced(acks: list[tuple[Position, int | None, int]]
-               ) -> tuple[list[AckRange], list[IndexRun], list[tuple[Position, int | None, int]]]:
+def _coalesced(spans: list[AckSpan]) -> tuple[list[AckRange], list[IndexRun], list[tuple[Position, int | None, int]]]:
     """A group's individual acks as it is sent: (ranges of whole entries, index runs, no single
     acks)."""
-    ranges, partial = coalesce_acks(acks)
-    return ranges, index_runs(partial), []
+    ranges, runs = coalesce_spans(spans)
+    return ranges, runs, []
