@@ -337,12 +337,7 @@ class Consumer:
         entry's messages make one span); the group's one future stands for all of its acks."""
         if self._closed:
             self._check_open()
-        if type(message) is Message:  # the usual case, without _id_and_size's calls
-            message_id, batch_size = message._id, message._batch_size
-            if message_id.topic != self.topic or not 0 <= message_id.partition < len(self._feeds):
-                raise InvalidArgument(f"{message_id} is not a message of {self.topic}")
-        else:
-            message_id, batch_size = self._id_and_size(message)
+        message_id, batch_size = self._id_and_size(message)
         partition, ledger_id, entry_id, index = (message_id.partition, message_id.ledger_id, message_id.entry_id,
                                                  message_id.batch_index)
         with self._acks_lock:
@@ -415,15 +410,18 @@ class Consumer:
         Async acks in a txn of batch messages are held until the txn acked every message of the
         entry, which then goes as one whole-entry ack (as Pulsar's client acks batches), or until
         the txn commits (then the indexes go one by one)."""
-        self._check_open()
+        if self._closed:
+            self._check_open()
         message_id, batch_size = self._id_and_size(message)
         if cumulative and self.consumer_type in (ConsumerType.Shared, ConsumerType.KeyShared):
             raise NotAllowed(f"cumulative acks are not allowed on a {self.consumer_type} subscription")
-        ack: tuple[Position, int | None, int] = (message_id.position, message_id.batch_index, batch_size)
+        position = message_id.position
+        whole = False  # a held batch that this ack completes goes as its whole entry
         with self._acks_lock:
-            self._untrack(message_id, cumulative)
+            if self._unacked:
+                self._untrack(message_id, cumulative)
             if txn is not None and batch_size > 1 and not cumulative and not send_now:
-                held_key = (txn, message_id.partition, message_id.position)
+                held_key = (txn, message_id.partition, position)
                 held = self._held.get(held_key)
                 if held is None:
                     held = self._held[held_key] = _HeldBatch(txn, batch_size)
@@ -432,14 +430,15 @@ class Consumer:
                 if len(held.indexes) < batch_size:
                     return held.future
                 del self._held[held_key]
-                ack, future = (message_id.position, None, batch_size), held.future
+                whole, future = True, held.future
             else:
                 future = concurrent.futures.Future()
             group, new_group = self._group_locked(message_id.partition, txn, cumulative)
             if cumulative:  # one call names one message: the highest, which covers the others
+                ack = (position, message_id.batch_index, batch_size)
                 group.acks = [max([*group.acks, ack], key=lambda a: (a[0], a[1] or 0))]
-            elif ack[1] is None:  # a held batch, acked whole
-                group.acks.append(whole_entry_span(message_id.position, batch_size))
+            elif whole:
+                group.acks.append(whole_entry_span(position, batch_size))
             else:
                 extend_spans(group.acks, message_id.ledger_id, message_id.entry_id, batch_size, message_id.batch_index)
             group.count += 1
@@ -468,7 +467,9 @@ class Consumer:
         return group, True
 
     def _id_and_size(self, message: Message | MessageId) -> tuple[MessageId, int]:
-        if isinstance(message, Message):
+        if type(message) is Message:  # the usual case first
+            message_id, batch_size = message._id, message._batch_size
+        elif isinstance(message, Message):
             message_id, batch_size = message.message_id(), message.batch_size
         elif isinstance(message, MessageId):
             message_id = message

@@ -119,6 +119,10 @@ class TxnStateMachine:
     def past_deadline(self) -> bool:
         return self._clock() >= self.deadline
 
+    def is_open(self) -> bool:
+        """OPEN and within its deadline: ``state is OPEN`` in one call, for every send and ack."""
+        return self._state is _S.OPEN and self._clock() < self.deadline
+
     @property
     def cause(self) -> BaseException | None:
         """The failure that made it ABORT_ONLY (the first one), else None."""
@@ -249,6 +253,8 @@ class Transaction:
         """Nothing unless OPEN. ``TransactionTimedOut`` once its timeout passed, with no round
         trip; ``InvalidTxnState`` (chained to the failure) when abort-only, and when ending or
         ended (``TransactionAlreadyCommitted``/``TransactionAlreadyAborted`` once it has)."""
+        if self._machine.is_open():
+            return
         state = self.state
         if state is TxnClientState.OPEN:
             return
