@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from raytxn.errors import StorageUnavailable
+from raytxn.errors import InvalidArgument, StorageUnavailable
 from raytxn.ledger.storage import ObjectExists, Storage
 
 
@@ -119,3 +119,13 @@ def test_a_staging_file_left_by_a_killed_writer_is_not_listed_and_goes_with_its_
 
     asyncio.run(run())
     assert list((tmp_path / "f").iterdir()) == []
+
+
+@pytest.mark.parametrize("path", ["a/../escape", "/etc/absolute", "a//b", "./a", "a/b/"])
+def test_a_path_that_is_not_plain_names_is_refused_and_writes_nothing(tmp_path: Path, path: str) -> None:
+    """As obstore refuses such paths: nothing may be written outside the root, or under a name
+    the listings would not give back."""
+    storage = Storage.from_url(f"file://{tmp_path / 'root'}")
+    with pytest.raises(InvalidArgument, match="not a relative path of plain names"):
+        asyncio.run(storage.create(path, b"x"))
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
