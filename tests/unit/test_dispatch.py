@@ -8,7 +8,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from raytxn.client.consumer import coalesce_acks
+from raytxn.client.ack_spans import coalesce_spans
 from raytxn.errors import InvalidArgument, NotAllowed, TransactionConflict
 from raytxn.ids import Position, TxnID
 from raytxn.protocol.cursor import Cursor
@@ -23,6 +23,7 @@ from raytxn.protocol.subscription_state import (
     routing_key_of,
 )
 from raytxn.protocol.txnlog import EndAction
+from tests.unit.test_ack_spans import spans_of
 
 T1, T2 = TxnID(0, 1), TxnID(0, 2)
 
@@ -481,11 +482,11 @@ def test_counting_entries_for_the_backlog() -> None:
 
 
 def test_whole_batches_are_acked_as_entries_and_contiguous_entries_as_ranges() -> None:
-    acks = [(P(0, 1), 1, 2), (P(0, 2), None, None), (P(0, 1), 0, 2), (P(0, 3), 0, 3), (P(0, 4), 0, 1),
-            (P(1, 0), None, None)]
-    assert coalesce_acks(acks) == ([(0, 1, 2), (0, 4, 4), (1, 0, 0)], [(P(0, 3), 0, 3)])
-    assert coalesce_acks(acks[3:4]) == ([], [(P(0, 3), 0, 3)])
-    assert coalesce_acks([]) == ([], [])
+    acks = [(P(0, 1), 1, 2), (P(0, 2), None, 5), (P(0, 1), 0, 2), (P(0, 3), 0, 3), (P(0, 4), 0, 1),
+            (P(1, 0), None, 4)]
+    assert coalesce_spans(spans_of(acks)) == ([(0, 1, 2), (0, 4, 4), (1, 0, 0)], [(0, 3, 3, 0, 0)])
+    assert coalesce_spans(spans_of(acks[3:4])) == ([], [(0, 3, 3, 0, 0)])
+    assert coalesce_spans([]) == ([], [])
 
 
 def test_a_txn_ack_of_a_message_another_consumer_holds_leaves_it_there_until_the_txn_commits() -> None:

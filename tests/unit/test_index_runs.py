@@ -12,11 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raytxn.client.consumer import coalesce_acks, index_runs
+from raytxn.client.ack_spans import coalesce_spans
 from raytxn.errors import InvalidArgument
 from raytxn.ids import Position, TxnID
 from raytxn.protocol.cursor import Cursor
 from raytxn.protocol.subscription_state import SubscriptionState
+from tests.unit.test_ack_spans import spans_of
 from tests.unit.test_range_acks import P, delivered_state, view
 
 T1, T2 = TxnID(0, 1), TxnID(0, 2)
@@ -125,11 +126,10 @@ def test_plain_runs_do_what_the_same_single_acks_do(sizes: list[int], held: set[
 @given(acks=st.sets(st.tuples(st.integers(0, 4), st.integers(0, 9))), sizes=st.lists(st.integers(1, 10),
                                                                                    min_size=5, max_size=5))
 def test_the_consumers_runs_stand_for_exactly_its_acks(acks: set[tuple[int, int]], sizes: list[int]) -> None:
-    """Property: ``coalesce_acks`` then ``index_runs`` turn a group's single acks into ranges of
+    """Property: the spans a group's single acks make (in any order) coalesce into ranges of
     whole entries and runs whose messages are exactly the acked ones."""
     given_acks = [(Position(0, e), i, sizes[e]) for e, i in acks if i < sizes[e]]
-    ranges, partial = coalesce_acks(given_acks)
-    runs = index_runs(partial)
+    ranges, runs = coalesce_spans(spans_of(given_acks))
     covered = {(e, i) for _, first, last in ranges for e in range(first, last + 1) for i in range(sizes[e])}
     covered_by_runs = {(e, i) for _, e, _, first, last in runs for i in range(first, last + 1)}
     assert not covered & covered_by_runs
