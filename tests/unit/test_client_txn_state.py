@@ -127,6 +127,19 @@ def test_an_open_machine_reads_timed_out_once_its_deadline_passed() -> None:
     assert machine.state is S.TIMED_OUT
 
 
+@pytest.mark.parametrize("state", list(S))
+def test_is_open_agrees_with_the_state_before_and_after_the_deadline(state: TxnClientState) -> None:
+    """``is_open`` (the send and ack fast path) is ``state is OPEN``, deadline included."""
+    clock = FakeClock()
+    machine = machine_in(state)
+    machine._clock, machine.deadline = clock, 110.0
+    clock.now = 109.999
+    assert machine.is_open() == (machine.state is S.OPEN)
+    clock.now = 110.0
+    assert machine.is_open() is False
+    assert machine.is_open() == (machine.state is S.OPEN)
+
+
 def test_a_transition_past_the_deadline_finds_the_machine_timed_out_first() -> None:
     clock = FakeClock()
     machine = TxnStateMachine(TXN, deadline=110.0, clock=clock)
