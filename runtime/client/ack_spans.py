@@ -21,7 +21,7 @@ AckSpan = list[int]  # [ledger_id, entry_id, batch_size, first_index, last_index
 
 def extend_spans(spans: list[AckSpan], ledger_id: int, entry_id: int, batch_size: int, index: int) -> None:
     """Add the ack of ``index`` of an entry: extends the newest span when it is the next index of
-    the same entry, else starts a span. (``Consumer._ack_plain`` does the same inline.)"""
+    the same entry, else starts a span."""
     if spans:
         newest = spans[-1]
         if newest[4] + 1 == index and newest[1] == entry_id and newest[0] == ledger_id:

@@ -333,25 +333,17 @@ class Consumer:
 
     def _ack_plain(self, message: Message | MessageId) -> concurrent.futures.Future:
         """A plain individual ack, the hot path: into its partition's group, nothing per message
-        but extending the group's newest span (``extend_spans``, inline: acks in order of an
-        entry's messages make one span); the group's one future stands for all of its acks."""
-        if self._closed:
-            self._check_open()
+        but extending the group's newest span (``extend_spans``: acks in order of an entry's
+        messages make one span); the group's one future stands for all of its acks."""
+        self._check_open()
         message_id, batch_size = self._id_and_size(message)
-        partition, ledger_id, entry_id, index = (message_id.partition, message_id.ledger_id, message_id.entry_id,
-                                                 message_id.batch_index)
         with self._acks_lock:
             if self._unacked:
                 self._unacked.pop(message_id, None)
-            group = self._ack_groups.get((partition, None, False))
+            group = self._ack_groups.get((message_id.partition, None, False))
             if group is None:
-                group = self._ack_groups[(partition, None, False)] = _AckGroup(None)
-            spans = group.acks
-            newest = spans[-1] if spans else None
-            if newest is not None and newest[4] + 1 == index and newest[1] == entry_id and newest[0] == ledger_id:
-                newest[4] = index
-            else:
-                spans.append([ledger_id, entry_id, batch_size, index, index])
+                group = self._ack_groups[(message_id.partition, None, False)] = _AckGroup(None)
+            extend_spans(group.acks, message_id.ledger_id, message_id.entry_id, batch_size, message_id.batch_index)
             group.count += 1
             flush_now = group.count >= ACK_GROUP_MAX
             flush_later = not flush_now and ACK_GROUP_DELAY_S < self._flush_due_in
@@ -410,8 +402,7 @@ class Consumer:
         Async acks in a txn of batch messages are held until the txn acked every message of the
         entry, which then goes as one whole-entry ack (as Pulsar's client acks batches), or until
         the txn commits (then the indexes go one by one)."""
-        if self._closed:
-            self._check_open()
+        self._check_open()
         message_id, batch_size = self._id_and_size(message)
         if cumulative and self.consumer_type in (ConsumerType.Shared, ConsumerType.KeyShared):
             raise NotAllowed(f"cumulative acks are not allowed on a {self.consumer_type} subscription")
@@ -467,9 +458,7 @@ class Consumer:
         return group, True
 
     def _id_and_size(self, message: Message | MessageId) -> tuple[MessageId, int]:
-        if type(message) is Message:  # the usual case first
-            message_id, batch_size = message._id, message._batch_size
-        elif isinstance(message, Message):
+        if isinstance(message, Message):
             message_id, batch_size = message.message_id(), message.batch_size
         elif isinstance(message, MessageId):
             message_id = message
