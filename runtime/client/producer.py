@@ -529,15 +529,13 @@ class Producer:
         if tail is not None and chunks:
             topped = chunks.pop(0)
             if topped:
-                topping = pick(records, topped)
-                tail.records.extend(topping)
+                tail.records.extend(pick(records, topped))
                 tail.parts.append((collector, topped))
-                tail.size += sum(map(len, topping))
+                tail.size += sum(pick(sizes, topped))
         if open_batch is not None and chunks:  # what follows goes after it
             self._seal_locked(open_batch)
         for number, chunk in enumerate(chunks, 1):
-            batch_records = pick(records, chunk)
-            batch = _Batch(partition, txn, batch_records, [], size=sum(map(len, batch_records)),
+            batch = _Batch(partition, txn, pick(records, chunk), [], size=sum(pick(sizes, chunk)),
                            parts=[(collector, chunk)])
             if number < len(chunks) or len(chunk) >= self.max_messages or batch.size >= self.max_bytes:
                 batch.sealed = True  # not _queue_sealed_locked: a call's batches leave keyless stickiness as is
