@@ -6,7 +6,12 @@ actor call from the driver that fsyncs a small file before answering (the ceilin
 ``CeilingSink`` with a one-message batch). A lazy begin costs nothing, the send is one
 coordinator call (begin and register, one log write) and one append, and the commit one
 coordinator call that logs COMMITTING and waits for the partition's marker (its last record is
-logged after the answer). Every latency is also reported as a multiple of the anchor's p50."""
+logged after the answer). Every latency is also reported as a multiple of the anchor's p50.
+
+The floor, measured in rounds between the engine's, is the same path on bare actors: the same
+four Ray calls and three durable puts, in the same order, with nothing else
+(``bench_commit_floor``). Its p50 is the least this design's three durable steps take here; the
+engine's p50 over the floor's is what the engine's own code adds."""
 
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ import ray
 from raytxn.cluster import stop_engine
 from raytxn.tools.bench import _percentile
 from raytxn.tools.bench_ceiling import CeilingSink
+from raytxn.tools.bench_commit_floor import CommitFloor
 from raytxn.tools.bench_produce import PAYLOAD, _engine
 
 if TYPE_CHECKING:
@@ -55,21 +61,29 @@ def bench_commit(short: bool = False, progress: Callable[[str], None] = print) -
             with client.transaction(timeout=60) as txn:
                 producer.send(PAYLOAD, txn=txn)
         anchor = measure_fsync_round_trip(txns)
+        floor = CommitFloor()
+        floor.run(20)  # warm
         measured: dict[bool, tuple[list[float], list[float], list[float]]] = {True: ([], [], []), False: ([], [], [])}
+        floor_whole: list[float] = []
         rounds = 10
-        for round_ in range(2 * rounds):
-            chain = round_ % 2 == 0
-            client.txn_chain.enabled = chain
-            _time_txns(client, producer, txns // rounds, *measured[chain])
+        for _ in range(rounds):
+            for chain in (True, False):
+                client.txn_chain.enabled = chain
+                _time_txns(client, producer, txns // rounds, *measured[chain])
+            floor_whole += floor.run(txns // rounds)[0]
         client.txn_chain.enabled = client.config.coordinator.chain_begin
+        floor_puts_per_txn = floor.puts_per_txn()
+        floor.close()
+        floor_whole.sort()
         rows = []
         for chain in (True, False):
             whole, sends, commits = (sorted(xs) for xs in measured[chain])
-            row = commit_row(txns, whole, sends, commits, anchor, chain)
+            row = commit_row(txns, whole, sends, commits, anchor, floor_whole, floor_puts_per_txn, chain)
             rows.append(row)
             progress(f"  {'chained' if chain else 'lazy'} begin+send+commit p50 {row['p50_ms']} ms, p99 "
                      f"{row['p99_ms']} ms (send p50 {row['send_p50_ms']}, commit p50 {row['commit_p50_ms']}); "
-                     f"durable actor call p50 {row['anchor_p50_ms']} ms: p50 = {row['p50_over_anchor']}x")
+                     f"durable actor call p50 {row['anchor_p50_ms']} ms: p50 = {row['p50_over_anchor']}x; "
+                     f"the same path on bare actors p50 {row['floor_p50_ms']} ms: p50 = {row['p50_over_floor']}x")
         rows[0]["p50_over_lazy"] = round(rows[0]["p50_ms"] / rows[1]["p50_ms"], 3)
     finally:
         client.close()
@@ -92,9 +106,11 @@ def _time_txns(client: Client, producer: Producer, txns: int, whole: list[float]
 
 
 def commit_row(txns: int, whole: list[float], sends: list[float], commits: list[float],
-               anchor: list[float], chained: bool = True) -> dict:
-    """All latency lists sorted, in ms."""
+               anchor: list[float], floor: list[float], floor_puts_per_txn: float, chained: bool = True) -> dict:
+    """All latency lists sorted, in ms. ``floor``: the same path's on bare actors, which made
+    ``floor_puts_per_txn`` durable puts a txn."""
     anchor_p50 = _percentile(anchor, 0.5)
+    floor_p50, floor_p99 = _percentile(floor, 0.5), _percentile(floor, 0.99)
     return {"bench": "commit", "case": "new_transaction, 1 send of 100 B, commit", "txns": txns,
             "begin": "chained" if chained else "lazy",
             "p50_ms": round(_percentile(whole, 0.5), 3), "p99_ms": round(_percentile(whole, 0.99), 3),
@@ -102,4 +118,8 @@ def commit_row(txns: int, whole: list[float], sends: list[float], commits: list[
             "commit_p99_ms": round(_percentile(commits, 0.99), 3),
             "anchor_p50_ms": round(anchor_p50, 3), "anchor_p99_ms": round(_percentile(anchor, 0.99), 3),
             "p50_over_anchor": round(_percentile(whole, 0.5) / anchor_p50, 2),
-            "p99_over_anchor": round(_percentile(whole, 0.99) / anchor_p50, 2)}
+            "p99_over_anchor": round(_percentile(whole, 0.99) / anchor_p50, 2),
+            "floor_p50_ms": round(floor_p50, 3), "floor_p99_ms": round(floor_p99, 3),
+            "floor_puts_per_txn": round(floor_puts_per_txn, 2),
+            "p50_over_floor": round(_percentile(whole, 0.5) / floor_p50, 2),
+            "p99_over_floor": round(_percentile(whole, 0.99) / floor_p99, 2)}

@@ -44,3 +44,21 @@ def test_bench_ceiling_short_writes_json(tmp_path: Path) -> None:
     [row] = json.loads(out.read_text())["results"]
     assert len(row["runs"]) == 3 and round(row["msgs_per_s"]) == max(row["runs"]) > 0
     assert missing_figures([row], proc.stdout) == [], proc.stdout
+
+
+@pytest.mark.slow(seconds=20)
+def test_bench_commit_short_measures_the_engine_beside_the_same_path_on_bare_actors(tmp_path: Path) -> None:
+    """The commit latency rows carry the floor: the engine's four calls and three durable puts
+    made by bare actors in rounds between the engine's, each figure a ratio to it."""
+    out = tmp_path / "commit.json"
+    proc = subprocess.run([sys.executable, "-m", "raytxn.tools.cli", "bench", "commit", "--short", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = json.loads(out.read_text())["results"]
+    assert [r["begin"] for r in rows] == ["chained", "lazy"]
+    for row in rows:
+        assert row["floor_puts_per_txn"] == 3.0  # the send's, COMMITTING's and the marker's
+        # three durable steps in a row take longer than the anchor's one
+        assert row["floor_p50_ms"] > row["anchor_p50_ms"] > 0
+        assert row["p50_over_floor"] == round(row["p50_ms"] / row["floor_p50_ms"], 2)
+    assert missing_figures(rows, proc.stdout) == [], proc.stdout

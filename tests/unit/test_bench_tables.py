@@ -62,7 +62,7 @@ ROWS: dict[str, Callable[[], list[dict]]] = {
                         bench_produce.produce_row(1, 50_000, {"plain": [90_000.4], "txn": [80_000.2],
                                                              "ceiling": [900_000.5]})],
     "commit": lambda: [bench_commit.commit_row(3, [3.5, 4.25, 9.0], [1.5, 2.0, 4.0], [2.0, 2.25, 5.0],
-                                               [0.75, 0.8, 1.5])],
+                                               [0.75, 0.8, 1.5], [2.5, 2.75, 6.0], 3.0)],
     "ceiling": lambda: [bench_ceiling.ceiling_row(100_000, [900_000.5, 850_000.25, 870_000.75])],
     "recovery": lambda: [bench_produce.recovery_row(1000, 812.5, 41.25)],
     "partition-memory": lambda: [bench_produce.partition_memory_row(

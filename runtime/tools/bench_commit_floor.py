@@ -1,0 +1,114 @@
+"""The floor of a commit's path on this machine (``raytxn bench commit``): bare Ray actors making
+the engine's calls and durable puts in the engine's order, and nothing else.
+
+A chained transaction (begin taken from the last commit, one send, commit) is three durable steps,
+one after another, over four Ray calls:
+
+1. the send: driver -> partition, which puts the entry;
+2. the commit: driver -> coordinator, which puts COMMITTING, then
+3. coordinator -> partition, which puts the commit marker; both answers go back.
+
+The floor makes exactly those calls, with arguments of the engine's shapes, and each put is
+``Storage.create`` on file:// (write, fsync, link, fsync the directory, in one worker thread),
+as the engine's ledgers do. It has no state machine, no ledger framing, no sequence checks, no
+watermark and no locks. The actors get the engine's Ray options. So the engine's latency over
+the floor's, measured in the same run, is what its own code costs, and the floor's own p50 is the
+least that this design's three durable steps can take on this machine.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from typing import Any
+
+import ray
+
+from raytxn.actors.shell import ray_actor_options
+from raytxn.ids import TxnID
+from raytxn.ledger.storage import Storage
+from raytxn.protocol.txnlog import EndAction
+
+RECORD = b"\x01" * 110  # an encoded 100 B message
+MAX_CONCURRENCY = 1000
+
+
+class FloorPartition:
+    """Answers an append and an end the way a partition must at the least: after one put."""
+
+    def __init__(self, storage_url: str) -> None:
+        self._storage = Storage.from_url(storage_url)
+        self._puts = 0
+
+    async def append(self, producer: str, first_sequence: int, records: list[bytes], txn: TxnID | None,
+                     previous_sequence: int, producer_epoch: int) -> tuple[int, int]:
+        self._puts += 1
+        await self._storage.create(f"partition/{self._puts:08d}", b"".join(records))
+        return self._puts, len(records)
+
+    async def end_txn(self, txn: TxnID, action: EndAction, low_watermark: int) -> None:
+        self._puts += 1
+        await self._storage.create(f"partition/{self._puts:08d}", f"{action} {txn}".encode())
+
+    async def puts(self) -> int:
+        return self._puts
+
+
+class FloorCoordinator:
+    """Answers a commit the way the coordinator must at the least: one put, then the partition's
+    end, then the answer."""
+
+    def __init__(self, storage_url: str, partition: Any) -> None:
+        self._storage = Storage.from_url(storage_url)
+        self._partition = partition
+        self._puts = 0
+
+    async def commit_and_begin(self, txn: TxnID, owner: str, timeout_ms: int, partitions: list[tuple[str, int]],
+                               subscriptions: list[tuple[str, int, str]]) -> tuple[str, TxnID]:
+        self._puts += 1
+        await self._storage.create(f"coordinator/{self._puts:08d}", f"COMMITTING {txn} {owner}".encode())
+        await self._partition.end_txn.remote(txn, EndAction.COMMIT, txn.sequence)
+        return "COMMITTED", TxnID(txn.tc_id, txn.sequence + 1)
+
+    async def puts(self) -> int:
+        return self._puts
+
+
+class CommitFloor:
+    """The two floor actors on the running Ray, over a fresh file:// root; ``close`` removes both."""
+
+    def __init__(self) -> None:
+        self._directory = tempfile.TemporaryDirectory(prefix="raytxn-commit-floor-")
+        url = f"file://{self._directory.name}"
+        options = ray_actor_options(max_concurrency=MAX_CONCURRENCY)
+        self.partition = ray.remote(**options)(FloorPartition).remote(url)
+        self.coordinator = ray.remote(**options)(FloorCoordinator).remote(url, self.partition)
+        self._txn = TxnID(0, 0)
+        self.txns = 0
+
+    def run(self, txns: int) -> tuple[list[float], list[float], list[float]]:
+        """Latencies (ms, in run order) of ``txns`` sends-then-commits: whole, send, commit."""
+        whole, sends, commits = [], [], []
+        for _ in range(txns):
+            txn = self._txn = TxnID(0, self._txn.sequence + 1)
+            t0 = time.perf_counter()
+            ray.get(self.partition.append.remote("floor-producer", txn.sequence, [RECORD], txn, txn.sequence - 1, 1))
+            t1 = time.perf_counter()
+            ray.get(self.coordinator.commit_and_begin.remote(txn, "floor-owner", 60_000, [("bench-commit", 0)], []))
+            t2 = time.perf_counter()
+            whole.append((t2 - t0) * 1000)
+            sends.append((t1 - t0) * 1000)
+            commits.append((t2 - t1) * 1000)
+        self.txns += txns
+        return whole, sends, commits
+
+    def puts_per_txn(self) -> float:
+        """Durable puts made per txn run so far, by both actors (3: the send's, COMMITTING's and
+        the marker's)."""
+        puts = ray.get([self.coordinator.puts.remote(), self.partition.puts.remote()])
+        return sum(puts) / self.txns
+
+    def close(self) -> None:
+        ray.kill(self.coordinator)
+        ray.kill(self.partition)
+        self._directory.cleanup()
