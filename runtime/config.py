@@ -73,9 +73,15 @@ class PartitionConfig:
     max_read_entries: int = 1000
 
 
+# A consumer's receive queue per partition (raytxn/client/consumer.py says why these sizes).
+RECEIVER_QUEUE_SIZE = 5000
+RECEIVER_QUEUE_BYTES = 8 << 20
+
+
 @dataclass
 class SubscriptionConfig:
-    receiver_queue_size: int = 1000            # messages dispatched ahead of acks, per consumer
+    receiver_queue_size: int = RECEIVER_QUEUE_SIZE    # a consumer's default receive queue per partition:
+    receiver_queue_bytes: int = RECEIVER_QUEUE_BYTES  # this many messages, and about this many bytes
     ack_timeout_s: float | None = None         # redeliver unacked messages after this (None: never)
     negative_ack_redelivery_delay_s: float = 1.0
     max_index_lag: int = 100                   # pending-ack log index: one entry per this many records

@@ -22,7 +22,7 @@ from typing import Any
 import ray
 
 from raytxn.auth import AuthConfig
-from raytxn.client.consumer import Consumer, ConsumerType, InitialPosition
+from raytxn.client.consumer import Consumer, ConsumerType, InitialPosition, check_receiver_queue
 from raytxn.client.coordinator_client import CoordinatorClient
 from raytxn.client.faults import Faults
 from raytxn.client.leases import LeaseSet, lease_partitions
@@ -309,19 +309,25 @@ class Client:
 
     def subscribe(self, topic: str, subscription: str, consumer_type: ConsumerType | str = ConsumerType.Exclusive,
                   initial_position: InitialPosition | str = InitialPosition.Latest, consumer_name: str | None = None,
-                  receiver_queue_size: int = 1000, ack_timeout_s: float | None = None,
-                  negative_ack_redelivery_delay_s: float = 1.0) -> Consumer:
+                  receiver_queue_size: int | None = None, ack_timeout_s: float | None = None,
+                  negative_ack_redelivery_delay_s: float = 1.0, receiver_queue_bytes: int | None = None) -> Consumer:
         """A consumer of ``subscription`` on every partition of ``topic``; the subscription is
         created (at ``initial_position``) unless it exists. ``NotAllowed`` when its type refuses
-        another consumer (Exclusive, or a consumer of another type attached)."""
+        another consumer (Exclusive, or a consumer of another type attached). The receive queue
+        of each partition holds up to ``receiver_queue_size`` messages and about
+        ``receiver_queue_bytes`` (None: the client's ``SubscriptionConfig``)."""
         try:
             position = InitialPosition(initial_position)
         except ValueError:
             raise InvalidArgument(f"initial_position must be latest or earliest, got {initial_position!r}") from None
+        defaults = self.config.subscription
+        queue_size = defaults.receiver_queue_size if receiver_queue_size is None else receiver_queue_size
+        queue_bytes = defaults.receiver_queue_bytes if receiver_queue_bytes is None else receiver_queue_bytes
+        check_receiver_queue(queue_size, queue_bytes)  # before the subscription is created
         info = self.supervisor.call("create_subscription", topic, subscription, str(position),
                                     deadline_s=self.deadline_s)
         consumer = Consumer(self, topic, subscription, info["partitions"], consumer_type, consumer_name,
-                            receiver_queue_size, ack_timeout_s, negative_ack_redelivery_delay_s)
+                            queue_size, ack_timeout_s, negative_ack_redelivery_delay_s, queue_bytes)
         self._consumers.append(consumer)
         return consumer
 

@@ -163,7 +163,7 @@ def _throughput(client: rt.Client, count: int, rounds: int, progress: Callable[[
             topic = f"bench-{mode}-{time.monotonic_ns()}"
             client.create_topic(topic, partitions=4 if mode == "plain-4p" else 1)
             consumer = client.subscribe(topic, "bench", initial_position=rt.InitialPosition.Earliest,
-                                        receiver_queue_size=BATCH_MESSAGES if mode == "batch" else 1000)
+                                        receiver_queue_size=BATCH_MESSAGES if mode == "batch" else None)
             _produce(client, topic, count)
             seconds = _consume(consumer, count, client if mode.startswith("txn") else None, mode == "txn-pipelined",
                                batched=mode == "batch")

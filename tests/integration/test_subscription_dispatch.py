@@ -461,3 +461,36 @@ def test_exclusive_consumers_taking_turns_with_cumulative_acks_lose_nothing(clie
             break
     assert len(received) == len(set(received))  # no duplicates
     assert sorted(received) == list(range(total))  # nothing skipped by a cumulative ack
+
+
+def test_the_receive_queue_holds_about_receiver_queue_bytes_of_large_messages(client: rt.Client) -> None:
+    """The queue's message bound gives way to its byte bound once a message told the size: 64 KiB
+    messages in a queue of 256 KiB are prefetched four at a time (half of it left: refilled),
+    not ``receiver_queue_size`` of them, and all arrive, in order."""
+    topic = new_topic(client)
+    consumer = client.subscribe(topic, "sub", initial_position=rt.InitialPosition.Earliest,
+                                receiver_queue_bytes=256 << 10)
+    assert consumer.receiver_queue_size == SubscriptionConfig().receiver_queue_size == 5000
+    payloads = [bytes([i]) * (64 << 10) for i in range(40)]
+    send(client, topic, payloads[:2])
+    first = receive_all(consumer, 2)  # their sizes set the capacity
+    send(client, topic, payloads[2:])
+    [feed] = consumer._feeds
+    assert feed.capacity == 3  # 256 KiB over a record of 64 KiB and its framing
+    deadline = time.monotonic() + 1.0
+    most_queued = 0
+    while time.monotonic() < deadline:  # nobody receives: the queue fills to its bound and stays
+        most_queued = max(most_queued, feed.queued)
+        time.sleep(0.01)
+    assert most_queued == feed.capacity
+    assert values(first + receive_all(consumer, 38)) == payloads
+    consumer.close()
+
+
+@pytest.mark.parametrize("bad", [{"receiver_queue_size": 0}, {"receiver_queue_bytes": 0},
+                                 {"receiver_queue_bytes": 1.5}, {"receiver_queue_size": "10"}])
+def test_a_bad_receive_queue_bound_is_refused_before_the_subscription_exists(client: rt.Client, bad: dict) -> None:
+    topic = new_topic(client)
+    with pytest.raises(InvalidArgument, match="receiver_queue"):
+        client.subscribe(topic, "sub", **bad)
+    assert client.get_topic(topic)["subscriptions"] == []
