@@ -351,7 +351,18 @@ class Consumer:
         (Plain acks of one group share one future.)"""
         if txn is None:
             return self._ack_plain(message)
-        return self._ack(message, False, txn, wait=False)
+        return self._ack_in_txn(message, txn)
+
+    def _ack_in_txn(self, message: Message | MessageId, txn: Transaction) -> concurrent.futures.Future:
+        """An individual async ack in a txn, the hot path of consume-transform-produce: what
+        ``with txn.operation():`` does (refused unless the txn is open; an error raised here makes
+        it abort-only), without an object and two calls per ack."""
+        txn.check_open()
+        try:
+            return self._queue_ack(message, False, txn)
+        except BaseException as error:
+            txn.fail(error)
+            raise
 
     def _ack_plain(self, message: Message | MessageId) -> concurrent.futures.Future:
         """A plain individual ack, the hot path: into its partition's group, nothing per message

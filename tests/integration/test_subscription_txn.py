@@ -485,16 +485,17 @@ def test_exactly_once_move_between_topics(client: rt.Client) -> None:
     checker.close()
 
 
-def test_an_ack_refused_at_once_makes_its_transaction_abort_only(client: rt.Client) -> None:
+@pytest.mark.parametrize("refused_ack", ["acknowledge", "acknowledge_async"])
+def test_an_ack_refused_at_once_makes_its_transaction_abort_only(client: rt.Client, refused_ack: str) -> None:
     """Pulsar's testCommitFailure for acks: an ack that raised in the caller's thread (a message
-    of another topic), caught and ignored, dooms the txn. Its other ack never takes effect:
-    commit raises that error and aborts, also after the subscription restarted, and the message
-    comes back."""
+    of another topic), caught and ignored, dooms the txn, whether it waited or not. Its other ack
+    never takes effect: commit raises that error and aborts, also after the subscription
+    restarted, and the message comes back."""
     topic, consumer, ids, (first, second) = received(client, 2)
     txn = client.new_transaction()
     consumer.acknowledge(first, txn)
     with pytest.raises(InvalidArgument, match="not a message of"):
-        consumer.acknowledge(rt.MessageId("elsewhere", 0, 0, 0), txn)
+        getattr(consumer, refused_ack)(rt.MessageId("elsewhere", 0, 0, 0), txn)
     assert txn.state is TxnClientState.ABORT_ONLY
     with pytest.raises(InvalidTxnState, match="earlier one failed"):
         consumer.acknowledge_async(second, txn)
