@@ -205,6 +205,7 @@ BENCHMARKS: dict[str, Callable[..., list[dict]]] = {
     "auth": _lazy("raytxn.tools.bench_auth", "bench_auth"),
     "scale": _lazy("raytxn.tools.bench_scale", "bench_scale"),
     "kafka": _lazy("raytxn.tools.bench_kafka", "bench_kafka"),
+    "s3": _lazy("raytxn.tools.bench_s3", "bench_s3"),
 }
 
 

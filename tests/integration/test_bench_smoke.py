@@ -62,3 +62,20 @@ def test_bench_commit_short_measures_the_engine_beside_the_same_path_on_bare_act
         assert row["floor_p50_ms"] > row["anchor_p50_ms"] > 0
         assert row["p50_over_floor"] == round(row["p50_ms"] / row["floor_p50_ms"], 2)
     assert missing_figures(rows, proc.stdout) == [], proc.stdout
+
+
+@pytest.mark.s3
+@pytest.mark.slow(seconds=35)
+def test_bench_s3_short_takes_each_figure_on_seaweedfs_as_a_ratio_to_file(tmp_path: Path) -> None:
+    out = tmp_path / "s3.json"
+    proc = subprocess.run([sys.executable, "-m", "raytxn.tools.cli", "bench", "s3", "--short", "--out", str(out)],
+                          capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = json.loads(out.read_text())["results"]
+    assert [r["figure"] for r in rows] == ["produce plain", "produce txn", "produce batch", "commit p50",
+                                          "consume plain"]
+    for row in rows:
+        assert len(row["file_rounds"]) == len(row["s3_rounds"]) == 1 and row["file"] > 0 and row["s3"] > 0
+        s3_better_by = row["file"] / row["s3"] if row["unit"] == "ms" else row["s3"] / row["file"]
+        assert row["s3_over_file"] == round(s3_better_by, 3)
+    assert missing_figures(rows, proc.stdout) == [], proc.stdout

@@ -21,6 +21,7 @@ from raytxn.tools import (
     bench_kafka,
     bench_produce,
     bench_ray_data,
+    bench_s3,
     bench_scale,
     bench_spark,
     bench_subscription,
@@ -63,6 +64,9 @@ ROWS: dict[str, Callable[[], list[dict]]] = {
                                                              "ceiling": [900_000.5]})],
     "commit": lambda: [bench_commit.commit_row(3, [3.5, 4.25, 9.0], [1.5, 2.0, 4.0], [2.0, 2.25, 5.0],
                                                [0.75, 0.8, 1.5], [2.5, 2.75, 6.0], 3.0)],
+    "s3": lambda: bench_s3.s3_rows({"produce": 1000, "commit": 10, "consume": 500},
+                                   {backend: {f: [scale * (i + 1.5) for i in range(2)] for f in bench_s3.FIGURES}
+                                    for backend, scale in (("file", 100.25), ("s3", 60.5))}),
     "ceiling": lambda: [bench_ceiling.ceiling_row(100_000, [900_000.5, 850_000.25, 870_000.75])],
     "recovery": lambda: [bench_produce.recovery_row(1000, 812.5, 41.25)],
     "partition-memory": lambda: [bench_produce.partition_memory_row(
