@@ -11,7 +11,7 @@ one after another, over four Ray calls:
 The floor makes exactly those calls, with arguments of the engine's shapes, and each put is
 ``Storage.create`` on file:// (write, fsync, link, fsync the directory, in one worker thread),
 as the engine's ledgers do. It has no state machine, no ledger framing, no sequence checks, no
-watermark and no locks. The actors get the engine's Ray options. So the engine's latency over
+watermark and no locks. The actors get the engine's Ray options (but no restarts). So the engine's latency over
 the floor's, measured in the same run, is what its own code costs, and the floor's own p50 is the
 least that this design's three durable steps can take on this machine.
 """
@@ -80,7 +80,10 @@ class CommitFloor:
     def __init__(self) -> None:
         self._directory = tempfile.TemporaryDirectory(prefix="raytxn-commit-floor-")
         url = f"file://{self._directory.name}"
-        options = ray_actor_options(max_concurrency=MAX_CONCURRENCY)
+        # The engine's options, but not restarted: a floor actor that died would be a failed run
+        # (and the coordinator's constructor argument, the partition's handle, is not kept for
+        # a restart).
+        options = {**ray_actor_options(max_concurrency=MAX_CONCURRENCY), "max_restarts": 0}
         self.partition = ray.remote(**options)(FloorPartition).remote(url)
         self.coordinator = ray.remote(**options)(FloorCoordinator).remote(url, self.partition)
         self._txn = TxnID(0, 0)

@@ -464,9 +464,9 @@ def test_exclusive_consumers_taking_turns_with_cumulative_acks_lose_nothing(clie
 
 
 def test_the_receive_queue_holds_about_receiver_queue_bytes_of_large_messages(client: rt.Client) -> None:
-    """The queue's message bound gives way to its byte bound once a message told the size: 64 KiB
-    messages in a queue of 256 KiB are prefetched four at a time (half of it left: refilled),
-    not ``receiver_queue_size`` of them, and all arrive, in order."""
+    """The queue's message bound gives way to its byte bound once a message told the size: of 64
+    KiB messages, a queue of 256 KiB prefetches 3 at most (refilled once down to 1), not
+    ``receiver_queue_size``, and all arrive, in order."""
     topic = new_topic(client)
     consumer = client.subscribe(topic, "sub", initial_position=rt.InitialPosition.Earliest,
                                 receiver_queue_bytes=256 << 10)
@@ -479,10 +479,10 @@ def test_the_receive_queue_holds_about_receiver_queue_bytes_of_large_messages(cl
     assert feed.capacity == 3  # 256 KiB over a record of 64 KiB and its framing
     deadline = time.monotonic() + 1.0
     most_queued = 0
-    while time.monotonic() < deadline:  # nobody receives: the queue fills to its bound and stays
+    while time.monotonic() < deadline:  # nobody receives: the queue fills past its refill mark, no further
         most_queued = max(most_queued, feed.queued)
         time.sleep(0.01)
-    assert most_queued == feed.capacity
+    assert feed.low_water == 1 and feed.low_water < most_queued <= feed.capacity
     assert values(first + receive_all(consumer, 38)) == payloads
     consumer.close()
 
