@@ -11,14 +11,20 @@ import pytest
 from tests.unit.test_bench_tables import missing_figures
 
 
+def run_bench(name: str, tmp_path: Path, timeout_s: float = 300) -> tuple[list[dict], str]:
+    """``raytxn bench NAME --short --out TMP/NAME.json`` in a fresh process: its rows and what it
+    printed."""
+    out = tmp_path / f"{name}.json"
+    proc = subprocess.run([sys.executable, "-m", "raytxn.tools.cli", "bench", name, "--short", "--out", str(out)],
+                          capture_output=True, text=True, timeout=timeout_s)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(out.read_text())["results"], proc.stdout
+
+
 @pytest.mark.s3
 @pytest.mark.slow(seconds=10)
 def test_bench_ledger_short_writes_json(tmp_path: Path) -> None:
-    out = tmp_path / "ledger.json"
-    proc = subprocess.run([sys.executable, "-m", "raytxn.tools.cli", "bench", "ledger", "--short", "--out", str(out)],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = json.loads(out.read_text())["results"]
+    rows, stdout = run_bench("ledger", tmp_path)
     cases = {(r["backend"], r["record_bytes"], r["mode"]) for r in rows}
     assert cases == {(b, s, m) for b in ("file", "s3") for s in (100, 10240)
                      for m in ("group-commit", "put-per-append")}
@@ -28,8 +34,8 @@ def test_bench_ledger_short_writes_json(tmp_path: Path) -> None:
             assert row["entries_per_put"] == 1.0
         else:
             assert row["entries_per_put"] > 1.0  # 64 concurrent appenders share puts
-    assert missing_figures(rows, proc.stdout) == [], proc.stdout
-    chart = out.with_suffix(".png")  # the chart is written next to the JSON
+    assert missing_figures(rows, stdout) == [], stdout
+    chart = tmp_path / "ledger.png"  # the chart is written next to the JSON
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -37,45 +43,33 @@ def test_bench_ledger_short_writes_json(tmp_path: Path) -> None:
 def test_bench_ceiling_short_writes_json(tmp_path: Path) -> None:
     """The ceiling probe that every produce figure is a ratio to: a bare actor fsyncing prebuilt
     batches, three runs, the best kept."""
-    out = tmp_path / "ceiling.json"
-    proc = subprocess.run([sys.executable, "-m", "raytxn.tools.cli", "bench", "ceiling", "--short", "--out", str(out)],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    [row] = json.loads(out.read_text())["results"]
+    [row], stdout = run_bench("ceiling", tmp_path)
     assert len(row["runs"]) == 3 and round(row["msgs_per_s"]) == max(row["runs"]) > 0
-    assert missing_figures([row], proc.stdout) == [], proc.stdout
+    assert missing_figures([row], stdout) == [], stdout
 
 
 @pytest.mark.slow(seconds=20)
 def test_bench_commit_short_measures_the_engine_beside_the_same_path_on_bare_actors(tmp_path: Path) -> None:
     """The commit latency rows carry the floor: the engine's four calls and three durable puts
     made by bare actors in rounds between the engine's, each figure a ratio to it."""
-    out = tmp_path / "commit.json"
-    proc = subprocess.run([sys.executable, "-m", "raytxn.tools.cli", "bench", "commit", "--short", "--out", str(out)],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = json.loads(out.read_text())["results"]
+    rows, stdout = run_bench("commit", tmp_path)
     assert [r["begin"] for r in rows] == ["chained", "lazy"]
     for row in rows:
         assert row["floor_puts_per_txn"] == 3.0  # the send's, COMMITTING's and the marker's
         # three durable steps in a row take longer than the anchor's one
         assert row["floor_p50_ms"] > row["anchor_p50_ms"] > 0
         assert row["p50_over_floor"] == round(row["p50_ms"] / row["floor_p50_ms"], 2)
-    assert missing_figures(rows, proc.stdout) == [], proc.stdout
+    assert missing_figures(rows, stdout) == [], stdout
 
 
 @pytest.mark.s3
 @pytest.mark.slow(seconds=35)
 def test_bench_s3_short_takes_each_figure_on_seaweedfs_as_a_ratio_to_file(tmp_path: Path) -> None:
-    out = tmp_path / "s3.json"
-    proc = subprocess.run([sys.executable, "-m", "raytxn.tools.cli", "bench", "s3", "--short", "--out", str(out)],
-                          capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = json.loads(out.read_text())["results"]
+    rows, stdout = run_bench("s3", tmp_path, timeout_s=400)
     assert [r["figure"] for r in rows] == ["produce plain", "produce txn", "produce batch", "commit p50",
                                           "consume plain"]
     for row in rows:
         assert len(row["file_rounds"]) == len(row["s3_rounds"]) == 1 and row["file"] > 0 and row["s3"] > 0
         s3_better_by = row["file"] / row["s3"] if row["unit"] == "ms" else row["s3"] / row["file"]
         assert row["s3_over_file"] == round(s3_better_by, 3)
-    assert missing_figures(rows, proc.stdout) == [], proc.stdout
+    assert missing_figures(rows, stdout) == [], stdout
