@@ -487,6 +487,20 @@ def test_the_receive_queue_holds_about_receiver_queue_bytes_of_large_messages(cl
     consumer.close()
 
 
+def test_the_receive_queue_of_small_messages_grows_to_receiver_queue_size_once_their_size_is_known(
+        client: rt.Client) -> None:
+    """Before any message came, a fetch asks for 1,000 at most (a message may be 5 MiB); once
+    small ones came, the queue holds the default 5,000 and is refilled at half."""
+    topic = new_topic(client)
+    consumer = client.subscribe(topic, "sub", initial_position=rt.InitialPosition.Earliest)
+    [feed] = consumer._feeds
+    assert (feed.capacity, feed.low_water) == (1000, 500)
+    send(client, topic, [b"small"] * 3)
+    assert values(receive_all(consumer, 3)) == [b"small"] * 3
+    assert (feed.capacity, feed.low_water) == (5000, 2500)
+    consumer.close()
+
+
 @pytest.mark.parametrize("bad", [{"receiver_queue_size": 0}, {"receiver_queue_bytes": 0},
                                  {"receiver_queue_bytes": 1.5}, {"receiver_queue_size": "10"}])
 def test_a_bad_receive_queue_bound_is_refused_before_the_subscription_exists(client: rt.Client, bad: dict) -> None:
