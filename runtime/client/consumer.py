@@ -105,6 +105,12 @@ class _Feed:
     room: asyncio.Event = field(default_factory=asyncio.Event)
     attaching: asyncio.Future | None = None  # a re-attach in flight (close waits for it)
 
+    def resize(self, capacity: int) -> None:
+        """Under the consumer's queue lock once receives may run: ``receive`` compares ``queued``
+        with ``low_water`` under it, to tell the fetch loop there is room."""
+        self.capacity = capacity
+        self.low_water = capacity // 2
+
 
 @dataclass
 class _HeldBatch:
@@ -169,7 +175,7 @@ class Consumer:
         self._feeds = [_Feed(p, ActorRef(subscription_actor_name(topic, p, subscription), client.token))
                        for p in range(partitions)]
         for feed in self._feeds:
-            self._set_capacity(feed, min(receiver_queue_size, FIRST_FETCH_MESSAGES))
+            feed.resize(min(receiver_queue_size, FIRST_FETCH_MESSAGES))
         self._queue: deque[tuple[_Feed, Run]] = deque()  # runs of messages of one entry, in order
         self._queued = 0  # messages in ``_queue``; the front run's first ``_front_taken`` are received
         self._front_taken = 0
@@ -758,7 +764,7 @@ class Consumer:
             average = max(1, sum(sum(map(len, entry[6])) for entry in wire) // count)
             capacity = max(1, min(self.receiver_queue_size, self.receiver_queue_bytes // average))
         with self._cond:
-            self._set_capacity(feed, capacity)
+            feed.resize(capacity)
             if generation < feed.generation:
                 return  # handed out before a seek we know of; the actor forgot them
             self._move_to_generation_locked(feed, generation)
@@ -766,13 +772,6 @@ class Consumer:
             feed.queued += count
             self._queued += count
             self._cond.notify_all()
-
-    @staticmethod
-    def _set_capacity(feed: _Feed, capacity: int) -> None:
-        """Under the queue lock once receives may run: ``receive`` compares ``queued`` with
-        ``low_water`` under it, to tell the fetch loop there is room."""
-        feed.capacity = capacity
-        feed.low_water = capacity // 2
 
     def _flush_later(self, delay: float) -> None:
         asyncio.get_running_loop().call_later(delay, self._flush)

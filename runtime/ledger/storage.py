@@ -17,6 +17,7 @@ mapped onto ``raytxn.errors``: transport and server failures become ``StorageUna
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import re
@@ -174,7 +175,8 @@ class Storage:
                 except FileExistsError as e:
                     raise ObjectExists(path) from e
             finally:
-                _unlink_quietly(staging)  # a process killed before this leaves it: see delete_folder
+                with contextlib.suppress(OSError):  # a process killed before this leaves it: see delete_folder
+                    os.unlink(staging)
             if self._fsync:
                 self._fsync_directories(os.path.dirname(full))
         except OSError as e:
@@ -270,13 +272,6 @@ def _write_all(fd: int, data: bytes) -> None:
         if written <= 0:  # not for a regular file; but a loop that cannot advance must not spin
             raise OSError(f"write wrote {written} bytes")
         view = view[written:]
-
-
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
 
 
 def _fsync_path(path: str) -> None:

@@ -23,6 +23,7 @@ from raytxn.tools import bench_subscription
 from raytxn.tools.bench import _percentile
 from raytxn.tools.bench_commit import _time_txns
 from raytxn.tools.bench_produce import PAYLOAD, _engine, _produce
+from raytxn.tools.seaweedfs import start_seaweedfs
 
 PRODUCE_MODES = ("plain", "txn", "batch")
 FIGURES = (*(f"produce {mode}" for mode in PRODUCE_MODES), "commit p50", "consume plain")
@@ -30,8 +31,6 @@ TARGET = 0.5
 
 
 def bench_s3(short: bool = False, progress: Callable[[str], None] = print) -> list[dict]:
-    from raytxn.tools.seaweedfs import start_seaweedfs
-
     sizes = {"produce": 30_000 if short else 200_000, "commit": 60 if short else 400,
              "consume": 20_000 if short else 100_000}
     rounds = 1 if short else 2
