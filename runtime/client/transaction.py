@@ -73,6 +73,7 @@ class TxnClientState(enum.StrEnum):
 
 
 _S = TxnClientState  # short, for the table
+_monotonic = time.monotonic  # a Transaction's clock (its machine's default), looked up once
 # Kafka's validPreviousStates, for the client's view. COMMITTING -> ABORT_ONLY is a send or ack
 # the commit waited for that failed; COMMITTING -> ABORTING an abort called while a commit waits,
 # or the coordinator answering the commit with TransactionTimedOut or TransactionAlreadyAborted
@@ -103,9 +104,11 @@ class TxnStateMachine:
     def __init__(self, txn_id: TxnID | None, deadline: float = math.inf,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.txn_id = txn_id
-        self.deadline = deadline
+        self.deadline = deadline  # fixed: ``open_until`` holds it while OPEN
         self._clock = clock
         self._state = _S.OPEN
+        # ``deadline`` while OPEN, -inf in every other state: ``is_open`` in one comparison.
+        self.open_until = deadline
         self._cause: BaseException | None = None
         self._lock = threading.Lock()  # commit, abort and failing sends may race from several threads
 
@@ -121,7 +124,7 @@ class TxnStateMachine:
 
     def is_open(self) -> bool:
         """OPEN and within its deadline: ``state is OPEN`` in one call, for every send and ack."""
-        return self._state is _S.OPEN and self._clock() < self.deadline
+        return self._clock() < self.open_until
 
     @property
     def cause(self) -> BaseException | None:
@@ -159,6 +162,7 @@ class TxnStateMachine:
         if cause is not None:
             self._cause = cause
         self._state = target
+        self.open_until = -math.inf  # no state moves back to OPEN
         return True
 
 
@@ -253,7 +257,7 @@ class Transaction:
         """Nothing unless OPEN. ``TransactionTimedOut`` once its timeout passed, with no round
         trip; ``InvalidTxnState`` (chained to the failure) when abort-only, and when ending or
         ended (``TransactionAlreadyCommitted``/``TransactionAlreadyAborted`` once it has)."""
-        if self._machine.is_open():
+        if _monotonic() < self._machine.open_until:  # OPEN, and before its deadline: every send and ack
             return
         state = self.state
         if state is TxnClientState.OPEN:

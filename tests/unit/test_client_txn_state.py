@@ -4,7 +4,9 @@ one is refused with a specific error and changes nothing. No Ray: the machine is
 from __future__ import annotations
 
 import itertools
+import math
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -66,8 +68,9 @@ def move(machine: TxnStateMachine, target: TxnClientState, **options: object) ->
     return machine.transition_to(target, cause=FAILURE if target is S.ABORT_ONLY else None, **options)
 
 
-def machine_in(state: TxnClientState) -> TxnStateMachine:
-    machine = TxnStateMachine(TXN)
+def machine_in(state: TxnClientState, deadline: float = math.inf,
+               clock: Callable[[], float] = time.monotonic) -> TxnStateMachine:
+    machine = TxnStateMachine(TXN, deadline, clock)
     for step in PATHS[state]:
         move(machine, step)
     assert machine.state is state
@@ -129,15 +132,17 @@ def test_an_open_machine_reads_timed_out_once_its_deadline_passed() -> None:
 
 @pytest.mark.parametrize("state", list(S))
 def test_is_open_agrees_with_the_state_before_and_after_the_deadline(state: TxnClientState) -> None:
-    """``is_open`` (the send and ack fast path) is ``state is OPEN``, deadline included."""
+    """``is_open`` (the send and ack fast path) is ``state is OPEN``, deadline included; it
+    compares the clock with ``open_until``, the deadline in OPEN and -inf in every other state."""
     clock = FakeClock()
-    machine = machine_in(state)
-    machine._clock, machine.deadline = clock, 110.0
+    machine = machine_in(state, 110.0, clock)
+    assert machine.open_until == (110.0 if state is S.OPEN else -math.inf)
     clock.now = 109.999
     assert machine.is_open() == (machine.state is S.OPEN)
     clock.now = 110.0
     assert machine.is_open() is False
     assert machine.is_open() == (machine.state is S.OPEN)
+    assert machine.open_until == (110.0 if machine.state is S.OPEN else -math.inf)  # TIMED_OUT now
 
 
 def test_a_transition_past_the_deadline_finds_the_machine_timed_out_first() -> None:
