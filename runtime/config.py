@@ -74,7 +74,7 @@ class PartitionConfig:
 
 
 # A consumer's receive queue per partition (raytxn/client/consumer.py says why these sizes).
-RECEIVER_QUEUE_SIZE = 5000
+RECEIVER_QUEUE_SIZE = 20_000
 RECEIVER_QUEUE_BYTES = 8 << 20
 
 

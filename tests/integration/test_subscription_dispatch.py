@@ -470,7 +470,7 @@ def test_the_receive_queue_holds_about_receiver_queue_bytes_of_large_messages(cl
     topic = new_topic(client)
     consumer = client.subscribe(topic, "sub", initial_position=rt.InitialPosition.Earliest,
                                 receiver_queue_bytes=256 << 10)
-    assert consumer.receiver_queue_size == SubscriptionConfig().receiver_queue_size == 5000
+    assert consumer.receiver_queue_size == SubscriptionConfig().receiver_queue_size == 20_000
     payloads = [bytes([i]) * (64 << 10) for i in range(40)]
     send(client, topic, payloads[:2])
     first = receive_all(consumer, 2)  # their sizes set the capacity
@@ -490,14 +490,14 @@ def test_the_receive_queue_holds_about_receiver_queue_bytes_of_large_messages(cl
 def test_the_receive_queue_of_small_messages_grows_to_receiver_queue_size_once_their_size_is_known(
         client: rt.Client) -> None:
     """Before any message came, a fetch asks for 1,000 at most (a message may be 5 MiB); once
-    small ones came, the queue holds the default 5,000 and is refilled at half."""
+    small ones came, the queue holds the default 20,000 and is refilled at half."""
     topic = new_topic(client)
     consumer = client.subscribe(topic, "sub", initial_position=rt.InitialPosition.Earliest)
     [feed] = consumer._feeds
     assert (feed.capacity, feed.low_water) == (1000, 500)
     send(client, topic, [b"small"] * 3)
     assert values(receive_all(consumer, 3)) == [b"small"] * 3
-    assert (feed.capacity, feed.low_water) == (5000, 2500)
+    assert (feed.capacity, feed.low_water) == (20_000, 10_000)
     consumer.close()
 
 
