@@ -6,7 +6,8 @@
   does; target txn/plain >= 0.9), and columnar ``receive_batch`` + one range ack per batch
   (target >= 1M msgs/s). Each is also a ratio to a peer measured in the same run: a bare Ray
   actor handing the driver prebuilt batches of the same encoded records (the transfer alone, no
-  subscription state).
+  subscription state). Each mode consumes 300k messages a round (short: 20k), 3 rounds (short:
+  2); a ratio to plain is given over the best rounds and as the median of the rounds' own ratios.
 * Recovery time of a subscription whose pending-ack log holds 100k records (short: 10k): half
   ACK, half COMMIT records of as many transactions, replayed by a new subscription actor.
 * The subscription actor's resident memory after 1M acked messages vs after 10k (short: 100k vs
@@ -22,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import gc
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -86,7 +88,7 @@ def bench_subscription(short: bool = False, progress: Callable[[str], None] = pr
     client = rt.connect(storage=storage_url, subscription=SubscriptionConfig())
     rows: list[dict] = []
     try:
-        rows += _throughput(client, 20_000 if short else 100_000, 2 if short else 3, progress)
+        rows += _throughput(client, 20_000 if short else 300_000, 2 if short else 3, progress)
         rows.append(_recovery(client, storage_url, 10_000 if short else 100_000, progress))
         rows.append(_memory(client, 100_000 if short else 1_000_000, 10_000, progress))
     finally:
@@ -174,7 +176,8 @@ def _throughput(client: rt.Client, count: int, rounds: int, progress: Callable[[
     rows = throughput_rows(count, rates)
     for row in rows:
         if "ratio" in row:
-                progress(f"  {row['case']} (best rounds): {row['ratio']:.2f} (target {row['target']})")
+                progress(f"  {row['case']}: best rounds {row['ratio']:.2f}, median of rounds "
+                         f"{row['median_round_ratio']:.2f} (target {row['target']})")
     return rows
 
 
@@ -196,8 +199,12 @@ def throughput_rows(count: int, rates: dict[str, list[float]]) -> list[dict]:
              "target": target, "all_rounds": [round(r, 1) for r in rates[mode]]}
             for mode, (case, target) in cases.items()]
     for mode in ("txn", "txn-pipelined", "plain-4p"):
+        # Also per round (the modes run one after the other in a round), as bench produce reports
+        # its ratios: one lucky plain round sets the best-rounds ratio of every mode against it.
+        per_round = [other / plain for other, plain in zip(rates[mode], rates["plain"], strict=True)]
         rows.append({"bench": "subscription", "case": f"{mode}/plain throughput ratio",
-                     "ratio": round(best[mode] / best["plain"], 3), "target": ">= 0.9"})
+                     "ratio": round(best[mode] / best["plain"], 3),
+                     "median_round_ratio": round(statistics.median(per_round), 3), "target": ">= 0.9"})
     return rows
 
 
