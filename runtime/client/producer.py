@@ -138,8 +138,8 @@ class SendFuture(concurrent.futures.Future):
     ``MessageId``, a state and a callback check each) was 3-7 ms of the client loop's GIL per
     batch. A Future of its own would also cost a Condition and an RLock per message. Its waiter
     and callback lists are made when first asked for, and only then is the future visited when
-    its batch settles. The base's setters (``set_result`` and the like) are not for callers: an
-    executor's future is not the producer's."""
+    its batch settles. Only the producer settles it: the base's setters (``set_result`` and the
+    like, an executor's) raise ``AttributeError``."""
 
     def __init__(self, outcome: _Outcome, index: int) -> None:
         self._outcome = outcome

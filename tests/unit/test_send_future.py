@@ -92,3 +92,12 @@ def test_asyncio_wraps_it_and_it_cannot_be_cancelled() -> None:
         return result
 
     assert asyncio.run(wrapped()) == _id(0)
+
+
+def test_only_the_producer_settles_it() -> None:
+    futures, outcome = _batch(1)
+    with pytest.raises(AttributeError):
+        futures[0].set_result(_id(0))  # an executor's setter: the state is the batch's
+    assert not futures[0].done()
+    _settle(outcome, LANDED, None)
+    assert futures[0].result(timeout=0) == _id(0)
