@@ -55,11 +55,7 @@ def bench_commit(short: bool = False, progress: Callable[[str], None] = print) -
     txns = 200 if short else 2000
     client = _engine()
     try:
-        client.create_topic("bench-commit", 1)
-        producer = client.create_producer("bench-commit", batching_max_delay_ms=0)
-        for _ in range(20):  # warm: actors started, refs looked up
-            with client.transaction(timeout=60) as txn:
-                producer.send(PAYLOAD, txn=txn)
+        producer = warm_txn_producer(client, "bench-commit", 20)
         anchor = measure_fsync_round_trip(txns)
         floor = CommitFloor()
         floor.run(20)  # warm
@@ -89,6 +85,17 @@ def bench_commit(short: bool = False, progress: Callable[[str], None] = print) -
         client.close()
         stop_engine()
     return rows
+
+
+def warm_txn_producer(client: Client, topic: str, warm_txns: int) -> Producer:
+    """A new one-partition ``topic`` and a producer sending at once (no linger), warmed by
+    ``warm_txns`` txns of one send: actors started, refs looked up."""
+    client.create_topic(topic, 1)
+    producer = client.create_producer(topic, batching_max_delay_ms=0)
+    for _ in range(warm_txns):
+        with client.transaction(timeout=60) as txn:
+            producer.send(PAYLOAD, txn=txn)
+    return producer
 
 
 def _time_txns(client: Client, producer: Producer, txns: int, whole: list[float], sends: list[float],

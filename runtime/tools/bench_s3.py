@@ -19,10 +19,10 @@ from collections.abc import Callable
 
 import raytxn as rt
 from raytxn.cluster import stop_engine
-from raytxn.tools import bench_subscription
 from raytxn.tools.bench import _percentile
-from raytxn.tools.bench_commit import _time_txns
-from raytxn.tools.bench_produce import PAYLOAD, _engine, _produce
+from raytxn.tools.bench_commit import _time_txns, warm_txn_producer
+from raytxn.tools.bench_produce import _engine, _produce
+from raytxn.tools.bench_subscription import consume_rate
 from raytxn.tools.seaweedfs import start_seaweedfs
 
 PRODUCE_MODES = ("plain", "txn", "batch")
@@ -73,22 +73,12 @@ def _figures(client: rt.Client, sizes: dict[str, int]) -> dict[str, float]:
         figures[f"produce {mode}"] = _produce(client, topic, sizes["produce"], mode=mode)
         client.delete_topic(topic)
     topic = f"bench-s3-commit-{time.monotonic_ns()}"
-    client.create_topic(topic, 1)
-    producer = client.create_producer(topic, batching_max_delay_ms=0)
-    for _ in range(10):  # warm: actors started, refs looked up
-        with client.transaction(timeout=60) as txn:
-            producer.send(PAYLOAD, txn=txn)
+    producer = warm_txn_producer(client, topic, 10)
     whole: list[float] = []
     _time_txns(client, producer, sizes["commit"], whole, [], [])
     figures["commit p50"] = _percentile(sorted(whole), 0.5)
     client.delete_topic(topic)
-    topic = f"bench-s3-consume-{time.monotonic_ns()}"
-    client.create_topic(topic, 1)
-    consumer = client.subscribe(topic, "bench", initial_position=rt.InitialPosition.Earliest)
-    bench_subscription._produce(client, topic, sizes["consume"])
-    figures["consume plain"] = sizes["consume"] / bench_subscription._consume(consumer, sizes["consume"])
-    consumer.close()
-    client.delete_topic(topic)
+    figures["consume plain"] = consume_rate(client, "plain", sizes["consume"])
     return figures
 
 
