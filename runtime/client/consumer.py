@@ -117,15 +117,57 @@ class _Feed:
 
 @dataclass
 class _HeldBatch:
-    """Async acks in a txn of some messages of one batch entry (see ``Consumer._ack``)."""
+    """Async acks in a txn of some messages of one batch entry (see ``Consumer._queue_ack``).
+
+    Acks come in index order almost always, so the indexes acked are held as one run
+    ``[first, next)`` while they do, and as a set from the first ack out of that order: an ack in
+    a txn then costs a comparison and an increment, where adding to a set cost about as much as
+    the rest of the ack, and the commit sends the run as one span (it sorted the set)."""
 
     txn: Transaction
+    partition: int
+    ledger_id: int
+    entry_id: int
     batch_size: int
-    indexes: set[int] = field(default_factory=set)
+    first: int = 0
+    next: int = 0                  # the run is empty while next == first
+    indexes: set[int] | None = None  # every index acked, once one came out of the run's order
+    taken: bool = False            # sent: by the ack that completed it, or by the commit
     # One future for all of them: they go in one call (a whole-entry ack, or the indexes together
     # at commit), so they succeed or fail together, and a future per message cost as much as
     # the rest of the ack.
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+
+    def add(self, index: int) -> bool:
+        """Hold the ack of ``index`` (again is nothing new); whether every index is now acked."""
+        indexes = self.indexes
+        if indexes is None:
+            if index == self.next and self.next > self.first:
+                self.next += 1
+                return self.next - self.first == self.batch_size
+            if self.next == self.first:
+                self.first, self.next = index, index + 1
+                return self.batch_size == 1
+            if self.first <= index < self.next:
+                return False
+            indexes = self.indexes = set(range(self.first, self.next))
+        indexes.add(index)
+        return len(indexes) == self.batch_size
+
+    def acked(self) -> int:
+        """How many indexes are held."""
+        return self.next - self.first if self.indexes is None else len(self.indexes)
+
+    def spans(self) -> list[AckSpan]:
+        """The indexes held, as spans of consecutive ones, ascending."""
+        spans: list[AckSpan] = []
+        if self.indexes is None:
+            if self.next > self.first:
+                spans.append([self.ledger_id, self.entry_id, self.batch_size, self.first, self.next - 1])
+            return spans
+        for index in sorted(self.indexes):
+            extend_spans(spans, self.ledger_id, self.entry_id, self.batch_size, index)
+        return spans
 
 
 @dataclass
@@ -190,6 +232,7 @@ class Consumer:
         self._acks_lock = threading.Lock()      # guards everything below
         self._ack_groups: dict[tuple[int, Transaction | None, bool], _AckGroup] = {}
         self._held: dict[tuple[Transaction, int, Position], _HeldBatch] = {}  # (txn, partition, entry)
+        self._newest_held: _HeldBatch | None = None  # the one an ack was last held in (_ack_in_txn)
         self._flush_due_in = math.inf  # the grouped acks are sent within this (a flush is scheduled)
         self._unacked: OrderedDict[MessageId, float] = OrderedDict()  # received -> ack deadline
         self._nacked: list[tuple[float, MessageId]] = []  # redeliver at
@@ -366,9 +409,28 @@ class Consumer:
     def _ack_in_txn(self, message: Message | MessageId, txn: Transaction) -> concurrent.futures.Future:
         """An individual async ack in a txn, the hot path of consume-transform-produce: what
         ``with txn.operation():`` does (refused unless the txn is open; an error raised here makes
-        it abort-only), without an object and two calls per ack."""
+        it abort-only), without an object and two calls per ack.
+
+        The hottest case goes without ``_queue_ack``'s calls and lookups: the next message, in
+        index order, of the batch entry this consumer last held an ack of in the same txn, when it
+        does not complete the entry. The held batch was made by ``_queue_ack`` for a message of the
+        same topic, partition and entry, so the checks it made hold for this one too. (It cost
+        1.1 us an ack against a plain ack's 1.0, with the sending thread's share of the GIL.)"""
         txn.check_open()
         try:
+            held = self._newest_held
+            if held is not None and held.txn is txn and type(message) is Message:
+                message_id = message._id
+                index = message_id.batch_index
+                if (message_id.entry_id == held.entry_id and message_id.ledger_id == held.ledger_id
+                        and message_id.partition == held.partition and message_id.topic == self.topic):
+                    with self._acks_lock:
+                        if (index == held.next and held.indexes is None and not held.taken
+                                and index + 1 - held.first < held.batch_size and not self._closed):
+                            held.next = index + 1
+                            if self._unacked:
+                                self._unacked.pop(message_id, None)
+                            return held.future
             return self._queue_ack(message, False, txn)
         except BaseException as error:
             txn.fail(error)
@@ -458,12 +520,14 @@ class Consumer:
                 held_key = (txn, message_id.partition, position)
                 held = self._held.get(held_key)
                 if held is None:
-                    held = self._held[held_key] = _HeldBatch(txn, batch_size)
+                    held = self._held[held_key] = _HeldBatch(txn, message_id.partition, message_id.ledger_id,
+                                                             message_id.entry_id, batch_size)
                     txn.hold(self)  # the commit sends what is held (flush_txn takes every held batch)
-                held.indexes.add(message_id.batch_index)
-                if len(held.indexes) < batch_size:
+                self._newest_held = held
+                if not held.add(message_id.batch_index):
                     return held.future
                 del self._held[held_key]
+                held.taken = True
                 whole, future = True, held.future
             else:
                 future = concurrent.futures.Future()
@@ -532,11 +596,10 @@ class Consumer:
         with self._acks_lock:
             for held_key in [key for key in self._held if key[0] is txn]:
                 held = self._held.pop(held_key)
-                _, partition, position = held_key
-                group, new_group = self._group_locked(partition, txn, False)
-                for index in sorted(held.indexes):
-                    extend_spans(group.acks, position.ledger_id, position.entry_id, held.batch_size, index)
-                group.count += len(held.indexes)
+                held.taken = True
+                group, new_group = self._group_locked(held.partition, txn, False)
+                group.acks += held.spans()
+                group.count += held.acked()
                 group.futures.append(held.future)
                 if new_group:
                     new_groups.append(group)

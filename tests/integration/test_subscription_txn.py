@@ -203,6 +203,38 @@ def test_async_txn_acks_of_a_whole_batch_go_as_one_entry_ack(client: rt.Client) 
     consumer.close()
 
 
+def test_held_txn_acks_interleaved_over_entries_and_txns_out_of_order_and_repeated_ack_each_message_once(
+        client: rt.Client) -> None:
+    """The consumer holds a txn's async acks of a batch entry as a run while they come in order
+    (acked on a fast path) and as a set after: interleaving two entries and two txns, repeating
+    acks and going out of order leaves each txn exactly the indexes it acked."""
+    topic = new_topic(client)
+    consumer = client.subscribe(topic, "sub")
+    first = send(client, topic, 6, batch=True, prefix="a")
+    second = send(client, topic, 6, batch=True, prefix="b")
+    got = receive_all(consumer, 12)
+    a, b = got[:6], got[6:]
+    txn1, txn2 = client.new_transaction(), client.new_transaction()
+    for message, txn in [(a[0], txn1), (a[1], txn1), (b[0], txn1), (a[2], txn1), (a[2], txn1),  # a repeat
+                         (a[3], txn2), (a[4], txn2),  # txn2 in the entry txn1 holds a run of
+                         (b[2], txn1), (b[1], txn1),  # out of order
+                         (a[5], txn1), (b[3], txn1)]:
+        consumer.acknowledge_async(message, txn)
+    txn2.commit()
+    assert stats(topic)["partially_acked_batches"] == 1  # a's 3 and 4
+    with pytest.raises(TransactionConflict, match="already acked"):
+        consumer.acknowledge(a[4], client.new_transaction())
+    txn1.commit()
+    after = stats(topic)
+    assert after["mark_delete_position"] == str(first[0].position)  # all of a: txn1's 0-2 and 5, txn2's 3-4
+    assert after["partially_acked_batches"] == 1 and second[0].position != first[0].position
+    consumer.close()
+    consumer = client.subscribe(topic, "sub")
+    assert [m.value() for m in receive_all(consumer, 2)] == [b"b4", b"b5"]  # b's 0-3 were acked once
+    assert nothing_more(consumer)
+    consumer.close()
+
+
 def test_acking_a_message_never_delivered_is_refused(client: rt.Client) -> None:
     topic = new_topic(client)
     consumer = client.subscribe(topic, "sub", receiver_queue_size=1)
