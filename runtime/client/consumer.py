@@ -439,16 +439,31 @@ class Consumer:
     def _ack_plain(self, message: Message | MessageId) -> concurrent.futures.Future:
         """A plain individual ack, the hot path: into its partition's group, nothing per message
         but extending the group's newest span (``extend_spans``: acks in order of an entry's
-        messages make one span); the group's one future stands for all of its acks."""
-        self._check_open()
-        message_id, batch_size = self._id_and_size(message)
+        messages make one span); the group's one future stands for all of its acks.
+
+        A ``Message`` received here takes ``_id_and_size``'s checks inline, and the next index of
+        the newest span is extended in place, as ``extend_spans`` would."""
+        if self._closed:
+            self._check_open()
+        message_id = message._id if type(message) is Message else None
+        if message_id is not None and message_id.topic == self.topic and 0 <= message_id.partition < len(self._feeds):
+            batch_size = message._batch_size  # type: ignore[union-attr]
+        else:
+            message_id, batch_size = self._id_and_size(message)
+        index = message_id.batch_index
         with self._acks_lock:
             if self._unacked:
                 self._unacked.pop(message_id, None)
             group = self._ack_groups.get((message_id.partition, None, False))
             if group is None:
                 group = self._ack_groups[(message_id.partition, None, False)] = _AckGroup(None)
-            extend_spans(group.acks, message_id.ledger_id, message_id.entry_id, batch_size, message_id.batch_index)
+            spans = group.acks
+            newest = spans[-1] if spans else None
+            if (newest is not None and newest[4] + 1 == index and newest[1] == message_id.entry_id
+                    and newest[0] == message_id.ledger_id):
+                newest[4] = index
+            else:
+                extend_spans(spans, message_id.ledger_id, message_id.entry_id, batch_size, index)
             group.count += 1
             flush_now = group.count >= ACK_GROUP_MAX
             flush_later = not flush_now and ACK_GROUP_DELAY_S < self._flush_due_in

@@ -264,6 +264,28 @@ def test_batch_messages_carry_batch_indexes(client: rt.Client) -> None:
     consumer.close()
 
 
+def test_a_plain_ack_of_a_message_this_consumer_could_not_have_received_is_refused(client: rt.Client) -> None:
+    """The plain ack's fast path checks a received ``Message`` as the general path checks ids: a
+    message of another topic, or of a partition the topic does not have, is refused and acks
+    nothing."""
+    topic, other = new_topic(client), new_topic(client)
+    consumer, elsewhere = client.subscribe(topic, "sub"), client.subscribe(other, "sub")
+    send(client, topic, [b"mine"])
+    send(client, other, [b"theirs"])
+    [theirs] = receive_all(elsewhere, 1)
+    mine_id = receive_all(consumer, 1)[0].message_id()
+    beyond = Message(rt.MessageId(topic, 1, mine_id.ledger_id, mine_id.entry_id), b"", 0)
+    for message in (theirs, beyond):
+        for ack in (consumer.acknowledge, consumer.acknowledge_async):
+            with pytest.raises(InvalidArgument, match="not a message of"):
+                ack(message)
+    consumer.close()
+    consumer = client.subscribe(topic, "sub")
+    assert values(receive_all(consumer, 1)) == [b"mine"]  # never acked: delivered again
+    consumer.close()
+    elsewhere.close()
+
+
 def test_negative_ack_redelivers_after_the_delay(client: rt.Client) -> None:
     topic = new_topic(client)
     consumer = client.subscribe(topic, "sub", negative_ack_redelivery_delay_s=0.5)
