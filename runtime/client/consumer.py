@@ -414,8 +414,9 @@ class Consumer:
         The hottest case goes without ``_queue_ack``'s calls and lookups: the next message, in
         index order, of the batch entry this consumer last held an ack of in the same txn, when it
         does not complete the entry. The held batch was made by ``_queue_ack`` for a message of the
-        same topic, partition and entry, so the checks it made hold for this one too. (It cost
-        1.1 us an ack against a plain ack's 1.0, with the sending thread's share of the GIL.)"""
+        same topic, partition and entry, so the checks it made hold for this one too. An ack in a
+        txn cost 1.06 us through ``_queue_ack``, and 0.56 here (a plain ack: 0.80), on the thread
+        that also receives, whose share of the GIL sets the consume rate."""
         txn.check_open()
         try:
             held = self._newest_held
