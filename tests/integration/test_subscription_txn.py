@@ -13,6 +13,7 @@ import ray
 
 import raytxn as rt
 from raytxn.actors.subscription import FAULT_POINTS
+from raytxn.client import consumer as consumer_module
 from raytxn.client.consumer import Consumer
 from raytxn.client.message import Message
 from raytxn.client.rpc import ActorRef
@@ -222,8 +223,10 @@ def test_held_txn_acks_interleaved_over_entries_and_txns_out_of_order_and_repeat
         consumer.acknowledge_async(message, txn)
     txn2.commit()
     assert stats(topic)["partially_acked_batches"] == 1  # a's 3 and 4
+    other = client.new_transaction()
     with pytest.raises(TransactionConflict, match="already acked"):
-        consumer.acknowledge(a[4], client.new_transaction())
+        consumer.acknowledge(a[4], other)
+    other.abort()
     txn1.commit()
     after = stats(topic)
     assert after["mark_delete_position"] == str(first[0].position)  # all of a: txn1's 0-2 and 5, txn2's 3-4
@@ -357,6 +360,33 @@ def test_txn_acks_of_what_a_committed_txn_acked_conflict_across_a_restart(client
     txn.commit()
     after = stats(topic)
     assert after["mark_delete_position"] == str(ids[3].position) and after["partially_acked_batches"] == 1
+    consumer.close()
+
+
+def test_a_txns_async_acks_go_at_commit_or_once_their_group_is_old(client: rt.Client,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Held until the commit, as Kafka sends a txn's offsets once: none reaches the subscription
+    before it while their group is younger than TXN_ACK_GROUP_DELAY_S. A caller who waits on an
+    ack's future without committing is answered once the group is that old."""
+    topic, consumer, ids, got = received(client, 6)
+    monkeypatch.setattr(consumer_module, "TXN_ACK_GROUP_DELAY_S", 60.0)
+    txn = client.new_transaction()
+    acks = [consumer.acknowledge_async(message, txn) for message in got[:4]]
+    time.sleep(0.5)
+    assert stats(topic)["pending_ack"]["txns"] == [] and not any(ack.done() for ack in acks)
+    txn.commit()
+    assert all(ack.done() and ack.exception() is None for ack in acks)
+    assert stats(topic)["mark_delete_position"] == str(ids[3].position)
+    monkeypatch.setattr(consumer_module, "TXN_ACK_GROUP_DELAY_S", 0.05)
+    txn2 = client.new_transaction()
+    consumer.acknowledge_async(got[4], txn2).result(timeout=10)  # no commit: the group got old
+    assert stats(topic)["pending_ack"]["txns"] == [str(txn2.id)]
+    other = client.new_transaction()
+    with pytest.raises(TransactionConflict):  # what the txn acked is not the others' to ack
+        consumer.acknowledge(got[4], other)
+    other.abort()
+    txn2.abort()
+    assert [m.message_id() for m in receive_all(consumer, 1)] == [ids[4]]
     consumer.close()
 
 
