@@ -19,15 +19,17 @@ transactional consume 1.77 times what 5,000 did (medians of 4 interleaved rounds
 bound keeps large messages from making the queue large: 20,000 small messages (2 MiB of 100 B
 ones) stay under the 8 MiB a queue of large ones could already hold.
 
-Acks are grouped per partition and transaction and sent every few milliseconds, like Pulsar's ack
-grouping; a group goes as ranges of whole entries and runs of batch indexes of the rest, not as a
+Acks are grouped per partition and transaction, like Pulsar's ack grouping (plain ones are sent
+within ``ACK_GROUP_DELAY_S``); a group goes as ranges of whole entries and runs of batch indexes of the rest, not as a
 tuple per message (``raytxn.client.ack_spans``). Plain acks return at once. An ack in a
 transaction registers the subscription with the coordinator (once per txn and partition) and is
 tracked by the transaction (commit waits for it, and aborts if it failed); ``acknowledge`` with a
 txn waits until the ack is logged, so a conflict raises right there, while ``acknowledge_async``
-returns a future. Each group goes in one call with a request id, which the subscription logs: a
-retry of that call (its reply lost, the actor restarted) succeeds, while a new call repeating a
-txn's cumulative ack is a conflict, as in Pulsar.
+returns a future, and its ack goes with the txn's others when the txn commits (or once their
+group is ``TXN_ACK_GROUP_DELAY_S`` old): one call, one durable put in the subscription's
+pending-ack log per txn, as Kafka sends a txn's offsets once. Each group goes in one call with a
+request id, which the subscription logs: a retry of that call (its reply lost, the actor
+restarted) succeeds, while a new call repeating a txn's cumulative ack is a conflict, as in Pulsar.
 
 Ack timeouts and negative acks are tracked here, as Pulsar's client does: when one is due, the
 consumer asks the actor to redeliver those messages (to whichever consumer should get them).
