@@ -9,12 +9,22 @@ its spans into what the subscription takes: ranges of whole entries and runs of 
 Before, every ack was a ``(Position, index, size)`` tuple, and the send went over every one of
 them twice in Python (into sets per entry, then back into runs): about a microsecond a message on
 the client's loop thread, which shares the GIL with the thread calling ``receive``.
+
+``HeldBatch`` holds a txn's async acks of one batch entry until the entry is whole or the txn
+commits, as a run of indexes while they come in order.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
 from raytxn.ids import Position
 from raytxn.protocol.subscription_state import AckRange, IndexRun
+
+if TYPE_CHECKING:
+    from raytxn.client.transaction import Transaction
 
 AckSpan = list[int]  # [ledger_id, entry_id, batch_size, first_index, last_index], mutable: extended in place
 
@@ -87,3 +97,59 @@ def _merged(pieces: list[tuple[int, int]]) -> list[tuple[int, int]]:
         else:
             merged.append((first, last))
     return merged
+
+
+@dataclass
+class HeldBatch:
+    """A consumer's async acks in a txn of some messages of one batch entry, held until the txn
+    acked them all (they then go as one whole-entry ack) or commits (see ``Consumer._queue_ack``).
+
+    Acks come in index order almost always, so the indexes acked are held as one run
+    ``[first, next)`` while they do, and as a set from the first ack out of that order: an ack in
+    a txn then costs a comparison and an increment, where adding to a set cost about as much as
+    the rest of the ack, and the commit sends the run as one span (it sorted the set)."""
+
+    txn: Transaction
+    partition: int
+    ledger_id: int
+    entry_id: int
+    batch_size: int
+    first: int = 0
+    next: int = 0                  # the run is empty while next == first
+    indexes: set[int] | None = None  # every index acked, once one came out of the run's order
+    taken: bool = False            # sent: by the ack that completed it, or by the commit
+    # One future for all of them: they go in one call (a whole-entry ack, or the indexes together
+    # at commit), so they succeed or fail together, and a future per message cost as much as
+    # the rest of the ack.
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+
+    def add(self, index: int) -> bool:
+        """Hold the ack of ``index`` (again is nothing new); whether every index is now acked."""
+        indexes = self.indexes
+        if indexes is None:
+            if index == self.next and self.next > self.first:
+                self.next += 1
+                return self.next - self.first == self.batch_size
+            if self.next == self.first:
+                self.first, self.next = index, index + 1
+                return self.batch_size == 1
+            if self.first <= index < self.next:
+                return False
+            indexes = self.indexes = set(range(self.first, self.next))
+        indexes.add(index)
+        return len(indexes) == self.batch_size
+
+    def acked(self) -> int:
+        """How many indexes are held."""
+        return self.next - self.first if self.indexes is None else len(self.indexes)
+
+    def spans(self) -> list[AckSpan]:
+        """The indexes held, as spans of consecutive ones, ascending."""
+        spans: list[AckSpan] = []
+        if self.indexes is None:
+            if self.next > self.first:
+                spans.append([self.ledger_id, self.entry_id, self.batch_size, self.first, self.next - 1])
+            return spans
+        for index in sorted(self.indexes):
+            extend_spans(spans, self.ledger_id, self.entry_id, self.batch_size, index)
+        return spans

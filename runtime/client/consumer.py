@@ -54,7 +54,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from raytxn.client.ack_spans import AckSpan, coalesce_spans, extend_spans, whole_entry_span
+from raytxn.client.ack_spans import AckSpan, HeldBatch, coalesce_spans, extend_spans, whole_entry_span
 from raytxn.client.batch import MessageBatch, Run, build_table
 from raytxn.client.message import Message, MessageId
 from raytxn.client.rpc import ActorRef
@@ -124,61 +124,6 @@ class _Feed:
 
 
 @dataclass
-class _HeldBatch:
-    """Async acks in a txn of some messages of one batch entry (see ``Consumer._queue_ack``).
-
-    Acks come in index order almost always, so the indexes acked are held as one run
-    ``[first, next)`` while they do, and as a set from the first ack out of that order: an ack in
-    a txn then costs a comparison and an increment, where adding to a set cost about as much as
-    the rest of the ack, and the commit sends the run as one span (it sorted the set)."""
-
-    txn: Transaction
-    partition: int
-    ledger_id: int
-    entry_id: int
-    batch_size: int
-    first: int = 0
-    next: int = 0                  # the run is empty while next == first
-    indexes: set[int] | None = None  # every index acked, once one came out of the run's order
-    taken: bool = False            # sent: by the ack that completed it, or by the commit
-    # One future for all of them: they go in one call (a whole-entry ack, or the indexes together
-    # at commit), so they succeed or fail together, and a future per message cost as much as
-    # the rest of the ack.
-    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
-
-    def add(self, index: int) -> bool:
-        """Hold the ack of ``index`` (again is nothing new); whether every index is now acked."""
-        indexes = self.indexes
-        if indexes is None:
-            if index == self.next and self.next > self.first:
-                self.next += 1
-                return self.next - self.first == self.batch_size
-            if self.next == self.first:
-                self.first, self.next = index, index + 1
-                return self.batch_size == 1
-            if self.first <= index < self.next:
-                return False
-            indexes = self.indexes = set(range(self.first, self.next))
-        indexes.add(index)
-        return len(indexes) == self.batch_size
-
-    def acked(self) -> int:
-        """How many indexes are held."""
-        return self.next - self.first if self.indexes is None else len(self.indexes)
-
-    def spans(self) -> list[AckSpan]:
-        """The indexes held, as spans of consecutive ones, ascending."""
-        spans: list[AckSpan] = []
-        if self.indexes is None:
-            if self.next > self.first:
-                spans.append([self.ledger_id, self.entry_id, self.batch_size, self.first, self.next - 1])
-            return spans
-        for index in sorted(self.indexes):
-            extend_spans(spans, self.ledger_id, self.entry_id, self.batch_size, index)
-        return spans
-
-
-@dataclass
 class _AckGroup:
     txn: Transaction | None
     # Individual acks: spans of indexes (raytxn.client.ack_spans); a cumulative ack: one
@@ -239,8 +184,8 @@ class Consumer:
         self._cond = threading.Condition(self._queue_lock)
         self._acks_lock = threading.Lock()      # guards everything below
         self._ack_groups: dict[tuple[int, Transaction | None, bool], _AckGroup] = {}
-        self._held: dict[tuple[Transaction, int, Position], _HeldBatch] = {}  # (txn, partition, entry)
-        self._newest_held: _HeldBatch | None = None  # the one an ack was last held in (_ack_in_txn)
+        self._held: dict[tuple[Transaction, int, Position], HeldBatch] = {}  # (txn, partition, entry)
+        self._newest_held: HeldBatch | None = None  # the one an ack was last held in (_ack_in_txn)
         self._flush_due_in = math.inf  # the grouped acks are sent within this (a flush is scheduled)
         self._unacked: OrderedDict[MessageId, float] = OrderedDict()  # received -> ack deadline
         self._nacked: list[tuple[float, MessageId]] = []  # redeliver at
@@ -544,7 +489,7 @@ class Consumer:
                 held_key = (txn, message_id.partition, position)
                 held = self._held.get(held_key)
                 if held is None:
-                    held = self._held[held_key] = _HeldBatch(txn, message_id.partition, message_id.ledger_id,
+                    held = self._held[held_key] = HeldBatch(txn, message_id.partition, message_id.ledger_id,
                                                              message_id.entry_id, batch_size)
                     txn.hold(self)  # the commit sends what is held (flush_txn takes every held batch)
                 self._newest_held = held

@@ -1,4 +1,4 @@
-"""``_HeldBatch``: a txn's async acks of one batch entry, held as a run of indexes while they come
+"""``HeldBatch``: a txn's async acks of one batch entry, held as a run of indexes while they come
 in order and as a set from the first that does not. Whatever the order and repeats, it reports the
 entry complete exactly when every index was acked, and its spans name exactly the indexes acked."""
 
@@ -7,15 +7,14 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from raytxn.client.ack_spans import coalesce_spans
-from raytxn.client.consumer import _HeldBatch
+from raytxn.client.ack_spans import HeldBatch, coalesce_spans
 
 
-def _held(batch_size: int) -> _HeldBatch:
-    return _HeldBatch(txn=None, partition=0, ledger_id=3, entry_id=9, batch_size=batch_size)  # type: ignore[arg-type]
+def _held(batch_size: int) -> HeldBatch:
+    return HeldBatch(txn=None, partition=0, ledger_id=3, entry_id=9, batch_size=batch_size)  # type: ignore[arg-type]
 
 
-def _indexes_of(held: _HeldBatch) -> list[int]:
+def _indexes_of(held: HeldBatch) -> list[int]:
     return [index for _, _, _, first, last in held.spans() for index in range(first, last + 1)]
 
 
