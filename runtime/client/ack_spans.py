@@ -139,6 +139,16 @@ class HeldBatch:
         indexes.add(index)
         return len(indexes) == self.batch_size
 
+    def extend_run(self, index: int) -> bool:
+        """Hold ``index`` when it is the run's next and does not complete the entry: the
+        consumer's per-ack fast path, which takes ``add`` for everything else (this changes
+        nothing then)."""
+        if (index == self.next and self.indexes is None and not self.taken
+                and index + 1 - self.first < self.batch_size):
+            self.next = index + 1
+            return True
+        return False
+
     def acked(self) -> int:
         """How many indexes are held."""
         return self.next - self.first if self.indexes is None else len(self.indexes)

@@ -47,3 +47,19 @@ def test_an_ack_out_of_order_turns_the_run_into_a_set_that_completes_the_entry()
     assert held.spans() == [[3, 9, 4, 0, 2]]
     assert held.add(3) is True
     assert coalesce_spans(held.spans()) == ([(3, 9, 9)], [])
+
+
+@given(st.integers(2, 12).flatmap(lambda size: st.tuples(st.just(size), st.lists(st.integers(0, size - 1),
+                                                                                     max_size=40))))
+def test_the_fast_path_then_add_holds_what_add_alone_holds(case: tuple[int, list[int]]) -> None:
+    """As the consumer uses it: ``extend_run`` first, ``add`` when it declines. It never completes
+    the entry itself, and leaves the held indexes as ``add`` alone would."""
+    batch_size, acks = case
+    held, seen = _held(batch_size), set()
+    for index in acks:
+        seen.add(index)
+        complete = False if held.extend_run(index) else held.add(index)
+        assert complete == (len(seen) == batch_size)
+        assert held.acked() == len(seen) and _indexes_of(held) == sorted(seen)
+        if complete:
+            break
