@@ -68,7 +68,7 @@ from raytxn.ledger import Entry, ManagedLedger
 from raytxn.ledger.storage import Storage
 from raytxn.metrics import CoordinatorMetrics
 from raytxn.protocol.coordinator_state import CoordinatorState, EndAction, TxnState, describe_txn
-from raytxn.protocol.txnlog import Checkpoint, Record, decode_record, encode_record
+from raytxn.protocol.txnlog import AddPartitions, AddSubscriptions, Checkpoint, Record, decode_record, encode_record
 
 FAULT_POINTS = (
     "coordinator.after_log_new",
@@ -238,6 +238,7 @@ class TransactionCoordinator(ActorShell, FaultTarget):
         timeout_ms = self.config.default_timeout_ms if timeout_ms is None else timeout_ms
         await self._writable()
         records = self.state.prepare_begin(self.clock.now_ms(), timeout_ms, owner, partitions, subscriptions)
+        self._prefetch_participants(records)
         await self._log(records)
         self.metrics.txn_begun()
         await self.faults.hit("coordinator.after_log_new", txn=records[0].txn)
@@ -297,6 +298,7 @@ class TransactionCoordinator(ActorShell, FaultTarget):
             owner = self._acting_owner(txn, owner, caller)
             record = self.state.prepare_add_partitions(txn, partitions, owner, self.clock.now_ms(), epoch)
             if record is not None:
+                self._prefetch_participants([record])
                 await self._log([record])
 
     @guarded(Access.AUTHENTICATED)
@@ -307,6 +309,7 @@ class TransactionCoordinator(ActorShell, FaultTarget):
             owner = self._acting_owner(txn, owner, caller)
             record = self.state.prepare_add_subscriptions(txn, subscriptions, owner, self.clock.now_ms(), epoch)
             if record is not None:
+                self._prefetch_participants([record])
                 await self._log([record])
 
     @guarded(Access.AUTHENTICATED)
@@ -479,6 +482,21 @@ class TransactionCoordinator(ActorShell, FaultTarget):
                 self.metrics.txn_ended(committed=committing)
         self._locks.pop(txn, None)
         await self.faults.hit("coordinator.after_log_complete", txn=txn)
+
+    def _prefetch_participants(self, records: Iterable[Record]) -> None:
+        """Look up, in a worker thread, the participants these records register that this
+        coordinator has no reference to yet (``ActorRef.prefetch``). Their end comes at the
+        commit, and a lookup there would hold the commit, and this loop, for tens of ms."""
+        for record in records:
+            if isinstance(record, AddPartitions):
+                participants = [("partition", partition) for partition in record.partitions]
+            elif isinstance(record, AddSubscriptions):
+                participants = [("subscription", subscription) for subscription in record.subscriptions]
+            else:
+                continue
+            for kind, ident in participants:
+                if (kind, ident) not in self._participants:
+                    self._participant(kind, ident).prefetch()
 
     def _participant(self, kind: str, ident: tuple) -> ActorRef:
         # Kept: a fresh one would look its actor up again (ray.get_actor, a blocking call to the

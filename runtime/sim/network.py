@@ -231,6 +231,10 @@ class SimActorRef(ActorRef):
             self._handle = process
         return self._handle
 
+    def prefetch(self) -> None:
+        """Nothing to do: a simulated lookup is a dict lookup, and it stays on the loop (a
+        thread would make the run depend on the OS's scheduling)."""
+
     async def attempt_async(self, method: str, *args: Any, **kwargs: Any) -> Any:
         try:
             return await self._network.call(self.handle(), method, args, self._with_auth(kwargs))

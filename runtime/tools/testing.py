@@ -21,6 +21,15 @@ class RecordingParticipant:
         self._attempts = 0
         self._fail_next = 0
         self._refuse = False
+        self._readies = 0
+
+    def ready(self) -> dict:
+        self._readies += 1
+        return {}
+
+    def readies(self) -> int:
+        """``ready`` calls taken (a coordinator's ``ActorRef.prefetch`` makes one)."""
+        return self._readies
 
     async def end_txn(self, txn: TxnID, action: EndAction, low_watermark: int) -> None:
         self._attempts += 1
@@ -43,6 +52,7 @@ class RecordingParticipant:
     def reset(self) -> None:
         self._calls.clear()
         self._attempts = 0
+        self._readies = 0
         self._fail_next = 0
         self._refuse = False
 

@@ -125,6 +125,37 @@ def test_commit_reaches_every_participant(env: Env) -> None:
     assert all(row["txn"] != str(txn) for row in stats["slowest_txns"])
 
 
+def test_a_participant_is_looked_up_when_a_txn_registers_it_not_at_its_end(env: Env) -> None:
+    """A coordinator looks up a participant it has no reference to, and has Ray connect to it
+    (one ``ready`` call), in a worker thread as soon as a txn registers it (``ActorRef.prefetch``):
+    for an actor its process never called that took 30-80 ms, which a commit would otherwise
+    wait for, with the coordinator's loop blocked."""
+    topic = f"t{uuid.uuid4().hex[:8]}"
+    name = partition_actor_name(topic, 0)
+    participant = start_participant(name)
+    try:
+        txn = env.client.new_txn(timeout_ms=30_000)
+        assert ray.get(participant.readies.remote()) == 0
+        env.client.add_partitions(txn, [(topic, 0)])
+        deadline = time.monotonic() + 20
+        while ray.get(participant.readies.remote()) == 0:  # before any end: the txn is open
+            assert time.monotonic() < deadline, "the coordinator never looked the participant up"
+            time.sleep(0.05)
+        assert ray.get(participant.calls.remote()) == []
+        assert env.client.end_txn(txn, EndAction.COMMIT) == "COMMITTED"
+        assert [(t, a) for t, a, _ in ray.get(participant.calls.remote())] == [(txn, "COMMIT")]
+        # Registered again at the same coordinator, it is not looked up again.
+        again = env.client.new_txn(timeout_ms=30_000)
+        while again.tc_id != txn.tc_id:  # round-robin: at most one turn of the coordinators
+            env.client.end_txn(again, EndAction.ABORT)
+            again = env.client.new_txn(timeout_ms=30_000)
+        env.client.add_partitions(again, [(topic, 0)])
+        assert env.client.end_txn(again, EndAction.COMMIT) == "COMMITTED"
+        assert ray.get(participant.readies.remote()) == 1
+    finally:
+        stop_actor(name)
+
+
 def test_abort_and_errors(env: Env) -> None:
     txn = env.client.new_txn()
     env.client.add_partitions(txn, [(env.topic, 1)])
