@@ -174,10 +174,12 @@ class Client:
 
         This client's producers and consumers of the topic are closed first, while its actors
         still answer: closed afterwards, each would wait out its call deadline on actors that are
-        gone (the demo's close took 19 s that way)."""
+        gone (the demo's close took 19 s that way). So is this client's chained txn, when it was
+        begun with the topic's partitions or subscriptions (``TxnChain.drop_topics``)."""
         for handle in [*self._consumers, *self._producers]:
             if handle.topic == name:
                 handle.close()
+        self.txn_chain.drop_topics({name})
         retries: list[None] = []
         try:
             self.supervisor.call("delete_topic", name, deadline_s=self.deadline_s,
@@ -208,12 +210,14 @@ class Client:
             return [{"name": name, "partitions": partitions, "subscriptions": sorted(subscriptions)} for name in names]
 
     def delete_topics(self, names: list[str]) -> None:
-        """Delete many topics (this client's producers and consumers of them closed first). As
+        """Delete many topics (this client's producers and consumers of them, and a chained txn
+        naming them, closed first). As
         ``delete_topic``, a retry after the supervisor died mid-call finishes what is left."""
         doomed = set(names)
         for handle in [*self._consumers, *self._producers]:
             if handle.topic in doomed:
                 handle.close()
+        self.txn_chain.drop_topics(doomed)
         retries: list[None] = []
         try:
             self.supervisor.call("delete_topics", list(names), deadline_s=self.deadline_s,

@@ -13,7 +13,8 @@ The chained txn is a real open transaction from the commit on: its timeout runs 
 holds its coordinator's low watermark. So it is taken only within ``max_age_s`` of its begin, and
 a timer releases it once that age has passed with nobody taking it, as does ``close``: an idle
 client keeps no transaction open for longer than that. A client that dies leaves it to its
-coordinator's timeout, as any transaction it had open.
+coordinator's timeout, as any transaction it had open. Deleting a topic it names releases it too
+(``drop_topics``): its commit would otherwise end on an actor that died with the topic.
 
 A chained txn nobody takes is released (``release_unused``): the coordinator aborts it straight
 to ABORTED in one log entry, with no end to the participants it was registered with. None of them
@@ -62,7 +63,7 @@ class TxnChain:
         self._next: ChainedTxn | None = None
         self._lock = threading.Lock()
         self.taken = 0      # chained txns handed to new_transaction
-        self.discarded = 0  # chained txns released unused (too old, another timeout, closed)
+        self.discarded = 0  # chained txns released unused (too old, another timeout, closed, a topic deleted)
 
     def offer(self, chained: ChainedTxn) -> None:
         """Keep ``chained`` for the next ``new_transaction``; one kept before is released."""
@@ -84,6 +85,19 @@ class TxnChain:
             return None
         self.taken += 1
         return chained
+
+    def drop_topics(self, topics: set[str]) -> None:
+        """Release the chained txn if it was begun with a partition or subscription of
+        ``topics``, which are about to be deleted. Taken, it would end there at its commit: an
+        end to an actor that died with its topic, retried until the catalog says the topic is
+        gone (50 ms here), and a commit waiting for it."""
+        with self._lock:
+            chained = self._next
+            if chained is None or not any(
+                    participant[0] in topics for participant in (*chained.partitions, *chained.subscriptions)):
+                return
+            self._next = None
+        self._discard(chained)
 
     def close(self) -> None:
         """Release the chained txn, if any, and wait for that (errors are only logged)."""
