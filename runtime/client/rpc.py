@@ -47,6 +47,7 @@ class ActorRef:
         self._handle: Any = None
         self._activation: Any = None  # the supervisor's answer to the last activation request
         self._host: str | None = None  # the host serving this actor, from an activation's answer
+        self._prefetching: asyncio.Task | None = None  # ``prefetch``'s lookup and first call
 
     def handle(self) -> Any:
         if self._handle is None:
@@ -96,21 +97,23 @@ class ActorRef:
             self._activation = supervisor.activate.remote(self.name, **self._with_auth({}))
 
     def prefetch(self) -> None:
-        """Look the actor up and open Ray's connection to it in a worker thread, without
-        waiting, so that the first call made from this event loop goes at once. For an actor
-        this process never called, ``ray.get_actor`` (a blocking call to the GCS) and the
-        handle's first call (Ray resolving the actor's address) each took 30-80 ms here, and
-        an actor's loop serves nobody during the first. Called where a caller learns it will
-        call the actor soon (a coordinator's participants, at registration); what fails is left
-        to that call."""
-        if self._handle is None:
-            asyncio.get_running_loop().run_in_executor(None, self._connect_quietly)
+        """Look the actor up in a worker thread and make one call to it, without waiting, so
+        that the first call that matters goes at once. For an actor this process never called,
+        ``ray.get_actor`` (a blocking call to the GCS) and the handle's first call (Ray
+        resolving the actor's address) each took 30-80 ms here, and an actor's loop serves
+        nobody during the first. Called where a caller learns it will call the actor soon (a
+        coordinator's participants, at registration); what fails is left to that call."""
+        if self._handle is None and self._prefetching is None:
+            self._prefetching = asyncio.get_running_loop().create_task(self._connect())
 
-    def _connect_quietly(self) -> None:
+    async def _connect(self) -> None:
         try:
-            self.handle().ready.remote()  # every actor has it, uncounted (shell.UNCOUNTED_CALLS)
+            handle = await asyncio.to_thread(self.handle)
+            await handle.ready.remote()  # every actor has it, public and uncounted (shell.UNCOUNTED_CALLS)
         except Exception:  # noqa: BLE001 - the call looks up again and raises what is wrong
             pass
+        finally:
+            self._prefetching = None
 
     def forget(self) -> None:
         self._handle = None
