@@ -768,25 +768,29 @@ def test_deleting_a_topic_releases_the_chained_transaction_that_names_it(chainin
     ``delete_topic`` releases it first; a chained txn naming other topics stays."""
     client = chaining
     doomed, kept = new_topic(client), new_topic(client)
-    txn = client.new_transaction()
-    client.create_producer(kept).send(b"k", txn=txn)
-    txn.commit()
-    on_kept = chained(client)
-    assert on_kept is not None
-    client.delete_topic(new_topic(client))  # names another topic: kept
-    assert chained(client) == on_kept
-    txn = client.new_transaction()
-    assert txn.id == on_kept
-    client.create_producer(doomed).send(b"d", txn=txn)
-    txn.commit()
-    on_doomed = chained(client)
-    assert on_doomed is not None
-    assert (doomed, 0) in map(tuple, client.coordinators.get_txn(on_doomed)["partitions"])
-    discarded_before = client.txn_chain.discarded
-    client.delete_topic(doomed)
-    assert chained(client) is None and client.txn_chain.discarded == discarded_before + 1
-    wait_for(lambda: client.coordinators.get_txn(on_doomed)["state"] == "ABORTED", 10, "its release")
-    assert not client.new_transaction().began  # nothing chained: a lazy one
+    client.txn_chain.max_age_s = 60.0  # what releases it here is the deletion, not its age
+    try:
+        txn = client.new_transaction()
+        client.create_producer(kept).send(b"k", txn=txn)
+        txn.commit()
+        on_kept = chained(client)
+        assert on_kept is not None
+        client.delete_topic(new_topic(client))  # names another topic: kept
+        assert chained(client) == on_kept
+        txn = client.new_transaction()
+        assert txn.id == on_kept
+        client.create_producer(doomed).send(b"d", txn=txn)
+        txn.commit()
+        on_doomed = chained(client)
+        assert on_doomed is not None
+        assert (doomed, 0) in map(tuple, client.coordinators.get_txn(on_doomed)["partitions"])
+        discarded_before = client.txn_chain.discarded
+        client.delete_topic(doomed)
+        assert chained(client) is None and client.txn_chain.discarded == discarded_before + 1
+        wait_for(lambda: client.coordinators.get_txn(on_doomed)["state"] == "ABORTED", 10, "its release")
+        assert not client.new_transaction().began  # nothing chained: a lazy one
+    finally:
+        client.txn_chain.max_age_s = 1.0
     assert visible_values(kept) == [b"k"]
 
 
