@@ -67,8 +67,8 @@ from raytxn.ids import SUPERVISOR_NAME, Position, TxnID, coordinator_actor_name
 from raytxn.ledger import Entry, ManagedLedger
 from raytxn.ledger.storage import Storage
 from raytxn.metrics import CoordinatorMetrics
-from raytxn.protocol.coordinator_state import CoordinatorState, EndAction, TxnState, describe_txn
-from raytxn.protocol.txnlog import AddPartitions, AddSubscriptions, Checkpoint, Record, decode_record, encode_record
+from raytxn.protocol.coordinator_state import CoordinatorState, EndAction, TxnMeta, TxnState, describe_txn
+from raytxn.protocol.txnlog import Checkpoint, Record, decode_record, encode_record
 
 FAULT_POINTS = (
     "coordinator.after_log_new",
@@ -238,8 +238,8 @@ class TransactionCoordinator(ActorShell, FaultTarget):
         timeout_ms = self.config.default_timeout_ms if timeout_ms is None else timeout_ms
         await self._writable()
         records = self.state.prepare_begin(self.clock.now_ms(), timeout_ms, owner, partitions, subscriptions)
-        self._prefetch_participants(records)
         await self._log(records)
+        self._prefetch_participants(records[0].txn)
         self.metrics.txn_begun()
         await self.faults.hit("coordinator.after_log_new", txn=records[0].txn)
         return records[0].txn
@@ -298,8 +298,8 @@ class TransactionCoordinator(ActorShell, FaultTarget):
             owner = self._acting_owner(txn, owner, caller)
             record = self.state.prepare_add_partitions(txn, partitions, owner, self.clock.now_ms(), epoch)
             if record is not None:
-                self._prefetch_participants([record])
                 await self._log([record])
+                self._prefetch_participants(txn)
 
     @guarded(Access.AUTHENTICATED)
     async def add_subscriptions(self, txn: TxnID, subscriptions: Iterable[tuple[str, int, str]], owner: str,
@@ -309,8 +309,8 @@ class TransactionCoordinator(ActorShell, FaultTarget):
             owner = self._acting_owner(txn, owner, caller)
             record = self.state.prepare_add_subscriptions(txn, subscriptions, owner, self.clock.now_ms(), epoch)
             if record is not None:
-                self._prefetch_participants([record])
                 await self._log([record])
+                self._prefetch_participants(txn)
 
     @guarded(Access.AUTHENTICATED)
     async def end_txn(self, txn: TxnID, action: EndAction, owner: str, epoch: int | None = None,
@@ -459,10 +459,7 @@ class TransactionCoordinator(ActorShell, FaultTarget):
         await self.faults.hit("coordinator.after_log_committing" if committing else
                               "coordinator.after_log_aborting", txn=txn)
         action = EndAction.COMMIT if committing else EndAction.ABORT
-        participants: list[tuple[str, tuple]] = [
-            *(("partition", p) for p in meta.partitions),
-            *(("subscription", s) for s in meta.subscriptions),
-        ]
+        participants = _participants_of(meta)
         # Every participant that takes the end gets it, also when another refuses it.
         sent = await asyncio.gather(*(self._send_end(kind, ident, txn, action) for kind, ident in participants),
                                     return_exceptions=True)
@@ -483,20 +480,16 @@ class TransactionCoordinator(ActorShell, FaultTarget):
         self._locks.pop(txn, None)
         await self.faults.hit("coordinator.after_log_complete", txn=txn)
 
-    def _prefetch_participants(self, records: Iterable[Record]) -> None:
-        """Look up, in a worker thread, the participants these records register that this
-        coordinator has no reference to yet (``ActorRef.prefetch``). Their end comes at the
-        commit, and a lookup there would hold the commit, and this loop, for tens of ms."""
-        for record in records:
-            if isinstance(record, AddPartitions):
-                participants = [("partition", partition) for partition in record.partitions]
-            elif isinstance(record, AddSubscriptions):
-                participants = [("subscription", subscription) for subscription in record.subscriptions]
-            else:
-                continue
-            for kind, ident in participants:
-                if (kind, ident) not in self._participants:
-                    self._participant(kind, ident).prefetch()
+    def _prefetch_participants(self, txn: TxnID) -> None:
+        """Look up, in a worker thread, the txn's participants this coordinator has no reference
+        to yet (``ActorRef.prefetch``), once they are registered: their end comes at the commit,
+        and a lookup there would hold the commit, and this loop, for tens of ms."""
+        meta = self.state.get(txn)
+        if meta is None:
+            return
+        for kind, ident in _participants_of(meta):
+            if (kind, ident) not in self._participants:
+                self._participant(kind, ident).prefetch()
 
     def _participant(self, kind: str, ident: tuple) -> ActorRef:
         # Kept: a fresh one would look its actor up again (ray.get_actor, a blocking call to the
@@ -679,6 +672,11 @@ class _nullcontext:
 
     async def __aexit__(self, *exc: object) -> None:
         return None
+
+
+def _participants_of(meta: TxnMeta) -> list[tuple[str, tuple]]:
+    """A txn's participants as ``(kind, ident)``: its partitions, then its subscriptions."""
+    return [*(("partition", p) for p in meta.partitions), *(("subscription", s) for s in meta.subscriptions)]
 
 
 def _ending(action: EndAction) -> str:

@@ -211,8 +211,8 @@ class Client:
 
     def delete_topics(self, names: list[str]) -> None:
         """Delete many topics (this client's producers and consumers of them, and a chained txn
-        naming them, closed first). As
-        ``delete_topic``, a retry after the supervisor died mid-call finishes what is left."""
+        naming them, closed first). As ``delete_topic``, a retry after the supervisor died
+        mid-call finishes what is left."""
         doomed = set(names)
         for handle in [*self._consumers, *self._producers]:
             if handle.topic in doomed:
