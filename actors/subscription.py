@@ -39,9 +39,17 @@ from raytxn.actors.subscription_leases import SubscriptionLeases
 from raytxn.actors.topic_permissions import TopicPermissions
 from raytxn.auth import Access, AuthConfig, Authorizer, guarded
 from raytxn.config import SubscriptionConfig
-from raytxn.errors import InvalidArgument, NotAllowed
+from raytxn.errors import InvalidArgument, NotAllowed, TransactionNotFound
 from raytxn.faults import FaultPoints, FaultTarget
-from raytxn.ids import EARLIEST, Position, TxnID, partition_actor_name, partition_stream, subscription_actor_name
+from raytxn.ids import (
+    EARLIEST,
+    Position,
+    TxnID,
+    coordinator_actor_name,
+    partition_actor_name,
+    partition_stream,
+    subscription_actor_name,
+)
 from raytxn.ledger import Entry, ManagedLedger
 from raytxn.ledger.storage import Storage
 from raytxn.metrics import SubscriptionMetrics
@@ -71,6 +79,8 @@ FAULT_POINTS = (
 )
 
 CURSOR_PROPERTY = "cursor"
+MAX_STALE_CHECKS = 64       # pending txns asked about at their coordinators per round (the oldest first)
+STALE_CHECK_DEADLINE_S = 5.0
 _OPEN_LEDGER_END = 1 << 62  # an open ledger's last entry is not in its metadata: count up to max_read
 
 log = logging.getLogger(__name__)
@@ -112,8 +122,10 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
         self._last_persisted: PersistedCursor | None = None
         self._last_persist = 0.0
         self._last_trim = 0.0
+        self._pending_since: dict[TxnID, float] = {}  # txn -> when a stale-txn round first saw it pending
         self.info: dict[str, Any] = {"topic": topic, "partition": partition, "subscription": name,
-                                     "cursor_persists": 0, "log_trims": 0, "consumers_dropped": 0}
+                                     "cursor_persists": 0, "log_trims": 0, "consumers_dropped": 0,
+                                     "stale_txns_aborted": 0}
         self.metrics = SubscriptionMetrics(topic, partition, name)
 
     # --- start and recovery ----------------------------------------------------------------
@@ -149,7 +161,8 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
         self.info.update(incarnation=ledger.incarnation, replayed_records=replayed)
         self._pending_ack_changed()
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._read_loop()), loop.create_task(self._maintenance_loop())]
+        self._tasks = [loop.create_task(self._read_loop()), loop.create_task(self._maintenance_loop()),
+                       loop.create_task(self._stale_txn_loop())]
 
     @guarded(Access.PUBLIC)
     async def ready(self) -> dict[str, Any]:
@@ -510,6 +523,57 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
                         await self._persist()
             except Exception:  # storage hiccup: the next tick tries again
                 log.warning("maintenance of %s failed", self.stream, exc_info=True)
+
+    async def _stale_txn_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.stale_txn_check_s)
+            try:
+                await self._end_stale_txns(self.clock.monotonic())
+            except Exception:  # storage hiccup: the next round tries again
+                log.warning("stale-txn check of %s failed", self.stream, exc_info=True)
+
+    async def _end_stale_txns(self, now: float) -> int:
+        """Abort the acks of txns pending here for ``stale_txn_check_s`` or more whose coordinator
+        has ended them, or no longer knows them; returns how many txns it aborted.
+
+        Why: an ack can reach this subscription after its txn's end did (a network duplicate,
+        a call that waited out a restart of this actor while the end went to the successor and
+        found nothing pending). No end comes for it again, so its messages went to nobody until
+        some later end of the same coordinator brought a low watermark past it, which may never
+        happen (simulator: ``raytxn sim --seed 7100160 --seeds 1 --faults heavy --schedule
+        max_txns=5``). Kafka's answer (KIP-890) asks the coordinator before a txn's first write,
+        a round trip for every txn; this asks only about txns pending longer than a txn
+        normally lasts here. A COMMITTED or ABORTED txn has had every participant answer its end,
+        and a txn its coordinator forgot ended long ago (or never began): what is pending here is
+        part of no commit either way, and the abort gives its messages back."""
+        pending = self.state.pending.pending_txns()
+        self._pending_since = {txn: self._pending_since.get(txn, now) for txn in pending}
+        stale = [txn for txn in pending if now - self._pending_since[txn] >= self.config.stale_txn_check_s]
+        aborted = 0
+        for txn in stale[:MAX_STALE_CHECKS]:
+            try:
+                state = (await self._actor_ref(coordinator_actor_name(txn.tc_id)).call_async(
+                    "get_txn", txn, deadline_s=STALE_CHECK_DEADLINE_S))["state"]
+            except TransactionNotFound:
+                state = "FORGOTTEN"
+            except Exception:  # the coordinator is away: the next round asks again
+                log.info("stale-txn check of %s on %s: coordinator unreachable", txn, self.stream, exc_info=True)
+                continue
+            if state not in ("COMMITTED", "ABORTED", "FORGOTTEN"):
+                continue
+            async with self._lock:
+                if txn not in self.state.pending.pending_txns():
+                    continue  # its end came meanwhile
+                log.warning("%s: acks of %s pending after its coordinator's end (%s): aborted here",
+                            self.stream, txn, state)
+                for record in self.state.prepare_end(txn, EndAction.ABORT, None):
+                    await self._log(record)
+                self.info["stale_txns_aborted"] += 1
+                aborted += 1
+                self._pending_ack_changed()
+                self._lease_turn.notify_all()
+            self._changed()
+        return aborted
 
     @guarded(Access.SUPERUSER)
     async def persist_cursor(self) -> str:

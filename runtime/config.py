@@ -92,6 +92,7 @@ class SubscriptionConfig:
     max_read_ahead_messages: int = 20_000      # ...or as many as consumers' fetches ask for, up to this
     read_batch_entries: int = 200              # entries per partition read
     read_wait_s: float = 5.0                   # a partition read long-polls this long for new data
+    stale_txn_check_s: float = 5.0             # a txn pending here this long is asked about at its coordinator
 
 
 @dataclass

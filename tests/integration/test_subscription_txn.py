@@ -36,7 +36,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("drop_new_topics")]
 @pytest.fixture(scope="module")
 def client(ray_session: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[rt.Client]:
     config = SubscriptionConfig(max_index_lag=2, cursor_snapshot_interval_s=0.2, trim_interval_s=0.5,
-                                read_wait_s=0.2)
+                                read_wait_s=0.2, stale_txn_check_s=1.0)
     yield from engine_client(tmp_path_factory, subscription=config)
 
 
@@ -438,6 +438,34 @@ def test_low_watermark_aborts_a_dangling_ack(client: rt.Client) -> None:
     assert stats(topic)["pending_ack"]["txns"] == []
     again = consumer.receive(timeout=15)
     assert again.message_id() == first.message_id() and again.redelivery_count() == 1
+    consumer.close()
+
+
+def test_a_dangling_ack_of_a_txn_its_coordinator_ended_is_aborted_with_no_later_end(client: rt.Client) -> None:
+    topic = new_topic(client)
+    consumer = client.subscribe(topic, "sub")
+    send(client, topic, 2)
+    first, second = receive_all(consumer, 2)
+    # Acks that reach the subscription in txns that never registered it, as an ack arriving after
+    # its txn's end did: no end comes here for either. One txn is committed at its coordinator,
+    # the other still open there.
+    ended = client.new_transaction()
+    actor(topic).call("ack", consumer.consumer_id, [(first.message_id().position, 0, 1)], False, ended.id)
+    ended.commit()
+    still_open = client.new_transaction(timeout=120)
+    actor(topic).call("ack", consumer.consumer_id, [(second.message_id().position, 0, 1)], False, still_open.id)
+    assert set(stats(topic)["pending_ack"]["txns"]) == {str(ended.id), str(still_open.id)}
+    # With no later txn of that coordinator, only the stale-txn check (every second here) frees
+    # the first message: it asks the coordinator, which has ended the txn.
+    again = consumer.receive(timeout=15)
+    assert again.message_id() == first.message_id() and again.redelivery_count() == 1
+    after = stats(topic)
+    assert after["pending_ack"]["txns"] == [str(still_open.id)]  # an open txn's acks stay
+    assert after["stale_txns_aborted"] == 1
+    assert nothing_more(consumer, 2.5)  # two more checks: the open txn's message stays held
+    still_open.abort()  # no end comes here for it either: the next checks free its message
+    assert consumer.receive(timeout=15).message_id() == second.message_id()
+    assert stats(topic)["stale_txns_aborted"] == 2
     consumer.close()
 
 
