@@ -397,6 +397,8 @@ class Driver:
                 await self.transform(consumer, partition, *message)
         await self.abort_chained(consumer)
         for partition in range(self.w.partitions):
+            # Closing gives back what it still holds (a capped run leaves inputs it never took).
+            self.key_log.reset(consumer, partition, self.now())
             await self._subscription(TOPIC_IN, partition, SUB_PIPE).call_async(
                 "close_consumer", consumer, deadline_s=None)
 

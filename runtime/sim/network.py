@@ -50,9 +50,10 @@ IDEMPOTENT = frozenset({
     "init_producer",
 })
 # Not duplicated late: a second registration (of a transactional id, or of a producer's epoch)
-# delivered after the first was answered fences the very producer that registered (Ray never
-# delivers a call twice; a client's retry follows a failure).
-NOT_DUPLICATED = frozenset({"register_transactional_id", "init_producer"})
+# delivered after the first was answered fences the very producer that registered, and a
+# subscribe delivered after its consumer closed attaches a consumer nobody runs (Ray never
+# delivers a call twice; a client's retry follows a failure and comes before its next call).
+NOT_DUPLICATED = frozenset({"register_transactional_id", "init_producer", "subscribe"})
 
 
 @dataclass(frozen=True)
