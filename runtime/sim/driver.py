@@ -540,6 +540,10 @@ class Driver:
             empty = 0
             for _ in range(MAX_DRAIN_FETCHES):
                 reply = await ref.call_async("fetch", consumer, 1000, 0.5, deadline_s=None)
+                if not reply["registered"]:  # the subscription restarted (or passivated) and forgot it
+                    await ref.call_async("subscribe", consumer, consumer, "Shared", deadline_s=None)
+                    empty = 0
+                    continue
                 if not reply["messages"]:
                     empty += 1
                     if empty >= 3:

@@ -315,6 +315,17 @@ def test_capped_seed_range_is_clean(max_txns: int) -> None:
     assert all(r.txns <= max_txns + 2 for r in results)
 
 
+# Regression seeds of a hole in the simulator's drain (fixed: the drain subscribes again when a
+# fetch says its consumer is not registered). A passivation or restart of the subscription between
+# the drain's subscribe and its fetches forgot the drain's consumer; each fetch then came back at
+# once, empty and unregistered, so three of them ended the drain early and committed outputs
+# counted as lost.
+@pytest.mark.parametrize("seed", [7300156, 7300367])
+def test_regression_seed_the_drain_outlives_a_passivation_of_its_subscription(seed: int) -> None:
+    result = run_seed(seed, "passivation", schedule=Schedule(max_txns=5))
+    assert result.ok, result.failure
+
+
 # --- a bug the simulator found -----------------------------------------------------------------
 
 # Regression seed of a liveness bug the simulator found in a capped run (fixed: a subscription
