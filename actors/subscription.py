@@ -540,22 +540,23 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
         a call that waited out a restart of this actor while the end went to the successor and
         found nothing pending). No end comes for it again, so its messages went to nobody until
         some later end of the same coordinator brought a low watermark past it, which may never
-        happen (simulator: ``raytxn sim --seed 7100160 --seeds 1 --faults heavy --schedule
+        happen (without this check: ``raytxn sim --seed 43 --seeds 1 --faults heavy --schedule
         max_txns=5``). Kafka's answer (KIP-890) asks the coordinator before a txn's first write,
         a round trip for every txn; this asks only about txns pending longer than a txn
         normally lasts here. A COMMITTED or ABORTED txn has had every participant answer its end,
-        and a txn its coordinator forgot ended long ago (or never began): what is pending here is
-        part of no commit either way, and the abort gives its messages back."""
+        and a txn its coordinator no longer knows, at or below its low watermark, ended long ago
+        (or never began): what is pending here is part of no commit either way, and the abort
+        gives its messages back. Not knowing a txn above the watermark proves nothing: the answer
+        may come from a zombie incarnation of the coordinator, whose table is older than the txn.
+        Every answer used holds for a zombie too (an entry's final state is applied only once
+        logged, and a zombie's watermark is at most its successor's)."""
         pending = self.state.pending.pending_txns()
         self._pending_since = {txn: self._pending_since.get(txn, now) for txn in pending}
         stale = [txn for txn in pending if now - self._pending_since[txn] >= self.config.stale_txn_check_s]
         aborted = 0
         for txn in stale[:MAX_STALE_CHECKS]:
             try:
-                state = (await self._actor_ref(coordinator_actor_name(txn.tc_id)).call_async(
-                    "get_txn", txn, deadline_s=STALE_CHECK_DEADLINE_S))["state"]
-            except TransactionNotFound:
-                state = "FORGOTTEN"
+                state = await self._txn_state_at_coordinator(txn)
             except Exception:  # the coordinator is away: the next round asks again
                 log.info("stale-txn check of %s on %s: coordinator unreachable", txn, self.stream, exc_info=True)
                 continue
@@ -574,6 +575,16 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
                 self._lease_turn.notify_all()
             self._changed()
         return aborted
+
+    async def _txn_state_at_coordinator(self, txn: TxnID) -> str:
+        """The txn's state at its coordinator; FORGOTTEN when it is unknown there at or below the
+        low watermark, UNKNOWN when unknown above it."""
+        coordinator = self._actor_ref(coordinator_actor_name(txn.tc_id))
+        try:
+            return str((await coordinator.call_async("get_txn", txn, deadline_s=STALE_CHECK_DEADLINE_S))["state"])
+        except TransactionNotFound:
+            marks = await coordinator.call_async("stats", deadline_s=STALE_CHECK_DEADLINE_S)
+            return "FORGOTTEN" if txn.sequence <= marks["low_watermark"] else "UNKNOWN"
 
     @guarded(Access.SUPERUSER)
     async def persist_cursor(self) -> str:

@@ -27,7 +27,7 @@ from raytxn.errors import (
     TransactionConflict,
     TransactionTimedOut,
 )
-from raytxn.ids import NAMESPACE, subscription_actor_name
+from raytxn.ids import NAMESPACE, TxnID, subscription_actor_name
 from tests.engine import engine_client, new_topic, nothing_more, receive_all
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("drop_new_topics")]
@@ -444,28 +444,32 @@ def test_low_watermark_aborts_a_dangling_ack(client: rt.Client) -> None:
 def test_a_dangling_ack_of_a_txn_its_coordinator_ended_is_aborted_with_no_later_end(client: rt.Client) -> None:
     topic = new_topic(client)
     consumer = client.subscribe(topic, "sub")
-    send(client, topic, 2)
-    first, second = receive_all(consumer, 2)
+    send(client, topic, 3)
+    first, second, third = receive_all(consumer, 3)
     # Acks that reach the subscription in txns that never registered it, as an ack arriving after
-    # its txn's end did: no end comes here for either. One txn is committed at its coordinator,
-    # the other still open there.
+    # its txn's end did: no end comes here for any. One txn is committed at its coordinator, one
+    # still open there, and one its coordinator never handed out (above its low watermark: not
+    # knowing it proves nothing, as a zombie coordinator's older table would not know a new txn).
     ended = client.new_transaction()
     actor(topic).call("ack", consumer.consumer_id, [(first.message_id().position, 0, 1)], False, ended.id)
     ended.commit()
     still_open = client.new_transaction(timeout=120)
     actor(topic).call("ack", consumer.consumer_id, [(second.message_id().position, 0, 1)], False, still_open.id)
-    assert set(stats(topic)["pending_ack"]["txns"]) == {str(ended.id), str(still_open.id)}
+    unknown = TxnID(ended.id.tc_id, 1 << 40)
+    actor(topic).call("ack", consumer.consumer_id, [(third.message_id().position, 0, 1)], False, unknown)
+    assert set(stats(topic)["pending_ack"]["txns"]) == {str(ended.id), str(still_open.id), str(unknown)}
     # With no later txn of that coordinator, only the stale-txn check (every second here) frees
     # the first message: it asks the coordinator, which has ended the txn.
     again = consumer.receive(timeout=15)
     assert again.message_id() == first.message_id() and again.redelivery_count() == 1
+    assert nothing_more(consumer, 2.5)  # two more checks: the others' messages stay held
     after = stats(topic)
-    assert after["pending_ack"]["txns"] == [str(still_open.id)]  # an open txn's acks stay
+    assert set(after["pending_ack"]["txns"]) == {str(still_open.id), str(unknown)}
     assert after["stale_txns_aborted"] == 1
-    assert nothing_more(consumer, 2.5)  # two more checks: the open txn's message stays held
     still_open.abort()  # no end comes here for it either: the next checks free its message
     assert consumer.receive(timeout=15).message_id() == second.message_id()
-    assert stats(topic)["stale_txns_aborted"] == 2
+    final = stats(topic)
+    assert final["pending_ack"]["txns"] == [str(unknown)] and final["stale_txns_aborted"] == 2
     consumer.close()
 
 
