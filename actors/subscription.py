@@ -38,6 +38,7 @@ from raytxn.actors.shell import ActorRefs, ActorShell, Clock, ray_actor_options,
 from raytxn.actors.subscription_leases import SubscriptionLeases
 from raytxn.actors.topic_permissions import TopicPermissions
 from raytxn.auth import Access, AuthConfig, Authorizer, guarded
+from raytxn.client.rpc import ActorRef
 from raytxn.config import SubscriptionConfig
 from raytxn.errors import InvalidArgument, NotAllowed, TransactionNotFound
 from raytxn.faults import FaultPoints, FaultTarget
@@ -123,6 +124,8 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
         self._last_persist = 0.0
         self._last_trim = 0.0
         self._pending_since: dict[TxnID, float] = {}  # txn -> when a stale-txn round first saw it pending
+        self._ask_again_at: dict[TxnID, float] = {}  # txn -> not asked about before (an open txn's deadline)
+        self._coordinators: dict[int, ActorRef] = {}  # tc_id -> the reference stale-txn rounds ask through
         self.info: dict[str, Any] = {"topic": topic, "partition": partition, "subscription": name,
                                      "cursor_persists": 0, "log_trims": 0, "consumers_dropped": 0,
                                      "stale_txns_aborted": 0}
@@ -549,18 +552,25 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
         gives its messages back. Not knowing a txn above the watermark proves nothing: the answer
         may come from a zombie incarnation of the coordinator, whose table is older than the txn.
         Every answer used holds for a zombie too (an entry's final state is applied only once
-        logged, and a zombie's watermark is at most its successor's)."""
+        logged, and a zombie's watermark is at most its successor's). ABORTING counts too: a
+        logged abort is never reversed. A txn found open is not asked about again before its
+        deadline, when its coordinator has ended it at the latest."""
         pending = self.state.pending.pending_txns()
         self._pending_since = {txn: self._pending_since.get(txn, now) for txn in pending}
-        stale = [txn for txn in pending if now - self._pending_since[txn] >= self.config.stale_txn_check_s]
+        self._ask_again_at = {txn: at for txn, at in self._ask_again_at.items() if txn in self._pending_since}
+        stale = sorted((txn for txn in pending if now - self._pending_since[txn] >= self.config.stale_txn_check_s
+                        and now >= self._ask_again_at.get(txn, now)), key=self._pending_since.__getitem__)
         aborted = 0
-        for txn in stale[:MAX_STALE_CHECKS]:
+        for txn in stale[:MAX_STALE_CHECKS]:  # the oldest first; the rest wait for the next round
             try:
-                state = await self._txn_state_at_coordinator(txn)
+                state, deadline_in_s = await self._txn_state_at_coordinator(txn)
             except Exception:  # the coordinator is away: the next round asks again
                 log.info("stale-txn check of %s on %s: coordinator unreachable", txn, self.stream, exc_info=True)
                 continue
-            if state not in ("COMMITTED", "ABORTED", "FORGOTTEN"):
+            if state == "OPEN" and deadline_in_s is not None:  # it times out then at the latest
+                self._ask_again_at[txn] = now + max(0.0, deadline_in_s)
+            # ABORTING: the abort is logged and never reversed (its end here would find nothing).
+            if state not in ("COMMITTED", "ABORTED", "ABORTING", "FORGOTTEN"):
                 continue
             async with self._lock:
                 if txn not in self.state.pending.pending_txns():
@@ -576,15 +586,20 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
             self._changed()
         return aborted
 
-    async def _txn_state_at_coordinator(self, txn: TxnID) -> str:
-        """The txn's state at its coordinator; FORGOTTEN when it is unknown there at or below the
-        low watermark, UNKNOWN when unknown above it."""
-        coordinator = self._actor_ref(coordinator_actor_name(txn.tc_id))
+    async def _txn_state_at_coordinator(self, txn: TxnID) -> tuple[str, float | None]:
+        """The txn's state at its coordinator (FORGOTTEN when it is unknown there at or below the
+        low watermark, UNKNOWN when unknown above it), and for a live txn the seconds to its
+        deadline."""
+        coordinator = self._coordinators.get(txn.tc_id)
+        if coordinator is None:
+            coordinator = self._coordinators[txn.tc_id] = self._actor_ref(coordinator_actor_name(txn.tc_id))
         try:
-            return str((await coordinator.call_async("get_txn", txn, deadline_s=STALE_CHECK_DEADLINE_S))["state"])
+            entry = await coordinator.call_async("get_txn", txn, deadline_s=STALE_CHECK_DEADLINE_S)
         except TransactionNotFound:
             marks = await coordinator.call_async("stats", deadline_s=STALE_CHECK_DEADLINE_S)
-            return "FORGOTTEN" if txn.sequence <= marks["low_watermark"] else "UNKNOWN"
+            return ("FORGOTTEN" if txn.sequence <= marks["low_watermark"] else "UNKNOWN"), None
+        deadline_in_ms = entry.get("deadline_in_ms")
+        return str(entry["state"]), None if deadline_in_ms is None else deadline_in_ms / 1000
 
     @guarded(Access.SUPERUSER)
     async def persist_cursor(self) -> str:

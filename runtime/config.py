@@ -94,6 +94,12 @@ class SubscriptionConfig:
     read_wait_s: float = 5.0                   # a partition read long-polls this long for new data
     stale_txn_check_s: float = 5.0             # a txn pending here this long is asked about at its coordinator
 
+    def __post_init__(self) -> None:
+        if not (isinstance(self.stale_txn_check_s, int | float) and not isinstance(self.stale_txn_check_s, bool)
+                and math.isfinite(self.stale_txn_check_s)
+                and self.stale_txn_check_s > 0):
+            raise InvalidArgument(f"stale_txn_check_s must be a number of seconds > 0, not {self.stale_txn_check_s!r}")
+
 
 @dataclass
 class EngineConfig:

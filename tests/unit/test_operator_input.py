@@ -1,10 +1,11 @@
-"""What operators type: durations (``--older-than 30s``) and transaction ids (``0,42``)."""
+"""What operators type: durations (``--older-than 30s``), transaction ids (``0,42``), and a
+subscription's stale-txn check interval."""
 
 from __future__ import annotations
 
 import pytest
 
-from raytxn.config import parse_duration
+from raytxn.config import SubscriptionConfig, parse_duration
 from raytxn.errors import InvalidArgument
 from raytxn.ids import TxnID, parse_txn_id
 
@@ -33,3 +34,10 @@ def test_txn_ids(text: object) -> None:
 def test_malformed_txn_ids_are_invalid_argument(text: object) -> None:
     with pytest.raises(InvalidArgument, match="not a transaction id"):
         parse_txn_id(text)
+
+
+@pytest.mark.parametrize("seconds", [0, -1, 0.0, float("nan"), float("inf"), None, "5", True])
+def test_a_stale_txn_check_interval_that_is_not_a_positive_number_is_invalid_argument(seconds: object) -> None:
+    with pytest.raises(InvalidArgument, match="stale_txn_check_s"):
+        SubscriptionConfig(stale_txn_check_s=seconds)  # type: ignore[arg-type]
+    assert SubscriptionConfig(stale_txn_check_s=0.25).stale_txn_check_s == 0.25
