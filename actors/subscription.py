@@ -58,6 +58,7 @@ from raytxn.protocol.cursor import Cursor, next_position
 from raytxn.protocol.entry_format import decode_header
 from raytxn.protocol.lease import LeaseTable
 from raytxn.protocol.pending_ack import Record, decode_record, encode_record
+from raytxn.protocol.stale_txns import StaleTxns
 from raytxn.protocol.subscription_state import (
     AckRange,
     AckTuple,
@@ -80,8 +81,7 @@ FAULT_POINTS = (
 )
 
 CURSOR_PROPERTY = "cursor"
-MAX_STALE_CHECKS = 64       # pending txns asked about at their coordinators per round (the oldest first)
-STALE_CHECK_DEADLINE_S = 5.0
+STALE_CHECK_DEADLINE_S = 5.0  # a stale-txn round's call to a coordinator
 _OPEN_LEDGER_END = 1 << 62  # an open ledger's last entry is not in its metadata: count up to max_read
 
 log = logging.getLogger(__name__)
@@ -123,8 +123,7 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
         self._last_persisted: PersistedCursor | None = None
         self._last_persist = 0.0
         self._last_trim = 0.0
-        self._pending_since: dict[TxnID, float] = {}  # txn -> when a stale-txn round first saw it pending
-        self._ask_again_at: dict[TxnID, float] = {}  # txn -> not asked about before (an open txn's deadline)
+        self._stale_txns = StaleTxns(self.config.stale_txn_check_s)  # which pending txns to ask about
         self._coordinators: dict[int, ActorRef] = {}  # tc_id -> the reference stale-txn rounds ask through
         self.info: dict[str, Any] = {"topic": topic, "partition": partition, "subscription": name,
                                      "cursor_persists": 0, "log_trims": 0, "consumers_dropped": 0,
@@ -536,47 +535,22 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
                 log.warning("stale-txn check of %s failed", self.stream, exc_info=True)
 
     async def _end_stale_txns(self, now: float) -> int:
-        """Abort the acks of txns pending here for ``stale_txn_check_s`` or more whose coordinator
-        has ended them, or no longer knows them; returns how many txns it aborted.
-
-        Why: an ack can reach this subscription after its txn's end did (a network duplicate,
-        a call that waited out a restart of this actor while the end went to the successor and
-        found nothing pending). No end comes for it again, so its messages went to nobody until
-        some later end of the same coordinator brought a low watermark past it, which may never
-        happen (without this check: ``raytxn sim --seed 43 --seeds 1 --faults heavy --schedule
-        max_txns=5``). Kafka's answer (KIP-890) asks the coordinator before a txn's first write,
-        a round trip for every txn; this asks only about txns pending longer than a txn
-        normally lasts here. A COMMITTED or ABORTED txn has had every participant answer its end,
-        and a txn its coordinator no longer knows, at or below its low watermark, ended long ago
-        (or never began): what is pending here is part of no commit either way, and the abort
-        gives its messages back. Not knowing a txn above the watermark proves nothing: the answer
-        may come from a zombie incarnation of the coordinator, whose table is older than the txn.
-        Every answer used holds for a zombie too (an entry's final state is applied only once
-        logged, and a zombie's watermark is at most its successor's). ABORTING counts too: a
-        logged abort is never reversed. A txn found open is not asked about again before its
-        deadline, when its coordinator has ended it at the latest."""
-        pending = self.state.pending.pending_txns()
-        self._pending_since = {txn: self._pending_since.get(txn, now) for txn in pending}
-        self._ask_again_at = {txn: at for txn, at in self._ask_again_at.items() if txn in self._pending_since}
-        stale = sorted((txn for txn in pending if now - self._pending_since[txn] >= self.config.stale_txn_check_s
-                        and now >= self._ask_again_at.get(txn, now)), key=self._pending_since.__getitem__)
+        """Abort the acks of txns pending here for ``stale_txn_check_s`` or more that their
+        coordinator has ended (``raytxn.protocol.stale_txns`` says why and which); returns how
+        many txns it aborted."""
         aborted = 0
-        for txn in stale[:MAX_STALE_CHECKS]:  # the oldest first; the rest wait for the next round
+        for txn in self._stale_txns.due(self.state.pending.pending_txns(), now):
             try:
-                state, deadline_in_s = await self._txn_state_at_coordinator(txn)
+                ended = await self._ended_at_coordinator(txn, now)
             except Exception:  # the coordinator is away: the next round asks again
                 log.info("stale-txn check of %s on %s: coordinator unreachable", txn, self.stream, exc_info=True)
                 continue
-            if state == "OPEN" and deadline_in_s is not None:  # it times out then at the latest
-                self._ask_again_at[txn] = now + max(0.0, deadline_in_s)
-            # ABORTING: the abort is logged and never reversed (its end here would find nothing).
-            if state not in ("COMMITTED", "ABORTED", "ABORTING", "FORGOTTEN"):
+            if not ended:
                 continue
             async with self._lock:
-                if txn not in self.state.pending.pending_txns():
+                if not self.state.pending.is_pending(txn):
                     continue  # its end came meanwhile
-                log.warning("%s: acks of %s pending after its coordinator's end (%s): aborted here",
-                            self.stream, txn, state)
+                log.warning("%s: acks of %s pending after its coordinator ended it: aborted here", self.stream, txn)
                 for record in self.state.prepare_end(txn, EndAction.ABORT, None):
                     await self._log(record)
                 self.info["stale_txns_aborted"] += 1
@@ -586,10 +560,9 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
             self._changed()
         return aborted
 
-    async def _txn_state_at_coordinator(self, txn: TxnID) -> tuple[str, float | None]:
-        """The txn's state at its coordinator (FORGOTTEN when it is unknown there at or below the
-        low watermark, UNKNOWN when unknown above it), and for a live txn the seconds to its
-        deadline."""
+    async def _ended_at_coordinator(self, txn: TxnID, now: float) -> bool:
+        """Ask the txn's coordinator about it (``get_txn``; ``stats`` for the low watermark when
+        it does not know the txn), and judge the answer (``StaleTxns.ended``)."""
         coordinator = self._coordinators.get(txn.tc_id)
         if coordinator is None:
             coordinator = self._coordinators[txn.tc_id] = self._actor_ref(coordinator_actor_name(txn.tc_id))
@@ -597,9 +570,10 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
             entry = await coordinator.call_async("get_txn", txn, deadline_s=STALE_CHECK_DEADLINE_S)
         except TransactionNotFound:
             marks = await coordinator.call_async("stats", deadline_s=STALE_CHECK_DEADLINE_S)
-            return ("FORGOTTEN" if txn.sequence <= marks["low_watermark"] else "UNKNOWN"), None
+            return self._stale_txns.ended(txn, None, now, low_watermark=marks["low_watermark"])
         deadline_in_ms = entry.get("deadline_in_ms")
-        return str(entry["state"]), None if deadline_in_ms is None else deadline_in_ms / 1000
+        return self._stale_txns.ended(txn, entry["state"], now,
+                                      deadline_in_s=None if deadline_in_ms is None else deadline_in_ms / 1000)
 
     @guarded(Access.SUPERUSER)
     async def persist_cursor(self) -> str:

@@ -95,10 +95,9 @@ class SubscriptionConfig:
     stale_txn_check_s: float = 5.0             # a txn pending here this long is asked about at its coordinator
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.stale_txn_check_s, int | float) and not isinstance(self.stale_txn_check_s, bool)
-                and math.isfinite(self.stale_txn_check_s)
-                and self.stale_txn_check_s > 0):
-            raise InvalidArgument(f"stale_txn_check_s must be a number of seconds > 0, not {self.stale_txn_check_s!r}")
+        seconds = self.stale_txn_check_s
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 < seconds < math.inf:
+            raise InvalidArgument(f"stale_txn_check_s must be a number of seconds > 0, not {seconds!r}")
 
 
 @dataclass

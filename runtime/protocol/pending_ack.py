@@ -257,6 +257,9 @@ class PendingAck:
     def pending_txns(self) -> list[TxnID]:
         return sorted(self._txns)
 
+    def is_pending(self, txn: TxnID) -> bool:
+        return txn in self._txns
+
     @property
     def pending_txn_count(self) -> int:
         return len(self._txns)
