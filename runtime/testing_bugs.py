@@ -42,6 +42,12 @@ REINTRODUCED: dict[str, bool] = {
     # same way. With this on, ``init_producer`` answers as ``last_sequence`` did: epoch 0, the
     # highest sequence stored or being stored, plus one. Read in actors/partition.py.
     "no_producer_epochs": False,
+    # Found by the simulator (heavy, capped runs): an ack that reached a subscription after its
+    # txn's end had (a retry through a restart, a call delivered late) stayed pending with no end
+    # to come, and its messages went to nobody. Fixed by the stale-txn check, which asks the
+    # coordinator about such txns; with this on the check asks nothing and aborts nothing. Read in
+    # actors/subscription.py.
+    "acks_after_end_hang": False,
 }
 
 

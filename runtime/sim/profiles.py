@@ -19,6 +19,9 @@ class Profile:
     crashes: CrashFaults
     fault_window_s: float = 3.0
     workload: Workload = field(default_factory=Workload)
+    # The coordinators' table of ended txns' outcomes (CoordinatorConfig.max_recent_outcomes);
+    # None: the default, which a run of about 100 txns never fills.
+    max_recent_outcomes: int | None = None
 
 
 _DEFAULT_STORAGE = StorageFaults(put_fail=0.01, put_reply_lost=0.005, get_fail=0.01, slow=0.01)
@@ -94,6 +97,16 @@ PROFILES: dict[str, Profile] = {
     # passivations (world.py): the final snapshot, the stop, the kill and the activation.
     "passivation": Profile(_DEFAULT_STORAGE, _DEFAULT_NETWORK,
                            CrashFaults(mean_interval_s=0.3, zombie=0.25, passivate=0.5)),
+    # Calls that arrive long after their callers gave up on them: a tenth of the legs take 0.3-2 s
+    # (about a txn's timeout) and a request outlives its caller, as a Ray call queued behind a
+    # busy or restarting actor does. So an ack or an append may land after its txn ended, or at a
+    # successor of the incarnation its end reached; the coordinators remember only 2 outcomes, so
+    # a subscription that asks about such a txn (its stale-txn check) may hear that its
+    # coordinator forgot it, and must then go by the low watermark (protocol/stale_txns.py).
+    "late-requests": Profile(_DEFAULT_STORAGE,
+                             NetworkFaults(drop=0.01, reply_lost=0.01, duplicate=0.01,
+                                           requests_outlive_callers=True, slow=0.1, slow_latency_s=(0.3, 2.0)),
+                             CrashFaults(mean_interval_s=0.3, zombie=0.3), max_recent_outcomes=2),
 }
 
 # ``--faults all``: each seed runs one of the faulty profiles in turn (seed modulo their number),

@@ -121,6 +121,8 @@ def build_world(loop: SimLoop, rng: random.Random, trace: Trace, profile: Profil
     world = World(loop, rng, trace, profile.storage, profile.network, profile.crashes, gate)
     coordinator_config, partition_config, subscription_config = _configs()
     coordinator_config.num_coordinators = workload.coordinators
+    if profile.max_recent_outcomes is not None:
+        coordinator_config.max_recent_outcomes = profile.max_recent_outcomes
     for tc_id in range(workload.coordinators):
         world.add(coordinator_actor_name(tc_id),
                   lambda tc_id=tc_id, **seams: TransactionCoordinator(tc_id, config=coordinator_config, **seams))

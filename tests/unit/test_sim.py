@@ -35,7 +35,7 @@ from raytxn.tools.cli import app
 CI_SEEDS = {"none": range(0, 40), "default": range(0, 336), "heavy": range(0, 260),
             "stale-handles": range(0, 200), "pipelined": range(0, 24), "zombie-appends": range(0, 24),
             "leases": range(0, 12), "key-shared": range(0, 24), "passivation": range(0, 40),
-            "chained": range(0, 40)}
+            "chained": range(0, 40), "late-requests": range(0, 40)}
 # One process, not a pool of two: the other pytest worker runs its own modules meanwhile, and a
 # second simulator process took its core (Spark tests in that CI ran 6-10 times as long as alone).
 CI_JOBS = 1
@@ -328,17 +328,8 @@ def test_regression_seed_the_drain_outlives_a_passivation_of_its_subscription(se
 
 # --- a bug the simulator found -----------------------------------------------------------------
 
-# Regression seed of a liveness bug the simulator found in a capped run (fixed: a subscription
-# asks the coordinator about a txn pending there for stale_txn_check_s, and aborts its acks when
-# the coordinator has ended it or forgotten it). A worker's ack in txn (0,2), retried through
-# restarts, reached a new incarnation of the subscription after the coordinator's abort had reached
-# the one before, which held nothing of it; the ack stayed pending with no end to come (no later
-# txn of that coordinator brought a low watermark past it), so the acknowledged input went to
-# nobody, not even the drain. Found as heavy seed 7100160 under max_txns=5; that schedule changed
-# with the fix, and this seed's schedule meets the bug today (it fails without the check).
-def test_regression_seed_an_ack_arriving_after_its_txns_end_is_aborted_at_the_subscription() -> None:
-    result = run_seed(43, "heavy", schedule=Schedule(max_txns=5))
-    assert result.ok, result.failure
+# The liveness bug the simulator found in capped runs (an ack that reached a subscription after its
+# txn's end) has its regression seeds, with its test-only switch, in test_sim_bugs.py.
 
 # The regression seeds here (and in test_sim_pipelined.py and test_sim_key_shared.py) replayed the
 # schedule that found their bug until a change of the simulator or of the workload changed every
