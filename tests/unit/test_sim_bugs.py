@@ -90,7 +90,7 @@ def test_the_same_seeds_are_clean_with_the_fix(bug: str) -> None:
     assert sum(r.faults["crashes"] for r in results) > 0 and sum(r.faults["network"] for r in results) > 0
 
 
-@pytest.mark.parametrize("profile", ["consumer-swap", "topic-delete", "pipelined", "zombie-appends"])
+@pytest.mark.parametrize("profile", ["consumer-swap", "topic-delete", "pipelined", "zombie-appends", "late-requests"])
 def test_the_new_profiles_are_deterministic(profile: str) -> None:
     assert run_seed(3, profile).digest == run_seed(3, profile).digest
 
