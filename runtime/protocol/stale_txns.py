@@ -3,8 +3,9 @@
 Why: an ack can reach a subscription after its txn's end did (a network duplicate, a call that
 waited out a restart of the subscription while the end went to the successor and found nothing
 pending). No end comes for it again, so its messages went to nobody until some later end of the
-same coordinator brought a low watermark past it, which may never happen (without this check:
-``raytxn sim --seed 43 --seeds 1 --faults heavy --schedule max_txns=5``). Kafka's answer
+same coordinator brought a low watermark past it, which may never happen (``raytxn sim --seed 43
+--seeds 1 --faults heavy --schedule max_txns=5 --reintroduce acks_after_end_hang``, which turns this
+check off, loses an input). Kafka's answer
 (KIP-890) asks the coordinator before a txn's first write, a round trip for every txn; this asks
 only about txns pending longer than a txn normally lasts here.
 
