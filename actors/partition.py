@@ -86,7 +86,7 @@ OUT_OF_ORDER_WAIT_S = 0.05
 SCAN_ATTEMPTS = 3  # Kafka offset lookups read again this often when retention trims under them
 
 
-@dataclass
+@dataclass(frozen=True)
 class AppendResult:
     position: Position | None     # None: a duplicate whose original entry is no longer known
     count: int

@@ -211,10 +211,12 @@ class _Backoff:
 
     def __init__(self, deadline_s: float | None, on_retry: Callable[[], None] | None, what: str,
                  delays_s: tuple[float, float] = DEFAULT_BACKOFF_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, started: float | None = None) -> None:
         self.deadline_s = deadline_s
         self.clock = clock
-        self.deadline = None if deadline_s is None else clock() + deadline_s
+        if started is None:
+            started = clock()
+        self.deadline = None if deadline_s is None else started + deadline_s
         self.on_retry = on_retry
         self.what = what
         self.delay, self.max_delay = delays_s
@@ -249,11 +251,15 @@ async def retry_async(attempt: Callable[[], Any], deadline_s: float | None,
     backoff (``delays_s``: the first wait and the longest), any other failure is raised at once
     (unwrapped from Ray's RayTaskError)."""
     # The loop's clock: time.monotonic on a real loop, the simulated time in raytxn.sim.
-    backoff = _Backoff(deadline_s, on_retry, what, delays_s, clock=asyncio.get_running_loop().time)
+    clock = asyncio.get_running_loop().time
+    started = clock()
+    backoff: _Backoff | None = None  # built at the first failure: most calls succeed at once
     while True:
         try:
             return await attempt()
         except Exception as raw:  # noqa: BLE001 - sorted by the backoff: raised as is, or retried
+            if backoff is None:
+                backoff = _Backoff(deadline_s, on_retry, what, delays_s, clock=clock, started=started)
             await asyncio.sleep(backoff.next_delay(raw))
 
 

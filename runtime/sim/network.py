@@ -27,15 +27,19 @@ A drawn fault takes effect only when the world's ``FaultGate`` allows it (``gate
 from __future__ import annotations
 
 import asyncio
+import operator
 import pickle
 import random
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from raytxn.actors.partition import AppendResult
 from raytxn.client.rpc import ActorRef, retriable, unwrap
 from raytxn.errors import ActorNotFound, ActorUnavailable
 from raytxn.ids import Position, TxnID
+from raytxn.protocol.lease import Lease, RangeCount, RangePlan
+from raytxn.protocol.txn_buffer import AbortedTxn
 from raytxn.protocol.txnlog import EndAction
 from raytxn.sim.loop import OWNER
 from raytxn.sim.trace import Trace
@@ -78,21 +82,50 @@ class NetworkFaults:
     slow_latency_s: tuple[float, float] = (0.005, 0.05)
 
 
-# Values a copy may share instead of pickling: immutable, and equal to what a pickle round trip
-# gives back (an enum member even comes back as itself). Most arguments and replies are these, or
-# flat tuples of them, or an empty kwargs dict; pickling them all was a tenth of a run's time.
-_IMMUTABLE: frozenset[type] = frozenset({str, int, float, bool, type(None), bytes, TxnID, Position, EndAction})
+# Values a copy may share instead of pickling: immutable all the way down, and equal to what a
+# pickle round trip gives back (an enum member even comes back as itself). The frozen structs'
+# fields are themselves such values or tuples of them. Most arguments and replies are these, or
+# tuples, lists and dicts of them; pickling them all was a tenth of a run's time.
+_IMMUTABLE: frozenset[type] = frozenset({str, int, float, bool, type(None), bytes, TxnID, Position, EndAction,
+                                         AppendResult, Lease, RangePlan, RangeCount, AbortedTxn})
+MAX_COPY_DEPTH = 3  # containers nested deeper than this go through pickle
 
 
 def _copy(value: Any) -> Any:
+    """What the other side of a Ray call gets: ``value`` itself when nothing can mutate it, else a
+    copy (containers of shareable values rebuilt, anything else through pickle)."""
+    copied = _copy_shallow(value, 0)
+    return pickle.loads(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)) if copied is _PICKLE else copied
+
+
+_PICKLE = object()  # _copy_shallow's answer for "not a container of shareable values"
+
+
+def _copy_shallow(value: Any, depth: int) -> Any:
     kind = type(value)
     if kind in _IMMUTABLE:
         return value
-    if kind is tuple and all(type(item) in _IMMUTABLE for item in value):
-        return value
-    if kind is dict and not value:
-        return {}
-    return pickle.loads(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+    if depth >= MAX_COPY_DEPTH or kind not in (tuple, list, dict):
+        return _PICKLE
+    if kind is dict:
+        copied_dict = {}
+        for key, item in value.items():
+            if type(key) not in _IMMUTABLE:
+                return _PICKLE
+            copied_item = _copy_shallow(item, depth + 1)
+            if copied_item is _PICKLE:
+                return _PICKLE
+            copied_dict[key] = copied_item
+        return copied_dict
+    items = []
+    for item in value:
+        copied_item = _copy_shallow(item, depth + 1)
+        if copied_item is _PICKLE:
+            return _PICKLE
+        items.append(copied_item)
+    if kind is list:
+        return items
+    return value if all(map(operator.is_, items, value)) else tuple(items)
 
 
 class Network:

@@ -72,12 +72,14 @@ class Process:
 
     def invoke(self, method: str, args: tuple, kwargs: dict[str, Any]) -> asyncio.Task:
         """Run one call of ``method`` as a task of this process."""
-        bound = getattr(self.actor, method)
-
-        async def run() -> Any:
-            return await bound(*args, **kwargs)
-
-        return self.world.loop.spawn(self, run())
+        # The actor's methods are coroutine functions (the ``guarded`` wrapper is one): the call
+        # builds the coroutine the task runs, and runs nothing of it yet (a wrapper coroutine
+        # around it was one more frame on every step of every call).
+        try:
+            call = getattr(self.actor, method)(*args, **kwargs)
+        except Exception as error:  # noqa: BLE001 - arguments that do not bind: the call's task fails with it
+            call = _raise(error)
+        return self.world.loop.spawn(self, call)
 
     def _exit(self, code: int) -> None:
         """The actor ended its own process (the shell's stop rule); a no-op once it is dead (the
@@ -85,6 +87,10 @@ class Process:
         if self.alive:
             self.world.trace.add("exit", self.label, code)
             self.world.kill(self, restart=True)
+
+
+async def _raise(error: Exception) -> None:
+    raise error
 
 
 class World:
