@@ -56,12 +56,14 @@ PROFILES: dict[str, Profile] = {
     # and hold the Exclusive subscription until its consumer timeout (Ray never delivers a call
     # twice; the network's duplicates stand for a client's retries, see network.py). Some turns
     # leave their txn open (forget): its timeout gives messages back after a successor got later
-    # ones (the cumulative-ack loss in tests/unit/test_sim_bugs.py, fixed).
+    # ones (the cumulative-ack loss in tests/unit/test_sim_bugs.py, fixed). A turn's txn moves
+    # several inputs, so the pipeline has more inputs here, and the tid producers more txns: a
+    # seed runs 90-140 txns, about 120 (66 with the default workload, some seeds under 50).
     "consumer-swap": Profile(
         StorageFaults(put_fail=0.01, put_reply_lost=0.005, get_fail=0.01, slow=0.01),
         NetworkFaults(drop=0.01, reply_lost=0.01),
         CrashFaults(mean_interval_s=0.5, zombie=0.25),
-        workload=Workload(exclusive_turns=True),
+        workload=Workload(exclusive_turns=True, inputs=84, tid_txns=36),
     ),
     # default's faults and topics deleted under open txns (workloads.py): finds bug f49da2f
     # (raytxn.testing_bugs "deleted_topic_stuck").
@@ -87,8 +89,11 @@ PROFILES: dict[str, Profile] = {
                                                 client_restart_at_once=1.0)),
     # default's faults, and holders of range leases consuming the output (where the txns write)
     # on a subscription of their own (leases.py): grant, read from storage with the aborted
-    # spans, ack in a txn, release, renew, expire, takeover by a newer epoch.
-    "leases": _default_faults_running(Workload(lease_holders=2)),
+    # spans, ack in a txn, release, renew, expire, takeover by a newer epoch. The holders run a txn
+    # per lease, about one per message of the output, so the pipeline and the tid producers run
+    # a bit over half the default's txns: a seed runs about 115 txns in all, as the other
+    # profiles' run 105 (205 with the default workload, which made a leases seed cost two).
+    "leases": _default_faults_running(Workload(lease_holders=2, inputs=32, tid_txns=10)),
     # default's faults, keyed inputs consumed through Key_Shared subscriptions by workers that
     # join late and leave and come back (keyshared.py): per key, first deliveries in order and
     # no two consumers holding a key's messages at once.

@@ -127,10 +127,11 @@ def test_cli_reintroduce() -> None:
 # given-back messages nobody received (9 of seeds 0-29 lost inputs without the check; also through a restart
 # right after the abort, where the new incarnation had forgotten the give-back).
 # Seeds 2, 3 and 5 found it; the schedules of every seed changed since (a workload sized to 100 txns,
-# cheaper waits in the simulator, subscriptions asking about stale txns), so the seeds kept are ones
-# whose schedule today still loses inputs with the bug brought back (5 of 0-29: 0, 11, 25, 26, 27),
-# and the test shows both.
-@pytest.mark.parametrize("seed", [0, 11, 25])
+# cheaper waits in the simulator, subscriptions asking about stale txns, then this profile's own
+# workload grown from 66 txns a seed to about 120), so the seeds kept are ones whose schedule today
+# still loses inputs with the bug brought back (15 of 0-59: 1, 8, 10, 19, 20, 24, 25, 30, 32, 36,
+# ...), and the test shows both.
+@pytest.mark.parametrize("seed", [1, 8, 25])
 def test_regression_seed_a_cumulative_ack_after_an_abort_covers_the_messages_it_gave_back(seed: int) -> None:
     result = run_seed(seed, "consumer-swap")
     assert result.ok, result.failure
