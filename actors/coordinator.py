@@ -68,7 +68,7 @@ from raytxn.ledger import Entry, ManagedLedger
 from raytxn.ledger.storage import Storage
 from raytxn.metrics import CoordinatorMetrics
 from raytxn.protocol.coordinator_state import CoordinatorState, EndAction, TxnMeta, TxnState, describe_txn
-from raytxn.protocol.txnlog import Checkpoint, Record, decode_record, encode_record
+from raytxn.protocol.txnlog import Checkpoint, NewTxn, Record, decode_record, encode_record
 
 FAULT_POINTS = (
     "coordinator.after_log_new",
@@ -113,7 +113,11 @@ class TransactionCoordinator(ActorShell, FaultTarget):
         # Per drive: done once every participant applied the end (the caller is answered then;
         # the COMMITTED/ABORTED record is logged after, off the caller's path).
         self._applied: dict[TxnID, asyncio.Future] = {}
-        self._timing_out: set[TxnID] = set()
+        self._timing_out: dict[TxnID, asyncio.Task] = {}  # the timeouts under way
+        # The timer's sleep (``_timer``): what wakes it, that wake-up, and when it is due (ms).
+        self._timer_waiter: asyncio.Future | None = None
+        self._timer_wake: asyncio.TimerHandle | None = None
+        self._timer_due_ms: int | None = None
         self._unapplied = 0                      # records logged but not applied yet
         self._writes_open = asyncio.Event()      # cleared while a compaction runs
         self._writes_open.set()
@@ -180,12 +184,15 @@ class TransactionCoordinator(ActorShell, FaultTarget):
         of preparation. A failed write stops this incarnation (see the actor shell)."""
         assert self._ledger is not None
         state = self.state
+        begins = any(type(record) is NewTxn for record in records)
         self._unapplied += 1
 
         def apply(_position: Position) -> None:
             self._unapplied -= 1
             for record in records:
                 state.apply(record)
+            if begins:
+                self._timer_due_by(self._next_deadline_ms())  # a new txn's deadline may come first
 
         try:
             position = await self._write(self._ledger.append([encode_record(r) for r in records], on_durable=apply))
@@ -429,6 +436,9 @@ class TransactionCoordinator(ActorShell, FaultTarget):
     def _driven(self, txn: TxnID, task: asyncio.Task, applied: asyncio.Future) -> None:
         self._drivers.pop(txn, None)
         self._applied.pop(txn, None)
+        refused_ms = self._stalled_at.get(txn)
+        if refused_ms is not None:  # a participant refused the end: the timer drives it again later
+            self._timer_due_by(refused_ms + int(self.config.stalled_end_retry_s * 1000))
         if not applied.done():
             if task.cancelled():
                 applied.cancel()
@@ -543,6 +553,12 @@ class TransactionCoordinator(ActorShell, FaultTarget):
     # --- timeouts --------------------------------------------------------------------------
 
     async def _timer(self) -> None:
+        """Times out expired txns, drives stalled ends again and reports slow txns, each when it
+        falls due. It sleeps until the earliest of these, and whatever brings one forward wakes
+        it sooner (``_timer_due_by``): a begin (a new deadline), a timeout that did not take, a
+        stalled txn's drive ending. So an idle coordinator wakes once per ``slow_txn_report_s``,
+        not on a fixed tick."""
+        loop = asyncio.get_running_loop()
         next_report_ms = 0
         retry_stalled_ms = int(self.config.stalled_end_retry_s * 1000)
         while True:
@@ -550,19 +566,45 @@ class TransactionCoordinator(ActorShell, FaultTarget):
             if now >= next_report_ms:
                 self.metrics.slow_txns(self.state.count_older_than(now, self.config.slow_txn_threshold_ms))
                 next_report_ms = now + int(self.config.slow_txn_report_s * 1000)
-            for txn, refused_ms in list(self._stalled_at.items()):  # one drive per stalled txn at a time
-                if now - refused_ms >= retry_stalled_ms and txn not in self._drivers:
+            due_ms = next_report_ms
+            for txn, refused_ms in list(self._stalled_at.items()):
+                if txn in self._drivers:  # one drive per stalled txn at a time; its end wakes the timer
+                    continue
+                if now - refused_ms >= retry_stalled_ms:
                     self._stalled_at[txn] = now  # a refusal again restarts the wait
                     self._drive(txn)
+                else:
+                    due_ms = min(due_ms, refused_ms + retry_stalled_ms)
             for txn in self.state.expired(now):
                 if txn not in self._timing_out:
-                    self._timing_out.add(txn)
-                    asyncio.get_running_loop().create_task(self._time_out(txn))
-            next_deadline = self.state.next_deadline_ms()
-            wait = self.config.timer_tick_s
-            if next_deadline is not None:
-                wait = min(wait, max(0.0, (next_deadline - now) / 1000))
-            await asyncio.sleep(max(wait, 0.001))
+                    self._timing_out[txn] = loop.create_task(self._time_out(txn))
+            deadline_ms = self._next_deadline_ms()
+            if deadline_ms is not None:
+                due_ms = min(due_ms, deadline_ms)
+            waiter = self._timer_waiter = loop.create_future()
+            self._timer_due_ms = due_ms
+            self._timer_wake = loop.call_later(_timer_delay_s(due_ms, now), _wake_timer, waiter)
+            try:
+                await waiter
+            finally:
+                self._timer_wake.cancel()
+                self._timer_waiter = self._timer_wake = self._timer_due_ms = None
+
+    def _next_deadline_ms(self) -> int | None:
+        """The earliest deadline of an OPEN txn whose timeout is not under way already."""
+        if not self._timing_out:
+            return self.state.next_deadline_ms()
+        return self.state.next_deadline_ms(skip={txn.sequence for txn in self._timing_out})
+
+    def _timer_due_by(self, due_ms: int | None) -> None:
+        """Make the sleeping timer wake by ``due_ms`` (something falls due then), if later."""
+        waiter, wake, timer_due_ms = self._timer_waiter, self._timer_wake, self._timer_due_ms
+        if due_ms is None or waiter is None or wake is None or timer_due_ms is None or due_ms >= timer_due_ms:
+            return
+        wake.cancel()
+        self._timer_due_ms = due_ms
+        self._timer_wake = waiter.get_loop().call_later(_timer_delay_s(due_ms, self.clock.now_ms()), _wake_timer,
+                                                        waiter)
 
     async def _time_out(self, txn: TxnID) -> None:
         try:
@@ -575,7 +617,8 @@ class TransactionCoordinator(ActorShell, FaultTarget):
                 self.metrics.txn_timed_out()
             self._drive(txn)
         finally:
-            self._timing_out.discard(txn)
+            self._timing_out.pop(txn, None)
+            self._timer_due_by(self._next_deadline_ms())  # still OPEN (it did not take): again soon
 
     # --- compaction ------------------------------------------------------------------------
 
@@ -672,6 +715,17 @@ class _nullcontext:
 
     async def __aexit__(self, *exc: object) -> None:
         return None
+
+
+def _timer_delay_s(due_ms: int, now_ms: int) -> float:
+    """How long the timer sleeps: until ``due_ms``, and at least 1 ms (a due time already past,
+    such as a timeout that did not take, is retried that soon rather than in a busy loop)."""
+    return max(0.001, (due_ms - now_ms) / 1000)
+
+
+def _wake_timer(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _participants_of(meta: TxnMeta) -> list[tuple[str, tuple]]:

@@ -51,7 +51,6 @@ class CoordinatorConfig:
     # A txn whose end a participant refused is driven again this often: the refusal may pass
     # (a participant whose start failed restarts after its hold-off).
     stalled_end_retry_s: float = 5.0
-    timer_tick_s: float = 0.05
     # Live transactions older than this count as slow (the raytxn_slow_txns gauge, set this often).
     slow_txn_threshold_ms: int = 60_000
     slow_txn_report_s: float = 1.0

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict, deque
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from typing import Any
 
 import msgspec
@@ -182,15 +182,23 @@ class CoordinatorState:
             heapq.heappush(self._deadlines, entry)
         return [TxnID(self.tc_id, sequence) for _, sequence in due]
 
-    def next_deadline_ms(self) -> int | None:
-        """The earliest deadline of an OPEN transaction (for the timer), or None."""
+    def next_deadline_ms(self, skip: Container[int] = ()) -> int | None:
+        """The earliest deadline of an OPEN transaction (for the timer), or None. ``skip``: the
+        sequences left out (txns whose timeout is already under way); a scan of the heap, so the
+        timer only asks it while some timeout runs."""
         while self._deadlines:
-            deadline_ms, sequence = self._deadlines[0]
+            sequence = self._deadlines[0][1]
             meta = self._live.get(sequence)
             if meta is not None and meta.state is TxnState.OPEN:
-                return deadline_ms
+                break
             heapq.heappop(self._deadlines)
-        return None
+        else:
+            return None
+        if not skip or self._deadlines[0][1] not in skip:
+            return self._deadlines[0][0]
+        return min((deadline_ms for deadline_ms, sequence in self._deadlines
+                    if sequence not in skip and (meta := self._live.get(sequence)) is not None
+                    and meta.state is TxnState.OPEN), default=None)
 
     # --- prepare: validate a request, return what to log, change nothing durable --------------
 

@@ -71,7 +71,7 @@ class Env:
 def coordinators(ray_session: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineConfig]:
     """Two coordinators shared by the module's tests (each test uses its own topic)."""
     config = EngineConfig(storage_url=f"file://{tmp_path_factory.mktemp('coordinators')}",
-                          coordinator=CoordinatorConfig(num_coordinators=2, timer_tick_s=0.02,
+                          coordinator=CoordinatorConfig(num_coordinators=2,
                                                         slow_txn_threshold_ms=1000,
                                                         stalled_end_retry_s=STALLED_END_RETRY_S))
     start_coordinators(config)

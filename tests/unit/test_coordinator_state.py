@@ -553,6 +553,22 @@ def test_expired_lists_open_txns_past_their_deadline_in_deadline_order(h: Harnes
     h.state.check_invariants()
 
 
+def test_next_deadline_skips_the_txns_whose_timeout_is_under_way(h: Harness) -> None:
+    """The timer leaves out txns it is already timing out (their deadline has passed, and they
+    stay OPEN until the abort is logged); the next deadline is then the earliest of the rest."""
+    slow = h.new(timeout=300)
+    fast = h.new(timeout=100)
+    middle = h.new(timeout=200)
+    assert h.state.next_deadline_ms(skip={fast.sequence}) == T0 + 200
+    assert h.state.next_deadline_ms(skip={slow.sequence}) == T0 + 100  # not the head: as without skip
+    assert h.state.next_deadline_ms(skip={fast.sequence, middle.sequence}) == T0 + 300
+    assert h.state.next_deadline_ms(skip={fast.sequence, middle.sequence, slow.sequence}) is None
+    h.end(middle, COMMIT)  # an ended txn's deadline does not count either
+    assert h.state.next_deadline_ms(skip={fast.sequence}) == T0 + 300
+    assert h.state.next_deadline_ms() == T0 + 100
+    h.state.check_invariants()
+
+
 def test_prepare_timeout_only_for_due_open_txns(h: Harness) -> None:
     txn = h.new(timeout=100)
     assert h.state.prepare_timeout(txn, T0 + 99) is None

@@ -16,12 +16,15 @@ from typing import ClassVar
 import pytest
 from typer.testing import CliRunner
 
+import raytxn.actors.coordinator as coordinator_module
 from raytxn.errors import ActorUnavailable, Fenced, StorageUnavailable
+from raytxn.ids import coordinator_actor_name
 from raytxn.ledger import ManagedLedger
 from raytxn.ledger.storage import ObjectExists
+from raytxn.sim.driver import Workload
 from raytxn.sim.loop import Deadlock, SimLoop
 from raytxn.sim.profiles import ALL_PROFILES, PROFILES, profile_of_seed
-from raytxn.sim.run import run_many, run_seed
+from raytxn.sim.run import build_world, run_many, run_seed
 from raytxn.sim.schedule import Schedule
 from raytxn.sim.storage import SimStorage, StorageFaults
 from raytxn.sim.trace import Trace
@@ -240,6 +243,40 @@ def test_an_open_that_finds_the_ledger_it_seals_trimmed_away_reads_the_record_ag
         loop.run_until_complete(scenario())
     finally:
         loop.close()
+
+
+def test_an_idle_coordinators_timer_wakes_for_its_report_only_and_a_begin_brings_it_forward(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real coordinator on the simulator, no faults. Idle for 10 s, its timer wakes once per
+    ``slow_txn_report_s`` (1 s; a fixed 50 ms tick woke it 200 times). A txn begun then with a
+    300 ms timeout is timed out at its deadline, though the timer was sleeping toward a report
+    about a second away: the begin brought it forward."""
+    loop = SimLoop()
+    wakes: list[float] = []
+    wake_timer = coordinator_module._wake_timer
+    monkeypatch.setattr(coordinator_module, "_wake_timer", lambda waiter: (wakes.append(loop.time()),
+                                                                           wake_timer(waiter)))
+    world = build_world(loop, random.Random(0), Trace(loop.time), PROFILES["none"],
+                        Workload(coordinators=1, partitions=1))
+    coordinator = world.network.ref(coordinator_actor_name(0))
+
+    async def scenario() -> tuple[int, dict]:
+        await coordinator.call_async("ready")
+        idle_from = len(wakes)
+        await asyncio.sleep(10.0)
+        idle_wakes = len(wakes) - idle_from
+        txn = await coordinator.call_async("new_txn", 300, "owner")
+        await asyncio.sleep(0.35)
+        return idle_wakes, await coordinator.call_async("get_txn", txn)
+
+    try:
+        idle_wakes, txn = loop.run_until_complete(scenario())
+    finally:
+        for task in asyncio.all_tasks(loop):
+            task.cancel()
+        loop.close()
+    assert 9 <= idle_wakes <= 11, wakes
+    assert txn["state"] in ("ABORTING", "ABORTED"), txn
 
 
 @pytest.mark.parametrize("seed", [41391])
