@@ -70,13 +70,7 @@ class _TimerHandle(asyncio.TimerHandle):
 
     def __init__(self, when: float, callback: Any, args: tuple, loop: SimLoop,
                  context: contextvars.Context | None) -> None:
-        self._context = contextvars.copy_context() if context is None else context  # as _Handle's
-        self._loop = loop
-        self._callback = callback
-        self._args = args
-        self._cancelled = False
-        self._repr = None
-        self._source_traceback = None
+        _Handle.__init__(self, callback, args, loop, context)  # the same slots: both are Handles
         self._when = when
         self._scheduled = False
 

@@ -404,10 +404,13 @@ class _fewer_collections:
         gc.set_threshold(*self._thresholds)
 
 
+def _quiet_worker() -> None:
+    """A pool's worker runs nothing but seeds: its logs stay quiet for good (``_quiet_logs``)."""
+    _quiet_logs().__enter__()
+
+
 def _run_one(job: tuple[int, str, bool, Schedule | None, ExtraCheck | None, tuple[str, ...]]) -> SeedResult:
     seed, profile_name, keep_trace, schedule, extra_check, bugs = job
-    if multiprocessing.parent_process() is not None:  # a pool's worker runs nothing but seeds: quiet for good
-        _quiet_logs().__enter__()
     with reintroduced(*bugs):  # set here: a worker process does not share the caller's switches
         result = run_seed(seed, profile_name, keep_trace=keep_trace, schedule=schedule, extra_check=extra_check)
     if result.ok:
@@ -429,5 +432,5 @@ def run_many(seeds: Iterable[int], profile_name: str = "default", jobs: int = 1,
         with _quiet_logs():
             yield from map(_run_one, work)
         return
-    with multiprocessing.get_context("spawn").Pool(jobs) as pool:
+    with multiprocessing.get_context("spawn").Pool(jobs, initializer=_quiet_worker) as pool:
         yield from pool.imap(_run_one, work, chunksize=4)
