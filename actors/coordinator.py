@@ -184,15 +184,15 @@ class TransactionCoordinator(ActorShell, FaultTarget):
         of preparation. A failed write stops this incarnation (see the actor shell)."""
         assert self._ledger is not None
         state = self.state
-        begins = any(type(record) is NewTxn for record in records)
+        begun = [record.txn for record in records if type(record) is NewTxn]
         self._unapplied += 1
 
         def apply(_position: Position) -> None:
             self._unapplied -= 1
             for record in records:
                 state.apply(record)
-            if begins:
-                self._timer_due_by(self._next_deadline_ms())  # a new txn's deadline may come first
+            for txn in begun:  # a new txn's deadline may come before the timer's next wake-up
+                self._timer_due_by(state.open_deadline_ms(txn))
 
         try:
             position = await self._write(self._ledger.append([encode_record(r) for r in records], on_durable=apply))
@@ -578,23 +578,23 @@ class TransactionCoordinator(ActorShell, FaultTarget):
             for txn in self.state.expired(now):
                 if txn not in self._timing_out:
                     self._timing_out[txn] = loop.create_task(self._time_out(txn))
-            deadline_ms = self._next_deadline_ms()
+            # The earliest deadline of an OPEN txn whose timeout is not under way already (the
+            # end of a timeout brings the timer forward if its txn is still OPEN).
+            deadline_ms = self.state.next_deadline_ms(skip={txn.sequence for txn in self._timing_out})
             if deadline_ms is not None:
                 due_ms = min(due_ms, deadline_ms)
-            waiter = self._timer_waiter = loop.create_future()
-            self._timer_due_ms = due_ms
-            self._timer_wake = loop.call_later(_timer_delay_s(due_ms, now), _wake_timer, waiter)
-            try:
-                await waiter
-            finally:
-                self._timer_wake.cancel()
-                self._timer_waiter = self._timer_wake = self._timer_due_ms = None
+            await self._timer_sleep(loop, due_ms, now)
 
-    def _next_deadline_ms(self) -> int | None:
-        """The earliest deadline of an OPEN txn whose timeout is not under way already."""
-        if not self._timing_out:
-            return self.state.next_deadline_ms()
-        return self.state.next_deadline_ms(skip={txn.sequence for txn in self._timing_out})
+    async def _timer_sleep(self, loop: asyncio.AbstractEventLoop, due_ms: int, now_ms: int) -> None:
+        """Sleep until ``due_ms``, or until ``_timer_due_by`` brings the wake-up forward."""
+        waiter = self._timer_waiter = loop.create_future()
+        self._timer_due_ms = due_ms
+        self._timer_wake = loop.call_later(_timer_delay_s(due_ms, now_ms), _wake_timer, waiter)
+        try:
+            await waiter
+        finally:
+            self._timer_wake.cancel()
+            self._timer_waiter = self._timer_wake = self._timer_due_ms = None
 
     def _timer_due_by(self, due_ms: int | None) -> None:
         """Make the sleeping timer wake by ``due_ms`` (something falls due then), if later."""
@@ -618,7 +618,7 @@ class TransactionCoordinator(ActorShell, FaultTarget):
             self._drive(txn)
         finally:
             self._timing_out.pop(txn, None)
-            self._timer_due_by(self._next_deadline_ms())  # still OPEN (it did not take): again soon
+            self._timer_due_by(self.state.open_deadline_ms(txn))  # still OPEN (it did not take): again soon
 
     # --- compaction ------------------------------------------------------------------------
 

@@ -186,19 +186,24 @@ class CoordinatorState:
         """The earliest deadline of an OPEN transaction (for the timer), or None. ``skip``: the
         sequences left out (txns whose timeout is already under way); a scan of the heap, so the
         timer only asks it while some timeout runs."""
-        while self._deadlines:
-            sequence = self._deadlines[0][1]
-            meta = self._live.get(sequence)
-            if meta is not None and meta.state is TxnState.OPEN:
-                break
-            heapq.heappop(self._deadlines)
-        else:
+        while self._deadlines and not self._is_open(self._deadlines[0][1]):
+            heapq.heappop(self._deadlines)  # lazy cleanup: the head is an OPEN txn's, if any
+        if not self._deadlines:
             return None
-        if not skip or self._deadlines[0][1] not in skip:
-            return self._deadlines[0][0]
+        deadline_ms, sequence = self._deadlines[0]
+        if sequence not in skip:
+            return deadline_ms
         return min((deadline_ms for deadline_ms, sequence in self._deadlines
-                    if sequence not in skip and (meta := self._live.get(sequence)) is not None
-                    and meta.state is TxnState.OPEN), default=None)
+                    if sequence not in skip and self._is_open(sequence)), default=None)
+
+    def open_deadline_ms(self, txn: TxnID) -> int | None:
+        """``txn``'s deadline while it is OPEN (its timeout still to come), else None."""
+        meta = self.get(txn)
+        return meta.deadline_ms if meta is not None and meta.state is TxnState.OPEN else None
+
+    def _is_open(self, sequence: int) -> bool:
+        meta = self._live.get(sequence)
+        return meta is not None and meta.state is TxnState.OPEN
 
     # --- prepare: validate a request, return what to log, change nothing durable --------------
 
