@@ -9,7 +9,10 @@ end_txn: log COMMITTING/ABORTING, send the end (with the low watermark) to every
 parallel, answer the caller, log COMMITTED/ABORTED. The outcome is durable from the first record
 and every participant has it before the answer, so the last record is off the caller's path (one
 durable write less per commit). ``get_txn``, ``list_txns``, ``stats``, ``ready`` and ``compact``
-first wait for the last records of ends already answered, so a caller reads its own end.
+first wait for the last records of ends already answered, so a caller reads its own end. With
+``commit_answer="logged"`` a commit is answered as Kafka's EndTxn is, once COMMITTING is logged
+and its driver started: the decision is durable and recovery re-drives it, so the answer skips the
+participants' round trip and their marker puts; the txn reads COMMITTING until they have it.
 Recovery replays the log and re-drives every COMMITTING/ABORTING txn, so a crash at any step ends
 with the same outcome. ``commit_and_begin`` is end_txn(COMMIT) whose COMMITTING entry also
 begins the caller's next txn (NewTxn and its registrations): one entry, so the next txn costs the
@@ -125,7 +128,8 @@ class TransactionCoordinator(ActorShell, FaultTarget):
         self._compaction: asyncio.Task | None = None
         self._stalled: dict[TxnID, str] = {}  # txns whose last drive a participant refused: why
         self._stalled_at: dict[TxnID, int] = {}  # ... and when (ms): driven again stalled_end_retry_s later
-        self.info: dict[str, Any] = {"tc_id": tc_id, "end_retries": 0, "compactions": 0, "end_failures": {}}
+        self.info: dict[str, Any] = {"tc_id": tc_id, "end_retries": 0, "compactions": 0, "end_failures": {},
+                                     "commits_answered_at_log": 0}
         self.metrics = CoordinatorMetrics(tc_id)
 
     # --- start and recovery ----------------------------------------------------------------
@@ -323,8 +327,8 @@ class TransactionCoordinator(ActorShell, FaultTarget):
     async def end_txn(self, txn: TxnID, action: EndAction, owner: str, epoch: int | None = None,
                       transactional_id: str | None = None, caller: str | None = None) -> str:
         """Commit or abort; returns the final state (COMMITTED or ABORTED) once every participant
-        has it. Idempotent for the same action; ``Fenced`` for a stale epoch of
-        ``transactional_id``."""
+        has it (a commit once it is logged, with ``commit_answer="logged"``). Idempotent for the
+        same action; ``Fenced`` for a stale epoch of ``transactional_id``."""
         state, _ = await self._end_txn(txn, action, owner, epoch, caller, transactional_id)
         return state
 
@@ -379,6 +383,11 @@ class TransactionCoordinator(ActorShell, FaultTarget):
             elif result.finished:
                 return str(result.state), None
         self._drive(txn)
+        if action is EndAction.COMMIT and self._answers_at_log(txn):
+            self.info["commits_answered_at_log"] += 1
+            if result.record is not None:
+                self.metrics.commit_latency((self.clock.monotonic() - requested) * 1000)
+            return str(TxnState.COMMITTED), next_txn
         await asyncio.shield(self._applied[txn])
         meta = self.state.get(txn)
         if meta is not None:  # every participant has it; the last record is on its way
@@ -392,6 +401,16 @@ class TransactionCoordinator(ActorShell, FaultTarget):
         if result.record is not None and result.record.new_state is TxnState.COMMITTING:
             self.metrics.commit_latency((self.clock.monotonic() - requested) * 1000)
         return str(TxnState.COMMITTED if committed else TxnState.ABORTED), next_txn
+
+    def _answers_at_log(self, txn: TxnID) -> bool:
+        """Whether this commit is answered now, with COMMITTING logged and its driver started
+        (``commit_answer="logged"``, Kafka's EndTxn), rather than once every participant has it.
+        Only a txn still COMMITTING here: one whose driver already finished (or was never needed)
+        is answered by the usual path, which reads its outcome."""
+        if self.config.commit_answer != "logged":
+            return False
+        meta = self.state.get(txn)
+        return meta is not None and meta.state is TxnState.COMMITTING
 
     def _prepare_next(self, end: Record, owner: str, caller: str | None,
                       begin_next: tuple[int, list, list] | None) -> list[Record]:

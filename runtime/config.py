@@ -30,6 +30,9 @@ def parse_duration(value: object) -> float:
     return seconds
 
 
+COMMIT_ANSWERS = ("applied", "logged")  # CoordinatorConfig.commit_answer
+
+
 @dataclass
 class CoordinatorConfig:
     num_coordinators: int = 2
@@ -54,6 +57,18 @@ class CoordinatorConfig:
     # Live transactions older than this count as slow (the raytxn_slow_txns gauge, set this often).
     slow_txn_threshold_ms: int = 60_000
     slow_txn_report_s: float = 1.0
+    # When a commit is answered. "applied" (Pulsar's): once every participant has its marker, so
+    # a read right after the answer sees the txn's messages. "logged" (Kafka's EndTxn): once
+    # COMMITTING is in the log, the decision durable; the markers follow from the driver, as a
+    # recovering coordinator's re-drive sends them, so the answer saves a participant round trip
+    # and a put, and the txn's messages become readable a moment after it. Aborts are always
+    # answered once applied: a caller may redo the aborted work at once.
+    commit_answer: str = "applied"
+
+    def __post_init__(self) -> None:
+        if self.commit_answer not in COMMIT_ANSWERS:
+            raise InvalidArgument(f"commit_answer must be one of {', '.join(COMMIT_ANSWERS)}, "
+                                  f"not {self.commit_answer!r}")
 
     def log_config(self) -> LedgerConfig:
         return LedgerConfig(group_commit=self.batched_log, max_delay_ms=self.log_max_delay_ms,

@@ -19,7 +19,9 @@ Two states say a transaction can no longer commit before any end was asked for:
 
 ``commit`` and ``abort`` return (or raise) only once every participant has applied the outcome:
 a commit that ends up aborting waits for the abort, so the caller may at once redo the work in
-another transaction without colliding with what this one held.
+another transaction without colliding with what this one held. An engine whose coordinators answer
+commits once logged (``CoordinatorConfig.commit_answer="logged"``, Kafka's behaviour) returns from
+a commit once it is decided and durable; its participants apply it a moment later.
 
 A transaction without a transactional id begins lazily, as Kafka's ``beginTransaction`` does:
 ``new_transaction`` makes no call, and its first registration (the first send or ack with it)
@@ -424,7 +426,8 @@ class Transaction:
     def _end_at_coordinator(self, action: EndAction, already_ended: type[RaytxnError], final: TxnClientState,
                             before: Callable[[], None] | None = None) -> None:
         """Run ``before``, end the txn at its coordinator (ended that way already counts as done;
-        the coordinator answers once every participant applied the end), then move to ``final``;
+        the coordinator answers once every participant applied the end, or a commit once logged),
+        then move to ``final``;
         any other failure leaves the txn in ERROR, from which only abort may follow."""
         try:
             if before is not None:

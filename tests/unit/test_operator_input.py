@@ -1,11 +1,12 @@
-"""What operators type: durations (``--older-than 30s``), transaction ids (``0,42``), and a
-subscription's stale-txn check interval."""
+"""What operators type: durations (``--older-than 30s``), transaction ids (``0,42``), a
+subscription's stale-txn check interval, and when coordinators answer commits."""
 
 from __future__ import annotations
 
 import pytest
 
-from raytxn.config import SubscriptionConfig, parse_duration
+from raytxn.client.client import _engine_config
+from raytxn.config import COMMIT_ANSWERS, CoordinatorConfig, SubscriptionConfig, parse_duration
 from raytxn.errors import InvalidArgument
 from raytxn.ids import TxnID, parse_txn_id
 
@@ -41,3 +42,17 @@ def test_a_stale_txn_check_interval_that_is_not_a_positive_number_is_invalid_arg
     with pytest.raises(InvalidArgument, match="stale_txn_check_s"):
         SubscriptionConfig(stale_txn_check_s=seconds)  # type: ignore[arg-type]
     assert SubscriptionConfig(stale_txn_check_s=0.25).stale_txn_check_s == 0.25
+
+
+@pytest.mark.parametrize("answer", COMMIT_ANSWERS)
+def test_commit_answers_are_taken_by_the_config_and_by_connect(answer: str) -> None:
+    assert CoordinatorConfig(commit_answer=answer).commit_answer == answer
+    assert _engine_config("file:///tmp/x", {}, {"commit_answer": answer}).coordinator.commit_answer == answer
+
+
+@pytest.mark.parametrize("answer", ["", "Logged", "decided", "markers", None, 1, True])
+def test_an_unknown_commit_answer_is_invalid_argument(answer: object) -> None:
+    with pytest.raises(InvalidArgument, match="commit_answer must be one of applied, logged"):
+        CoordinatorConfig(commit_answer=answer)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="commit_answer"):
+        _engine_config("file:///tmp/x", {}, {"commit_answer": answer})
