@@ -84,6 +84,9 @@ class Workload:
     # The pipeline's workers commit with commit_and_begin and run their next txn in the one it
     # began (runtime/client/txn_chain.py), registering what it lacks; an unused one is released.
     chain_begin: bool = False
+    # When the coordinators answer a commit (CoordinatorConfig.commit_answer): "logged" answers
+    # once COMMITTING is durable, and the markers reach the participants after the answer.
+    commit_answer: str = "applied"
 
 
 @dataclass

@@ -112,6 +112,10 @@ PROFILES: dict[str, Profile] = {
                              NetworkFaults(drop=0.01, reply_lost=0.01, duplicate=0.01,
                                            requests_outlive_callers=True, slow=0.1, slow_latency_s=(0.3, 2.0)),
                              CrashFaults(mean_interval_s=0.3, zombie=0.3), max_recent_outcomes=2),
+    # chained, with commits answered once COMMITTING is logged (CoordinatorConfig.commit_answer,
+    # Kafka's EndTxn): a worker's next txn appends and acks while the markers of the one before
+    # are still on their way, and a coordinator that crashes after the answer re-drives them.
+    "early-answer": _default_faults_running(Workload(chain_begin=True, commit_answer="logged")),
 }
 
 # ``--faults all``: each seed runs one of the faulty profiles in turn (seed modulo their number),

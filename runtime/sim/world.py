@@ -138,6 +138,10 @@ class World:
     def actor(self, name: str) -> Any:
         return self._current[name].actor
 
+    def is_up(self, name: str) -> bool:
+        process = self._current.get(name)
+        return process is not None and process.alive
+
     # --- crashes ---------------------------------------------------------------------------
 
     def kill(self, process: Process, restart: bool) -> None:
