@@ -11,7 +11,11 @@ logged after the answer). Every latency is also reported as a multiple of the an
 The floor, measured in rounds between the engine's, is the same path on bare actors: the same
 four Ray calls and three durable puts, in the same order, with nothing else
 (``bench_commit_floor``). Its p50 is the least this design's three durable steps take here; the
-engine's p50 over the floor's is what the engine's own code adds."""
+engine's p50 over the floor's is what the engine's own code adds.
+
+A second engine answers commits once logged (``commit_answer="logged"``, Kafka's EndTxn): its
+commit waits for COMMITTING's put only, and the partition's marker follows. It is measured in
+rounds beside a floor that answers the same way."""
 
 from __future__ import annotations
 
@@ -51,8 +55,15 @@ def measure_fsync_round_trip(calls: int) -> list[float]:
 def bench_commit(short: bool = False, progress: Callable[[str], None] = print) -> list[dict]:
     """p50/p99 of (begin, 1 send, commit), and of its send and commit parts, beside the anchor:
     with each commit beginning the next txn (runtime/client/txn_chain.py, on by default) and
-    without, in rounds that alternate, so that both see the same machine."""
+    without, in rounds that alternate, so that both see the same machine; then chained on an
+    engine that answers commits once logged, beside its own floor."""
     txns = 200 if short else 2000
+    rows = _bench_commit_answered_once_applied(txns, progress)
+    rows.append(_bench_commit_answered_once_logged(txns, progress))
+    return rows
+
+
+def _bench_commit_answered_once_applied(txns: int, progress: Callable[[str], None]) -> list[dict]:
     client = _engine()
     try:
         producer = warm_txn_producer(client, "bench-commit", 20)
@@ -87,6 +98,34 @@ def bench_commit(short: bool = False, progress: Callable[[str], None] = print) -
     return rows
 
 
+def _bench_commit_answered_once_logged(txns: int, progress: Callable[[str], None]) -> dict:
+    client = _engine(commit_answer="logged")
+    try:
+        producer = warm_txn_producer(client, "bench-commit-logged", 20)
+        anchor = measure_fsync_round_trip(txns)
+        floor = CommitFloor(answer_at_log=True)
+        floor.run(20)
+        whole: list[float] = []
+        sends: list[float] = []
+        commits: list[float] = []
+        floor_whole: list[float] = []
+        rounds = 10
+        for _ in range(rounds):
+            _time_txns(client, producer, txns // rounds, whole, sends, commits)
+            floor_whole += floor.run(txns // rounds)[0]
+        floor_puts_per_txn = floor.puts_per_txn()
+        floor.close()
+        row = commit_row(txns, sorted(whole), sorted(sends), sorted(commits), anchor, sorted(floor_whole),
+                         floor_puts_per_txn, True, commit_answer="logged")
+        progress(f"  chained, answered once logged: p50 {row['p50_ms']} ms, p99 {row['p99_ms']} ms (send p50 "
+                 f"{row['send_p50_ms']}, commit p50 {row['commit_p50_ms']}); the same path on bare actors "
+                 f"answering once logged p50 {row['floor_p50_ms']} ms: p50 = {row['p50_over_floor']}x")
+        return row
+    finally:
+        client.close()
+        stop_engine()
+
+
 def warm_txn_producer(client: Client, topic: str, warm_txns: int) -> Producer:
     """A new one-partition ``topic`` and a producer sending at once (no linger), warmed by
     ``warm_txns`` txns of one send: actors started, refs looked up."""
@@ -113,13 +152,15 @@ def _time_txns(client: Client, producer: Producer, txns: int, whole: list[float]
 
 
 def commit_row(txns: int, whole: list[float], sends: list[float], commits: list[float],
-               anchor: list[float], floor: list[float], floor_puts_per_txn: float, chained: bool = True) -> dict:
+               anchor: list[float], floor: list[float], floor_puts_per_txn: float, chained: bool = True,
+               commit_answer: str = "applied") -> dict:
     """All latency lists sorted, in ms. ``floor``: the same path's on bare actors, which made
-    ``floor_puts_per_txn`` durable puts a txn."""
+    ``floor_puts_per_txn`` durable puts a txn; ``commit_answer``: when the engine (and the floor)
+    answered commits."""
     anchor_p50 = _percentile(anchor, 0.5)
     floor_p50, floor_p99 = _percentile(floor, 0.5), _percentile(floor, 0.99)
     return {"bench": "commit", "case": "new_transaction, 1 send of 100 B, commit", "txns": txns,
-            "begin": "chained" if chained else "lazy",
+            "begin": "chained" if chained else "lazy", "commit_answer": commit_answer,
             "p50_ms": round(_percentile(whole, 0.5), 3), "p99_ms": round(_percentile(whole, 0.99), 3),
             "send_p50_ms": round(_percentile(sends, 0.5), 3), "commit_p50_ms": round(_percentile(commits, 0.5), 3),
             "commit_p99_ms": round(_percentile(commits, 0.99), 3),

@@ -8,6 +8,10 @@ one after another, over four Ray calls:
 2. the commit: driver -> coordinator, which puts COMMITTING, then
 3. coordinator -> partition, which puts the commit marker; both answers go back.
 
+With ``answer_at_log`` the coordinator answers once COMMITTING is put and sends the partition's
+end after the answer (``CoordinatorConfig.commit_answer="logged"``): two durable steps on the
+caller's path, the marker's put overlapping the next txn.
+
 The floor makes exactly those calls, with arguments of the engine's shapes, and each put is
 ``Storage.create`` on file:// (write, fsync, link, fsync the directory, in one worker thread),
 as the engine's ledgers do. It has no state machine, no ledger framing, no sequence checks, no
@@ -18,6 +22,7 @@ least that this design's three durable steps can take on this machine.
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
 import time
 from typing import Any
@@ -56,28 +61,37 @@ class FloorPartition:
 
 class FloorCoordinator:
     """Answers a commit the way the coordinator must at the least: one put, then the partition's
-    end, then the answer."""
+    end, then the answer (with ``answer_at_log``: the answer, then the partition's end)."""
 
-    def __init__(self, storage_url: str, partition: Any) -> None:
+    def __init__(self, storage_url: str, partition: Any, answer_at_log: bool = False) -> None:
         self._storage = Storage.from_url(storage_url)
         self._partition = partition
+        self._answer_at_log = answer_at_log
+        self._ends_after_answer: list[Any] = []  # the partition's ends still on their way
         self._puts = 0
 
     async def commit_and_begin(self, txn: TxnID, owner: str, timeout_ms: int, partitions: list[tuple[str, int]],
                                subscriptions: list[tuple[str, int, str]]) -> tuple[str, TxnID]:
         self._puts += 1
         await self._storage.create(f"coordinator/{self._puts:08d}", f"COMMITTING {txn} {owner}".encode())
-        await self._partition.end_txn.remote(txn, EndAction.COMMIT, txn.sequence)
+        end = self._partition.end_txn.remote(txn, EndAction.COMMIT, txn.sequence)
+        if self._answer_at_log:
+            self._ends_after_answer = [task for task in self._ends_after_answer if not task.done()]
+            self._ends_after_answer.append(asyncio.ensure_future(end))
+        else:
+            await end
         return "COMMITTED", TxnID(txn.tc_id, txn.sequence + 1)
 
     async def puts(self) -> int:
+        await asyncio.gather(*self._ends_after_answer)  # every end put before the partition counts
+        self._ends_after_answer = []
         return self._puts
 
 
 class CommitFloor:
     """The two floor actors on the running Ray, over a fresh file:// root; ``close`` removes both."""
 
-    def __init__(self) -> None:
+    def __init__(self, answer_at_log: bool = False) -> None:
         self._directory = tempfile.TemporaryDirectory(prefix="raytxn-commit-floor-")
         url = f"file://{self._directory.name}"
         # The engine's options, but not restarted: a floor actor that died would be a failed run
@@ -85,7 +99,7 @@ class CommitFloor:
         # a restart).
         options = {**ray_actor_options(max_concurrency=MAX_CONCURRENCY), "max_restarts": 0}
         self.partition = ray.remote(**options)(FloorPartition).remote(url)
-        self.coordinator = ray.remote(**options)(FloorCoordinator).remote(url, self.partition)
+        self.coordinator = ray.remote(**options)(FloorCoordinator).remote(url, self.partition, answer_at_log)
         self._txn = TxnID(0, 0)
         self.txns = 0
 
@@ -108,8 +122,8 @@ class CommitFloor:
     def puts_per_txn(self) -> float:
         """Durable puts made per txn run so far, by both actors (3: the send's, COMMITTING's and
         the marker's)."""
-        puts = ray.get([self.coordinator.puts.remote(), self.partition.puts.remote()])
-        return sum(puts) / self.txns
+        coordinator_puts = ray.get(self.coordinator.puts.remote())  # first: its ends still on their way land
+        return (coordinator_puts + ray.get(self.partition.puts.remote())) / self.txns
 
     def close(self) -> None:
         ray.kill(self.coordinator)

@@ -9,6 +9,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from typing import Any
 
 import ray
 
@@ -30,6 +31,10 @@ def _engine(**config: object) -> rt.Client:
 
 
 MODES = ("plain", "txn", "txn_sync", "batch")
+# What the synchronous pattern's cost over plain is made of, one step at a time (``_produce``):
+# sends in a txn (one txn for the whole run), then a commit every window that the sender does not
+# wait for, then txn_sync itself (the sender waits for it).
+PARTS_OF_TXN_SYNC = ("txn_one", "txn_bg_commit")
 BATCH_CALL = 1000  # messages per send_batch call in the "batch" mode
 
 
@@ -42,8 +47,10 @@ def _produce(client: rt.Client, topic: str, messages: int, transactional: bool =
     while the previous one still sends, as a pipeline would. ``txn_sync``: the plain synchronous
     pattern a new user writes: ``new_transaction()``, ``send_async`` in a loop, then ``commit()``
     (which flushes) in the sender's thread, every window. ``batch``: ``send_batch`` of 1,000
-    messages a call, ``flush`` every window. Without a ``mode``: ``txn`` if ``transactional``,
-    else ``plain``."""
+    messages a call, ``flush`` every window. ``txn_one``: plain's pattern with every send in one
+    txn, committed at the end. ``txn_bg_commit``: txn_sync's, but after the window's ``flush`` the
+    commit goes to another thread and the next window starts at once. Without a ``mode``: ``txn``
+    if ``transactional``, else ``plain``."""
     mode = mode or ("txn" if transactional else "plain")
     producer = client.create_producer(topic, batching_max_delay_ms=2)
     committer = concurrent.futures.ThreadPoolExecutor(1)
@@ -56,13 +63,14 @@ def _produce(client: rt.Client, topic: str, messages: int, transactional: bool =
     start = time.perf_counter()
     sent = 0
     next_txn = client.new_transaction_async(timeout=60) if mode == "txn" else None
+    whole_run_txn = client.new_transaction(timeout=600) if mode == "txn_one" else None
     while sent < messages:
-        txn = None
+        txn = whole_run_txn
         if mode == "txn":
             assert next_txn is not None
             txn = next_txn.result()
             next_txn = client.new_transaction_async(timeout=60)
-        elif mode == "txn_sync":
+        elif mode in ("txn_sync", "txn_bg_commit"):
             txn = client.new_transaction(timeout=60)
         window_end = time.perf_counter() + 0.1  # one transaction (or flush) per 100 ms
         while sent < messages and time.perf_counter() < window_end:
@@ -73,15 +81,10 @@ def _produce(client: rt.Client, topic: str, messages: int, transactional: bool =
                 for _ in range(200):
                     producer.send_async(PAYLOAD, txn=txn)
                 sent += 200
-        if mode == "txn":
-            assert txn is not None
-            commits.append(committer.submit(txn.commit))  # the next txn starts meanwhile
-        elif mode == "txn_sync":
-            assert txn is not None
-            txn.commit()
-        else:
-            producer.flush()
+        _end_window(mode, producer, txn, committer, commits)
     producer.flush()
+    if whole_run_txn is not None:
+        whole_run_txn.commit()
     for commit in commits:
         commit.result()
     elapsed = time.perf_counter() - start
@@ -91,10 +94,24 @@ def _produce(client: rt.Client, topic: str, messages: int, transactional: bool =
     return sent / elapsed
 
 
+def _end_window(mode: str, producer: Any, txn: Any, committer: concurrent.futures.Executor,
+                commits: list[concurrent.futures.Future]) -> None:
+    if mode == "txn":
+        commits.append(committer.submit(txn.commit))  # the next txn starts meanwhile
+    elif mode == "txn_sync":
+        txn.commit()
+    else:
+        producer.flush()
+        if mode == "txn_bg_commit":
+            commits.append(committer.submit(txn.commit))
+
+
 def bench_produce(short: bool = False, progress: Callable[[str], None] = print) -> list[dict]:
     """Produce throughput of 100 B messages on 1 and 4 partitions in four modes (``_produce``:
     plain, txn, txn_sync, batch), their ratios (txn and txn_sync to plain), and each one's ratio
-    to this machine's ceiling (``bench_ceiling``) measured in every round.
+    to this machine's ceiling (``bench_ceiling``) measured in every round. On 1 partition also the
+    parts of txn_sync's cost (``PARTS_OF_TXN_SYNC``), and then all of that again on an engine
+    answering commits once logged.
 
     A run sends 600k messages (5-7 s), so the last commit's latency (~0.1 s, counted: the rate is
     of committed messages) weighs little. On a 2-core machine runs of the same mode still differ by
@@ -102,49 +119,65 @@ def bench_produce(short: bool = False, progress: Callable[[str], None] = print) 
     share the cores), so the modes alternate, each on a fresh topic, the order rotated every
     round, and a ratio is the median over rounds of the ratio of a round's two runs; the medians
     of each mode and every run are in the row too."""
-    client = _engine()
-    rows = []
     rounds = 2 if short else 3
     messages = 50_000 if short else 600_000
+    client = _engine()
     try:
-        for partitions in (1, 4):
-            rates: dict[str, list[float]] = {mode: [] for mode in (*MODES, "ceiling")}
-            for round_ in range(rounds):
-                rates["ceiling"].append(measure_ceiling(messages))  # this round's ceiling, same load
-                order = MODES[round_ % len(MODES):] + MODES[:round_ % len(MODES)]
-                for mode in order if round_ % 2 == 0 else tuple(reversed(order)):
-                    topic = f"bench-{mode.replace('_', '-')}-{partitions}-{round_}"
-                    client.create_topic(topic, partitions)
-                    rates[mode].append(_produce(client, topic, messages, mode=mode))
-                    client.delete_topic(topic)  # its ledgers go: a full bench writes ~800 MB
-                progress(f"  {partitions} partition(s) round {round_ + 1}/{rounds}: "
-                         + ", ".join(f"{mode} {rates[mode][-1]:9.0f}" for mode in MODES) + " msgs/s, ceiling "
-                         f"{rates['ceiling'][-1]:9.0f}")
-            row = produce_row(partitions, messages, rates)
-            rows.append(row)
-            progress(f"  {partitions} partition(s) median: plain {row['plain_msgs_per_s']:9.0f}, txn "
-                     f"{row['txn_msgs_per_s']:9.0f}, txn/plain per round {row['txn_over_plain']:.3f}, "
-                     f"txn_sync/plain {row.get('txn_sync_over_plain')}, batch/ceiling {row.get('batch_over_ceiling')}")
+        rows = [_produce_rounds(client, partitions, messages, rounds,
+                                MODES + (PARTS_OF_TXN_SYNC if partitions == 1 else ()), progress)
+                for partitions in (1, 4)]
+    finally:
+        client.close()
+        stop_engine()
+    # The synchronous pattern again, on an engine answering commits once logged (Kafka's EndTxn):
+    # the commit blocks the sender for COMMITTING's put, not for the partition's marker too.
+    client = _engine(commit_answer="logged")
+    try:
+        rows.append(_produce_rounds(client, 1, messages, rounds, ("plain", "txn_sync", *PARTS_OF_TXN_SYNC), progress,
+                                    "logged"))
     finally:
         client.close()
         stop_engine()
     return rows
 
 
-def produce_row(partitions: int, messages: int, rates: dict[str, list[float]]) -> dict:
-    """``rates``: msgs/s of every run of each mode (plain and txn, optionally txn_sync and batch),
+def _produce_rounds(client: rt.Client, partitions: int, messages: int, rounds: int, modes: tuple[str, ...],
+                    progress: Callable[[str], None], commit_answer: str = "applied") -> dict:
+    """``rounds`` rounds of ``modes`` on fresh topics of ``partitions``, each round beside its own
+    ceiling, the order rotated; the row of their medians (``produce_row``)."""
+    rates: dict[str, list[float]] = {mode: [] for mode in (*modes, "ceiling")}
+    for round_ in range(rounds):
+        rates["ceiling"].append(measure_ceiling(messages))  # this round's ceiling, same load
+        order = modes[round_ % len(modes):] + modes[:round_ % len(modes)]
+        for mode in order if round_ % 2 == 0 else tuple(reversed(order)):
+            topic = f"bench-{mode.replace('_', '-')}-{partitions}-{commit_answer}-{round_}"
+            client.create_topic(topic, partitions)
+            rates[mode].append(_produce(client, topic, messages, mode=mode))
+            client.delete_topic(topic)  # its ledgers go: a full bench writes ~800 MB
+        progress(f"  {partitions} partition(s), commits answered once {commit_answer}, round {round_ + 1}/{rounds}: "
+                 + ", ".join(f"{mode} {rates[mode][-1]:9.0f}" for mode in modes) + " msgs/s, ceiling "
+                 f"{rates['ceiling'][-1]:9.0f}")
+    row = produce_row(partitions, messages, rates, commit_answer)
+    progress(f"  {partitions} partition(s) median: plain {row['plain_msgs_per_s']:9.0f}, txn/plain "
+             f"{row.get('txn_over_plain')}, txn_sync/plain {row.get('txn_sync_over_plain')}, batch/ceiling "
+             f"{row.get('batch_over_ceiling')}")
+    return row
+
+
+def produce_row(partitions: int, messages: int, rates: dict[str, list[float]], commit_answer: str = "applied") -> dict:
+    """``rates``: msgs/s of every run of each mode (plain, and any of txn, txn_sync and batch),
     and of the ceiling probe (``bench_ceiling``), round by round; ratios are medians of each
-    round's own ratio."""
+    round's own ratio. ``commit_answer``: when the engine answered commits."""
 
     def per_round(mode: str, base: str) -> float:
         return round(statistics.median(a / b for a, b in zip(rates[mode], rates[base], strict=True)), 3)
 
-    modes = [mode for mode in MODES if rates.get(mode)]
-    row: dict = {"bench": "produce", "partitions": partitions, "message_bytes": len(PAYLOAD),
-                 "messages_per_run": messages, "rounds": len(rates["plain"])}
+    modes = [mode for mode in (*MODES, *PARTS_OF_TXN_SYNC) if rates.get(mode)]
+    row: dict = {"bench": "produce", "partitions": partitions, "commit_answer": commit_answer,
+                 "message_bytes": len(PAYLOAD), "messages_per_run": messages, "rounds": len(rates["plain"])}
     for mode in modes:
         row[f"{mode}_msgs_per_s"] = round(statistics.median(rates[mode]), 1)
-    for mode in ("txn", "txn_sync"):
+    for mode in ("txn", "txn_sync", *PARTS_OF_TXN_SYNC):
         if mode in modes:
             row[f"{mode}_over_plain"] = per_round(mode, "plain")
     row["ceiling_msgs_per_s"] = round(statistics.median(rates["ceiling"]), 1)

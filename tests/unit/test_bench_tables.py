@@ -61,9 +61,14 @@ ROWS: dict[str, Callable[[], list[dict]]] = {
                                                              "batch": [450_000.75, 500_000.5],
                                                              "ceiling": [900_000.5, 850_000.25]}),
                         bench_produce.produce_row(1, 50_000, {"plain": [90_000.4], "txn": [80_000.2],
-                                                             "ceiling": [900_000.5]})],
+                                                             "ceiling": [900_000.5]}),
+                        bench_produce.produce_row(1, 50_000, {"plain": [90_000.4], "txn_sync": [85_000.5],
+                                                             "txn_one": [88_000.5], "txn_bg_commit": [86_500.5],
+                                                             "ceiling": [900_000.5]}, "logged")],
     "commit": lambda: [bench_commit.commit_row(3, [3.5, 4.25, 9.0], [1.5, 2.0, 4.0], [2.0, 2.25, 5.0],
-                                               [0.75, 0.8, 1.5], [2.5, 2.75, 6.0], 3.0)],
+                                               [0.75, 0.8, 1.5], [2.5, 2.75, 6.0], 3.0),
+                       bench_commit.commit_row(3, [2.5, 3.25, 7.0], [1.5, 2.0, 4.0], [1.0, 1.25, 3.0],
+                                               [0.75, 0.8, 1.5], [2.0, 2.25, 5.0], 3.0, commit_answer="logged")],
     "s3": lambda: bench_s3.s3_rows({"produce": 1000, "commit": 10, "consume": 500},
                                    {backend: {f: [scale * (i + 1.5) for i in range(2)] for f in bench_s3.FIGURES}
                                     for backend, scale in (("file", 100.25), ("s3", 60.5))}),
@@ -171,3 +176,14 @@ def test_kafka_rows_take_the_best_round_of_each_side_and_their_ratio() -> None:
     assert (consume["op"], consume["gateway_over_native"], consume["rounds"]) == ("consume", round(30 / 61, 3), 2)
     assert (consume["gateway_first_message_ms"], consume["native_first_message_ms"]) == (500.0, 250.0)
     assert produce["gateway_first_message_ms"] is None
+
+
+def test_the_parts_of_txn_syncs_cost_are_each_a_ratio_to_plain_in_the_same_round() -> None:
+    row = bench_produce.produce_row(1, 10, {"plain": [100.0, 200.0], "txn_sync": [80.0, 170.0],
+                                            "txn_one": [95.0, 190.0], "txn_bg_commit": [90.0, 180.0],
+                                            "ceiling": [1000.0, 800.0]}, "logged")
+    assert row["commit_answer"] == "logged"
+    parts = (row["txn_one_over_plain"], row["txn_bg_commit_over_plain"], row["txn_sync_over_plain"])
+    assert parts == (0.95, 0.9, 0.825)
+    assert "txn_over_plain" not in row and "batch_msgs_per_s" not in row  # modes not run are not reported
+    assert row["txn_one_over_ceiling"] == round((0.095 + 0.2375) / 2, 3)
