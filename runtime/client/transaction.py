@@ -191,7 +191,8 @@ class Transaction:
         self.transactional_id = transactional_id
         self.epoch = epoch
         began_at = time.monotonic() if began_at is None else began_at
-        self._machine = TxnStateMachine(txn_id, began_at + timeout_s)
+        # Its state; a producer reads ``machine.open_until`` on every send (``check_open``'s test).
+        self.machine = TxnStateMachine(txn_id, began_at + timeout_s)
         # Registrations in flight or done, keyed by participant; futures live on the client loop.
         self._registrations: dict[tuple, asyncio.Future] = {}
         self._preregistered = frozenset(registered)
@@ -233,7 +234,7 @@ class Transaction:
     @property
     def state(self) -> TxnClientState:
         """Reads TIMED_OUT once the timeout passed while OPEN, without any call."""
-        return self._machine.state
+        return self.machine.state
 
     # --- used by producers and consumers ---------------------------------------------------
 
@@ -259,7 +260,7 @@ class Transaction:
         """Nothing unless OPEN. ``TransactionTimedOut`` once its timeout passed, with no round
         trip; ``InvalidTxnState`` (chained to the failure) when abort-only, and when ending or
         ended (``TransactionAlreadyCommitted``/``TransactionAlreadyAborted`` once it has)."""
-        if _monotonic() < self._machine.open_until:  # OPEN, and before its deadline: every send and ack
+        if _monotonic() < self.machine.open_until:  # OPEN, and before its deadline: every send and ack
             return
         state = self.state
         if state is TxnClientState.OPEN:
@@ -268,7 +269,7 @@ class Transaction:
             raise self._timed_out()
         message = f"{self._label} is {state}; no more sends or acks"
         if state is TxnClientState.ABORT_ONLY:
-            cause = self._machine.cause
+            cause = self.machine.cause
             raise InvalidTxnState(f"{message}: an earlier one failed ({cause!r})") from cause
         if state is TxnClientState.COMMITTED:
             raise TransactionAlreadyCommitted(message)
@@ -283,7 +284,7 @@ class Transaction:
         """Register a partition (``kind="partition"``) or subscription with the coordinator,
         once per txn; concurrent callers share the one registration. Every send and ack passes
         here right before it goes out: past the timeout it raises ``TransactionTimedOut`` instead."""
-        if self._machine.past_deadline():
+        if self.machine.past_deadline():
             raise self._timed_out()
         self._used.add((kind, participant))
         if (kind, participant) in self._preregistered:
@@ -355,7 +356,7 @@ class Transaction:
             begin.exception()
             raise
         self._id = txn_id
-        self._machine.txn_id = txn_id
+        self.machine.txn_id = txn_id
         for future in futures.values():
             future.set_result(None)
         begin.set_result(txn_id)
@@ -370,7 +371,7 @@ class Transaction:
         """A send or ack made with this txn failed: it becomes abort-only (``commit`` aborts it and
         raises ``error``). The first failure is kept; a txn that timed out, or is ending or ended,
         stays as it is."""
-        self._machine.transition_to(TxnClientState.ABORT_ONLY, cause=error, if_allowed=True)
+        self.machine.transition_to(TxnClientState.ABORT_ONLY, cause=error, if_allowed=True)
 
     def track(self, future: concurrent.futures.Future | asyncio.Future) -> None:
         """Count a send or ack as outstanding until it completes; a failure dooms the txn."""
@@ -394,7 +395,7 @@ class Transaction:
         participant has the abort."""
         if self.state is TxnClientState.COMMITTED:
             return
-        if self._machine.transition_to(TxnClientState.COMMITTING, if_allowed=True):
+        if self.machine.transition_to(TxnClientState.COMMITTING, if_allowed=True):
             try:
                 self._wait_outstanding(committing=True)
             except BaseException as error:  # noqa: BLE001 - raised after the abort
@@ -403,10 +404,10 @@ class Transaction:
         elif self.state is TxnClientState.TIMED_OUT:
             self._abort_then_raise(self._timed_out())
         elif self.state is not TxnClientState.ABORT_ONLY:
-            self._machine.transition_to(TxnClientState.COMMITTING)  # raises why it may not
+            self.machine.transition_to(TxnClientState.COMMITTING)  # raises why it may not
         if self.state is TxnClientState.ABORT_ONLY:
-            assert self._machine.cause is not None
-            self._abort_then_raise(self._machine.cause)
+            assert self.machine.cause is not None
+            self._abort_then_raise(self.machine.cause)
         try:
             self._end_at_coordinator(EndAction.COMMIT, TransactionAlreadyCommitted, TxnClientState.COMMITTED)
         except (TransactionTimedOut, TransactionAlreadyAborted) as refused:
@@ -419,7 +420,7 @@ class Transaction:
         committed."""
         if self.state is TxnClientState.ABORTED:
             return
-        self._machine.transition_to(TxnClientState.ABORTING)
+        self.machine.transition_to(TxnClientState.ABORTING)
         self._end_at_coordinator(EndAction.ABORT, TransactionAlreadyAborted, TxnClientState.ABORTED,
                                  before=lambda: self._wait_outstanding(committing=False))
 
@@ -435,7 +436,7 @@ class Transaction:
             if self._id is None:
                 self._client.loop.run(self._settle_begin())
             if self._id is None:  # never began: no coordinator or participant knows it
-                self._machine.transition_to(final)
+                self.machine.transition_to(final)
                 return
             if action is EndAction.COMMIT and self._chains():
                 self._commit_and_begin_next()
@@ -444,9 +445,9 @@ class Transaction:
         except already_ended:
             pass
         except RaytxnError:
-            self._machine.transition_to(TxnClientState.ERROR)
+            self.machine.transition_to(TxnClientState.ERROR)
             raise
-        self._machine.transition_to(final)
+        self.machine.transition_to(final)
 
     def _chains(self) -> bool:
         """Whether this commit begins the client's next txn (runtime/client/txn_chain.py): only
