@@ -11,6 +11,8 @@ from collections.abc import Iterator
 import pytest
 
 import raytxn as rt
+from raytxn.client.producer import Producer
+from raytxn.client.transaction import Transaction
 from raytxn.ids import coordinator_actor_name
 from tests.engine import activate, engine_client, new_topic, restart_actor, visible_values, wait_for
 
@@ -28,14 +30,21 @@ def _answered_at_log(client: rt.Client) -> int:
     return sum(stats["commits_answered_at_log"] for stats in client.coordinators.stats())
 
 
-def test_a_commit_is_answered_while_the_partition_still_holds_its_marker(client: rt.Client) -> None:
+def _sent_with_marker_held(client: rt.Client, value: bytes) -> tuple[str, Producer, Transaction]:
+    """A fresh topic, a producer, and an open txn that sent ``value`` there, whose partition
+    will hold its marker back for ``HELD_S``."""
     topic = new_topic(client)
     activate(topic)
     producer = client.create_producer(topic)
     txn = client.new_transaction(timeout=60)
-    producer.send(b"early", txn=txn)
-    answered_before = _answered_at_log(client)
+    producer.send(value, txn=txn)
     client.faults.arm("partition.before_marker", "delay", delay_s=HELD_S, topic=topic)
+    return topic, producer, txn
+
+
+def test_a_commit_is_answered_while_the_partition_still_holds_its_marker(client: rt.Client) -> None:
+    answered_before = _answered_at_log(client)
+    topic, _producer, txn = _sent_with_marker_held(client, b"early")
     began = time.monotonic()
     txn.commit()
     answered_in = time.monotonic() - began
@@ -70,12 +79,7 @@ def test_a_commit_answered_before_its_coordinator_died_is_applied_by_the_success
 
 
 def test_an_abort_is_still_answered_once_every_participant_has_it(client: rt.Client) -> None:
-    topic = new_topic(client)
-    activate(topic)
-    producer = client.create_producer(topic)
-    txn = client.new_transaction(timeout=60)
-    producer.send(b"aborted", txn=txn)
-    client.faults.arm("partition.before_marker", "delay", delay_s=HELD_S, topic=topic)
+    topic, producer, txn = _sent_with_marker_held(client, b"aborted")
     began = time.monotonic()
     txn.abort()
     assert time.monotonic() - began >= HELD_S * 0.9
