@@ -7,7 +7,9 @@ aborted on purpose. Meanwhile a fault thread follows a schedule drawn from the s
 moments it arms a fault point (any point of any actor kind, action crash/raise/delay/drop_reply)
 in a random actor, or kills a random actor. Everything observed is recorded in a History; at the
 end the outputs are drained and ``raytxn.tools.checker.check`` judges invariants 1-6. The same seed
-gives the same schedule (``ChaosResult.schedule``), so a failing seed replays it.
+gives the same schedule (``ChaosResult.schedule``), so a failing seed replays it. A run lasts until
+its last fault fired, however fast its orders are done, and a kill waits for its target to serve
+(``READY_BEFORE_KILL_S``), so that every kill ends an incarnation that had started.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from raytxn.client.rpc import ActorRef
 from raytxn.errors import RaytxnError, Timeout, TransactionAlreadyAborted, TransactionTimedOut
 from raytxn.ids import coordinator_actor_name, partition_actor_name, subscription_actor_name
 from raytxn.tools.chaos_evidence import client_story, partitions_of, stored_story
@@ -27,6 +30,7 @@ from raytxn.tools.checker import Anomaly, Report, check
 from raytxn.tools.history import History, as_txn
 
 MAX_NOTES = 2000
+READY_BEFORE_KILL_S = 10.0  # how long a kill waits for its target to serve (else it is skipped)
 
 POINTS = {
     "coordinator": ["coordinator.after_log_new", "coordinator.after_log_committing", "coordinator.after_log_aborting",
@@ -54,6 +58,11 @@ class ChaosResult:
     errors: dict[str, int] = field(default_factory=dict)
     # When not clean: the anomalies' story, client side and stored side (``chaos_evidence``)
     evidence: list[str] = field(default_factory=list)
+    # The scheduled faults that did not fire: their target was not running then (a hosted
+    # actor not activated yet, a process restarting), so nothing was killed or armed.
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+    # Each actor killed, and the incarnation it was killed in.
+    killed_incarnations: dict[str, int] = field(default_factory=dict)
 
     @property
     def clean(self) -> bool:
@@ -130,6 +139,8 @@ def run_chaos(client: Any, txns: int = 300, seed: int = 1, workers: int = 3, txn
     done: set[str] = set()
     counts = {"committed": 0, "aborted": 0, "fired": 0}
     errors: dict[str, int] = {}
+    skipped: list[dict[str, Any]] = []  # scheduled faults whose target was not running
+    killed_incarnations: dict[str, int] = {}
     notes: deque[tuple] = deque(maxlen=MAX_NOTES)  # (t, worker, txn, where, error) for the evidence
     lock = threading.Lock()
     stop = threading.Event()
@@ -216,13 +227,19 @@ def run_chaos(client: Any, txns: int = 300, seed: int = 1, workers: int = 3, txn
                 time.sleep(0.02)
             try:
                 if event["do"] in ("kill", "kill_for_good"):
+                    # Killed once it serves: a hosted actor killed during its first start (its
+                    # first call came late, under load) would come back as its first incarnation.
+                    target = ActorRef(event["actor"], client.token)
+                    serving_in = target.call("ready", deadline_s=READY_BEFORE_KILL_S)["incarnation"]
                     client.faults.kill(event["actor"], restart=event["do"] == "kill")
+                    killed_incarnations[event["actor"]] = serving_in
                 else:
                     client.faults.arm(event["point"], event["action"], actor=event["actor"],
                                       delay_s=event["delay_s"])
                 counts["fired"] += 1
-            except RaytxnError as e:  # the target is restarting: that fault is skipped
+            except RaytxnError as e:  # the target is restarting, or dormant: that fault is skipped
                 note_error(e, None, None, f"fault {event}")
+                skipped.append(event)
             if progress:
                 progress(f"  t={now() - start:5.1f}s fault {event}")
 
@@ -231,7 +248,9 @@ def run_chaos(client: Any, txns: int = 300, seed: int = 1, workers: int = 3, txn
     for thread in [*threads, fault_thread]:
         thread.start()
     last_report = 0.0
-    while len(done) < txns and now() - start < time_limit_s:
+    # Until every order is done and every scheduled fault has fired: a run whose orders were all
+    # done before its first fault (a fast machine) would otherwise test nothing.
+    while (len(done) < txns or fault_thread.is_alive()) and now() - start < time_limit_s:
         time.sleep(0.2)
         if progress and now() - last_report >= 5:
             last_report = now()
@@ -260,7 +279,7 @@ def run_chaos(client: Any, txns: int = 300, seed: int = 1, workers: int = 3, txn
              for uid in [f"in-{i}" for i in range(txns) if f"in-{i}" not in done][:3]]
     evidence = [] if report.clean else _evidence(client, history, [*report.anomalies(), *stuck], notes)
     return ChaosResult(seed, txns, counts["committed"], counts["aborted"], now() - start, schedule,
-                       counts["fired"], report, errors, evidence)
+                       counts["fired"], report, errors, evidence, skipped, killed_incarnations)
 
 
 def _evidence(client: Any, history: History, anomalies: list[Anomaly], notes: Iterable[tuple]) -> list[str]:

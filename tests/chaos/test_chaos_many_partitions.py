@@ -36,16 +36,21 @@ def test_chaos_on_a_64_partition_input_topic_is_exactly_once(client: rt.Client) 
     # partition, a storage fault in a subscription and a crash point in a coordinator
     result = run_chaos(client, txns=60, seed=22, workers=3, txn_timeout_s=15.0, fault_interval_s=1.0,
                        partitions=(64, 2, 2))
-    print(result.summary(), result.errors)
+    print(result.summary(), result.errors, "killed at incarnations", result.killed_incarnations)
     inputs = [row for row in client.health()["actors"] if re.fullmatch(r"partition-c22-\w+-in-\d+", row["name"])]
     print(f"{len(inputs)} input partition actors")
     assert len(inputs) == 64
     assert {row.get("host") for row in inputs} == {"host-0", "host-1"}, "the partitions are not hosted"
-    killed = [e["actor"] for e in result.schedule if e["do"] == "kill"]
-    assert {name.split("-", 1)[0] for name in killed} == {"tc", "partition", "sub"}, result.schedule
+    scheduled = [e["actor"] for e in result.schedule if e["do"] == "kill"]
+    assert {name.split("-", 1)[0] for name in scheduled} == {"tc", "partition", "sub"}, result.schedule
+    # Each actor killed came back from storage as a newer incarnation (hosted ones: activated
+    # again). The run kills an actor once it serves: under CI's load a hosted partition's first
+    # start was once still under way at its kill, and it came back as its first incarnation.
+    killed = result.killed_incarnations
+    assert set(killed) == set(scheduled), (killed, result.skipped)
     rows = {row["name"]: row for row in client.health()["actors"]}
-    # each killed actor came back from storage as a new incarnation (hosted ones: activated again)
-    assert all(rows[name]["incarnation"] >= 2 for name in killed), {name: rows[name] for name in killed}
+    assert all(rows[name]["incarnation"] > before for name, before in killed.items()), \
+        {name: (before, rows[name]) for name, before in killed.items()}
     assert result.faults_fired >= len(result.schedule) // 2, "the faults did not happen"
     evidence = "\n".join(result.evidence)
     assert result.committed >= 60, f"schedule {result.schedule}\n{result.report.summary()}\n{evidence}"
