@@ -92,7 +92,6 @@ from raytxn.protocol.entry_format import MessageRecord, encode_message
 if TYPE_CHECKING:
     from raytxn.client.client import Client
 
-_monotonic = time.monotonic  # a Transaction's clock (its state machine's default)
 _KEY_CACHE_SIZE = 65_536  # key -> partition memo (murmur2 in Python costs ~4 us a key)
 # A message with only a value (< 256 bytes) encoded without building a MessageRecord: the same
 # bytes as ``encode_message(MessageRecord(value))`` (tag "m1", bin8 value, no key, no properties,
@@ -407,9 +406,11 @@ class Producer:
         messages sent before in it never commit without this one (Kafka's abortable error)."""
         if txn is None:
             return self._enqueue(value, key, properties, event_time, None)
-        # What ``txn.operation()`` does, without an object per message, and ``check_open``'s own
-        # test inline (a call per message costs this path ~4%): it raises why the txn is not open.
-        if _monotonic() >= txn.machine.open_until:
+        # What ``txn.operation()`` does, without an object per message, and without a clock read:
+        # ``sendable`` turns False when the txn leaves OPEN or its timer times it out; then
+        # ``check_open`` raises why. (A send a moment past the deadline, before the timer fired,
+        # fails with ``TransactionTimedOut`` on its future: its batch's registration reads the clock.)
+        if not txn.machine.sendable:
             txn.check_open()
         try:
             return self._enqueue(value, key, properties, event_time, txn)

@@ -111,6 +111,10 @@ class TxnStateMachine:
         self._state = _S.OPEN
         # ``deadline`` while OPEN, -inf in every other state: ``is_open`` in one comparison.
         self.open_until = deadline
+        # True while OPEN and not timed out by ``time_out_if_due`` (the client's timer, as
+        # Pulsar's TransactionImpl times out from a timer): a send tests it without a clock read
+        # (``Producer._accumulate``). The clock still decides where the state is read or moved.
+        self.sendable = True
         self._cause: BaseException | None = None
         self._lock = threading.Lock()  # commit, abort and failing sends may race from several threads
 
@@ -146,6 +150,13 @@ class TxnStateMachine:
             self._time_out_if_due_locked()
             return self._move_locked(target, cause, if_allowed)
 
+    def time_out_if_due(self) -> float | None:
+        """The timeout timer's check: TIMED_OUT if OPEN past the deadline. None once no longer
+        OPEN, else the seconds still left (a timer that fired early is armed again for them)."""
+        with self._lock:
+            self._time_out_if_due_locked()
+            return None if self._state is not _S.OPEN else max(0.0, self.deadline - self._clock())
+
     def _time_out_if_due_locked(self) -> None:
         if self._state is _S.OPEN and self.past_deadline():
             self._move_locked(_S.TIMED_OUT, None, False)
@@ -165,6 +176,7 @@ class TxnStateMachine:
             self._cause = cause
         self._state = target
         self.open_until = -math.inf  # no state moves back to OPEN
+        self.sendable = False
         return True
 
 
@@ -202,9 +214,32 @@ class Transaction:
         self._outstanding: set[concurrent.futures.Future | asyncio.Future] = set()
         self._holders: set[TxnFlusher] = set()  # producers and consumers holding unsent work of it
         self._lock = threading.Lock()
+        # Times it out at its deadline on the client loop (``TxnStateMachine.sendable``); cancelled
+        # once it ends, so an ended txn is not kept until its deadline.
+        self._timeout_timer: asyncio.TimerHandle | None = None
+        if math.isfinite(self.machine.deadline):
+            client.loop.call_soon(self._arm_timeout)
 
     def __repr__(self) -> str:
         return f"Transaction({self._id or 'not begun'}, {self.state})"
+
+    def _arm_timeout(self, delay_s: float | None = None) -> None:
+        """On the client loop: call ``_timeout_due`` at the deadline (or in ``delay_s``)."""
+        if delay_s is None:
+            delay_s = max(0.0, self.machine.deadline - _monotonic())
+        self._timeout_timer = asyncio.get_running_loop().call_later(delay_s, self._timeout_due)
+
+    def _timeout_due(self) -> None:
+        left = self.machine.time_out_if_due()
+        if left is None:  # TIMED_OUT now, or ended before
+            self._timeout_timer = None
+        else:  # fired a moment early for the machine's clock: again, for what is left
+            self._arm_timeout(left)
+
+    def _disarm_timeout(self) -> None:
+        if self._timeout_timer is not None:
+            self._timeout_timer.cancel()
+            self._timeout_timer = None
 
     @property
     def id(self) -> TxnID:
@@ -448,6 +483,7 @@ class Transaction:
             self.machine.transition_to(TxnClientState.ERROR)
             raise
         self.machine.transition_to(final)
+        self._client.loop.call_soon(self._disarm_timeout)
 
     def _chains(self) -> bool:
         """Whether this commit begins the client's next txn (runtime/client/txn_chain.py): only

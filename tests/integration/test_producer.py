@@ -15,7 +15,7 @@ import pytest
 import raytxn as rt
 from raytxn.client.message import MessageId
 from raytxn.client.rpc import ActorRef
-from raytxn.client.transaction import TxnClientState
+from raytxn.client.transaction import Transaction, TxnClientState
 from raytxn.errors import (
     Fenced,
     InvalidArgument,
@@ -330,6 +330,31 @@ def test_a_timed_out_transaction_refuses_sends_without_a_round_trip(client: rt.C
         txn.commit()
     assert txn.state is TxnClientState.ABORTED
     client.faults.disarm(topic=topic)
+    assert visible_values(topic) == []
+
+
+async def _stop_timeout_timer(txn: Transaction) -> None:
+    txn._disarm_timeout()
+
+
+def test_a_send_past_the_deadline_before_the_txn_timer_fired_fails_on_its_future(client: rt.Client) -> None:
+    """A send tests the txn's ``sendable`` flag, not the clock: one made past the deadline
+    before the client's timer turned it off (a busy client loop) is taken, and its batch's
+    registration, which reads the clock, fails it with TransactionTimedOut on its future."""
+    topic = new_topic(client)
+    activate(topic)
+    producer = client.create_producer(topic)
+    txn = client.new_transaction(timeout=1.0)
+    producer.send(b"in time", txn=txn)
+    client.loop.run(_stop_timeout_timer(txn))  # as if the client loop were held up past the deadline
+    time.sleep(1.05)
+    assert txn.machine.sendable is True
+    late = producer.send_async(b"late", txn=txn)  # taken: no clock read here
+    with pytest.raises(TransactionTimedOut):
+        late.result(timeout=30)
+    assert txn.state is TxnClientState.TIMED_OUT
+    with pytest.raises(TransactionTimedOut):
+        txn.commit()
     assert visible_values(topic) == []
 
 

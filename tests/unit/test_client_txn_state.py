@@ -6,10 +6,11 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
+from raytxn.client.loop import BackgroundLoop
 from raytxn.client.transaction import (
     UNENDED_STATES,
     VALID_PREVIOUS_STATES,
@@ -178,8 +179,56 @@ def test_abort_only_keeps_its_first_cause_and_needs_one() -> None:
     assert machine.state is S.ABORT_ONLY and machine.cause is first
 
 
-def test_a_transactions_state_changes_only_through_its_machine_and_reads_timed_out_by_itself() -> None:
-    txn = Transaction(None, TXN, 0.2)  # type: ignore[arg-type]  # the client is only used to register and end
+class LoopOnlyClient:
+    """What a transaction uses of its client before it registers or ends: the client's loop (a
+    real one), where its timeout timer runs."""
+
+    def __init__(self) -> None:
+        self.loop = BackgroundLoop("test-txn")
+
+
+@pytest.fixture(scope="module")
+def loop_client() -> Iterator[LoopOnlyClient]:
+    client = LoopOnlyClient()
+    yield client
+    client.loop.stop()
+
+
+def test_the_timeout_timer_check_times_out_only_an_open_machine_past_its_deadline() -> None:
+    clock = FakeClock()
+    machine = TxnStateMachine(TXN, deadline=110.0, clock=clock)
+    assert machine.sendable is True
+    clock.now = 109.75
+    assert machine.time_out_if_due() == pytest.approx(0.25)  # early: armed again for the rest
+    assert machine.sendable is True and machine.state is S.OPEN
+    clock.now = 110.0
+    assert machine.time_out_if_due() is None
+    assert machine.sendable is False and machine.state is S.TIMED_OUT
+    later = FakeClock()
+    ended = machine_in(S.COMMITTED, 110.0, later)
+    later.now = 120.0
+    assert ended.time_out_if_due() is None and ended.state is S.COMMITTED
+
+
+@pytest.mark.parametrize("state", list(S))
+def test_a_machine_is_sendable_in_open_only(state: TxnClientState) -> None:
+    assert machine_in(state, 110.0, FakeClock()).sendable is (state is S.OPEN)
+
+
+def test_an_untouched_transaction_is_timed_out_by_its_timer(loop_client: LoopOnlyClient) -> None:
+    txn = Transaction(loop_client, TXN, 0.2)  # type: ignore[arg-type]
+    assert txn.machine.sendable is True
+    time.sleep(0.4)
+    # Nothing read its state: the timer moved it (open_until and sendable change only in a move).
+    assert txn.machine.sendable is False and txn.machine.open_until == -math.inf
+    assert txn.state is S.TIMED_OUT
+    with pytest.raises(TransactionTimedOut):
+        txn.check_open()
+
+
+def test_a_transactions_state_changes_only_through_its_machine_and_reads_timed_out_by_itself(
+        loop_client: LoopOnlyClient) -> None:
+    txn = Transaction(loop_client, TXN, 0.2)  # type: ignore[arg-type]
     assert txn.state is S.OPEN
     with pytest.raises(AttributeError):
         txn.state = S.COMMITTED  # type: ignore[misc]
@@ -193,8 +242,8 @@ def test_a_transactions_state_changes_only_through_its_machine_and_reads_timed_o
     assert txn.state is S.TIMED_OUT  # a refused operation does not poison
 
 
-def test_a_failure_inside_an_operation_makes_the_transaction_abort_only() -> None:
-    txn = Transaction(None, TXN, 60.0)  # type: ignore[arg-type]
+def test_a_failure_inside_an_operation_makes_the_transaction_abort_only(loop_client: LoopOnlyClient) -> None:
+    txn = Transaction(loop_client, TXN, 60.0)  # type: ignore[arg-type]
     with pytest.raises(MessageTooLarge), txn.operation():
         raise FAILURE
     assert txn.state is S.ABORT_ONLY
