@@ -15,7 +15,9 @@ Two states say a transaction can no longer commit before any end was asked for:
   ignored. ``commit`` aborts it and raises that first error.
 * TIMED_OUT (Pulsar's TIME_OUT): its timeout passed while it was OPEN. It reads so without any
   call; sends and acks raise ``TransactionTimedOut`` without a round trip, and so does ``commit``,
-  after aborting it.
+  after aborting it. A timer on the client loop moves it there at the deadline, as Pulsar's
+  timer does, so that a send or an ack tests a flag (``TxnStateMachine.sendable``) rather than
+  the clock; one taken in the moment before the timer fires fails on its future instead.
 
 ``commit`` and ``abort`` return (or raise) only once every participant has applied the outcome:
 a commit that ends up aborting waits for the abort, so the caller may at once redo the work in
@@ -203,7 +205,7 @@ class Transaction:
         self.transactional_id = transactional_id
         self.epoch = epoch
         began_at = time.monotonic() if began_at is None else began_at
-        # Its state; a producer reads ``machine.open_until`` on every send (``check_open``'s test).
+        # Its state; producers and consumers read ``machine.sendable`` on every send and ack.
         self.machine = TxnStateMachine(txn_id, began_at + timeout_s)
         # Registrations in flight or done, keyed by participant; futures live on the client loop.
         self._registrations: dict[tuple, asyncio.Future] = {}
