@@ -385,22 +385,24 @@ class TransactionCoordinator(ActorShell, FaultTarget):
         self._drive(txn)
         if action is EndAction.COMMIT and self._answers_at_log(txn):
             self.info["commits_answered_at_log"] += 1
-            if result.record is not None:
-                self.metrics.commit_latency((self.clock.monotonic() - requested) * 1000)
-            return str(TxnState.COMMITTED), next_txn
-        await asyncio.shield(self._applied[txn])
-        meta = self.state.get(txn)
-        if meta is not None:  # every participant has it; the last record is on its way
-            assert meta.state in (TxnState.COMMITTING, TxnState.ABORTING), f"{txn} applied but {meta.state}"
-            committed = meta.state is TxnState.COMMITTING
+            committed = True
         else:
-            outcome = self.state.outcome(txn)
-            assert outcome is not None, f"{txn} driven to its end without an outcome"
-            committed = outcome == "COMMITTED"
+            await asyncio.shield(self._applied[txn])
+            committed = self._ended_committed(txn)
         # Only the request that started the commit is timed: a retried end_txn would count it twice.
         if result.record is not None and result.record.new_state is TxnState.COMMITTING:
             self.metrics.commit_latency((self.clock.monotonic() - requested) * 1000)
         return str(TxnState.COMMITTED if committed else TxnState.ABORTED), next_txn
+
+    def _ended_committed(self, txn: TxnID) -> bool:
+        """Whether ``txn``, which every participant has the end of, committed."""
+        meta = self.state.get(txn)
+        if meta is not None:  # the last record is on its way
+            assert meta.state in (TxnState.COMMITTING, TxnState.ABORTING), f"{txn} applied but {meta.state}"
+            return meta.state is TxnState.COMMITTING
+        outcome = self.state.outcome(txn)
+        assert outcome is not None, f"{txn} driven to its end without an outcome"
+        return outcome == "COMMITTED"
 
     def _answers_at_log(self, txn: TxnID) -> bool:
         """Whether this commit is answered now, with COMMITTING logged and its driver started
