@@ -58,23 +58,26 @@ def bench_commit(short: bool = False, progress: Callable[[str], None] = print) -
     without, in rounds that alternate, so that both see the same machine; then chained on an
     engine that answers commits once logged, beside its own floor."""
     txns = 200 if short else 2000
-    rows = _bench_commit_answered_once_applied(txns, progress)
-    rows.append(_bench_commit_answered_once_logged(txns, progress))
-    return rows
+    rows = _commit_rows(txns, "applied", (True, False), progress)
+    rows[0]["p50_over_lazy"] = round(rows[0]["p50_ms"] / rows[1]["p50_ms"], 3)
+    return rows + _commit_rows(txns, "logged", (True,), progress)
 
 
-def _bench_commit_answered_once_applied(txns: int, progress: Callable[[str], None]) -> list[dict]:
-    client = _engine()
+def _commit_rows(txns: int, commit_answer: str, chains: tuple[bool, ...],
+                 progress: Callable[[str], None]) -> list[dict]:
+    """On a fresh engine answering commits ``commit_answer``: a row per begin in ``chains``
+    (chained, lazy), measured in 10 rounds alternating with a floor that answers the same way."""
+    client = _engine(commit_answer=commit_answer)
     try:
-        producer = warm_txn_producer(client, "bench-commit", 20)
+        producer = warm_txn_producer(client, f"bench-commit-{commit_answer}", 20)
         anchor = measure_fsync_round_trip(txns)
-        floor = CommitFloor()
+        floor = CommitFloor(answer_at_log=commit_answer == "logged")
         floor.run(20)  # warm
-        measured: dict[bool, tuple[list[float], list[float], list[float]]] = {True: ([], [], []), False: ([], [], [])}
+        measured: dict[bool, tuple[list[float], list[float], list[float]]] = {chain: ([], [], []) for chain in chains}
         floor_whole: list[float] = []
         rounds = 10
         for _ in range(rounds):
-            for chain in (True, False):
+            for chain in chains:
                 client.txn_chain.enabled = chain
                 _time_txns(client, producer, txns // rounds, *measured[chain])
             floor_whole += floor.run(txns // rounds)[0]
@@ -83,44 +86,16 @@ def _bench_commit_answered_once_applied(txns: int, progress: Callable[[str], Non
         floor.close()
         floor_whole.sort()
         rows = []
-        for chain in (True, False):
+        for chain in chains:
             whole, sends, commits = (sorted(xs) for xs in measured[chain])
-            row = commit_row(txns, whole, sends, commits, anchor, floor_whole, floor_puts_per_txn, chain)
+            row = commit_row(txns, whole, sends, commits, anchor, floor_whole, floor_puts_per_txn, chain, commit_answer)
             rows.append(row)
-            progress(f"  {'chained' if chain else 'lazy'} begin+send+commit p50 {row['p50_ms']} ms, p99 "
-                     f"{row['p99_ms']} ms (send p50 {row['send_p50_ms']}, commit p50 {row['commit_p50_ms']}); "
-                     f"durable actor call p50 {row['anchor_p50_ms']} ms: p50 = {row['p50_over_anchor']}x; "
-                     f"the same path on bare actors p50 {row['floor_p50_ms']} ms: p50 = {row['p50_over_floor']}x")
-        rows[0]["p50_over_lazy"] = round(rows[0]["p50_ms"] / rows[1]["p50_ms"], 3)
-    finally:
-        client.close()
-        stop_engine()
-    return rows
-
-
-def _bench_commit_answered_once_logged(txns: int, progress: Callable[[str], None]) -> dict:
-    client = _engine(commit_answer="logged")
-    try:
-        producer = warm_txn_producer(client, "bench-commit-logged", 20)
-        anchor = measure_fsync_round_trip(txns)
-        floor = CommitFloor(answer_at_log=True)
-        floor.run(20)
-        whole: list[float] = []
-        sends: list[float] = []
-        commits: list[float] = []
-        floor_whole: list[float] = []
-        rounds = 10
-        for _ in range(rounds):
-            _time_txns(client, producer, txns // rounds, whole, sends, commits)
-            floor_whole += floor.run(txns // rounds)[0]
-        floor_puts_per_txn = floor.puts_per_txn()
-        floor.close()
-        row = commit_row(txns, sorted(whole), sorted(sends), sorted(commits), anchor, sorted(floor_whole),
-                         floor_puts_per_txn, True, commit_answer="logged")
-        progress(f"  chained, answered once logged: p50 {row['p50_ms']} ms, p99 {row['p99_ms']} ms (send p50 "
-                 f"{row['send_p50_ms']}, commit p50 {row['commit_p50_ms']}); the same path on bare actors "
-                 f"answering once logged p50 {row['floor_p50_ms']} ms: p50 = {row['p50_over_floor']}x")
-        return row
+            progress(f"  {'chained' if chain else 'lazy'}, answered once {commit_answer}: begin+send+commit p50 "
+                     f"{row['p50_ms']} ms, p99 {row['p99_ms']} ms (send p50 {row['send_p50_ms']}, commit p50 "
+                     f"{row['commit_p50_ms']}); durable actor call p50 {row['anchor_p50_ms']} ms: p50 = "
+                     f"{row['p50_over_anchor']}x; the same path on bare actors p50 {row['floor_p50_ms']} ms: "
+                     f"p50 = {row['p50_over_floor']}x")
+        return rows
     finally:
         client.close()
         stop_engine()
