@@ -113,9 +113,10 @@ class TxnStateMachine:
         self._state = _S.OPEN
         # ``deadline`` while OPEN, -inf in every other state: ``is_open`` in one comparison.
         self.open_until = deadline
-        # True while OPEN and not timed out by ``time_out_if_due`` (the client's timer, as
-        # Pulsar's TransactionImpl times out from a timer): a send tests it without a clock read
-        # (``Producer._accumulate``). The clock still decides where the state is read or moved.
+        # ``state is OPEN`` as a plain attribute, set only by the moves (``_move_locked``): a send
+        # or an ack tests it without a call or a clock read. Past the deadline it turns False when
+        # the client's timer times the txn out (``time_out_if_due``, as Pulsar's TransactionImpl
+        # times out from a timer) or a read of the state does.
         self.sendable = True
         self._cause: BaseException | None = None
         self._lock = threading.Lock()  # commit, abort and failing sends may race from several threads
