@@ -102,6 +102,7 @@ class CommitFloor:
         self.coordinator = ray.remote(**options)(FloorCoordinator).remote(url, self.partition, answer_at_log)
         self._txn = TxnID(0, 0)
         self.txns = 0
+        self.lone_commits = 0  # ``commit`` calls
 
     def run(self, txns: int) -> tuple[list[float], list[float], list[float]]:
         """Latencies (ms, in run order) of ``txns`` sends-then-commits: whole, send, commit."""
@@ -119,9 +120,19 @@ class CommitFloor:
         self.txns += txns
         return whole, sends, commits
 
+    def commit(self) -> None:
+        """One commit with no send before it, as the produce bench's ``floor_sync`` mode waits for
+        one after each window's flush: COMMITTING's put, the partition's marker (after the answer
+        with ``answer_at_log``), two Ray calls. A floor serves these or ``run``, not both: its
+        ``puts_per_txn`` is of ``run``'s txns."""
+        self.lone_commits += 1
+        txn = self._txn = TxnID(0, self._txn.sequence + 1)
+        ray.get(self.coordinator.commit_and_begin.remote(txn, "floor-owner", 60_000, [("bench-produce", 0)], []))
+
     def puts_per_txn(self) -> float:
         """Durable puts made per txn run so far, by both actors (3: the send's, COMMITTING's and
         the marker's)."""
+        assert self.lone_commits == 0, "puts_per_txn is of run's txns: this floor also made lone commits"
         coordinator_puts = ray.get(self.coordinator.puts.remote())  # first: its ends still on their way land
         return (coordinator_puts + ray.get(self.partition.puts.remote())) / self.txns
 

@@ -20,6 +20,7 @@ from raytxn.ids import NAMESPACE, TxnID, partition_actor_name
 from raytxn.protocol.entry_format import MessageRecord, encode_message
 from raytxn.protocol.txnlog import EndAction
 from raytxn.tools.bench_ceiling import measure_ceiling
+from raytxn.tools.bench_commit_floor import CommitFloor
 
 PAYLOAD = b"x" * 100
 
@@ -35,11 +36,15 @@ MODES = ("plain", "txn", "txn_sync", "batch")
 # sends in a txn (one txn for the whole run), then a commit every window that the sender does not
 # wait for, then txn_sync itself (the sender waits for it).
 PARTS_OF_TXN_SYNC = ("txn_one", "txn_bg_commit")
+# The synchronous pattern's floor on this design: plain, and after each window's flush a commit of
+# bare actors (``CommitFloor``: the commit's Ray calls and puts, nothing else) that the sender waits
+# for. txn_sync over it is what the engine's own code costs the pattern.
+FLOOR_OF_TXN_SYNC = "floor_sync"
 BATCH_CALL = 1000  # messages per send_batch call in the "batch" mode
 
 
 def _produce(client: rt.Client, topic: str, messages: int, transactional: bool = False,
-             mode: str | None = None) -> float:
+             mode: str | None = None, floor: CommitFloor | None = None) -> float:
     """Send ``messages`` of 100 B in windows of 100 ms; returns durable (committed) msgs/s.
 
     ``plain``: ``send_async`` in a loop, ``flush`` every window. ``txn``: one txn per window,
@@ -49,8 +54,9 @@ def _produce(client: rt.Client, topic: str, messages: int, transactional: bool =
     (which flushes) in the sender's thread, every window. ``batch``: ``send_batch`` of 1,000
     messages a call, ``flush`` every window. ``txn_one``: plain's pattern with every send in one
     txn, committed at the end. ``txn_bg_commit``: txn_sync's, but after the window's ``flush`` the
-    commit goes to another thread and the next window starts at once. Without a ``mode``: ``txn``
-    if ``transactional``, else ``plain``."""
+    commit goes to another thread and the next window starts at once. ``floor_sync``: plain's,
+    and after each window's ``flush`` the sender waits for one commit of ``floor`` (bare actors).
+    Without a ``mode``: ``txn`` if ``transactional``, else ``plain``."""
     mode = mode or ("txn" if transactional else "plain")
     producer = client.create_producer(topic, batching_max_delay_ms=2)
     committer = concurrent.futures.ThreadPoolExecutor(1)
@@ -81,7 +87,7 @@ def _produce(client: rt.Client, topic: str, messages: int, transactional: bool =
                 for _ in range(200):
                     producer.send_async(PAYLOAD, txn=txn)
                 sent += 200
-        _end_window(mode, producer, txn, committer, commits)
+        _end_window(mode, producer, txn, committer, commits, floor)
     producer.flush()
     if whole_run_txn is not None:
         whole_run_txn.commit()
@@ -95,7 +101,7 @@ def _produce(client: rt.Client, topic: str, messages: int, transactional: bool =
 
 
 def _end_window(mode: str, producer: Any, txn: Any, committer: concurrent.futures.Executor,
-                commits: list[concurrent.futures.Future]) -> None:
+                commits: list[concurrent.futures.Future], floor: CommitFloor | None = None) -> None:
     if mode == "txn":
         commits.append(committer.submit(txn.commit))  # the next txn starts meanwhile
     elif mode == "txn_sync":
@@ -104,14 +110,17 @@ def _end_window(mode: str, producer: Any, txn: Any, committer: concurrent.future
         producer.flush()
         if mode == "txn_bg_commit":
             commits.append(committer.submit(txn.commit))
+        elif mode == FLOOR_OF_TXN_SYNC:
+            assert floor is not None, "floor_sync needs a CommitFloor"
+            floor.commit()
 
 
 def bench_produce(short: bool = False, progress: Callable[[str], None] = print) -> list[dict]:
     """Produce throughput of 100 B messages on 1 and 4 partitions in four modes (``_produce``:
     plain, txn, txn_sync, batch), their ratios (txn and txn_sync to plain), and each one's ratio
     to this machine's ceiling (``bench_ceiling``) measured in every round. On 1 partition also the
-    parts of txn_sync's cost (``PARTS_OF_TXN_SYNC``), and then all of that again on an engine
-    answering commits once logged.
+    parts of txn_sync's cost (``PARTS_OF_TXN_SYNC``) and its floor on this design
+    (``FLOOR_OF_TXN_SYNC``), and then all of that again on an engine answering commits once logged.
 
     A run sends 600k messages (5-7 s), so the last commit's latency (~0.1 s, counted: the rate is
     of committed messages) weighs little. On a 2-core machine runs of the same mode still differ by
@@ -126,7 +135,8 @@ def bench_produce(short: bool = False, progress: Callable[[str], None] = print) 
     messages = 50_000 if short else 600_000
     client = _engine()
     try:
-        rows = [_produce_rounds(client, 1, messages, rounds_1p, MODES + PARTS_OF_TXN_SYNC, progress),
+        rows = [_produce_rounds(client, 1, messages, rounds_1p, (*MODES, *PARTS_OF_TXN_SYNC, FLOOR_OF_TXN_SYNC),
+                                progress),
                 _produce_rounds(client, 4, messages, rounds, MODES, progress)]
     finally:
         client.close()
@@ -135,8 +145,8 @@ def bench_produce(short: bool = False, progress: Callable[[str], None] = print) 
     # the commit blocks the sender for COMMITTING's put, not for the partition's marker too.
     client = _engine(commit_answer="logged")
     try:
-        rows.append(_produce_rounds(client, 1, messages, rounds_1p, ("plain", "txn_sync", *PARTS_OF_TXN_SYNC),
-                                    progress, "logged"))
+        rows.append(_produce_rounds(client, 1, messages, rounds_1p,
+                                    ("plain", "txn_sync", *PARTS_OF_TXN_SYNC, FLOOR_OF_TXN_SYNC), progress, "logged"))
     finally:
         client.close()
         stop_engine()
@@ -146,42 +156,60 @@ def bench_produce(short: bool = False, progress: Callable[[str], None] = print) 
 def _produce_rounds(client: rt.Client, partitions: int, messages: int, rounds: int, modes: tuple[str, ...],
                     progress: Callable[[str], None], commit_answer: str = "applied") -> dict:
     """``rounds`` rounds of ``modes`` on fresh topics of ``partitions``, each round beside its own
-    ceiling, the order rotated; the row of their medians (``produce_row``)."""
+    ceiling, the order rotated; the row of their medians (``produce_row``). ``floor_sync``'s floor
+    answers as the engine does (``commit_answer``)."""
     rates: dict[str, list[float]] = {mode: [] for mode in (*modes, "ceiling")}
+    floor = CommitFloor(answer_at_log=commit_answer == "logged") if FLOOR_OF_TXN_SYNC in modes else None
+    try:
+        _run_rounds(client, partitions, messages, rounds, modes, progress, commit_answer, rates, floor)
+    finally:
+        if floor is not None:
+            floor.close()
+    row = produce_row(partitions, messages, rates, commit_answer)
+    if floor is not None:
+        row["floor_sync_commits"] = floor.lone_commits  # one a window of every floor_sync run
+    progress(f"  {partitions} partition(s) median: plain {row['plain_msgs_per_s']:9.0f}, txn/plain "
+             f"{row.get('txn_over_plain')}, txn_sync/plain {row.get('txn_sync_over_plain')}, batch/ceiling "
+             f"{row.get('batch_over_ceiling')}, txn_sync/floor_sync {row.get('txn_sync_over_floor_sync')}")
+    return row
+
+
+def _run_rounds(client: rt.Client, partitions: int, messages: int, rounds: int, modes: tuple[str, ...],
+                progress: Callable[[str], None], commit_answer: str, rates: dict[str, list[float]],
+                floor: CommitFloor | None) -> None:
     for round_ in range(rounds):
         rates["ceiling"].append(measure_ceiling(messages))  # this round's ceiling, same load
         order = modes[round_ % len(modes):] + modes[:round_ % len(modes)]
         for mode in order if round_ % 2 == 0 else tuple(reversed(order)):
             topic = f"bench-{mode.replace('_', '-')}-{partitions}-{commit_answer}-{round_}"
             client.create_topic(topic, partitions)
-            rates[mode].append(_produce(client, topic, messages, mode=mode))
+            rates[mode].append(_produce(client, topic, messages, mode=mode, floor=floor))
             client.delete_topic(topic)  # its ledgers go: a full bench writes ~800 MB
         progress(f"  {partitions} partition(s), commits answered once {commit_answer}, round {round_ + 1}/{rounds}: "
                  + ", ".join(f"{mode} {rates[mode][-1]:9.0f}" for mode in modes) + " msgs/s, ceiling "
                  f"{rates['ceiling'][-1]:9.0f}")
-    row = produce_row(partitions, messages, rates, commit_answer)
-    progress(f"  {partitions} partition(s) median: plain {row['plain_msgs_per_s']:9.0f}, txn/plain "
-             f"{row.get('txn_over_plain')}, txn_sync/plain {row.get('txn_sync_over_plain')}, batch/ceiling "
-             f"{row.get('batch_over_ceiling')}")
-    return row
 
 
 def produce_row(partitions: int, messages: int, rates: dict[str, list[float]], commit_answer: str = "applied") -> dict:
     """``rates``: msgs/s of every run of each mode (plain, and any of txn, txn_sync and batch),
     and of the ceiling probe (``bench_ceiling``), round by round; ratios are medians of each
-    round's own ratio. ``commit_answer``: when the engine answered commits."""
+    round's own ratio. ``commit_answer``: when the engine answered commits. With ``floor_sync``,
+    also ``txn_sync_over_floor_sync``: the engine's synchronous pattern over its floor on this
+    design, round by round."""
 
     def per_round(mode: str, base: str) -> float:
         return round(statistics.median(a / b for a, b in zip(rates[mode], rates[base], strict=True)), 3)
 
-    modes = [mode for mode in (*MODES, *PARTS_OF_TXN_SYNC) if rates.get(mode)]
+    modes = [mode for mode in (*MODES, *PARTS_OF_TXN_SYNC, FLOOR_OF_TXN_SYNC) if rates.get(mode)]
     row: dict = {"bench": "produce", "partitions": partitions, "commit_answer": commit_answer,
                  "message_bytes": len(PAYLOAD), "messages_per_run": messages, "rounds": len(rates["plain"])}
     for mode in modes:
         row[f"{mode}_msgs_per_s"] = round(statistics.median(rates[mode]), 1)
-    for mode in ("txn", "txn_sync", *PARTS_OF_TXN_SYNC):
+    for mode in ("txn", "txn_sync", *PARTS_OF_TXN_SYNC, FLOOR_OF_TXN_SYNC):
         if mode in modes:
             row[f"{mode}_over_plain"] = per_round(mode, "plain")
+    if "txn_sync" in modes and FLOOR_OF_TXN_SYNC in modes:
+        row["txn_sync_over_floor_sync"] = per_round("txn_sync", FLOOR_OF_TXN_SYNC)
     row["ceiling_msgs_per_s"] = round(statistics.median(rates["ceiling"]), 1)
     for mode in modes:
         row[f"{mode}_over_ceiling"] = per_round(mode, "ceiling")

@@ -2,6 +2,7 @@
 and its tables show every figure of the rows it writes."""
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -68,6 +69,27 @@ def test_bench_commit_short_measures_the_engine_beside_the_same_path_on_bare_act
 
 
 @pytest.mark.s3
+@pytest.mark.slow(seconds=55)
+def test_bench_produce_short_runs_every_mode_and_the_synchronous_patterns_floor(tmp_path: Path) -> None:
+    """Every produce mode runs on 1 and 4 partitions beside the ceiling, and on 1 partition, for
+    each way of answering commits, the synchronous pattern beside its floor: plain with a commit of
+    bare actors waited for after every window's flush."""
+    rows, stdout = run_bench("produce", tmp_path, timeout_s=400)
+    assert [(r["partitions"], r["commit_answer"]) for r in rows] == [(1, "applied"), (4, "applied"), (1, "logged")]
+    one, four, logged = rows
+    for row in rows:
+        assert row["rounds"] == 2 and row["plain_msgs_per_s"] > 0 and row["ceiling_msgs_per_s"] > 0
+    for row in (one, logged):
+        runs = list(zip(row["txn_sync_runs"], row["floor_sync_runs"], strict=True))
+        assert len(runs) == 2 and all(floor > 0 for _, floor in runs)
+        assert row["floor_sync_commits"] >= len(runs)  # the floor's commits were made, one a window at least
+        # the runs are rounded to whole msgs/s, the ratio is of the unrounded rates
+        assert row["txn_sync_over_floor_sync"] == pytest.approx(
+            statistics.median(sync / floor for sync, floor in runs), abs=0.002)
+    assert "floor_sync_runs" not in four and "txn_sync_over_floor_sync" not in four
+    assert missing_figures(rows, stdout) == [], stdout
+
+
 @pytest.mark.slow(seconds=35)
 def test_bench_s3_short_takes_each_figure_on_seaweedfs_as_a_ratio_to_file(tmp_path: Path) -> None:
     rows, stdout = run_bench("s3", tmp_path, timeout_s=400)

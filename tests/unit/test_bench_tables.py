@@ -64,6 +64,7 @@ ROWS: dict[str, Callable[[], list[dict]]] = {
                                                              "ceiling": [900_000.5]}),
                         bench_produce.produce_row(1, 50_000, {"plain": [90_000.4], "txn_sync": [85_000.5],
                                                              "txn_one": [88_000.5], "txn_bg_commit": [86_500.5],
+                                                             "floor_sync": [87_500.5],
                                                              "ceiling": [900_000.5]}, "logged")],
     "commit": lambda: [bench_commit.commit_row(3, [3.5, 4.25, 9.0], [1.5, 2.0, 4.0], [2.0, 2.25, 5.0],
                                                [0.75, 0.8, 1.5], [2.5, 2.75, 6.0], 3.0),
@@ -187,3 +188,13 @@ def test_the_parts_of_txn_syncs_cost_are_each_a_ratio_to_plain_in_the_same_round
     assert parts == (0.95, 0.9, 0.825)
     assert "txn_over_plain" not in row and "batch_msgs_per_s" not in row  # modes not run are not reported
     assert row["txn_one_over_ceiling"] == round((0.095 + 0.2375) / 2, 3)
+    assert "txn_sync_over_floor_sync" not in row  # no floor run
+
+
+def test_the_synchronous_patterns_floor_is_a_ratio_to_plain_and_txn_sync_a_ratio_to_it_in_the_same_round() -> None:
+    row = bench_produce.produce_row(1, 10, {"plain": [100.0, 200.0, 150.0], "txn_sync": [80.0, 170.0, 120.0],
+                                            "floor_sync": [90.0, 180.0, 125.0], "ceiling": [1000.0, 800.0, 900.0]})
+    assert row["floor_sync_over_plain"] == 0.9  # the rounds' 0.9, 0.9 and 0.833
+    # the rounds' 0.889, 0.944 and 0.96: their median, not the ratio of the modes' medians (120 / 125 = 0.96)
+    assert row["txn_sync_over_floor_sync"] == round(170.0 / 180.0, 3)
+    assert row["floor_sync_runs"] == [90, 180, 125] and row["floor_sync_over_ceiling"] == round(125 / 900, 3)
