@@ -122,8 +122,9 @@ def bench_produce(short: bool = False, progress: Callable[[str], None] = print) 
     parts of txn_sync's cost (``PARTS_OF_TXN_SYNC``) and its floor on this design
     (``FLOOR_OF_TXN_SYNC``), and then all of that again on an engine answering commits once logged.
 
-    A run sends 600k messages (5-7 s), so the last commit's latency (~0.1 s, counted: the rate is
-    of committed messages) weighs little. On a 2-core machine runs of the same mode still differ by
+    A run sends 3M messages (5-6 s, 35-40 windows), so the last window's flush or commit (~0.1 s,
+    counted: the rate is of committed messages) weighs little: at 600k a run had become about 1 s,
+    7 windows, and its end a tenth of it. On a 2-core machine runs of the same mode still differ by
     up to 20% from minute to minute (the driver, the partition actors, the coordinators and Ray
     share the cores), so the modes alternate, each on a fresh topic, the order rotated every
     round, and a ratio is the median over rounds of the ratio of a round's two runs; the medians
@@ -132,7 +133,7 @@ def bench_produce(short: bool = False, progress: Callable[[str], None] = print) 
     # 1 partition, where the steps from plain to txn_sync run, gets more: they differ by a few
     # percent, less than one round's swing.
     rounds_1p = 2 if short else 7
-    messages = 50_000 if short else 600_000
+    messages = 50_000 if short else 3_000_000
     client = _engine()
     try:
         rows = [_produce_rounds(client, 1, messages, rounds_1p, (*MODES, *PARTS_OF_TXN_SYNC, FLOOR_OF_TXN_SYNC),
@@ -184,7 +185,7 @@ def _run_rounds(client: rt.Client, partitions: int, messages: int, rounds: int, 
             topic = f"bench-{mode.replace('_', '-')}-{partitions}-{commit_answer}-{round_}"
             client.create_topic(topic, partitions)
             rates[mode].append(_produce(client, topic, messages, mode=mode, floor=floor))
-            client.delete_topic(topic)  # its ledgers go: a full bench writes ~800 MB
+            client.delete_topic(topic)  # its ledgers go: a full bench writes ~30 GB
         progress(f"  {partitions} partition(s), commits answered once {commit_answer}, round {round_ + 1}/{rounds}: "
                  + ", ".join(f"{mode} {rates[mode][-1]:9.0f}" for mode in modes) + " msgs/s, ceiling "
                  f"{rates['ceiling'][-1]:9.0f}")
