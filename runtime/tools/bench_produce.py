@@ -122,7 +122,7 @@ def bench_produce(short: bool = False, progress: Callable[[str], None] = print) 
     parts of txn_sync's cost (``PARTS_OF_TXN_SYNC``) and its floor on this design
     (``FLOOR_OF_TXN_SYNC``), and then all of that again on an engine answering commits once logged.
 
-    A run sends 3M messages (5-6 s, 35-40 windows), so the last window's flush or commit (~0.1 s,
+    A run sends 3M messages (4-6 s, 30-40 windows), so the last window's flush or commit (~0.1 s,
     counted: the rate is of committed messages) weighs little: at 600k a run had become about 1 s,
     7 windows, and its end a tenth of it. On a 2-core machine runs of the same mode still differ by
     up to 20% from minute to minute (the driver, the partition actors, the coordinators and Ray
