@@ -68,8 +68,7 @@ def test_bench_commit_short_measures_the_engine_beside_the_same_path_on_bare_act
     assert missing_figures(rows, stdout) == [], stdout
 
 
-@pytest.mark.s3
-@pytest.mark.slow(seconds=55)
+@pytest.mark.slow(seconds=60)
 def test_bench_produce_short_runs_every_mode_and_the_synchronous_patterns_floor(tmp_path: Path) -> None:
     """Every produce mode runs on 1 and 4 partitions beside the ceiling, and on 1 partition, for
     each way of answering commits, the synchronous pattern beside its floor: plain with a commit of
@@ -90,6 +89,7 @@ def test_bench_produce_short_runs_every_mode_and_the_synchronous_patterns_floor(
     assert missing_figures(rows, stdout) == [], stdout
 
 
+@pytest.mark.s3
 @pytest.mark.slow(seconds=35)
 def test_bench_s3_short_takes_each_figure_on_seaweedfs_as_a_ratio_to_file(tmp_path: Path) -> None:
     rows, stdout = run_bench("s3", tmp_path, timeout_s=400)
