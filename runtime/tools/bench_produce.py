@@ -4,6 +4,7 @@ snapshot vs full replay, and the partition actor's memory under committed traffi
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import gc
 import statistics
 import tempfile
@@ -160,12 +161,21 @@ def _produce_rounds(client: rt.Client, partitions: int, messages: int, rounds: i
     ceiling, the order rotated; the row of their medians (``produce_row``). ``floor_sync``'s floor
     answers as the engine does (``commit_answer``)."""
     rates: dict[str, list[float]] = {mode: [] for mode in (*modes, "ceiling")}
-    floor = CommitFloor(answer_at_log=commit_answer == "logged") if FLOOR_OF_TXN_SYNC in modes else None
-    try:
-        _run_rounds(client, partitions, messages, rounds, modes, progress, commit_answer, rates, floor)
-    finally:
-        if floor is not None:
-            floor.close()
+    with contextlib.ExitStack() as cleanup:
+        floor: CommitFloor | None = None
+        if FLOOR_OF_TXN_SYNC in modes:
+            floor = cleanup.enter_context(contextlib.closing(CommitFloor(answer_at_log=commit_answer == "logged")))
+        for round_ in range(rounds):
+            rates["ceiling"].append(measure_ceiling(messages))  # this round's ceiling, same load
+            order = modes[round_ % len(modes):] + modes[:round_ % len(modes)]
+            for mode in order if round_ % 2 == 0 else tuple(reversed(order)):
+                topic = f"bench-{mode.replace('_', '-')}-{partitions}-{commit_answer}-{round_}"
+                client.create_topic(topic, partitions)
+                rates[mode].append(_produce(client, topic, messages, mode=mode, floor=floor))
+                client.delete_topic(topic)  # its ledgers go: a full bench writes ~30 GB
+            progress(f"  {partitions} partition(s), commits answered once {commit_answer}, round {round_ + 1}/"
+                     f"{rounds}: " + ", ".join(f"{mode} {rates[mode][-1]:9.0f}" for mode in modes)
+                     + f" msgs/s, ceiling {rates['ceiling'][-1]:9.0f}")
     row = produce_row(partitions, messages, rates, commit_answer)
     if floor is not None:
         row["floor_sync_commits"] = floor.lone_commits  # one a window of every floor_sync run
@@ -173,22 +183,6 @@ def _produce_rounds(client: rt.Client, partitions: int, messages: int, rounds: i
              f"{row.get('txn_over_plain')}, txn_sync/plain {row.get('txn_sync_over_plain')}, batch/ceiling "
              f"{row.get('batch_over_ceiling')}, txn_sync/floor_sync {row.get('txn_sync_over_floor_sync')}")
     return row
-
-
-def _run_rounds(client: rt.Client, partitions: int, messages: int, rounds: int, modes: tuple[str, ...],
-                progress: Callable[[str], None], commit_answer: str, rates: dict[str, list[float]],
-                floor: CommitFloor | None) -> None:
-    for round_ in range(rounds):
-        rates["ceiling"].append(measure_ceiling(messages))  # this round's ceiling, same load
-        order = modes[round_ % len(modes):] + modes[:round_ % len(modes)]
-        for mode in order if round_ % 2 == 0 else tuple(reversed(order)):
-            topic = f"bench-{mode.replace('_', '-')}-{partitions}-{commit_answer}-{round_}"
-            client.create_topic(topic, partitions)
-            rates[mode].append(_produce(client, topic, messages, mode=mode, floor=floor))
-            client.delete_topic(topic)  # its ledgers go: a full bench writes ~30 GB
-        progress(f"  {partitions} partition(s), commits answered once {commit_answer}, round {round_ + 1}/{rounds}: "
-                 + ", ".join(f"{mode} {rates[mode][-1]:9.0f}" for mode in modes) + " msgs/s, ceiling "
-                 f"{rates['ceiling'][-1]:9.0f}")
 
 
 def produce_row(partitions: int, messages: int, rates: dict[str, list[float]], commit_answer: str = "applied") -> dict:
