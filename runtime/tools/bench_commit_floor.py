@@ -112,7 +112,7 @@ class CommitFloor:
             t0 = time.perf_counter()
             ray.get(self.partition.append.remote("floor-producer", txn.sequence, [RECORD], txn, txn.sequence - 1, 1))
             t1 = time.perf_counter()
-            ray.get(self.coordinator.commit_and_begin.remote(txn, "floor-owner", 60_000, [("bench-commit", 0)], []))
+            self._commit(txn)
             t2 = time.perf_counter()
             whole.append((t2 - t0) * 1000)
             sends.append((t1 - t0) * 1000)
@@ -126,8 +126,11 @@ class CommitFloor:
         with ``answer_at_log``), two Ray calls. A floor serves these or ``run``, not both: its
         ``puts_per_txn`` is of ``run``'s txns."""
         self.lone_commits += 1
-        txn = self._txn = TxnID(0, self._txn.sequence + 1)
-        ray.get(self.coordinator.commit_and_begin.remote(txn, "floor-owner", 60_000, [("bench-produce", 0)], []))
+        self._txn = TxnID(0, self._txn.sequence + 1)
+        self._commit(self._txn)
+
+    def _commit(self, txn: TxnID) -> None:
+        ray.get(self.coordinator.commit_and_begin.remote(txn, "floor-owner", 60_000, [("bench-floor", 0)], []))
 
     def puts_per_txn(self) -> float:
         """Durable puts made per txn run so far, by both actors (3: the send's, COMMITTING's and
