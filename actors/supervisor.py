@@ -97,6 +97,10 @@ class Supervisor(ActorShell, FaultTarget):
         self._health: dict[str, dict[str, Any]] = {}
         self._probed_at: dict[str, float] = {}  # live actor -> when the watcher last probed it
         self._watch_task: asyncio.Task | None = None
+        # Set by ``shutdown_actors``: from then on nothing creates an actor. A watch round already
+        # under way could otherwise find the coordinators just killed and create them again
+        # (CI once saw tc-0 and tc-1 registered 30 s after a teardown's kills).
+        self._shut_down = False
         self.info: dict[str, Any] = {}
         self.faults = FaultPoints()
         self._deletions: dict[tuple[str, ...], asyncio.Task] = {}  # ("topic", t) / ("subscription", t, s)
@@ -197,6 +201,8 @@ class Supervisor(ActorShell, FaultTarget):
     async def _start_actor(self, spec: ActorSpec) -> bool:
         """Start the actor of ``spec`` (unless it serves) in its host, or in a process of its
         own, and return once it serves; True if it was not running."""
+        if self._shut_down:
+            raise ActorUnavailable(f"{spec.name}: the engine is shutting down")
         host = self._host_of(spec.name)
         if host is not None:
             return bool((await self._start_hosted(spec, host))["hosted_now"])
@@ -247,6 +253,8 @@ class Supervisor(ActorShell, FaultTarget):
         return self._free_resources[1]
 
     async def _start_coordinators(self) -> None:
+        if self._shut_down:
+            return
         handles = [(coordinator_actor_name(i), self._create_coordinator(i))
                    for i in range(self.config.coordinator.num_coordinators)]
         await asyncio.gather(*(self._placed(name, handle) for name, handle in handles))
@@ -770,6 +778,7 @@ class Supervisor(ActorShell, FaultTarget):
         """Stop every actor this supervisor created (the cluster is being shut down); returns the
         names killed, which Ray releases asynchronously (callers wait, see ``cluster.stop_engine``)."""
         await self._started()
+        self._shut_down = True
         if self._watch_task is not None:
             self._watch_task.cancel()
         names = [name for name, _ in self.actor_names()]

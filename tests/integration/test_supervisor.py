@@ -11,9 +11,10 @@ import pytest
 import ray
 
 import raytxn as rt
-from raytxn.client.rpc import ActorRef
-from raytxn.errors import InvalidArgument
-from raytxn.ids import NAMESPACE, coordinator_actor_name, partition_actor_name
+from raytxn.client.rpc import ActorRef, unwrap
+from raytxn.cluster import wait_names_released
+from raytxn.errors import ActorUnavailable, InvalidArgument
+from raytxn.ids import NAMESPACE, SUPERVISOR_NAME, coordinator_actor_name, partition_actor_name
 from tests.engine import engine_client, wait_for
 from tests.engine import health_row as row
 
@@ -115,3 +116,19 @@ def test_coordinator_crash_during_commit_via_fault_api(client: rt.Client) -> Non
     assert client.coordinators.get_txn(txn.id)["state"] == "COMMITTED"
     for p in range(2):
         assert ActorRef(partition_actor_name(topic, p)).call("stats")["ongoing_txns"] == 0
+
+
+def test_once_shut_down_the_supervisor_creates_no_actor(client: rt.Client) -> None:
+    """Last in this module: it stops the module's engine. After ``shutdown_actors`` nothing may
+    create an actor again: a watch round under way found the coordinators just killed and
+    created them again, and a teardown then waited 30 s for names that never went."""
+    topic = f"s-{uuid.uuid4().hex[:6]}"
+    client.create_topic(topic, 1)
+    supervisor = ray.get_actor(SUPERVISOR_NAME, namespace=NAMESPACE)
+    wait_names_released(ray.get(supervisor.shutdown_actors.remote(auth=client.token)))
+    with pytest.raises(ray.exceptions.RayTaskError) as refused:  # an activation, as a client's call asks
+        ray.get(supervisor.activate.remote(partition_actor_name(topic, 0), auth=client.token))
+    assert isinstance(unwrap(refused.value), ActorUnavailable)
+    time.sleep(1.0)  # three of the watch's rounds, had it not stopped
+    registered = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == NAMESPACE}
+    assert registered == {SUPERVISOR_NAME}, registered
