@@ -66,6 +66,7 @@ from raytxn.protocol.offsets import (
     offset_for_time,
     offset_of_max_time,
 )
+from raytxn.protocol.packed_records import PackedRecords
 from raytxn.protocol.retention import StoredObject, acked_bound, retention_cut
 from raytxn.protocol.txn_buffer import TransactionBuffer, TxnBufferSnapshot
 from raytxn.protocol.txnlog import EndAction
@@ -352,7 +353,8 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
     @guarded(Access.CONSUME)
     async def read(self, start: Position, max_entries: int = 100, max_wait_s: float = 0.0) -> dict[str, Any]:
         """Visible entries at or after ``start`` as ``(position, records)`` (records[0] is the
-        encoded header), and ``next``: where to continue. Waits up to ``max_wait_s`` for data."""
+        encoded header; the records packed, ``PackedRecords``: two buffers to pickle, not one
+        ``bytes`` per message), and ``next``: where to continue. Waits up to ``max_wait_s``."""
         await self._started()
         assert self._ledger is not None
         max_entries = min(max_entries, self.config.max_read_entries)
@@ -369,7 +371,7 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
         for entry in scanned:
             header = decode_header(entry.records[0], f"{self.stream}@{entry.position}")
             if self.buffer.is_visible(header, entry.position):
-                visible.append((entry.position, entry.records))
+                visible.append((entry.position, PackedRecords.pack(entry.records)))
         nxt = start
         if scanned:
             last = scanned[-1].position

@@ -226,7 +226,7 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
         finally:
             state.dispatcher.touch(consumer_id, self.clock.monotonic(), fetching=-1)
         self.metrics.dispatched(sum(len(entry[4]) for entry in messages),  # entry[4]: batch indexes
-                                sum(sum(map(len, entry[6])) for entry in messages))
+                                sum(entry[6].nbytes for entry in messages))
         return {"registered": state.dispatcher.has_consumer(consumer_id), "generation": self._generation(),
                 "messages": messages}
 

@@ -22,10 +22,11 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 
-from raytxn.client.record_columns import plain_columns
+from raytxn.client.record_columns import plain_columns_joined
 from raytxn.errors import CorruptLedger, InvalidArgument
 from raytxn.ids import Position
 from raytxn.protocol.entry_format import MessageRecord
+from raytxn.protocol.packed_records import PackedRecords
 
 if TYPE_CHECKING:
     from raytxn.client.consumer import Consumer
@@ -52,13 +53,14 @@ _records_decoder = msgspec.msgpack.Decoder(list[MessageRecord])
 
 class Run:
     """Messages of one entry of one partition, as received: ``indexes[i]`` is the batch index
-    of the run's i-th message, ``records[i]`` its encoded ``MessageRecord``."""
+    of the run's i-th message, ``records[i]`` its encoded ``MessageRecord`` (packed as they came,
+    or a list)."""
 
     __slots__ = ("batch_size", "counts", "entry_id", "indexes", "ledger_id", "partition", "publish_time_ms",
                  "records")
 
     def __init__(self, partition: int, ledger_id: int, entry_id: int, batch_size: int, publish_time_ms: int,
-                 indexes: list[int], counts: list[int] | None, records: list[bytes]) -> None:
+                 indexes: list[int], counts: list[int] | None, records: PackedRecords | list[bytes]) -> None:
         self.partition = partition
         self.ledger_id = ledger_id
         self.entry_id = entry_id
@@ -91,23 +93,29 @@ def _msgpack_array_header(length: int) -> bytes:
 
 
 def decode_records(records: list[bytes]) -> list[MessageRecord]:
-    """Every record of a batch in one decoder call (they are msgpack values: joined behind an
-    array header they are one msgpack array)."""
+    """Every record of a batch in one decoder call."""
+    return _decode_joined(b"".join(records), len(records))
+
+
+def _decode_joined(data: bytes, count: int) -> list[MessageRecord]:
+    """``count`` records back to back in ``data``, decoded in one call (they are msgpack values:
+    behind an array header they are one msgpack array)."""
     try:
-        return _records_decoder.decode(_msgpack_array_header(len(records)) + b"".join(records))
+        return _records_decoder.decode(_msgpack_array_header(count) + data)
     except msgspec.DecodeError as error:
         raise CorruptLedger(f"undecodable message in a received batch: {error}") from error
 
 
-def record_columns(records: list[bytes]) -> list[pa.Array]:
+def record_columns(records: PackedRecords | Sequence[bytes]) -> list[pa.Array]:
     """The value, key, properties and event_time columns of encoded records: parsed with numpy
     when all have the plain shape (``record_columns`` module), else decoded with msgspec."""
-    count = len(records)
-    plain = plain_columns(records)
+    packed = records if isinstance(records, PackedRecords) else PackedRecords.pack(records)
+    count = len(packed)
+    plain = plain_columns_joined(packed.data, packed.lengths)
     if plain is not None:
         values, keys = plain
         return [values, keys, _no_properties(count), pa.nulls(count, pa.timestamp("ms"))]
-    decoded = decode_records(records)
+    decoded = _decode_joined(packed.data, count)
     if any(record.properties for record in decoded):
         properties = pa.array([list(record.properties.items()) for record in decoded], MESSAGE_SCHEMA.field(2).type)
     else:
@@ -120,6 +128,17 @@ def record_columns(records: list[bytes]) -> list[pa.Array]:
     ]
 
 
+def joined_records(runs: Sequence[Run]) -> PackedRecords:
+    """The runs' records as one packed sequence: a packed run gives its buffer as it came, a run
+    of single records (``MessageBatch.ack_rows``'s selections) is packed here."""
+    parts = [run.records if isinstance(run.records, PackedRecords) else PackedRecords.pack(run.records)
+             for run in runs]
+    if len(parts) == 1:
+        return parts[0]
+    lengths = np.concatenate([part.lengths for part in parts]) if parts else np.empty(0, dtype=np.int64)
+    return PackedRecords(b"".join(part.data for part in parts), np.cumsum(lengths, dtype=np.int64))
+
+
 def _no_properties(count: int) -> pa.Array:
     """A map column of ``count`` empty maps, without a Python loop."""
     return pa.MapArray.from_arrays(pa.array(np.zeros(count + 1, dtype=np.int32)),
@@ -128,7 +147,8 @@ def _no_properties(count: int) -> pa.Array:
 
 def build_table(runs: Sequence[Run]) -> pa.Table:
     """The table of the runs' messages (``MESSAGE_SCHEMA``)."""
-    records = list(itertools.chain.from_iterable(run.records for run in runs))
+    records = joined_records(runs)
+    count = len(records)
     lengths = np.fromiter((len(run.indexes) for run in runs), dtype=np.int64, count=len(runs))
 
     def repeated(values: object, dtype: type) -> np.ndarray:
@@ -137,7 +157,7 @@ def build_table(runs: Sequence[Run]) -> pa.Table:
     if any(run.counts for run in runs):
         redeliveries = list(itertools.chain.from_iterable(run.counts or [0] * len(run.indexes) for run in runs))
     else:
-        redeliveries = np.zeros(len(records), dtype=np.int32)
+        redeliveries = np.zeros(count, dtype=np.int32)
     columns = [
         *record_columns(records),
         pa.array(repeated((run.publish_time_ms for run in runs), np.int64)).cast(pa.timestamp("ms")),
@@ -145,7 +165,7 @@ def build_table(runs: Sequence[Run]) -> pa.Table:
         pa.array(repeated((run.ledger_id for run in runs), np.int64)),
         pa.array(repeated((run.entry_id for run in runs), np.int64)),
         pa.array(np.fromiter(itertools.chain.from_iterable(run.indexes for run in runs), dtype=np.int32,
-                             count=len(records))),
+                             count=count)),
         pa.array(redeliveries, pa.int32()),
     ]
     return pa.Table.from_arrays(columns, schema=MESSAGE_SCHEMA)

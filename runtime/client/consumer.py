@@ -228,7 +228,8 @@ class Consumer:
         columns value, key, properties, event_time, publish_time, partition, ledger_id, entry_id,
         batch_index, redelivery_count) and one ack handle (``.ack(txn=None)``). Returns as soon
         as any message is there, waiting up to ``timeout_s`` for the first (then possibly
-        none); what is queued already is taken up to ``max_messages``."""
+        none); what is queued already is taken up to ``max_messages``. A receive queue of about
+        four batches (``receiver_queue_size``) keeps the next ones coming while one is used."""
         if type(max_messages) is not int or max_messages < 1:
             raise InvalidArgument(f"max_messages must be an int >= 1, got {max_messages!r}")
         deadline = time.monotonic() + timeout_s
@@ -788,8 +789,8 @@ class Consumer:
         count = sum(len(entry[4]) for entry in wire)
         self._remember_batch_sizes(runs)
         capacity = feed.capacity
-        if count:  # entry[6]: the run's encoded records
-            average = max(1, sum(sum(map(len, entry[6])) for entry in wire) // count)
+        if count:  # entry[6]: the run's encoded records, packed
+            average = max(1, sum(entry[6].nbytes for entry in wire) // count)
             capacity = max(1, min(self.receiver_queue_size, self.receiver_queue_bytes // average))
         with self._cond:
             feed.resize(capacity)

@@ -32,14 +32,22 @@ _MAX_OFFSET = (1 << 31) - 1  # binary / string arrays have int32 offsets
 def plain_columns(records: Sequence[bytes]) -> tuple[pa.Array, pa.Array] | None:
     """The ``value`` (binary) and ``key`` (string, null: no key) columns of ``records``, if every
     record has the plain shape (module docstring); None if any has not."""
-    count = len(records)
+    lengths = np.fromiter(map(len, records), dtype=np.int64, count=len(records))
+    return plain_columns_joined(b"".join(records), lengths)
+
+
+def plain_columns_joined(data: bytes, lengths: np.ndarray) -> tuple[pa.Array, pa.Array] | None:
+    """``plain_columns`` of records given joined, back to back in ``data``, with their
+    ``lengths`` (int64): how they arrive packed (``raytxn.protocol.packed_records``)."""
+    count = len(lengths)
     if count == 0:
         return pa.array([], pa.binary()), pa.array([], pa.string())
-    lengths = np.fromiter(map(len, records), dtype=np.int64, count=count)
     if lengths.min() < 9:  # the shortest plain record: prefix, bin8 header, nil, {}, nil
         return None
-    joined = pa.py_buffer(b"".join(records))
+    joined = pa.py_buffer(data)
     buffer = np.frombuffer(joined, dtype=np.uint8)
+    if int(lengths.sum()) != buffer.size:
+        return None
     ends = np.cumsum(lengths)
     starts = ends - lengths
     if buffer.size > _MAX_OFFSET:

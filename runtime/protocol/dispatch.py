@@ -54,6 +54,7 @@ from sortedcontainers import SortedDict
 from raytxn.errors import InvalidArgument, NotAllowed
 from raytxn.hashing import stable_hash
 from raytxn.ids import Position
+from raytxn.protocol.packed_records import PackedRecords
 
 
 class ConsumerType(enum.StrEnum):
@@ -75,14 +76,15 @@ DeliverableCheck = Callable[[Position, int, list[int]], list[int]]
 
 class QueuedEntry:
     """An entry with messages waiting for a consumer: its records as read (``records[0]`` is the
-    header, ``records[i + 1]`` message ``i``; None for a message that was not queued, so a mostly
+    header, ``records[i + 1]`` message ``i``): packed as the partition sent them when every
+    message was queued, else a list with None for a message that was not queued, so a mostly
     acked batch read again does not keep every payload) and the batch indexes still queued,
     ascending."""
 
     __slots__ = ("batch_size", "indexes", "key_hashes", "position", "publish_time_ms", "records")
 
-    def __init__(self, position: Position, batch_size: int, publish_time_ms: int, records: list,
-                 indexes: list[int]) -> None:
+    def __init__(self, position: Position, batch_size: int, publish_time_ms: int,
+                 records: list | PackedRecords, indexes: list[int]) -> None:
         self.position = position
         self.batch_size = batch_size
         self.publish_time_ms = publish_time_ms
@@ -245,8 +247,8 @@ class Dispatcher:
 
     # --- the queue ---------------------------------------------------------------------------
 
-    def offer_entry(self, position: Position, batch_size: int, publish_time_ms: int, records: list,
-                    indexes: list[int]) -> int:
+    def offer_entry(self, position: Position, batch_size: int, publish_time_ms: int,
+                    records: list | PackedRecords, indexes: list[int]) -> int:
         """Queue the messages ``indexes`` (ascending) of an entry as read (``records[0]`` its
         header), except those queued or outstanding already; returns how many were queued."""
         queued = self._queue.get(position)
@@ -261,6 +263,8 @@ class Dispatcher:
         if queued is None:
             self._queue[position] = QueuedEntry(position, batch_size, publish_time_ms, records, indexes)
         else:
+            if not isinstance(queued.records, list):  # packed as read: made a list to fill in
+                queued.records = list(queued.records)
             for index in indexes:
                 queued.records[index + 1] = records[index + 1]
             queued.indexes = sorted(queued.indexes + indexes)

@@ -20,6 +20,7 @@ import msgspec
 
 from raytxn.errors import CorruptLedger, InvalidArgument
 from raytxn.ids import TxnID
+from raytxn.protocol.packed_records import PackedRecords
 from raytxn.protocol.txnlog import EndAction
 
 # The header's on-disk tag, a msgpack string in every partition ledger: these lowercase literals
@@ -159,7 +160,7 @@ def decode_entry_header(records: Sequence[bytes], where: str = "") -> EntryHeade
     """The header of an entry's records, checking the record count (recovery: headers only)."""
     if not records:
         raise CorruptLedger(f"entry without header at {where}", where)
-    header = decode_header(records[0], where)
+    header = decode_header(records.record(0) if isinstance(records, PackedRecords) else records[0], where)
     if len(records) != header.count + 1:
         raise CorruptLedger(f"entry at {where} has {len(records) - 1} messages, header says {header.count}",
                             where)

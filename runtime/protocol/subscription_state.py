@@ -42,6 +42,7 @@ from raytxn.protocol.cursor import (
 from raytxn.protocol.dispatch import ConsumerType, Dispatcher, MessageKey
 from raytxn.protocol.entry_format import decode_entry_header, decode_message
 from raytxn.protocol.lease import UNCOUNTED, Lease, LeaseTable, RangeCount, RangePlan, ledger_spans, plan_range
+from raytxn.protocol.packed_records import PackedRecords
 from raytxn.protocol.pending_ack import (
     AbortRecord,
     Ack,
@@ -68,8 +69,9 @@ WireMessage = tuple[int, int, int, int, int, int, bytes]
 # What a fetch returns: the messages handed out, one tuple per run of messages of one entry, the
 # records opaque (encoded ``MessageRecord``s as the partition stored them; the consumer decodes
 # them lazily): (ledger_id, entry_id, batch_size, publish_time_ms, batch indexes, redelivery
-# counts (None: all 0), records). Far fewer objects to pickle than a tuple per message.
-WireEntry = tuple[int, int, int, int, list[int], list[int] | None, list[bytes]]
+# counts (None: all 0), records, packed: one buffer, ``raytxn.protocol.packed_records``). Far
+# fewer objects to pickle than a tuple per message.
+WireEntry = tuple[int, int, int, int, list[int], list[int] | None, PackedRecords]
 
 # A plain or transactional range ack: every entry ``first_entry_id..last_entry_id`` (inclusive)
 # of one ledger, whole. Consumers coalesce their individual acks of contiguous entries into these.
@@ -265,8 +267,8 @@ class SubscriptionState:
             indexes = self.deliverable_indexes(position, header.count, list(range(header.count)))
             if not indexes:
                 continue
-            if len(indexes) == header.count:
-                kept = list(records)
+            if len(indexes) == header.count:  # (a partition sends them packed: kept as they came)
+                kept = records if isinstance(records, PackedRecords) else list(records)
             else:  # keep only what is queued: a re-read batch may be mostly acked
                 kept = [None] * (header.count + 1)
                 for index in indexes:
@@ -337,9 +339,9 @@ class SubscriptionState:
         for entry, indexes in dispatcher.take_chunks(consumer_id):
             position, records = entry.position, entry.records
             if len(indexes) == entry.batch_size:  # the whole entry: its records as they are
-                messages = records[1:]
+                messages = records[1:] if isinstance(records, PackedRecords) else PackedRecords.pack(records[1:])
             else:
-                messages = [records[index + 1] for index in indexes]
+                messages = PackedRecords.pack([records[index + 1] for index in indexes])
             entries.append((position.ledger_id, position.entry_id, entry.batch_size, entry.publish_time_ms,
                             indexes, dispatcher.redelivery_counts(position, indexes), messages))
         return entries
