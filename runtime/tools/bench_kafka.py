@@ -42,6 +42,7 @@ from raytxn.ids import NAMESPACE
 PAYLOAD = b"x" * 100
 CONSUME_CALL = 1000        # messages per confluent consume() call
 BATCH_MESSAGES = 10_000    # receive_batch's max_messages
+BATCH_QUEUE = 4 * BATCH_MESSAGES  # its receive queue (bench_subscription.BATCH_QUEUE says why)
 READ_TIMEOUT_S = 60.0      # a read that stalls this long fails the bench
 
 
@@ -118,7 +119,7 @@ def _native_consume(client: rt.Client, topic: str, count: int) -> tuple[float, f
     """Seconds for a subscription consumer to ``receive_batch`` and range-ack ``count`` messages,
     and seconds to its first message."""
     consumer = client.subscribe(topic, "bench", initial_position=rt.InitialPosition.Earliest,
-                                receiver_queue_size=BATCH_MESSAGES)
+                                receiver_queue_size=BATCH_QUEUE)
     got = 0
     future = first = None
     t0 = time.perf_counter()
