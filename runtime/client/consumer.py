@@ -291,8 +291,11 @@ class Consumer:
     def _pop_locked(self) -> Message:
         feed, run = self._queue[0]
         at = self._front_taken
+        records = run.records
+        if type(records) is not list:  # packed as it came: cut once, not indexed through per message
+            records = run.records = records.to_list()
         message = Message(MessageId(self.topic, run.partition, run.ledger_id, run.entry_id, run.indexes[at]),
-                          run.records[at], run.publish_time_ms, run.counts[at] if run.counts else 0, run.batch_size)
+                          records[at], run.publish_time_ms, run.counts[at] if run.counts else 0, run.batch_size)
         if at + 1 == len(run.indexes):
             self._queue.popleft()
             self._front_taken = 0

@@ -74,6 +74,10 @@ class PackedRecords(Sequence[bytes]):
         start = int(self.ends[index - 1]) if index else 0
         return self.data[start:int(self.ends[index])]
 
+    def to_list(self) -> list[bytes]:
+        """The records as ``bytes``, cut out once (the same list every time)."""
+        return self._cut()
+
     def _cut(self) -> list[bytes]:
         items = self._items
         if items is None:
