@@ -4,10 +4,11 @@
   (target >= 200k msgs/s; on 4 partitions at least 0.9 of it) vs acks in transactions committed
   every 100 ms (waiting for each commit, and committing in the background as Pulsar's perf tool
   does; target txn/plain >= 0.9), and columnar ``receive_batch`` + one range ack per batch
-  (target >= 1M msgs/s). Each is also a ratio to a peer measured in the same run: a bare Ray
-  actor handing the driver prebuilt batches of the same encoded records (the transfer alone, no
-  subscription state). Each mode consumes 1.5M messages a round (short: 20k), 3 rounds (short:
-  2); a ratio to plain is given over the best rounds and as the median of the rounds' own ratios.
+  (target >= 1M msgs/s; on 4 partitions at least 0.9 of it). Each is also a ratio to a peer
+  measured in the same run: a bare Ray actor handing the driver prebuilt batches of the same
+  encoded records (the transfer alone, no subscription state). Each mode consumes 1.5M messages
+  a round (short: 20k), 3 rounds (short: 2); a ratio to plain (or to receive_batch on 1
+  partition) is given over the best rounds and as the median of the rounds' own ratios.
 * Recovery time of a subscription whose pending-ack log holds 100k records (short: 10k): half
   ACK, half COMMIT records of as many transactions, replayed by a new subscription actor.
 * The subscription actor's resident memory after 1M acked messages vs after 10k (short: 100k vs
@@ -172,7 +173,7 @@ def _consume(consumer: Consumer, count: int, client: rt.Client | None = None, pi
 def _throughput(client: rt.Client, count: int, rounds: int, progress: Callable[[str], None]) -> list[dict]:
     """Each mode ``rounds`` times, interleaved; the best round of each counts (the machine may be
     shared: the best round is the one least disturbed)."""
-    modes = ("plain", "plain-4p", "txn", "txn-pipelined", "batch")
+    modes = ("plain", "plain-4p", "txn", "txn-pipelined", "batch", "batch-4p")
     rates: dict[str, list[float]] = {mode: [] for mode in (*modes, "peer")}
     for _ in range(rounds):
         rates["peer"].append(measure_peer(count))
@@ -191,14 +192,16 @@ def _throughput(client: rt.Client, count: int, rounds: int, progress: Callable[[
 
 def consume_rate(client: rt.Client, mode: str, count: int) -> float:
     """Msgs/s of one ``_consume`` run of ``mode`` ("plain", "plain-4p", "txn", "txn-pipelined",
-    "batch") over ``count`` messages produced first, on a topic of its own."""
+    "batch", "batch-4p") over ``count`` messages produced first, on a topic of its own (of 4
+    partitions for a "-4p" mode)."""
     topic = f"bench-{mode}-{time.monotonic_ns()}"
-    client.create_topic(topic, partitions=4 if mode == "plain-4p" else 1)
+    batched = mode.startswith("batch")
+    client.create_topic(topic, partitions=4 if mode.endswith("-4p") else 1)
     consumer = client.subscribe(topic, "bench", initial_position=rt.InitialPosition.Earliest,
-                                receiver_queue_size=BATCH_QUEUE if mode == "batch" else None)
+                                receiver_queue_size=BATCH_QUEUE if batched else None)
     _produce(client, topic, count)
     seconds = _consume(consumer, count, client if mode.startswith("txn") else None, mode == "txn-pipelined",
-                       batched=mode == "batch")
+                       batched=batched)
     consumer.close()
     client.delete_topic(topic)
     return count / seconds
@@ -206,8 +209,9 @@ def consume_rate(client: rt.Client, mode: str, count: int) -> float:
 
 def throughput_rows(count: int, rates: dict[str, list[float]]) -> list[dict]:
     """A row per mode (its best round counts, also as a ratio to the peer's best round) and a
-    row per ratio of a txn mode, and of plain on 4 partitions, to plain. ``rates``: msgs/s of
-    every round of "plain", "plain-4p", "txn", "txn-pipelined", "batch" and "peer"."""
+    row per ratio of a txn mode, and of plain on 4 partitions, to plain, and of receive_batch on 4
+    partitions to 1. ``rates``: msgs/s of
+    every round of "plain", "plain-4p", "txn", "txn-pipelined", "batch", "batch-4p" and "peer"."""
     best = {mode: max(values) for mode, values in rates.items()}
     every = f"every {int(COMMIT_EVERY_S * 1000)} ms"
     cases = {"peer": ("peer: bare actor returning prebuilt batches of the same records", ""),
@@ -216,17 +220,18 @@ def throughput_rows(count: int, rates: dict[str, list[float]]) -> list[dict]:
              "txn": (f"consume + individual ack in txns, commit {every}, waiting for each commit", ""),
              "txn-pipelined": (f"consume + individual ack in txns, commit {every} in the background (Pulsar perf "
                                "style)", ""),
-             "batch": (f"receive_batch ({BATCH_MESSAGES}) + one range ack per batch, plain", ">= 1000000 msgs/s")}
+             "batch": (f"receive_batch ({BATCH_MESSAGES}) + one range ack per batch, plain", ">= 1000000 msgs/s"),
+             "batch-4p": (f"receive_batch ({BATCH_MESSAGES}) + one range ack per batch, plain, 4 partitions", "")}
     rows = [{"bench": "subscription", "case": case, "messages": count, "rounds": len(rates[mode]),
              "msgs_per_s": round(best[mode], 1), "ratio_to_peer": round(best[mode] / best["peer"], 3),
              "target": target, "all_rounds": [round(r, 1) for r in rates[mode]]}
             for mode, (case, target) in cases.items()]
-    for mode in ("txn", "txn-pipelined", "plain-4p"):
+    for mode, base in (("txn", "plain"), ("txn-pipelined", "plain"), ("plain-4p", "plain"), ("batch-4p", "batch")):
         # Also per round (the modes run one after the other in a round), as bench produce reports
         # its ratios: one lucky plain round sets the best-rounds ratio of every mode against it.
-        per_round = [other / plain for other, plain in zip(rates[mode], rates["plain"], strict=True)]
-        rows.append({"bench": "subscription", "case": f"{mode}/plain throughput ratio",
-                     "ratio": round(best[mode] / best["plain"], 3),
+        per_round = [other / plain for other, plain in zip(rates[mode], rates[base], strict=True)]
+        rows.append({"bench": "subscription", "case": f"{mode}/{base} throughput ratio",
+                     "ratio": round(best[mode] / best[base], 3),
                      "median_round_ratio": round(statistics.median(per_round), 3), "target": ">= 0.9"})
     return rows
 

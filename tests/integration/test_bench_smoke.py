@@ -89,6 +89,29 @@ def test_bench_produce_short_runs_every_mode_and_the_synchronous_patterns_floor(
     assert missing_figures(rows, stdout) == [], stdout
 
 
+@pytest.mark.slow(seconds=60)
+def test_bench_subscription_short_runs_every_consume_mode_beside_the_peer(tmp_path: Path) -> None:
+    """Every consume mode (plain, txn acks both ways, receive_batch, on 1 and 4 partitions) runs
+    beside the peer in each round, with its ratios, the pending-ack log's recovery and the
+    actor's memory."""
+    rows, stdout = run_bench("subscription", tmp_path, timeout_s=300)
+    throughputs = [row for row in rows if "msgs_per_s" in row]
+    assert [row["case"].split(":")[0] for row in throughputs][:1] == ["peer"] and len(throughputs) == 7
+    for row in throughputs:
+        assert row["rounds"] == 2 and len(row["all_rounds"]) == 2 and min(row["all_rounds"]) > 0
+        assert row["msgs_per_s"] == pytest.approx(max(row["all_rounds"]), abs=0.1)
+    assert [row["case"] for row in throughputs if "4 partitions" in row["case"]] == [
+        "consume + individual ack, plain, 4 partitions",
+        "receive_batch (10000) + one range ack per batch, plain, 4 partitions"]
+    ratios = [row["case"] for row in rows if "median_round_ratio" in row]
+    assert ratios == ["txn/plain throughput ratio", "txn-pipelined/plain throughput ratio",
+                      "plain-4p/plain throughput ratio", "batch-4p/batch throughput ratio"]
+    recovery, memory = rows[-2:]
+    assert recovery["records"] == 10_000 and recovery["recovery_ms"] > 0
+    assert memory["rss_small_mb"] > 0 and memory["ratio"] > 0
+    assert missing_figures(rows, stdout) == [], stdout
+
+
 @pytest.mark.s3
 @pytest.mark.slow(seconds=35)
 def test_bench_s3_short_takes_each_figure_on_seaweedfs_as_a_ratio_to_file(tmp_path: Path) -> None:

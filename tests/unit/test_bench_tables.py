@@ -82,7 +82,9 @@ ROWS: dict[str, Callable[[], list[dict]]] = {
         *bench_subscription.throughput_rows(20_000, {"plain": [30_000.25, 31_000.5], "plain-4p": [29_000.5, 28_000.25],
                                                      "txn": [25_000.75, 26_000.5],
                                                      "txn-pipelined": [28_000.25, 29_500.5],
-                                                     "batch": [300_000.5, 310_000.25], "peer": [900_000.5, 850_000.5]}),
+                                                     "batch": [300_000.5, 310_000.25],
+                                                     "batch-4p": [280_000.25, 320_000.75],
+                                                     "peer": [900_000.5, 850_000.5]}),
         bench_subscription.recovery_row(10_000, 950.25, 1.2345),
         bench_subscription.memory_row(10_000, 180_000_000, 100_000, 190_000_000, 1)],
     "spark": _spark,
@@ -161,9 +163,17 @@ def test_a_table_taking_its_columns_from_the_first_row_is_caught() -> None:
     out = io.StringIO()
     console = Console(file=out, width=10_000, color_system=None)
     console.print(table, width=console.measure(table).maximum)
-    throughputs, others = rows[:6], rows[6:]  # the first kind, and the ratios, recovery, memory
+    throughputs, others = rows[:7], rows[7:]  # the first kind, and the ratios, recovery, memory
     assert missing_figures(rows, out.getvalue()) == [str(row) for row in others]
     assert missing_figures(throughputs, out.getvalue()) == []
+
+
+def test_receive_batch_on_4_partitions_is_a_ratio_to_receive_batch_on_1_and_the_txn_modes_to_plain() -> None:
+    rows = {row["case"]: row for row in ROWS["subscription"]() if "ratio" in row}
+    four = rows["batch-4p/batch throughput ratio"]
+    assert four["ratio"] == round(320_000.75 / 310_000.25, 3) and four["target"] == ">= 0.9"
+    assert four["median_round_ratio"] == round((280_000.25 / 300_000.5 + 320_000.75 / 310_000.25) / 2, 3)
+    assert rows["txn/plain throughput ratio"]["ratio"] == round(26_000.5 / 31_000.5, 3)
 
 
 def test_kafka_rows_take_the_best_round_of_each_side_and_their_ratio() -> None:
