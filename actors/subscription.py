@@ -414,7 +414,7 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
         while True:
             reply = await self._partition.call_async("read", position, 1000, 0.0)
             for entry_position, records in reply["entries"]:
-                if decode_header(records[0]).publish_time_ms >= publish_time_ms:
+                if decode_header(records.record(0)).publish_time_ms >= publish_time_ms:  # the header alone
                     return entry_position
             if reply["next"] == position:
                 return position
