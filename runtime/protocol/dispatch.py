@@ -76,10 +76,10 @@ DeliverableCheck = Callable[[Position, int, list[int]], list[int]]
 
 class QueuedEntry:
     """An entry with messages waiting for a consumer: its records as read (``records[0]`` is the
-    header, ``records[i + 1]`` message ``i``): packed as the partition sent them when every
-    message was queued, else a list with None for a message that was not queued, so a mostly
-    acked batch read again does not keep every payload) and the batch indexes still queued,
-    ascending."""
+    header, ``records[i + 1]`` message ``i``) and the batch indexes still queued, ascending.
+    The records stay packed as the partition sent them while every message is queued; otherwise
+    they are a list with None for each message not queued, so a mostly acked batch read again
+    does not keep every payload."""
 
     __slots__ = ("batch_size", "indexes", "key_hashes", "position", "publish_time_ms", "records")
 
