@@ -38,11 +38,10 @@ import raytxn as rt
 from raytxn.cluster import stop_engine
 from raytxn.config import SubscriptionConfig
 from raytxn.ids import NAMESPACE
+from raytxn.tools.bench_subscription import BATCH_MESSAGES, BATCH_QUEUE  # the same batches, the same queue
 
 PAYLOAD = b"x" * 100
 CONSUME_CALL = 1000        # messages per confluent consume() call
-BATCH_MESSAGES = 10_000    # receive_batch's max_messages
-BATCH_QUEUE = 4 * BATCH_MESSAGES  # its receive queue (bench_subscription.BATCH_QUEUE says why)
 READ_TIMEOUT_S = 60.0      # a read that stalls this long fails the bench
 
 
