@@ -153,8 +153,7 @@ class Storage:
         runtime and two more to fsync threads; on this machine's ext4 a put fell from 1.1 to
         0.85 ms p50 (``putbench.py``, 900 interleaved puts)."""
         assert self._root_prefix is not None
-        if path.startswith("/") or "" in (parts := path.split("/")) or "." in parts or ".." in parts:
-            raise InvalidArgument(f"object path {path!r} is not a relative path of plain names")
+        _check_relative(path)
         full = self._root_prefix + path
         staging = f"{full}#{(os.getpid() << 32) + next(_staging_counter)}"
         try:
@@ -202,12 +201,30 @@ class Storage:
 
     async def get(self, path: str) -> bytes | None:
         """The object's bytes, or None when it does not exist."""
+        if self._root_prefix is not None:
+            return self._get_local(path)
         try:
             result = await obstore.get_async(self.store, path)
             return bytes(await result.bytes_async())
         except (FileNotFoundError, NotFoundError):
             return None
         except (BaseError, OSError) as e:
+            raise StorageUnavailable(f"get {path}: {_short(e)}") from e
+
+    def _get_local(self, path: str) -> bytes | None:
+        """A local directory's get, inline on the caller's loop. Ledger objects are 1 MiB at most
+        but for a lone larger entry, and mostly in the page cache: a 200 KB object took 20 us this
+        way, against 300 us through obstore's get (its runtime and back, twice; concurrent gets
+        did not overlap) and 110 us through a worker thread (``getbench.py``). A partition's read
+        of 20 entries (11 objects) spent 7 ms waiting on obstore's gets."""
+        assert self._root_prefix is not None
+        _check_relative(path)
+        try:
+            with open(self._root_prefix + path, "rb") as file:
+                return file.read()
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            return None
+        except OSError as e:
             raise StorageUnavailable(f"get {path}: {_short(e)}") from e
 
     async def list(self, prefix: str) -> list[str]:
@@ -263,6 +280,11 @@ class Storage:
         for path in (self._local_root / prefix.strip("/")).rglob("*#*"):
             if _STAGING_NAME.search(path.name) and path.is_file():
                 path.unlink(missing_ok=True)
+
+
+def _check_relative(path: str) -> None:
+    if path.startswith("/") or "" in (parts := path.split("/")) or "." in parts or ".." in parts:
+        raise InvalidArgument(f"object path {path!r} is not a relative path of plain names")
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -129,3 +129,27 @@ def test_a_path_that_is_not_plain_names_is_refused_and_writes_nothing(tmp_path: 
     with pytest.raises(InvalidArgument, match="not a relative path of plain names"):
         asyncio.run(storage.create(path, b"x"))
     assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+
+
+def test_a_local_get_reads_the_object_or_says_none_and_refuses_a_path_outside_the_root(tmp_path: Path) -> None:
+    """The local get reads files itself (not through obstore): what obstore's get gave must hold,
+    an object's bytes, None for no object (also where a file or a folder stands in the way), and
+    a storage error for a file that cannot be read."""
+    storage = Storage.from_url(f"file://{tmp_path / 'root'}")
+    outside = tmp_path / "secret"
+    outside.write_bytes(b"outside the root")
+
+    async def run() -> None:
+        await storage.create("a/object", b"\x00bytes\xff" * 1000)
+        assert await storage.get("a/object") == b"\x00bytes\xff" * 1000
+        assert await storage.get("a/missing") is None
+        assert await storage.get("a/object/below-a-file") is None
+        assert await storage.get("a") is None  # a folder is no object
+        for bad in ("../secret", "/etc/passwd", "a//object", "./a/object"):
+            with pytest.raises(InvalidArgument, match="not a relative path of plain names"):
+                await storage.get(bad)
+        (tmp_path / "root" / "loop").symlink_to(tmp_path / "root" / "loop")
+        with pytest.raises(StorageUnavailable, match="get loop"):
+            await storage.get("loop")
+
+    asyncio.run(run())
