@@ -26,6 +26,7 @@ missing, truncated or corrupted object raises ``CorruptLedger`` naming it, never
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import time
 from collections import OrderedDict, deque
@@ -39,6 +40,7 @@ from sortedcontainers import SortedDict
 from raytxn.errors import CorruptLedger, Fenced, InvalidArgument, MessageTooLarge, PositionTrimmed, StorageUnavailable
 from raytxn.ids import EARLIEST, Position, check_stream_name
 from raytxn.ledger.framing import FrameKind, decode_frames, decode_records, encode_frame, encode_records
+from raytxn.ledger.loads import ObjectLoads
 from raytxn.ledger.metadata import LedgerInfo, StreamMetadata, compare_and_set, read_metadata
 from raytxn.ledger.storage import ObjectExists, ObjectInfo, Storage
 from raytxn.metrics import LedgerMetrics
@@ -56,6 +58,7 @@ class LedgerConfig:
     max_entry_bytes: int = 8 << 20     # MessageTooLarge above this
     max_entries_per_ledger: int = 50_000  # then roll to a new ledger (trimming frees whole ledgers)
     cache_bytes: int = 32 << 20        # decoded objects kept for reads (the tail, mostly)
+    read_objects_in_flight: int = 8    # gets a read keeps going at once (objects are <= 1 MiB mostly)
     append_timeout_s: float | None = 60.0  # an append not durable by then raises StorageUnavailable
     retry_backoff_s: tuple[float, float] = (0.05, 1.0)
 
@@ -541,12 +544,26 @@ class ManagedLedger:
         # reach: the first may end before ``from_entry``, every later one holds an entry at least
         # (or seals the ledger). A copy of the whole index cost every read O(chunks).
         firsts = list(index.islice(pos, pos + max_entries + 1))
+        # Entry ids are contiguous in a ledger, so the objects starting at or below ``reach`` are
+        # ones this read needs: their gets go out together. One get after another cost a 20-entry
+        # read 7 ms on file:// (11 objects, each get a wait for obstore's thread), 0.5 ms of it CPU.
+        reach = from_entry + max_entries - len(out) - 1
+        reach = reach if last is None else min(reach, last)
+        needed = max(1, sum(1 for _ in itertools.takewhile(lambda first: first <= reach, firsts)))
+        async with ObjectLoads(functools.partial(self._load_chunk, info.ledger_id), firsts, needed,
+                               self.config.read_objects_in_flight) as loads:
+            await self._check_entries(info, from_entry, last, max_entries, out, firsts, loads)
+
+    async def _check_entries(self, info: LedgerInfo, from_entry: int, last: int | None, max_entries: int,
+                             out: list[Entry], firsts: list[int], loads: ObjectLoads) -> None:
+        """The entries of the objects ``firsts`` (loaded in order by ``loads``), checked contiguous,
+        from ``from_entry`` up to ``last``, into ``out`` until it holds ``max_entries``."""
         expected_first = firsts[0]
         for first in firsts:
             if first != expected_first:
                 missing = chunk_path(self.stream, info.ledger_id, expected_first)
                 raise CorruptLedger(f"missing ledger object {missing}", missing)
-            entries, sealed_at = await self._load_chunk(info.ledger_id, first)
+            entries, sealed_at = await loads.next()
             for entry in entries:
                 if entry.position.entry_id < from_entry:
                     continue

@@ -411,3 +411,72 @@ def test_delete_folder_leaves_nothing_not_even_a_killed_puts_staging_file(tmp_pa
         left = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
         assert left == ["streams/ab/meta/01", "streams/ab/meta/03#1"]
     run(go())
+
+
+class CountingStorage(Storage):
+    """A store whose gets take a while, counting how many overlap."""
+
+    def __init__(self, inner: Storage) -> None:
+        super().__init__(inner.store, inner.url, inner._local_root)
+        self.gets = 0
+        self.running = 0
+        self.most_running = 0
+
+    async def get(self, path: str) -> bytes | None:
+        self.gets += 1
+        self.running += 1
+        self.most_running = max(self.most_running, self.running)
+        try:
+            await asyncio.sleep(0.002)
+            return await super().get(path)
+        finally:
+            self.running -= 1
+
+
+@pytest.mark.parametrize("in_flight", [1, 3, 8])
+def test_a_read_gets_its_objects_together_and_returns_what_one_by_one_would(
+        storage_url: tuple[str, dict], in_flight: int) -> None:
+    """Up to ``read_objects_in_flight`` gets at once, the needed objects only, the same entries."""
+    async def go() -> None:
+        storage = storage_of(storage_url)
+        ml = await ManagedLedger.open(storage, "t/loads", LedgerConfig(group_commit=False))
+        for i in range(30):  # one object per entry
+            await ml.append([f"e{i}".encode(), b"x" * i])
+        await ml.close()
+        counting = CountingStorage(storage_of(storage_url))
+        config = LedgerConfig(cache_bytes=0, read_objects_in_flight=in_flight)
+        reader = await ManagedLedger.open(counting, "t/loads", config, writable=False)
+        counting.gets = 0
+        entries = await reader.read(Position(0, 4), max_entries=12)
+        assert [e.records for e in entries] == [[f"e{i}".encode(), b"x" * i] for i in range(4, 16)]
+        assert counting.gets == 12  # the needed objects, none past them
+        assert counting.most_running == min(in_flight, 12)
+        bounded = await reader.read(Position(0, 25), max_entries=12, end=Position(0, 27))
+        assert [e.position.entry_id for e in bounded] == [25, 26, 27]
+
+    run(go())
+
+
+def test_of_two_bad_objects_a_read_names_the_first(storage_url: tuple[str, dict]) -> None:
+    """Gets going together must not change which error a read raises: the first bad object's."""
+    async def go() -> None:
+        storage = storage_of(storage_url)
+        ml = await ManagedLedger.open(storage, "t/twobad", LedgerConfig(group_commit=False))
+        for i in range(10):
+            await ml.append([f"b{i}".encode()])
+        await ml.close()
+        corrupt, missing = chunk_path("t/twobad", 0, 6), chunk_path("t/twobad", 0, 3)
+        data = bytearray(await storage.get(corrupt))
+        data[-1] ^= 0xFF
+        await storage.delete([corrupt, missing])
+        await storage.create(corrupt, bytes(data))
+        reader = await ManagedLedger.open(storage_of(storage_url), "t/twobad", LedgerConfig(cache_bytes=0),
+                                          writable=False)
+        with pytest.raises(CorruptLedger) as info:
+            await reader.read(Position(0, 0))
+        assert info.value.path == missing
+        with pytest.raises(CorruptLedger) as info:
+            await reader.read(Position(0, 4))
+        assert info.value.path == corrupt
+
+    run(go())
