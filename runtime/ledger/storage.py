@@ -3,8 +3,9 @@
 - ``file:///abs/path`` or ``file://./rel/path``: a local directory (the embedded default). A put
   writes a staging file, fsyncs it, links it into place and fsyncs its directory (and new
   directories in their parents), so an object is never visible partially and an acknowledged
-  write also survives a machine crash. Reads, listings and deletes go through obstore's
-  LocalStore, which skips staging files as it skips its own.
+  write also survives a machine crash. A get reads the file itself, inline (``_get_local``);
+  listings and deletes go through obstore's LocalStore, which skips staging files as it skips its
+  own.
 - ``s3://bucket/prefix``: any S3-compatible store. Endpoint, keys, region and ``allow_http`` come
   from keyword options (``endpoint=``, ``access_key_id=``, ...) or the usual ``AWS_*`` variables.
 - ``memory://name``: an in-process store for unit tests; the same name gives the same store.
