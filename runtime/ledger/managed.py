@@ -26,6 +26,7 @@ missing, truncated or corrupted object raises ``CorruptLedger`` naming it, never
 from __future__ import annotations
 
 import asyncio
+import bisect
 import functools
 import itertools
 import time
@@ -549,7 +550,7 @@ class ManagedLedger:
         # (S3), a 20-entry read of 11 objects one after the other waited for 11 of them.
         reach = from_entry + max_entries - len(out) - 1
         reach = reach if last is None else min(reach, last)
-        needed = max(1, sum(1 for _ in itertools.takewhile(lambda first: first <= reach, firsts)))
+        needed = max(1, bisect.bisect_right(firsts, reach))  # firsts is ascending
         async with ObjectLoads(functools.partial(self._load_chunk, info.ledger_id), firsts, needed,
                                self.config.read_objects_in_flight) as loads:
             await self._check_entries(info, from_entry, last, max_entries, out, firsts, loads)
