@@ -210,8 +210,8 @@ def consume_rate(client: rt.Client, mode: str, count: int) -> float:
 def throughput_rows(count: int, rates: dict[str, list[float]]) -> list[dict]:
     """A row per mode (its best round counts, also as a ratio to the peer's best round) and a
     row per ratio of a txn mode, and of plain on 4 partitions, to plain, and of receive_batch on 4
-    partitions to 1. ``rates``: msgs/s of
-    every round of "plain", "plain-4p", "txn", "txn-pipelined", "batch", "batch-4p" and "peer"."""
+    partitions to 1. ``rates``: msgs/s of every round of "plain", "plain-4p", "txn",
+    "txn-pipelined", "batch", "batch-4p" and "peer"."""
     best = {mode: max(values) for mode, values in rates.items()}
     every = f"every {int(COMMIT_EVERY_S * 1000)} ms"
     cases = {"peer": ("peer: bare actor returning prebuilt batches of the same records", ""),
@@ -229,7 +229,7 @@ def throughput_rows(count: int, rates: dict[str, list[float]]) -> list[dict]:
     for mode, base in (("txn", "plain"), ("txn-pipelined", "plain"), ("plain-4p", "plain"), ("batch-4p", "batch")):
         # Also per round (the modes run one after the other in a round), as bench produce reports
         # its ratios: one lucky plain round sets the best-rounds ratio of every mode against it.
-        per_round = [other / plain for other, plain in zip(rates[mode], rates[base], strict=True)]
+        per_round = [other / base_rate for other, base_rate in zip(rates[mode], rates[base], strict=True)]
         rows.append({"bench": "subscription", "case": f"{mode}/{base} throughput ratio",
                      "ratio": round(best[mode] / best[base], 3),
                      "median_round_ratio": round(statistics.median(per_round), 3), "target": ">= 0.9"})
