@@ -8,8 +8,11 @@ apply: the record is appended to the log, and the state machine applies it in th
 end_txn: log COMMITTING/ABORTING, send the end (with the low watermark) to every participant in
 parallel, answer the caller, log COMMITTED/ABORTED. The outcome is durable from the first record
 and every participant has it before the answer, so the last record is off the caller's path (one
-durable write less per commit). ``get_txn``, ``list_txns``, ``stats``, ``ready`` and ``compact``
-first wait for the last records of ends already answered, so a caller reads its own end. With
+durable write less per commit). Nor does it need a put of its own: it lingers up to
+``complete_linger_ms`` to go into the next entry logged (``lingering.py``), so a client committing
+one txn after another costs this coordinator one put a txn, not two. ``get_txn``, ``list_txns``,
+``stats``, ``ready`` and ``compact`` first wait for the last records of ends already answered
+(logged at once meanwhile), so a caller reads its own end. With
 ``commit_answer="logged"`` a commit is answered as Kafka's EndTxn is, once COMMITTING is logged
 and its driver started: the decision is durable and recovery re-drives it, so the answer skips the
 participants' round trip and their marker puts; the txn reads COMMITTING until they have it.
@@ -45,12 +48,14 @@ last such entry.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Iterable
 from typing import Any
 
 import ray
 
+from raytxn.actors import lingering
 from raytxn.actors.participants import end_on_participant, participant_name
 from raytxn.actors.shell import ActorRefs, ActorShell, Clock, ray_actor_options, replay
 from raytxn.auth import Access, AuthConfig, Authorizer, guarded
@@ -79,6 +84,7 @@ FAULT_POINTS = (
     "coordinator.after_log_aborting",
     "coordinator.after_send_end",
     "coordinator.before_log_complete",
+    "coordinator.complete_lingering",  # its last record waits for the next entry (lingering.py)
     "coordinator.after_log_complete",
 )
 
@@ -121,7 +127,9 @@ class TransactionCoordinator(ActorShell, FaultTarget):
         self._timer_waiter: asyncio.Future | None = None
         self._timer_wake: asyncio.TimerHandle | None = None
         self._timer_due_ms: int | None = None
-        self._unapplied = 0                      # records logged but not applied yet
+        self._unapplied = 0                      # entries logged but not applied yet
+        # The txns' last records, riding with the next entry (lingering.py); None: each on its own.
+        self._lingering: lingering.LingeringRecords | None = None
         self._writes_open = asyncio.Event()      # cleared while a compaction runs
         self._writes_open.set()
         self._entries_since_compaction = 0
@@ -140,6 +148,10 @@ class TransactionCoordinator(ActorShell, FaultTarget):
 
     async def _start(self) -> None:
         self._ledger = await ManagedLedger.open(self.storage, log_stream(self.tc_id), self.config.log_config())
+        # Before the replay: the drives it restarts log their last records through it. (A start
+        # that failed before serving had none lingering: drives start after the replay.)
+        linger_s = self.config.complete_linger_ms / 1000
+        self._lingering = lingering.LingeringRecords(linger_s, self._log_lingering) if linger_s > 0 else None
         self._ledger.faults = self.faults
         self.state = self._new_state()
         self._entries_since_compaction = 0
@@ -182,26 +194,36 @@ class TransactionCoordinator(ActorShell, FaultTarget):
         return lock
 
     async def _log(self, records: list[Record]) -> Position:
-        """Append ``records`` as one entry; they are applied in log order once durable.
+        """Append ``records`` as one entry, after the lingering last records of ended txns
+        (prepared before them); they are applied in log order once durable.
 
         Callers prepare and call this with no await in between, so the log order is the order
         of preparation. A failed write stops this incarnation (see the actor shell)."""
         assert self._ledger is not None
         state = self.state
-        begun = [record.txn for record in records if type(record) is NewTxn]
+        riders = self._lingering.take() if self._lingering is not None else []
+        entry = [*(record for record, _ in riders), *records]
+        begun = [record.txn for record in entry if type(record) is NewTxn]
         self._unapplied += 1
 
         def apply(_position: Position) -> None:
             self._unapplied -= 1
-            for record in records:
+            for record in entry:
                 state.apply(record)
             for txn in begun:  # a new txn's deadline may come before the timer's next wake-up
                 self._timer_due_by(state.open_deadline_ms(txn))
+            lingering.logged(riders)
 
         try:
-            position = await self._write(self._ledger.append([encode_record(r) for r in records], on_durable=apply))
+            position = await self._write(self._ledger.append([encode_record(r) for r in entry], on_durable=apply))
         except MessageTooLarge:
             self._unapplied -= 1  # refused before it was queued: it will never be applied
+            assert self._lingering is not None or not riders
+            if self._lingering is not None:
+                self._lingering.put_back(riders)
+            raise
+        except Exception as error:
+            lingering.settle(riders, error)
             raise
         self._entries_since_compaction += 1
         self._maybe_compact()
@@ -210,6 +232,28 @@ class TransactionCoordinator(ActorShell, FaultTarget):
     async def _writable(self) -> None:
         await self._started()
         await self._writes_open.wait()
+
+    async def _log_complete(self, txn: TxnID, record: Record) -> None:
+        """Log a txn's last record: lingering for the next entry (``lingering.py``), or at once."""
+        if self._lingering is None:
+            await self._log([record])
+            return
+        logged = self._lingering.add(record)
+        await self.faults.hit("coordinator.complete_lingering", txn=txn)
+        await logged
+
+    async def _log_lingering(self) -> None:
+        """Log the lingering records in an entry of their own (the linger passed, or a reader
+        needs them)."""
+        assert self._lingering is not None
+        try:
+            await self._writable()
+        except Exception as error:  # noqa: BLE001 - stopped: this incarnation will never log them
+            self._lingering.fail(error)
+            return
+        if len(self._lingering):
+            with contextlib.suppress(Exception):  # the records' waiters get the error
+                await self._log([])
 
     # --- requests --------------------------------------------------------------------------
 
@@ -281,7 +325,10 @@ class TransactionCoordinator(ActorShell, FaultTarget):
                     lock.release()
         ending = [meta.txn for meta in self.state.live_txns()
                   if meta.transactional_id == transactional_id and meta.state is not TxnState.OPEN]
-        await asyncio.shield(asyncio.gather(*(self._drive(txn) for txn in ending)))
+        for txn in ending:
+            self._drive(txn)
+        # Ended at every participant, not necessarily logged so (its last record may linger).
+        await asyncio.shield(asyncio.gather(*(self._applied[txn] for txn in ending)))
         return records[-1].epoch
 
     @guarded(Access.AUTHENTICATED)
@@ -479,7 +526,8 @@ class TransactionCoordinator(ActorShell, FaultTarget):
         completing = [task for txn, task in list(self._drivers.items())
                       if (applied := self._applied.get(txn)) is not None and applied.done()]
         if completing:
-            await asyncio.wait(completing)
+            with self._lingering.needed() if self._lingering is not None else contextlib.nullcontext():
+                await asyncio.wait(completing)  # their last records are logged at once meanwhile
 
     async def _run_end(self, txn: TxnID, applied: asyncio.Future) -> None:
         meta = self.state.get(txn)
@@ -506,7 +554,7 @@ class TransactionCoordinator(ActorShell, FaultTarget):
             await self._writable()
             record = self.state.prepare_complete(txn, self.clock.now_ms())
             if record is not None:
-                await self._log([record])
+                await self._log_complete(txn, record)
                 self.metrics.txn_ended(committed=committing)
         self._locks.pop(txn, None)
         await self.faults.hit("coordinator.after_log_complete", txn=txn)

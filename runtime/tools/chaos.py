@@ -34,7 +34,8 @@ READY_BEFORE_KILL_S = 10.0  # how long a kill waits for its target to serve (els
 
 POINTS = {
     "coordinator": ["coordinator.after_log_new", "coordinator.after_log_committing", "coordinator.after_log_aborting",
-                    "coordinator.after_send_end", "coordinator.before_log_complete", "coordinator.after_log_complete"],
+                    "coordinator.after_send_end", "coordinator.before_log_complete", "coordinator.complete_lingering",
+                    "coordinator.after_log_complete"],
     "partition": ["partition.before_append", "partition.after_append_before_reply", "partition.before_marker",
                   "partition.after_marker", "partition.before_snapshot"],
     "subscription": ["subscription.before_pending_ack_log", "subscription.after_pending_ack_log",

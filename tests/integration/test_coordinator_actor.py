@@ -223,7 +223,8 @@ def test_open_txn_deadline_rearmed_after_restart(env: Env) -> None:
 
 
 @pytest.mark.parametrize("point", ["coordinator.after_log_committing", "coordinator.after_send_end",
-                                   "coordinator.before_log_complete", "coordinator.after_log_complete"])
+                                   "coordinator.before_log_complete", "coordinator.complete_lingering",
+                                   "coordinator.after_log_complete"])
 def test_crash_at_each_step_of_commit_ends_committed(env: Env, point: str) -> None:
     txn = env.client.new_txn()
     env.client.add_partitions(txn, [(env.topic, 0), (env.topic, 1)])
@@ -447,3 +448,34 @@ def test_batched_log_and_compaction(env: Env) -> None:
     assert env.client.get_txn(txns[0])["state"] == "COMMITTED"  # outcome kept by the checkpoint
     fresh = env.client.ref(0).call("new_txn", 60_000, "alice")
     assert fresh.sequence > max(t.sequence for t in txns)
+
+
+def test_a_chained_commits_last_record_rides_with_the_next_commit(env: Env) -> None:
+    """A client committing one txn after another costs the coordinator one put a txn, not two:
+    each txn's COMMITTED record lingers (``complete_linger_ms``) and goes into the next commit's
+    entry. A reader of its own end does not wait for the linger, and a crash while the record
+    lingers ends the txn COMMITTED all the same (``test_crash_at_each_step_of_commit_ends_committed``,
+    at ``coordinator.complete_lingering``)."""
+    storage = Storage.from_url(env.config.storage_url)
+    ref = env.client.ref(0)
+    txn = ref.call("new_txn", 60_000, "alice")
+    env.client.add_partitions(txn, [(env.topic, 0)])
+    assert env.client.get_txn(txn)["state"] == "OPEN"  # nothing of this txn lingers now
+    before = set(asyncio.run(storage.list("streams/coordinator/0/log/ledgers")))
+    committed = []
+    for _ in range(20):
+        state, next_txn = ref.call("commit_and_begin", txn, "alice", 60_000, [(env.topic, 0)], [])
+        assert state == "COMMITTED" and next_txn is not None
+        committed.append(txn)
+        txn = next_txn
+    puts = set(asyncio.run(storage.list("streams/coordinator/0/log/ledgers"))) - before
+    # 20 entries of COMMITTING and the next begin; a linger that passed between two commits on a
+    # loaded machine costs one more each. Without the linger it is 40.
+    print(f"20 chained commits: {len(puts)} puts")
+    assert len(puts) <= 25, f"20 chained commits took {len(puts)} puts"
+    started = time.monotonic()
+    assert env.client.get_txn(committed[-1])["state"] == "COMMITTED"  # its record was still lingering
+    assert time.monotonic() - started < 5
+    assert {env.client.get_txn(t)["state"] for t in committed} == {"COMMITTED"}
+    assert [t for t, a, _ in env.calls(partition_actor_name(env.topic, 0))] == committed
+    env.client.end_txn(txn, EndAction.ABORT)

@@ -56,3 +56,13 @@ def test_an_unknown_commit_answer_is_invalid_argument(answer: object) -> None:
         CoordinatorConfig(commit_answer=answer)  # type: ignore[arg-type]
     with pytest.raises(InvalidArgument, match="commit_answer"):
         _engine_config("file:///tmp/x", {}, {"commit_answer": answer})
+
+
+def test_the_last_records_linger_is_taken_by_connect_and_a_negative_one_refused() -> None:
+    assert CoordinatorConfig().complete_linger_ms > 0  # on by default
+    assert _engine_config("file:///tmp/x", {}, {"complete_linger_ms": 0}).coordinator.complete_linger_ms == 0
+    for linger in (-1, float("nan")):
+        with pytest.raises(InvalidArgument, match="complete_linger_ms must be >= 0"):
+            CoordinatorConfig(complete_linger_ms=linger)
+        with pytest.raises(InvalidArgument, match="complete_linger_ms"):
+            _engine_config("file:///tmp/x", {}, {"complete_linger_ms": linger})
