@@ -121,8 +121,9 @@ def test_malformed_schedules_raise_invalid_argument(text: str, says: str) -> Non
 # --- what a schedule does to a run -------------------------------------------------------------
 
 # A seed whose run has drops, so that masking them lowers its fault count (seed 5 stopped having
-# that when ledger reads got their objects together: other faults took the drops' place).
-SEED = 6
+# that when ledger reads got their objects together, seed 6 when the coordinator's last records
+# began to linger: other faults took the drops' place).
+SEED = 0
 
 
 def test_no_override_and_a_cap_above_the_faults_change_nothing() -> None:
