@@ -193,15 +193,15 @@ class TransactionCoordinator(ActorShell, FaultTarget):
             lock = self._locks[key] = asyncio.Lock()
         return lock
 
-    async def _log(self, records: list[Record]) -> Position:
+    async def _log(self, records: list[Record], carry: bool = True) -> Position:
         """Append ``records`` as one entry, after the lingering last records of ended txns
-        (prepared before them); they are applied in log order once durable.
+        (prepared before them) unless not ``carry``; they are applied in log order once durable.
 
         Callers prepare and call this with no await in between, so the log order is the order
         of preparation. A failed write stops this incarnation (see the actor shell)."""
         assert self._ledger is not None
         state = self.state
-        riders = self._lingering.take() if self._lingering is not None else []
+        riders = self._lingering.take() if self._lingering is not None and carry else []
         entry = [*(record for record, _ in riders), *records]
         begun = [record.txn for record in entry if type(record) is NewTxn]
         self._unapplied += 1
@@ -218,10 +218,14 @@ class TransactionCoordinator(ActorShell, FaultTarget):
             position = await self._write(self._ledger.append([encode_record(r) for r in entry], on_durable=apply))
         except MessageTooLarge:
             self._unapplied -= 1  # refused before it was queued: it will never be applied
-            assert self._lingering is not None or not riders
-            if self._lingering is not None:
-                self._lingering.put_back(riders)
-            raise
+            if not riders:
+                raise
+            # Too large with them: they go in an entry of their own, and ``records`` as they
+            # would have without them. (Their txns' locks are held until they are logged, so no
+            # record of those txns is among ``records``: the two entries' order does not matter.)
+            assert self._lingering is not None
+            self._lingering.put_back(riders)
+            return await self._log(records, carry=False)
         except Exception as error:
             lingering.settle(riders, error)
             raise

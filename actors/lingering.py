@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Iterator
 
 from raytxn.protocol.txnlog import Record
 
-MAX_LINGERING = 10_000  # records lingering at once; more are flushed at once rather than queued
+MAX_LINGERING = 1000  # records lingering at once (about 90 KB); more are flushed at once rather than queued
 
 
 class LingeringRecords:
