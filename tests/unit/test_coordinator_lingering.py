@@ -33,14 +33,20 @@ async def logged_entries(url: str) -> list[list[str]]:
     return kinds
 
 
+async def one_committed(url: str) -> tuple[TransactionCoordinator, TxnID]:
+    """A coordinator that committed one txn, whose COMMITTED record now lingers."""
+    tc = TransactionCoordinator(0, url, config=LONG_LINGER)
+    ended = await tc.new_txn(60_000, "alice")
+    assert await tc.end_txn(ended, EndAction.COMMIT, "alice") == "COMMITTED"
+    await asyncio.sleep(0.05)
+    assert tc._lingering is not None and len(tc._lingering) == 1  # it waits for the next entry
+    return tc, ended
+
+
 def test_a_last_record_goes_into_the_next_entry_and_a_reader_flushes_it() -> None:
     async def main() -> None:
         url = memory_url()
-        tc = TransactionCoordinator(0, url, config=LONG_LINGER)
-        ended = await tc.new_txn(60_000, "alice")
-        assert await tc.end_txn(ended, EndAction.COMMIT, "alice") == "COMMITTED"
-        await asyncio.sleep(0.05)
-        assert len(tc._lingering or []) == 1  # its COMMITTED record waits for the next entry
+        tc, _ended = await one_committed(url)
         await tc.new_txn(60_000, "bob")
         assert (await logged_entries(url))[-1] == ["UpdateState:COMMITTED", "NewTxn"]
         aborted = await tc.new_txn(60_000, "carol")
@@ -57,11 +63,7 @@ def test_a_record_too_large_with_the_lingering_ones_is_logged_without_them() -> 
 
     async def main() -> None:
         url = memory_url()
-        tc = TransactionCoordinator(0, url, config=LONG_LINGER)
-        ended = await tc.new_txn(60_000, "alice")
-        assert await tc.end_txn(ended, EndAction.COMMIT, "alice") == "COMMITTED"
-        await asyncio.sleep(0.05)
-        assert len(tc._lingering or []) == 1
+        tc, ended = await one_committed(url)
         owner = "o" * 2000
         alone = NewTxn(TxnID(0, 3), owner, 60_000, tc.clock.now_ms())  # the record new_txn logs, as large
         assert tc._ledger is not None
