@@ -139,7 +139,7 @@ def bench_produce(short: bool = False, progress: Callable[[str], None] = print) 
     try:
         rows = [_produce_rounds(client, 1, messages, rounds_1p, (*MODES, *PARTS_OF_TXN_SYNC, FLOOR_OF_TXN_SYNC),
                                 progress),
-                _produce_rounds(client, 4, messages, rounds, MODES, progress)]
+                _produce_rounds(client, 4, messages, rounds, MODES, progress, beside_one=True)]
     finally:
         client.close()
         stop_engine()
@@ -156,11 +156,16 @@ def bench_produce(short: bool = False, progress: Callable[[str], None] = print) 
 
 
 def _produce_rounds(client: rt.Client, partitions: int, messages: int, rounds: int, modes: tuple[str, ...],
-                    progress: Callable[[str], None], commit_answer: str = "applied") -> dict:
+                    progress: Callable[[str], None], commit_answer: str = "applied", beside_one: bool = False) -> dict:
     """``rounds`` rounds of ``modes`` on fresh topics of ``partitions``, each round beside its own
     ceiling, the order rotated; the row of their medians (``produce_row``). ``floor_sync``'s floor
-    answers as the engine does (``commit_answer``)."""
-    rates: dict[str, list[float]] = {mode: [] for mode in (*modes, "ceiling")}
+    answers as the engine does (``commit_answer``). With ``beside_one`` each mode also runs on 1
+    partition right beside its run (``<mode>_1p``; which of the two goes first alternates by round):
+    the row's ratio to 1 partition is then of runs a few seconds apart, not of another row's rounds
+    minutes earlier (the machine's speed drifts by more than the 10% such a ratio is held to)."""
+    runs_of = {mode: [(partitions, mode)] + ([(1, f"{mode}_1p")] if beside_one else []) for mode in modes}
+    rates: dict[str, list[float]] = {key: [] for mode in modes for _, key in runs_of[mode]}
+    rates["ceiling"] = []
     with contextlib.ExitStack() as cleanup:
         floor: CommitFloor | None = None
         if FLOOR_OF_TXN_SYNC in modes:
@@ -169,13 +174,16 @@ def _produce_rounds(client: rt.Client, partitions: int, messages: int, rounds: i
             rates["ceiling"].append(measure_ceiling(messages))  # this round's ceiling, same load
             order = modes[round_ % len(modes):] + modes[:round_ % len(modes)]
             for mode in order if round_ % 2 == 0 else tuple(reversed(order)):
-                topic = f"bench-{mode.replace('_', '-')}-{partitions}-{commit_answer}-{round_}"
-                client.create_topic(topic, partitions)
-                rates[mode].append(_produce(client, topic, messages, mode=mode, floor=floor))
-                client.delete_topic(topic)  # its ledgers go: a full bench writes ~30 GB
+                for parts, key in runs_of[mode] if round_ % 2 == 0 else reversed(runs_of[mode]):
+                    topic = f"bench-{key.replace('_', '-')}-{parts}-{commit_answer}-{round_}"
+                    client.create_topic(topic, parts)
+                    rates[key].append(_produce(client, topic, messages, mode=mode, floor=floor))
+                    client.delete_topic(topic)  # its ledgers go: a full bench writes ~30 GB
             progress(f"  {partitions} partition(s), commits answered once {commit_answer}, round {round_ + 1}/"
                      f"{rounds}: " + ", ".join(f"{mode} {rates[mode][-1]:9.0f}" for mode in modes)
-                     + f" msgs/s, ceiling {rates['ceiling'][-1]:9.0f}")
+                     + f" msgs/s, ceiling {rates['ceiling'][-1]:9.0f}"
+                     + ("; beside them on 1 partition: " + ", ".join(f"{mode} {rates[mode + '_1p'][-1]:9.0f}"
+                                                                    for mode in modes) if beside_one else ""))
     row = produce_row(partitions, messages, rates, commit_answer)
     if floor is not None:
         row["floor_sync_commits"] = floor.lone_commits  # one a window of every floor_sync run
@@ -190,7 +198,8 @@ def produce_row(partitions: int, messages: int, rates: dict[str, list[float]], c
     and of the ceiling probe (``bench_ceiling``), round by round; ratios are medians of each
     round's own ratio. ``commit_answer``: when the engine answered commits. With ``floor_sync``,
     also ``txn_sync_over_floor_sync``: the engine's synchronous pattern over its floor on this
-    design, round by round."""
+    design, round by round. With ``<mode>_1p`` (the mode's runs on 1 partition beside these),
+    ``<mode>_over_1p``: this row's partitions over 1, round by round."""
 
     def per_round(mode: str, base: str) -> float:
         return round(statistics.median(a / b for a, b in zip(rates[mode], rates[base], strict=True)), 3)
@@ -208,8 +217,11 @@ def produce_row(partitions: int, messages: int, rates: dict[str, list[float]], c
     row["ceiling_msgs_per_s"] = round(statistics.median(rates["ceiling"]), 1)
     for mode in modes:
         row[f"{mode}_over_ceiling"] = per_round(mode, "ceiling")
-    for mode in (*modes, "ceiling"):
-        row[f"{mode}_runs"] = [round(r) for r in rates[mode]]
+    beside_one = [mode for mode in modes if rates.get(f"{mode}_1p")]
+    for mode in beside_one:
+        row[f"{mode}_over_1p"] = per_round(mode, f"{mode}_1p")
+    for key in (*modes, *(f"{mode}_1p" for mode in beside_one), "ceiling"):
+        row[f"{key}_runs"] = [round(r) for r in rates[key]]
     return row
 
 

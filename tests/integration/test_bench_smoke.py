@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from raytxn.tools import bench_produce
 from tests.unit.test_bench_tables import missing_figures
 
 
@@ -68,11 +69,12 @@ def test_bench_commit_short_measures_the_engine_beside_the_same_path_on_bare_act
     assert missing_figures(rows, stdout) == [], stdout
 
 
-@pytest.mark.slow(seconds=60)
+@pytest.mark.slow(seconds=85)
 def test_bench_produce_short_runs_every_mode_and_the_synchronous_patterns_floor(tmp_path: Path) -> None:
-    """Every produce mode runs on 1 and 4 partitions beside the ceiling, and on 1 partition, for
-    each way of answering commits, the synchronous pattern beside its floor: plain with a commit of
-    bare actors waited for after every window's flush."""
+    """Every produce mode runs on 1 and 4 partitions beside the ceiling (each 4-partition run
+    beside a 1-partition run of its mode), and on 1 partition, for each way of answering commits,
+    the synchronous pattern beside its floor: plain with a commit of bare actors waited for after
+    every window's flush."""
     rows, stdout = run_bench("produce", tmp_path, timeout_s=400)
     assert [(r["partitions"], r["commit_answer"]) for r in rows] == [(1, "applied"), (4, "applied"), (1, "logged")]
     one, four, logged = rows
@@ -86,6 +88,11 @@ def test_bench_produce_short_runs_every_mode_and_the_synchronous_patterns_floor(
         assert row["txn_sync_over_floor_sync"] == pytest.approx(
             statistics.median(sync / floor for sync, floor in runs), abs=0.002)
     assert "floor_sync_runs" not in four and "txn_sync_over_floor_sync" not in four
+    for mode in bench_produce.MODES:  # each mode's 4 partitions over its 1-partition runs beside them
+        runs = list(zip(four[f"{mode}_runs"], four[f"{mode}_1p_runs"], strict=True))
+        assert len(runs) == 2 and all(one > 0 for _, one in runs)
+        assert four[f"{mode}_over_1p"] == pytest.approx(statistics.median(a / b for a, b in runs), abs=0.002)
+    assert not [key for row in (one, logged) for key in row if "_1p" in key]
     assert missing_figures(rows, stdout) == [], stdout
 
 

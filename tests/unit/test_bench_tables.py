@@ -59,6 +59,10 @@ ROWS: dict[str, Callable[[], list[dict]]] = {
                                                              "txn": [80_000.2, 88_000.8],
                                                              "txn_sync": [85_000.5, 86_000.25],
                                                              "batch": [450_000.75, 500_000.5],
+                                                             "plain_1p": [91_000.4, 94_000.6],
+                                                             "txn_1p": [82_000.2, 87_000.8],
+                                                             "txn_sync_1p": [86_000.5, 85_000.25],
+                                                             "batch_1p": [460_000.75, 490_000.5],
                                                              "ceiling": [900_000.5, 850_000.25]}),
                         bench_produce.produce_row(1, 50_000, {"plain": [90_000.4], "txn": [80_000.2],
                                                              "ceiling": [900_000.5]}),
@@ -208,3 +212,16 @@ def test_the_synchronous_patterns_floor_is_a_ratio_to_plain_and_txn_sync_a_ratio
     # the rounds' 0.889, 0.944 and 0.96: their median, not the ratio of the modes' medians (120 / 125 = 0.96)
     assert row["txn_sync_over_floor_sync"] == round(170.0 / 180.0, 3)
     assert row["floor_sync_runs"] == [90, 180, 125] and row["floor_sync_over_ceiling"] == round(125 / 900, 3)
+
+
+def test_a_row_on_more_partitions_has_each_modes_ratio_to_its_1_partition_runs_in_the_same_round() -> None:
+    row = bench_produce.produce_row(4, 10, {"plain": [100.0, 90.0, 120.0], "batch": [400.0, 300.0, 330.0],
+                                            "plain_1p": [110.0, 80.0, 100.0], "batch_1p": [500.0, 290.0, 300.0],
+                                            "ceiling": [1000.0, 800.0, 900.0]})
+    # batch's rounds: 0.8, 1.034 and 1.1: their median, not the ratio of the medians (330 / 300 = 1.1)
+    assert row["batch_over_1p"] == round(300.0 / 290.0, 3)
+    assert row["plain_over_1p"] == 1.125  # rounds 0.909, 1.125 and 1.2
+    assert row["batch_1p_runs"] == [500, 290, 300] and row["plain_1p_runs"] == [110, 80, 100]
+    assert "txn_over_1p" not in row and "batch_1p_msgs_per_s" not in row
+    one = bench_produce.produce_row(1, 10, {"plain": [100.0], "ceiling": [1000.0]})
+    assert not [key for key in one if "_1p" in key]  # a 1-partition row has none
