@@ -69,7 +69,7 @@ def test_bench_commit_short_measures_the_engine_beside_the_same_path_on_bare_act
     assert missing_figures(rows, stdout) == [], stdout
 
 
-@pytest.mark.slow(seconds=85)
+@pytest.mark.slow(seconds=120)
 def test_bench_produce_short_runs_every_mode_and_the_synchronous_patterns_floor(tmp_path: Path) -> None:
     """Every produce mode runs on 1 and 4 partitions beside the ceiling (each 4-partition run
     beside a 1-partition run of its mode), and on 1 partition, for each way of answering commits,
