@@ -58,9 +58,7 @@ class LingeringRecords:
     def take(self) -> list[tuple[Record, asyncio.Future]]:
         """Every lingering record, for the entry being prepared; they linger no more."""
         taken, self._records = self._records, []
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._cancel_timer()
         return taken
 
     def put_back(self, taken: list[tuple[Record, asyncio.Future]]) -> None:
@@ -84,11 +82,14 @@ class LingeringRecords:
     def flush_now(self) -> None:
         """Log the lingering records now, in an entry of their own (unless one is being written:
         it takes whatever lingers when it starts, so a second one follows it)."""
+        self._cancel_timer()
+        if self._records and self._writing is None:
+            self._writing = asyncio.get_running_loop().create_task(self._write())
+
+    def _cancel_timer(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._records and self._writing is None:
-            self._writing = asyncio.get_running_loop().create_task(self._write())
 
     async def _write(self) -> None:
         try:
