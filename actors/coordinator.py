@@ -8,11 +8,13 @@ apply: the record is appended to the log, and the state machine applies it in th
 end_txn: log COMMITTING/ABORTING, send the end (with the low watermark) to every participant in
 parallel, answer the caller, log COMMITTED/ABORTED. The outcome is durable from the first record
 and every participant has it before the answer, so the last record is off the caller's path (one
-durable write less per commit). Nor does it need a put of its own: it lingers up to
-``complete_linger_ms`` to go into the next entry logged (``lingering.py``), so a client committing
-one txn after another costs this coordinator one put a txn, not two. ``get_txn``, ``list_txns``,
-``stats``, ``ready`` and ``compact`` first wait for the last records of ends already answered
-(logged at once meanwhile), so a caller reads its own end. With
+durable write less per commit). Nor does it need a put of its own: nothing waits for it but the
+bookkeeping, and a coordinator that recovers without it drives the end to the participants again,
+which they take as a repeat. So it is a lingering entry of the log (``ManagedLedger.enqueue``): it
+goes in the put of the next entry logged, or alone after ``complete_linger_ms``, and a client
+committing one txn after another costs this coordinator one put a txn, not two. ``get_txn``,
+``list_txns``, ``stats``, ``ready`` and ``compact`` first wait for the last records of ends already
+answered (put at once meanwhile), so a caller reads its own end. With
 ``commit_answer="logged"`` a commit is answered as Kafka's EndTxn is, once COMMITTING is logged
 and its driver started: the decision is durable and recovery re-drives it, so the answer skips the
 participants' round trip and their marker puts; the txn reads COMMITTING until they have it.
@@ -48,21 +50,18 @@ last such entry.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Iterable
 from typing import Any
 
 import ray
 
-from raytxn.actors import lingering
 from raytxn.actors.participants import end_on_participant, participant_name
 from raytxn.actors.shell import ActorRefs, ActorShell, Clock, ray_actor_options, replay
 from raytxn.auth import Access, AuthConfig, Authorizer, guarded
 from raytxn.client.rpc import ActorRef
 from raytxn.config import CoordinatorConfig
 from raytxn.errors import (
-    MessageTooLarge,
     NotAllowed,
     ParticipantEndFailed,
     RaytxnError,
@@ -84,7 +83,7 @@ FAULT_POINTS = (
     "coordinator.after_log_aborting",
     "coordinator.after_send_end",
     "coordinator.before_log_complete",
-    "coordinator.complete_lingering",  # its last record waits for the next entry (lingering.py)
+    "coordinator.complete_lingering",  # its last record queued, lingering for the next put
     "coordinator.after_log_complete",
 )
 
@@ -128,8 +127,8 @@ class TransactionCoordinator(ActorShell, FaultTarget):
         self._timer_wake: asyncio.TimerHandle | None = None
         self._timer_due_ms: int | None = None
         self._unapplied = 0                      # entries logged but not applied yet
-        # The txns' last records, riding with the next entry (lingering.py); None: each on its own.
-        self._lingering: lingering.LingeringRecords | None = None
+        # Callers waiting for the last records of answered ends: none lingers meanwhile.
+        self._ends_awaited = 0
         self._writes_open = asyncio.Event()      # cleared while a compaction runs
         self._writes_open.set()
         self._entries_since_compaction = 0
@@ -148,10 +147,6 @@ class TransactionCoordinator(ActorShell, FaultTarget):
 
     async def _start(self) -> None:
         self._ledger = await ManagedLedger.open(self.storage, log_stream(self.tc_id), self.config.log_config())
-        # Before the replay: the drives it restarts log their last records through it. (A start
-        # that failed before serving had none lingering: drives start after the replay.)
-        linger_s = self.config.complete_linger_ms / 1000
-        self._lingering = lingering.LingeringRecords(linger_s, self._log_lingering) if linger_s > 0 else None
         self._ledger.faults = self.faults
         self.state = self._new_state()
         self._entries_since_compaction = 0
@@ -193,42 +188,34 @@ class TransactionCoordinator(ActorShell, FaultTarget):
             lock = self._locks[key] = asyncio.Lock()
         return lock
 
-    async def _log(self, records: list[Record], carry: bool = True) -> Position:
-        """Append ``records`` as one entry, after the lingering last records of ended txns
-        (prepared before them) unless not ``carry``; they are applied in log order once durable.
+    async def _log(self, records: list[Record]) -> Position:
+        """Append ``records`` as one entry; they are applied in log order once durable.
 
         Callers prepare and call this with no await in between, so the log order is the order
         of preparation. A failed write stops this incarnation (see the actor shell)."""
+        return await self._logged(self._queue_log(records))
+
+    def _queue_log(self, records: list[Record], linger_s: float = 0.0) -> asyncio.Future:
+        """Queue ``records`` as one log entry (lingering up to ``linger_s`` for company); the
+        future is its position once durable and applied (wait with ``_logged``)."""
         assert self._ledger is not None
         state = self.state
-        riders = self._lingering.take() if self._lingering is not None and carry else []
-        entry = [*(record for record, _ in riders), *records]
-        begun = [record.txn for record in entry if type(record) is NewTxn]
-        self._unapplied += 1
+        begun = [record.txn for record in records if type(record) is NewTxn]
 
         def apply(_position: Position) -> None:
             self._unapplied -= 1
-            for record in entry:
+            for record in records:
                 state.apply(record)
             for txn in begun:  # a new txn's deadline may come before the timer's next wake-up
                 self._timer_due_by(state.open_deadline_ms(txn))
-            lingering.logged(riders)
 
-        try:
-            position = await self._write(self._ledger.append([encode_record(r) for r in entry], on_durable=apply))
-        except MessageTooLarge:
-            self._unapplied -= 1  # refused before it was queued: it will never be applied
-            if not riders:
-                raise
-            # Too large with them: they go in an entry of their own, and ``records`` as they
-            # would have without them. (Their txns' locks are held until they are logged, so no
-            # record of those txns is among ``records``: the two entries' order does not matter.)
-            assert self._lingering is not None
-            self._lingering.put_back(riders)
-            return await self._log(records, carry=False)
-        except Exception as error:
-            lingering.settle(riders, error)
-            raise
+        queued = self._ledger.enqueue([encode_record(r) for r in records], on_durable=apply, linger_s=linger_s)
+        self._unapplied += 1  # after the enqueue: one refused (MessageTooLarge) is never applied
+        return queued
+
+    async def _logged(self, queued: asyncio.Future) -> Position:
+        assert self._ledger is not None
+        position = await self._write(self._ledger.durable(queued))
         self._entries_since_compaction += 1
         self._maybe_compact()
         return position
@@ -238,26 +225,13 @@ class TransactionCoordinator(ActorShell, FaultTarget):
         await self._writes_open.wait()
 
     async def _log_complete(self, txn: TxnID, record: Record) -> None:
-        """Log a txn's last record: lingering for the next entry (``lingering.py``), or at once."""
-        if self._lingering is None:
-            await self._log([record])
-            return
-        logged = self._lingering.add(record)
-        await self.faults.hit("coordinator.complete_lingering", txn=txn)
-        await logged
-
-    async def _log_lingering(self) -> None:
-        """Log the lingering records in an entry of their own (the linger passed, or a reader
-        needs them)."""
-        assert self._lingering is not None
-        try:
-            await self._writable()
-        except Exception as error:  # noqa: BLE001 - stopped: this incarnation will never log them
-            self._lingering.fail(error)
-            return
-        if len(self._lingering):
-            with contextlib.suppress(Exception):  # the records' waiters get the error
-                await self._log([])
+        """Log a txn's last record: lingering for the next put (module docstring), unless it is
+        off or someone waits for it."""
+        linger_s = 0.0 if self._ends_awaited else self.config.complete_linger_ms / 1000
+        queued = self._queue_log([record], linger_s)
+        if linger_s:
+            await self.faults.hit("coordinator.complete_lingering", txn=txn)
+        await self._logged(queued)
 
     # --- requests --------------------------------------------------------------------------
 
@@ -530,8 +504,13 @@ class TransactionCoordinator(ActorShell, FaultTarget):
         completing = [task for txn, task in list(self._drivers.items())
                       if (applied := self._applied.get(txn)) is not None and applied.done()]
         if completing:
-            with self._lingering.needed() if self._lingering is not None else contextlib.nullcontext():
-                await asyncio.wait(completing)  # their last records are logged at once meanwhile
+            assert self._ledger is not None
+            self._ends_awaited += 1  # their last records are put at once meanwhile
+            try:
+                self._ledger.flush_lingering()
+                await asyncio.wait(completing)
+            finally:
+                self._ends_awaited -= 1
 
     async def _run_end(self, txn: TxnID, applied: asyncio.Future) -> None:
         meta = self.state.get(txn)
@@ -714,6 +693,7 @@ class TransactionCoordinator(ActorShell, FaultTarget):
         assert self._ledger is not None
         try:
             self._writes_open.clear()
+            self._ledger.flush_lingering()  # nothing is queued after them: writes are closed
             while self._unapplied:
                 await asyncio.sleep(0.001)
             # Nothing in flight, and no await until the entry is queued: it captures exactly

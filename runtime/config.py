@@ -65,7 +65,7 @@ class CoordinatorConfig:
     # answered once applied: a caller may redo the aborted work at once.
     commit_answer: str = "applied"
     # A txn's last record (COMMITTED/ABORTED) waits up to this long to ride with the next log
-    # entry rather than cost a put of its own (actors/lingering.py says why that is safe); 0 logs
+    # put rather than cost one of its own (the coordinator's docstring says why that is safe); 0 logs
     # each at once.
     complete_linger_ms: float = 50.0
 
