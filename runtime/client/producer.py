@@ -379,13 +379,22 @@ class Producer:
 
     def flush(self) -> None:
         """Send everything queued so far and wait until it is durable."""
-        self._client.loop.run(self._flush(None))
+        if not self._idle():
+            self._client.loop.run(self._flush(None))
 
     def flush_txn(self, txn: Transaction) -> None:
         """Send everything queued so far in ``txn`` and wait until it is durable."""
         self._holding.discard(txn)  # before the release: a send racing it holds again
-        self._client.loop.run(self._flush(txn))
+        if not self._idle():
+            self._client.loop.run(self._flush(txn))
         txn.release(self)
+
+    def _idle(self) -> bool:
+        """Nothing is queued or in flight (every message counts as pending until its batch is
+        settled): a flush would find nothing to wait for, so it skips the round trip to the
+        client loop (0.13 ms, on every commit right after a synchronous send)."""
+        with self._lock:
+            return self._pending_messages == 0
 
     def close(self) -> None:
         if not self._closed:

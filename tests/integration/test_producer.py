@@ -61,6 +61,37 @@ def delay_appends(client: rt.Client, topic: str, seconds: float, **match: object
     client.faults.arm("partition.before_append", "delay", match=match or None, delay_s=seconds, topic=topic)
 
 
+def test_a_flush_with_nothing_pending_does_not_wait_for_the_client_loop(client: rt.Client) -> None:
+    """A commit right after a synchronous send flushes a producer with nothing pending: it must
+    not cost a round trip to the client loop. Shown with the loop held by a callback: the flushes
+    return while it is still held (with the round trip they would wait for it, 10 s)."""
+    topic = new_topic(client)
+    producer = client.create_producer(topic)
+    txn = client.new_transaction()
+    producer.send(b"before", txn=txn)
+    released = threading.Event()
+    held: list[str] = []
+
+    def hold_the_loop() -> None:
+        held.append("holding")
+        released.wait(10)
+        held.append("released")
+
+    client.loop.call_soon(hold_the_loop)
+    wait_for(lambda: held == ["holding"], timeout_s=10, what="the loop held")
+    try:
+        producer.flush_txn(txn)
+        producer.flush()
+        assert held == ["holding"]
+    finally:
+        released.set()
+    txn.commit()
+    assert visible_values(topic) == [b"before"]
+    pending = producer.send_async(b"after")  # not idle now: a flush waits for it
+    producer.flush()
+    assert pending.done() and visible_values(topic) == [b"before", b"after"]
+
+
 def test_send_futures_work_with_the_futures_toolkit(client: rt.Client) -> None:
     topic = new_topic(client)
     producer = client.create_producer(topic, batching_max_messages=50, batching_max_delay_ms=5)
