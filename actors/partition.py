@@ -237,7 +237,7 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
         value_bytes = sum(value_sizes)
         header = EntryHeader("data", txn, producer, first_sequence, first_sequence + len(messages) - 1,
                              len(messages), self.clock.now_ms(), producer_epoch=producer_epoch)
-        await self.faults.hit("partition.before_append", txn=txn, producer=producer)
+        await self.faults.hit("partition.before_append", txn=txn, producer=producer, first_sequence=first_sequence)
         wait_until = None
         while True:
             try:
