@@ -309,6 +309,8 @@ class ManagedLedger:
         if len(self._pending) == self._pending_eager:  # no lingering entry is left waiting
             self._lingering_due = False
             self._cancel_linger_timer()
+        # A lingering entry left queued is due or has a timer: none waits without an end.
+        assert self._lingering_due or self._linger_timer is not None or len(self._pending) == self._pending_eager
         return batch
 
     async def _flush_loop(self) -> None:
