@@ -464,8 +464,6 @@ class Producer:
         else:
             record = encode_message(MessageRecord(value, key, dict(properties) if properties else {}, event_time))
         size = len(record)
-        if txn is not None and txn not in self._holding:
-            self._hold(txn)
         with self._lock:
             if self._pending_messages and (self._pending_messages >= self.max_pending_messages
                                            or self._pending_bytes + size > self.max_pending_bytes):
@@ -489,6 +487,10 @@ class Producer:
             if full:
                 self._seal_locked(batch)
         if opened or full:
+            # A txn's batch here opens after every flush of it (which seals them): holding it then,
+            # before this send returns, is holding it for every message, at a set lookup a batch.
+            if opened and txn is not None and txn not in self._holding:
+                self._hold(txn)
             self._client.loop.call_soon(self._batch_event, batch, opened)
         return future, batch
 

@@ -64,10 +64,12 @@ def delay_appends(client: rt.Client, topic: str, seconds: float, **match: object
 def test_a_flush_with_nothing_pending_does_not_wait_for_the_client_loop(client: rt.Client) -> None:
     """A commit right after a synchronous send flushes a producer with nothing pending: it must
     not cost a round trip to the client loop. Shown with the loop held by a callback: the flushes
-    return while it is still held (with the round trip they would wait for it, 10 s)."""
+    return while it is still held (with the round trip they would wait for it, 10 s). A send in the
+    txn after its flush holds the txn again (its batch opens), so the commit flushes it: with a
+    linger longer than the txn's timeout, a commit that only waited for it would time out."""
     topic = new_topic(client)
-    producer = client.create_producer(topic)
-    txn = client.new_transaction()
+    producer = client.create_producer(topic, batching_max_delay_ms=60_000)
+    txn = client.new_transaction(timeout=10)
     producer.send(b"before", txn=txn)
     released = threading.Event()
     held: list[str] = []
@@ -85,11 +87,12 @@ def test_a_flush_with_nothing_pending_does_not_wait_for_the_client_loop(client: 
         assert held == ["holding"]
     finally:
         released.set()
-    txn.commit()
-    assert visible_values(topic) == [b"before"]
+    again = producer.send_async(b"again", txn=txn)  # the flush released the txn: this holds it again
+    txn.commit()  # so the commit flushes it
+    assert again.done() and visible_values(topic) == [b"before", b"again"]
     pending = producer.send_async(b"after")  # not idle now: a flush waits for it
     producer.flush()
-    assert pending.done() and visible_values(topic) == [b"before", b"after"]
+    assert pending.done() and visible_values(topic) == [b"before", b"again", b"after"]
 
 
 def test_send_futures_work_with_the_futures_toolkit(client: rt.Client) -> None:
