@@ -257,8 +257,8 @@ class ManagedLedger:
             self._lingering_due = True  # the bound: lingering entries never queue past one put
         elif self._linger_timer is None and not self._lingering_due:
             self._linger_timer = loop.call_later(linger_s, self.flush_lingering)
-        if self._flusher is None and self._put_due():
-            self._flusher = asyncio.create_task(self._flush_loop())
+        if self._flusher is None and (not lingers or self._lingering_due):
+            self._start_flusher()
         return future
 
     async def durable(self, queued: asyncio.Future) -> Position:
@@ -277,7 +277,10 @@ class ManagedLedger:
         if len(self._pending) > self._pending_eager:
             self._lingering_due = True
             if self._flusher is None:
-                self._flusher = asyncio.get_running_loop().create_task(self._flush_loop())
+                self._start_flusher()
+
+    def _start_flusher(self) -> None:
+        self._flusher = asyncio.get_running_loop().create_task(self._flush_loop())
 
     def _cancel_linger_timer(self) -> None:
         if self._linger_timer is not None:

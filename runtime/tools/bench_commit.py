@@ -6,8 +6,8 @@ actor call from the driver that fsyncs a small file before answering (the ceilin
 ``CeilingSink`` with a one-message batch). A lazy begin costs nothing, the send is one
 coordinator call (begin and register, one log write) and one append, and the commit one
 coordinator call that logs COMMITTING and waits for the partition's marker (its last record is
-logged after the answer, in the next commit's entry: ``complete_linger_ms``). Every latency is also
-reported as a multiple of the anchor's p50.
+logged after the answer, sharing the put of the next commit's entry: ``complete_linger_ms``). Every
+latency is also reported as a multiple of the anchor's p50.
 
 The floor, measured in rounds between the engine's, is the same path on bare actors: the same
 four Ray calls and three durable puts, in the same order, with nothing else
