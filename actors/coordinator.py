@@ -6,9 +6,10 @@ apply: the record is appended to the log, and the state machine applies it in th
 ``on_durable`` callback, in log order, before anyone is answered.
 
 end_txn: log COMMITTING/ABORTING, send the end (with the low watermark) to every participant in
-parallel, answer the caller, log COMMITTED/ABORTED. The outcome is durable from the first record
-and every participant has it before the answer, so the last record is off the caller's path (one
-durable write less per commit). Nor does it need a put of its own: nothing waits for it but the
+parallel, answer the caller, log COMMITTED/ABORTED (the end's driver yields until the answer is
+out before it prepares that record). The outcome is durable from the first record and every
+participant has it before the answer, so the last record is off the caller's path (one durable
+write less per commit). Nor does it need a put of its own: nothing waits for it but the
 bookkeeping, and a coordinator that recovers without it drives the end to the participants again,
 which they take as a repeat. So it is a lingering entry of the log (``ManagedLedger.enqueue``): it
 goes in the put of the next entry logged, or alone after ``complete_linger_ms``, and a client
@@ -76,6 +77,7 @@ from raytxn.ledger.storage import Storage
 from raytxn.metrics import CoordinatorMetrics
 from raytxn.protocol.coordinator_state import CoordinatorState, EndAction, TxnMeta, TxnState, describe_txn
 from raytxn.protocol.txnlog import Checkpoint, NewTxn, Record, decode_record, encode_record
+from raytxn.waiting import yield_to_woken_tasks
 
 FAULT_POINTS = (
     "coordinator.after_log_new",
@@ -522,15 +524,20 @@ class TransactionCoordinator(ActorShell, FaultTarget):
                               "coordinator.after_log_aborting", txn=txn)
         action = EndAction.COMMIT if committing else EndAction.ABORT
         participants = _participants_of(meta)
-        # Every participant that takes the end gets it, also when another refuses it.
-        sent = await asyncio.gather(*(self._send_end(kind, ident, txn, action) for kind, ident in participants),
-                                    return_exceptions=True)
-        refused = [result for result in sent if isinstance(result, BaseException)]
-        if refused:
-            raise refused[0]
+        if len(participants) == 1:  # most txns: no task and no gather on the commit's path
+            await self._send_end(*participants[0], txn, action)
+        else:  # every participant that takes the end gets it, also when another refuses it
+            sent = await asyncio.gather(*(self._send_end(kind, ident, txn, action) for kind, ident in participants),
+                                        return_exceptions=True)
+            refused = [result for result in sent if isinstance(result, BaseException)]
+            if refused:
+                raise refused[0]
         self._stalled.pop(txn, None)
         self._stalled_at.pop(txn, None)
         applied.set_result(None)
+        # Its caller is answered first: it waits for ``applied`` behind ``asyncio.shield``, two
+        # loop iterations from here, and the last record below is not on its path.
+        await yield_to_woken_tasks(iterations=2)
         await self.faults.hit("coordinator.after_send_end", txn=txn)
         async with self._lock(txn):
             await self.faults.hit("coordinator.before_log_complete", txn=txn)

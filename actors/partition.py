@@ -332,9 +332,10 @@ class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
         if not headers:
             return
         await self.faults.hit("partition.before_marker", txn=decision.txn)
-        # Queued back to back (no await between), so they land in this order.
-        appends = [asyncio.ensure_future(self._ledger_append(h, [])) for h in headers]
-        await asyncio.gather(*appends)
+        if len(headers) == 1:  # the usual end: no task and no gather (a commit waits for this)
+            await self._ledger_append(headers[0], [])
+        else:  # queued back to back (no await between), so they land in this order
+            await asyncio.gather(*[asyncio.ensure_future(self._ledger_append(h, [])) for h in headers])
         self.info["markers"] += len(headers)
         self._ended_since_snapshot += len(headers)
         await self._notify()

@@ -47,6 +47,22 @@ async def one_committed(url: str) -> tuple[TransactionCoordinator, TxnID]:
     return tc, ended
 
 
+
+def test_a_commit_is_answered_before_its_last_record_is_prepared() -> None:
+    """The end's driver lets the answer go before it prepares and queues COMMITTED: that work is
+    not on the caller's path. (Done the other way round, the record lingers by the answer.)"""
+
+    async def main() -> None:
+        tc = TransactionCoordinator(0, memory_url(), config=LONG_LINGER)
+        txn = await tc.new_txn(60_000, "alice")
+        assert await tc.end_txn(txn, EndAction.COMMIT, "alice") == "COMMITTED"
+        assert tc._ledger is not None and tc._ledger.lingering_entries == 0  # not queued yet
+        await asyncio.sleep(0.01)
+        assert tc._ledger.lingering_entries == 1
+        assert (await tc.get_txn(txn))["state"] == "COMMITTED"
+
+    asyncio.run(main())
+
 def test_a_last_record_shares_the_next_entrys_put_and_a_reader_flushes_it() -> None:
     async def main() -> None:
         url = memory_url()

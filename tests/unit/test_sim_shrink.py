@@ -140,12 +140,18 @@ def test_no_override_and_a_cap_above_the_faults_change_nothing() -> None:
     assert tight.digest == masked.digest
 
 
+# A seed whose most frequent fault kind, and the second half of its faults, first fire well into the
+# run (seed 5 stopped being one when the coordinator began to answer a commit before it prepares
+# the txn's last record: its most frequent kind then fired at trace line 20).
+PREFIX_SEED = 2
+
+
 @pytest.mark.parametrize("schedule", ["cap", "mask"])
 def test_a_capped_or_masked_run_is_the_original_up_to_the_first_suppressed_fault(schedule: str) -> None:
-    plain = run_seed(5, PROFILE, keep_trace=True)
+    plain = run_seed(PREFIX_SEED, PROFILE, keep_trace=True)
     reduced = Schedule(max_faults=plain.fault_total // 2) if schedule == "cap" else \
         Schedule(no=frozenset({max(plain.fault_kinds, key=lambda kind: plain.fault_kinds[kind])}))
-    other = run_seed(5, PROFILE, keep_trace=True, schedule=reduced)
+    other = run_seed(PREFIX_SEED, PROFILE, keep_trace=True, schedule=reduced)
     assert plain.trace_lines is not None and other.trace_lines is not None
     first = next(i for i, line in enumerate(other.trace_lines) if " fault_suppressed " in line)
     assert first > 20  # a real common prefix (the kinds masked or capped fire well into the run)

@@ -1,5 +1,6 @@
 """Signal and Flag (raytxn.waiting): woken by notify/set, or False at the timeout, and a cancelled
-or timed-out waiter leaves nothing behind. On the simulator's loop, so timeouts take no real time."""
+or timed-out waiter leaves nothing behind; ``yield_to_woken_tasks`` lets the tasks a future woke
+run first. On the simulator's loop, so timeouts take no real time."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import asyncio
 import pytest
 
 from raytxn.sim.loop import SimLoop
-from raytxn.waiting import Flag, Signal
+from raytxn.waiting import Flag, Signal, yield_to_woken_tasks
 
 
 def run(coro: object) -> object:
@@ -84,3 +85,34 @@ def test_flag_future_races_another_and_given_up_ones_are_dropped() -> None:
     assert first is False  # the sleep ended first; the flag was set after
     assert listed == 1     # the hundred cancelled ones were dropped when the next was made
     assert result is True
+
+
+@pytest.mark.parametrize(("iterations", "direct_first", "shielded_first"), [(1, True, False), (2, True, True)])
+def test_yield_to_woken_tasks_lets_a_waiter_go_first(iterations: int, direct_first: bool,
+                                                     shielded_first: bool) -> None:
+    """After a future is set, a task awaiting it resumes one loop iteration later, and one awaiting
+    it through ``asyncio.shield`` two: the setter goes on after them only if it yields that often."""
+
+    async def scenario() -> list[str]:
+        order: list[str] = []
+        decided = asyncio.get_running_loop().create_future()
+
+        async def direct() -> None:
+            await decided
+            order.append("direct")
+
+        async def shielded() -> None:
+            await asyncio.shield(decided)
+            order.append("shielded")
+
+        waiters = [asyncio.ensure_future(direct()), asyncio.ensure_future(shielded())]
+        await asyncio.sleep(0)  # both are waiting
+        decided.set_result(None)
+        await yield_to_woken_tasks(iterations)
+        order.append("setter")
+        await asyncio.gather(*waiters)
+        return order
+
+    order = run(scenario())
+    assert (order.index("direct") < order.index("setter")) is direct_first
+    assert (order.index("shielded") < order.index("setter")) is shielded_first
