@@ -14,6 +14,12 @@ four Ray calls and three durable puts, in the same order, with nothing else
 (``bench_commit_floor``). Its p50 is the least this design's three durable steps take here; the
 engine's p50 over the floor's is what the engine's own code adds.
 
+The floor's parts, measured beside it: a bare call to one of its async actors (the engine's kind,
+no put), and one durable step (its send: a call whose actor puts one object before answering).
+Beside the anchor (a threaded actor appending to an open file) they show what this design's
+choices cost a step here: an asyncio actor's loop hop, and a put that creates an object (file,
+fsync, link, directory fsync) where the anchor appends; and the floor is about three such steps.
+
 A second engine answers commits once logged (``commit_answer="logged"``, Kafka's EndTxn): its
 commit waits for COMMITTING's put only, and the partition's marker follows. It is measured in
 rounds beside a floor that answers the same way."""
@@ -24,7 +30,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import ray
 
@@ -76,26 +82,33 @@ def _commit_rows(txns: int, commit_answer: str, chains: tuple[bool, ...],
         floor.run(20)  # warm
         measured: dict[bool, tuple[list[float], list[float], list[float]]] = {chain: ([], [], []) for chain in chains}
         floor_whole: list[float] = []
+        floor_steps: list[float] = []  # its sends: one call, one put
         rounds = 10
         for _ in range(rounds):
             for chain in chains:
                 client.txn_chain.enabled = chain
                 _time_txns(client, producer, txns // rounds, *measured[chain])
-            floor_whole += floor.run(txns // rounds)[0]
+            whole, sends, _ = floor.run(txns // rounds)
+            floor_whole += whole
+            floor_steps += sends
+        async_calls = floor.bare_call_latencies(txns)
         client.txn_chain.enabled = client.config.coordinator.chain_begin
         floor_puts_per_txn = floor.puts_per_txn()
         floor.close()
         floor_whole.sort()
+        parts = FloorParts(sorted(async_calls), sorted(floor_steps))
         rows = []
         for chain in chains:
             whole, sends, commits = (sorted(xs) for xs in measured[chain])
-            row = commit_row(txns, whole, sends, commits, anchor, floor_whole, floor_puts_per_txn, chain, commit_answer)
+            row = commit_row(txns, whole, sends, commits, anchor, floor_whole, floor_puts_per_txn, chain, commit_answer,
+                             parts)
             rows.append(row)
             progress(f"  {'chained' if chain else 'lazy'}, answered once {commit_answer}: begin+send+commit p50 "
                      f"{row['p50_ms']} ms, p99 {row['p99_ms']} ms (send p50 {row['send_p50_ms']}, commit p50 "
                      f"{row['commit_p50_ms']}); durable actor call p50 {row['anchor_p50_ms']} ms: p50 = "
                      f"{row['p50_over_anchor']}x; the same path on bare actors p50 {row['floor_p50_ms']} ms: "
-                     f"p50 = {row['p50_over_floor']}x")
+                     f"p50 = {row['p50_over_floor']}x (a bare async call p50 {row['async_call_p50_ms']} ms, one "
+                     f"durable step {row['floor_step_p50_ms']} ms: the floor is {row['floor_over_step']} steps)")
         return rows
     finally:
         client.close()
@@ -127,15 +140,23 @@ def _time_txns(client: Client, producer: Producer, txns: int, whole: list[float]
         commits.append((t2 - t1) * 1000)
 
 
+class FloorParts(NamedTuple):
+    """Sorted latencies (ms) of the floor's parts: ``async_calls``, bare calls to one of its async
+    actors; ``steps``, its durable steps (a call whose actor puts one object)."""
+
+    async_calls: list[float]
+    steps: list[float]
+
+
 def commit_row(txns: int, whole: list[float], sends: list[float], commits: list[float],
                anchor: list[float], floor: list[float], floor_puts_per_txn: float, chained: bool = True,
-               commit_answer: str = "applied") -> dict:
+               commit_answer: str = "applied", parts: FloorParts | None = None) -> dict:
     """All latency lists sorted, in ms. ``floor``: the same path's on bare actors, which made
     ``floor_puts_per_txn`` durable puts a txn; ``commit_answer``: when the engine (and the floor)
-    answered commits."""
+    answered commits; ``parts``: the floor's parts, if measured."""
     anchor_p50 = _percentile(anchor, 0.5)
     floor_p50, floor_p99 = _percentile(floor, 0.5), _percentile(floor, 0.99)
-    return {"bench": "commit", "case": "new_transaction, 1 send of 100 B, commit", "txns": txns,
+    row = {"bench": "commit", "case": "new_transaction, 1 send of 100 B, commit", "txns": txns,
             "begin": "chained" if chained else "lazy", "commit_answer": commit_answer,
             "p50_ms": round(_percentile(whole, 0.5), 3), "p99_ms": round(_percentile(whole, 0.99), 3),
             "send_p50_ms": round(_percentile(sends, 0.5), 3), "commit_p50_ms": round(_percentile(commits, 0.5), 3),
@@ -147,3 +168,10 @@ def commit_row(txns: int, whole: list[float], sends: list[float], commits: list[
             "floor_puts_per_txn": round(floor_puts_per_txn, 2),
             "p50_over_floor": round(_percentile(whole, 0.5) / floor_p50, 2),
             "p99_over_floor": round(_percentile(whole, 0.99) / floor_p99, 2)}
+    if parts is not None:
+        step_p50 = _percentile(parts.steps, 0.5)
+        row |= {"async_call_p50_ms": round(_percentile(parts.async_calls, 0.5), 3),
+                "floor_step_p50_ms": round(step_p50, 3),
+                "floor_step_over_anchor": round(step_p50 / anchor_p50, 2),
+                "floor_over_step": round(floor_p50 / step_p50, 2)}
+    return row

@@ -132,6 +132,16 @@ class CommitFloor:
     def _commit(self, txn: TxnID) -> None:
         ray.get(self.coordinator.commit_and_begin.remote(txn, "floor-owner", 60_000, [("bench-floor", 0)], []))
 
+    def bare_call_latencies(self, calls: int) -> list[float]:
+        """Latencies (ms) of ``calls`` calls to the floor's partition that do nothing (no put):
+        what an async actor call costs here by itself."""
+        latencies = []
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            ray.get(self.partition.puts.remote())
+            latencies.append((time.perf_counter() - t0) * 1000)
+        return latencies
+
     def puts_per_txn(self) -> float:
         """Durable puts made per txn run so far, by both actors (3: the send's, COMMITTING's and
         the marker's)."""

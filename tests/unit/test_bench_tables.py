@@ -71,9 +71,11 @@ ROWS: dict[str, Callable[[], list[dict]]] = {
                                                              "floor_sync": [87_500.5],
                                                              "ceiling": [900_000.5]}, "logged")],
     "commit": lambda: [bench_commit.commit_row(3, [3.5, 4.25, 9.0], [1.5, 2.0, 4.0], [2.0, 2.25, 5.0],
-                                               [0.75, 0.8, 1.5], [2.5, 2.75, 6.0], 3.0),
+                                               [0.75, 0.8, 1.5], [2.5, 2.75, 6.0], 3.0,
+                                               parts=bench_commit.FloorParts([0.5, 0.75, 1.0], [0.75, 1.25, 2.0])),
                        bench_commit.commit_row(3, [2.5, 3.25, 7.0], [1.5, 2.0, 4.0], [1.0, 1.25, 3.0],
-                                               [0.75, 0.8, 1.5], [2.0, 2.25, 5.0], 3.0, commit_answer="logged")],
+                                               [0.75, 0.8, 1.5], [2.0, 2.25, 5.0], 3.0, commit_answer="logged",
+                                               parts=bench_commit.FloorParts([0.5, 0.75, 1.0], [0.75, 1.25, 2.0]))],
     "s3": lambda: bench_s3.s3_rows({"produce": 1000, "commit": 10, "consume": 500},
                                    {backend: {f: [scale * (i + 1.5) for i in range(2)] for f in bench_s3.FIGURES}
                                     for backend, scale in (("file", 100.25), ("s3", 60.5))}),
@@ -225,3 +227,15 @@ def test_a_row_on_more_partitions_has_each_modes_ratio_to_its_1_partition_runs_i
     assert "txn_over_1p" not in row and "batch_1p_msgs_per_s" not in row
     one = bench_produce.produce_row(1, 10, {"plain": [100.0], "ceiling": [1000.0]})
     assert not [key for key in one if "_1p" in key]  # a 1-partition row has none
+
+
+def test_the_commit_floors_parts_are_ratios_to_the_anchor_and_the_floor_a_count_of_steps() -> None:
+    """One durable step of the floor (a call whose async actor puts one object) over the anchor (a
+    threaded actor appending to an open file), and the floor's p50 in such steps."""
+    parts = bench_commit.FloorParts([0.5, 0.75, 1.0], [1.0, 1.25, 2.0])
+    row = bench_commit.commit_row(3, [3.5, 4.25, 9.0], [1.5, 2.0, 4.0], [2.0, 2.25, 5.0], [0.5, 0.8, 1.5],
+                                  [3.0, 3.75, 6.0], 3.0, parts=parts)
+    assert row["async_call_p50_ms"] == 0.75 and row["floor_step_p50_ms"] == 1.25
+    assert row["floor_step_over_anchor"] == round(1.25 / 0.8, 2)
+    assert row["floor_over_step"] == 3.0
+    assert "floor_step_p50_ms" not in bench_commit.commit_row(3, [3.5], [1.5], [2.0], [0.8], [3.75], 3.0)
