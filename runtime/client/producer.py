@@ -686,13 +686,16 @@ class Producer:
             self._working_set = (txn, set(partitions))
         else:
             working_set.update(partitions)
-        task = asyncio.get_running_loop().create_task(self._register(txn, wanted))
+        participants = [(self.topic, p) for p in wanted]
+        if txn.registered("partition", participants):
+            return  # the usual case after a txn's first batches: no task for every batch that opens
+        task = asyncio.get_running_loop().create_task(self._register(txn, participants))
         self._registering.add(task)
         task.add_done_callback(self._registering.discard)
 
-    async def _register(self, txn: Transaction, partitions: list[int]) -> None:
+    async def _register(self, txn: Transaction, participants: list[tuple]) -> None:
         try:
-            await txn.register_many("partition", [(self.topic, p) for p in partitions])
+            await txn.register_many("partition", participants)
         except BaseException:  # noqa: BLE001 - the batch's own send registers again and reports it
             pass
 

@@ -333,6 +333,14 @@ class Transaction:
         else:
             await asyncio.shield(future)
 
+    def registered(self, kind: str, participants: list[tuple]) -> bool:
+        """Whether every one of ``participants`` is registered (or being registered, by a call
+        under way) in this begun txn: ``register_many`` of them would do nothing. False before a
+        lazy txn's begin, which its first registration makes. On the client loop."""
+        if self._id is None:
+            return False
+        return all((kind, p) in self._preregistered or (kind, p) in self._registrations for p in participants)
+
     async def register_many(self, kind: str, participants: list[tuple]) -> None:
         """Register those of ``participants`` not registered yet, in one coordinator call (one
         log record); callers registering one of them meanwhile wait for that call. The first

@@ -292,6 +292,41 @@ def test_a_transactions_first_send_registers_the_previous_ones_partitions(lazy: 
     assert visible_values(topic, [1]) == [b"first"]
 
 
+
+def test_a_batch_opening_in_a_txn_with_its_partition_registered_starts_no_registration(lazy: rt.Client) -> None:
+    """Every batch of a txn that opens registers its partition early, unless the txn has it
+    already (``Transaction.registered``: not before a lazy txn begins; then each partition its
+    sends registered): then no registration task starts, for a txn's every batch after its first."""
+    client = lazy
+    topic = new_topic(client, 2)
+    producer = client.create_producer(topic, batching_max_delay_ms=0)
+    here, there = (topic, 1), (topic, 0)
+
+    async def registered(participants: list[tuple]) -> bool:
+        return txn.registered("partition", participants)
+
+    txn = client.new_transaction(timeout=30)
+    assert client.loop.run(registered([here])) is False  # not begun: its first registration begins it
+    producer.send(b"first", key=_key_for(1, 2), txn=txn)
+    assert client.loop.run(registered([here])) is True
+    assert client.loop.run(registered([here, there])) is False
+    registrations: list[list[tuple]] = []
+    register = producer._register
+
+    async def counted(txn: Transaction, participants: list[tuple]) -> None:
+        registrations.append(participants)
+        await register(txn, participants)
+
+    producer._register = counted  # type: ignore[method-assign]
+    for value in (b"second", b"third"):  # synchronous sends: each opens a batch of its own
+        producer.send(value, key=_key_for(1, 2), txn=txn)
+    assert registrations == []
+    producer.send(b"elsewhere", key=_key_for(0, 2), txn=txn)  # a partition it does not have yet
+    assert registrations == [[there]]
+    txn.commit()
+    assert visible_values(topic, [1]) == [b"first", b"second", b"third"]
+    assert visible_values(topic, [0]) == [b"elsewhere"]
+
 def test_new_transaction_async_begins_in_the_background(client: rt.Client) -> None:
     topic = new_topic(client)
     producer = client.create_producer(topic)
