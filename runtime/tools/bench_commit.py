@@ -157,17 +157,17 @@ def commit_row(txns: int, whole: list[float], sends: list[float], commits: list[
     anchor_p50 = _percentile(anchor, 0.5)
     floor_p50, floor_p99 = _percentile(floor, 0.5), _percentile(floor, 0.99)
     row = {"bench": "commit", "case": "new_transaction, 1 send of 100 B, commit", "txns": txns,
-            "begin": "chained" if chained else "lazy", "commit_answer": commit_answer,
-            "p50_ms": round(_percentile(whole, 0.5), 3), "p99_ms": round(_percentile(whole, 0.99), 3),
-            "send_p50_ms": round(_percentile(sends, 0.5), 3), "commit_p50_ms": round(_percentile(commits, 0.5), 3),
-            "commit_p99_ms": round(_percentile(commits, 0.99), 3),
-            "anchor_p50_ms": round(anchor_p50, 3), "anchor_p99_ms": round(_percentile(anchor, 0.99), 3),
-            "p50_over_anchor": round(_percentile(whole, 0.5) / anchor_p50, 2),
-            "p99_over_anchor": round(_percentile(whole, 0.99) / anchor_p50, 2),
-            "floor_p50_ms": round(floor_p50, 3), "floor_p99_ms": round(floor_p99, 3),
-            "floor_puts_per_txn": round(floor_puts_per_txn, 2),
-            "p50_over_floor": round(_percentile(whole, 0.5) / floor_p50, 2),
-            "p99_over_floor": round(_percentile(whole, 0.99) / floor_p99, 2)}
+           "begin": "chained" if chained else "lazy", "commit_answer": commit_answer,
+           "p50_ms": round(_percentile(whole, 0.5), 3), "p99_ms": round(_percentile(whole, 0.99), 3),
+           "send_p50_ms": round(_percentile(sends, 0.5), 3), "commit_p50_ms": round(_percentile(commits, 0.5), 3),
+           "commit_p99_ms": round(_percentile(commits, 0.99), 3),
+           "anchor_p50_ms": round(anchor_p50, 3), "anchor_p99_ms": round(_percentile(anchor, 0.99), 3),
+           "p50_over_anchor": round(_percentile(whole, 0.5) / anchor_p50, 2),
+           "p99_over_anchor": round(_percentile(whole, 0.99) / anchor_p50, 2),
+           "floor_p50_ms": round(floor_p50, 3), "floor_p99_ms": round(floor_p99, 3),
+           "floor_puts_per_txn": round(floor_puts_per_txn, 2),
+           "p50_over_floor": round(_percentile(whole, 0.5) / floor_p50, 2),
+           "p99_over_floor": round(_percentile(whole, 0.99) / floor_p99, 2)}
     if parts is not None:
         step_p50 = _percentile(parts.steps, 0.5)
         row |= {"async_call_p50_ms": round(_percentile(parts.async_calls, 0.5), 3),
