@@ -337,9 +337,12 @@ class Transaction:
         """Whether every one of ``participants`` is registered (or being registered, by a call
         under way) in this begun txn: ``register_many`` of them would do nothing. False before a
         lazy txn's begin, which its first registration makes. On the client loop."""
-        if self._id is None:
-            return False
-        return all((kind, p) in self._preregistered or (kind, p) in self._registrations for p in participants)
+        return self._id is not None and not self._unregistered(kind, participants)
+
+    def _unregistered(self, kind: str, participants: list[tuple]) -> list[tuple]:
+        """Those of ``participants`` (once each, in order) neither registered nor being registered."""
+        return [p for p in dict.fromkeys(participants)
+                if (kind, p) not in self._registrations and (kind, p) not in self._preregistered]
 
     async def register_many(self, kind: str, participants: list[tuple]) -> None:
         """Register those of ``participants`` not registered yet, in one coordinator call (one
@@ -351,8 +354,7 @@ class Transaction:
                 return
             await asyncio.shield(self._begin)
         loop = asyncio.get_running_loop()
-        new = [p for p in dict.fromkeys(participants)
-               if (kind, p) not in self._registrations and (kind, p) not in self._preregistered]
+        new = self._unregistered(kind, participants)
         if not new:
             return
         futures = {p: loop.create_future() for p in new}

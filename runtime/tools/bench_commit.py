@@ -37,7 +37,7 @@ import ray
 from raytxn.cluster import stop_engine
 from raytxn.tools.bench import _percentile
 from raytxn.tools.bench_ceiling import CeilingSink
-from raytxn.tools.bench_commit_floor import CommitFloor
+from raytxn.tools.bench_commit_floor import CommitFloor, call_latencies
 from raytxn.tools.bench_produce import PAYLOAD, _engine
 
 if TYPE_CHECKING:
@@ -50,11 +50,7 @@ def measure_fsync_round_trip(calls: int) -> list[float]:
     with tempfile.TemporaryDirectory(prefix="raytxn-commit-anchor-") as directory:
         echo = CeilingSink.remote(os.path.join(directory, "echo.bin"))  # fsyncs before answering
         ray.get(echo.ingest.remote([b"warm"]))
-        latencies = []
-        for _ in range(calls):
-            t0 = time.perf_counter()
-            ray.get(echo.ingest.remote([PAYLOAD]))
-            latencies.append((time.perf_counter() - t0) * 1000)
+        latencies = call_latencies(lambda: ray.get(echo.ingest.remote([PAYLOAD])), calls)
         ray.kill(echo)
     return sorted(latencies)
 

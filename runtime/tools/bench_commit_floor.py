@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 import ray
@@ -36,6 +37,16 @@ from raytxn.protocol.txnlog import EndAction
 
 RECORD = b"\x01" * 110  # an encoded 100 B message
 MAX_CONCURRENCY = 1000
+
+
+def call_latencies(call: Callable[[], object], calls: int) -> list[float]:
+    """Latencies (ms, in order) of ``calls`` sequential runs of ``call`` (a Ray call and its wait)."""
+    latencies = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        call()
+        latencies.append((time.perf_counter() - t0) * 1000)
+    return latencies
 
 
 class FloorPartition:
@@ -135,12 +146,7 @@ class CommitFloor:
     def bare_call_latencies(self, calls: int) -> list[float]:
         """Latencies (ms) of ``calls`` calls to the floor's partition that do nothing (no put):
         what an async actor call costs here by itself."""
-        latencies = []
-        for _ in range(calls):
-            t0 = time.perf_counter()
-            ray.get(self.partition.puts.remote())
-            latencies.append((time.perf_counter() - t0) * 1000)
-        return latencies
+        return call_latencies(lambda: ray.get(self.partition.puts.remote()), calls)
 
     def puts_per_txn(self) -> float:
         """Durable puts made per txn run so far, by both actors (3: the send's, COMMITTING's and
