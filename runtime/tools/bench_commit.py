@@ -12,7 +12,8 @@ latency is also reported as a multiple of the anchor's p50.
 The floor, measured in rounds between the engine's, is the same path on bare actors: the same
 four Ray calls and three durable puts, in the same order, with nothing else
 (``bench_commit_floor``). Its p50 is the least this design's three durable steps take here; the
-engine's p50 over the floor's is what the engine's own code adds.
+engine's p50 over the floor's is what the engine's own code adds. The lazy begin's row has a floor
+of its own, which begins each txn with a call and a put before its send (five calls, four puts).
 
 The floor's parts, measured beside it: a bare call to one of its async actors (the engine's kind,
 no put), and one durable step (its send: a call whose actor puts one object before answering).
@@ -69,35 +70,39 @@ def bench_commit(short: bool = False, progress: Callable[[str], None] = print) -
 def _commit_rows(txns: int, commit_answer: str, chains: tuple[bool, ...],
                  progress: Callable[[str], None]) -> list[dict]:
     """On a fresh engine answering commits ``commit_answer``: a row per begin in ``chains``
-    (chained, lazy), measured in 10 rounds alternating with a floor that answers the same way."""
+    (chained, lazy; chained among them), measured in 10 rounds alternating with a floor that
+    begins and answers the same way."""
     client = _engine(commit_answer=commit_answer)
     try:
         producer = warm_txn_producer(client, f"bench-commit-{commit_answer}", 20)
         anchor = measure_fsync_round_trip(txns)
-        floor = CommitFloor(answer_at_log=commit_answer == "logged")
-        floor.run(20)  # warm
+        # each begin beside its own floor: a lazy one puts the txn's begin before its send
+        floors = {chain: CommitFloor(answer_at_log=commit_answer == "logged", lazy=not chain) for chain in chains}
+        for floor in floors.values():
+            floor.run(20)  # warm
         measured: dict[bool, tuple[list[float], list[float], list[float]]] = {chain: ([], [], []) for chain in chains}
-        floor_whole: list[float] = []
-        floor_steps: list[float] = []  # its sends: one call, one put
+        floor_whole: dict[bool, list[float]] = {chain: [] for chain in chains}
+        floor_steps: list[float] = []  # the chained floor's sends: one call, one put
         rounds = 10
         for _ in range(rounds):
             for chain in chains:
                 client.txn_chain.enabled = chain
                 _time_txns(client, producer, txns // rounds, *measured[chain])
-            whole, sends, _ = floor.run(txns // rounds)
-            floor_whole += whole
-            floor_steps += sends
-        async_calls = floor.bare_call_latencies(txns)
+                whole, sends, _ = floors[chain].run(txns // rounds)
+                floor_whole[chain] += whole
+                if chain:
+                    floor_steps += sends
+        async_calls = floors[True].bare_call_latencies(txns)
         client.txn_chain.enabled = client.config.coordinator.chain_begin
-        floor_puts_per_txn = floor.puts_per_txn()
-        floor.close()
-        floor_whole.sort()
+        floor_puts_per_txn = {chain: floor.puts_per_txn() for chain, floor in floors.items()}
+        for floor in floors.values():
+            floor.close()
         parts = FloorParts(sorted(async_calls), sorted(floor_steps))
         rows = []
         for chain in chains:
             whole, sends, commits = (sorted(xs) for xs in measured[chain])
-            row = commit_row(txns, whole, sends, commits, anchor, floor_whole, floor_puts_per_txn, chain, commit_answer,
-                             parts)
+            row = commit_row(txns, whole, sends, commits, anchor, sorted(floor_whole[chain]),
+                             floor_puts_per_txn[chain], chain, commit_answer, parts)
             rows.append(row)
             progress(f"  {'chained' if chain else 'lazy'}, answered once {commit_answer}: begin+send+commit p50 "
                      f"{row['p50_ms']} ms, p99 {row['p99_ms']} ms (send p50 {row['send_p50_ms']}, commit p50 "

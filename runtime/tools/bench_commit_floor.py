@@ -12,6 +12,10 @@ With ``answer_at_log`` the coordinator answers once COMMITTING is put and sends 
 end after the answer (``CoordinatorConfig.commit_answer="logged"``): two durable steps on the
 caller's path, the marker's put overlapping the next txn.
 
+A lazy floor (``lazy``) begins each txn as the engine does when no chained txn is at hand: a
+driver -> coordinator call that puts the txn's begin (NewTxn with its partition) before the send
+may go out, so four durable steps over five Ray calls.
+
 The floor makes exactly those calls, with arguments of the engine's shapes, and each put is
 ``Storage.create`` on file:// (write, fsync, link, fsync the directory, in one worker thread),
 as the engine's ledgers do. It has no state machine, no ledger framing, no sequence checks, no
@@ -81,6 +85,13 @@ class FloorCoordinator:
         self._ends_after_answer: list[Any] = []  # the partition's ends still on their way
         self._puts = 0
 
+    async def begin_txn(self, timeout_ms: int, owner: str, partitions: list[tuple[str, int]],
+                        subscriptions: list[tuple[str, int, str]]) -> TxnID:
+        self._puts += 1
+        txn = TxnID(0, self._puts)
+        await self._storage.create(f"coordinator/{self._puts:08d}", f"BEGIN {txn} {owner} {partitions}".encode())
+        return txn
+
     async def commit_and_begin(self, txn: TxnID, owner: str, timeout_ms: int, partitions: list[tuple[str, int]],
                                subscriptions: list[tuple[str, int, str]]) -> tuple[str, TxnID]:
         self._puts += 1
@@ -100,9 +111,10 @@ class FloorCoordinator:
 
 
 class CommitFloor:
-    """The two floor actors on the running Ray, over a fresh file:// root; ``close`` removes both."""
+    """The two floor actors on the running Ray, over a fresh file:// root; ``close`` removes both.
+    ``lazy``: each txn of ``run`` is begun by a call of its own (module docstring)."""
 
-    def __init__(self, answer_at_log: bool = False) -> None:
+    def __init__(self, answer_at_log: bool = False, lazy: bool = False) -> None:
         self._directory = tempfile.TemporaryDirectory(prefix="raytxn-commit-floor-")
         url = f"file://{self._directory.name}"
         # The engine's options, but not restarted: a floor actor that died would be a failed run
@@ -111,17 +123,22 @@ class CommitFloor:
         options = {**ray_actor_options(max_concurrency=MAX_CONCURRENCY), "max_restarts": 0}
         self.partition = ray.remote(**options)(FloorPartition).remote(url)
         self.coordinator = ray.remote(**options)(FloorCoordinator).remote(url, self.partition, answer_at_log)
+        self.lazy = lazy
         self._txn = TxnID(0, 0)
         self.txns = 0
         self.lone_commits = 0  # ``commit`` calls
 
     def run(self, txns: int) -> tuple[list[float], list[float], list[float]]:
-        """Latencies (ms, in run order) of ``txns`` sends-then-commits: whole, send, commit."""
+        """Latencies (ms, in run order) of ``txns`` sends-then-commits: whole, send (with a lazy
+        floor's begin, as the engine's first send of a txn begun lazily waits for it), commit."""
         whole, sends, commits = [], [], []
-        for _ in range(txns):
-            txn = self._txn = TxnID(0, self._txn.sequence + 1)
+        for sequence in range(self.txns + 1, self.txns + txns + 1):
             t0 = time.perf_counter()
-            ray.get(self.partition.append.remote("floor-producer", txn.sequence, [RECORD], txn, txn.sequence - 1, 1))
+            if self.lazy:
+                txn = ray.get(self.coordinator.begin_txn.remote(60_000, "floor-owner", [("bench-floor", 0)], []))
+            else:
+                txn = self._txn = TxnID(0, self._txn.sequence + 1)
+            ray.get(self.partition.append.remote("floor-producer", sequence, [RECORD], txn, sequence - 1, 1))
             t1 = time.perf_counter()
             self._commit(txn)
             t2 = time.perf_counter()
@@ -150,7 +167,7 @@ class CommitFloor:
 
     def puts_per_txn(self) -> float:
         """Durable puts made per txn run so far, by both actors (3: the send's, COMMITTING's and
-        the marker's)."""
+        the marker's; 4 for a lazy floor: its begin's too)."""
         assert self.lone_commits == 0, "puts_per_txn is of run's txns: this floor also made lone commits"
         coordinator_puts = ray.get(self.coordinator.puts.remote())  # first: its ends still on their way land
         return (coordinator_puts + ray.get(self.partition.puts.remote())) / self.txns
