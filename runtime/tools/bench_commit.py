@@ -19,7 +19,8 @@ The floor's parts, measured beside it: a bare call to one of its async actors (t
 no put), and one durable step (its send: a call whose actor puts one object before answering).
 Beside the anchor (a threaded actor appending to an open file) they show what this design's
 choices cost a step here: an asyncio actor's loop hop, and a put that creates an object (file,
-fsync, link, directory fsync) where the anchor appends; and the floor is about three such steps.
+fsync, link, directory fsync) where the anchor appends; and the floor is about three such steps
+(the lazy one four).
 
 A second engine answers commits once logged (``commit_answer="logged"``, Kafka's EndTxn): its
 commit waits for COMMITTING's put only, and the partition's marker follows. It is measured in

@@ -126,7 +126,6 @@ class CommitFloor:
         self.partition = ray.remote(**options)(FloorPartition).remote(url)
         self.coordinator = ray.remote(**options)(FloorCoordinator).remote(url, self.partition, answer_at_log)
         self.lazy = lazy
-        self._txn = TxnID(0, 0)
         self.txns = 0
         self.lone_commits = 0  # ``commit`` calls
 
@@ -139,7 +138,7 @@ class CommitFloor:
             if self.lazy:
                 txn = ray.get(self.coordinator.begin_txn.remote(60_000, "floor-owner", [("bench-floor", 0)], []))
             else:
-                txn = self._txn = TxnID(0, self._txn.sequence + 1)
+                txn = TxnID(0, sequence)
             ray.get(self.partition.append.remote("floor-producer", sequence, [RECORD], txn, sequence - 1, 1))
             t1 = time.perf_counter()
             self._commit(txn)  # a lazy txn's too: the engine's end_txn makes the same put and end
@@ -156,8 +155,7 @@ class CommitFloor:
         with ``answer_at_log``), two Ray calls. A floor serves these or ``run``, not both: its
         ``puts_per_txn`` is of ``run``'s txns."""
         self.lone_commits += 1
-        self._txn = TxnID(0, self._txn.sequence + 1)
-        self._commit(self._txn)
+        self._commit(TxnID(0, self.lone_commits))
 
     def _commit(self, txn: TxnID) -> None:
         ray.get(self.coordinator.commit_and_begin.remote(txn, "floor-owner", 60_000, [("bench-floor", 0)], []))
