@@ -292,7 +292,6 @@ def test_a_transactions_first_send_registers_the_previous_ones_partitions(lazy: 
     assert visible_values(topic, [1]) == [b"first"]
 
 
-
 def test_a_batch_opening_in_a_txn_with_its_partition_registered_starts_no_registration(lazy: rt.Client) -> None:
     """Every batch of a txn that opens registers its partition early, unless the txn has it
     already (``Transaction.registered``: not before a lazy txn begins; then each partition its
@@ -326,6 +325,7 @@ def test_a_batch_opening_in_a_txn_with_its_partition_registered_starts_no_regist
     txn.commit()
     assert visible_values(topic, [1]) == [b"first", b"second", b"third"]
     assert visible_values(topic, [0]) == [b"elsewhere"]
+
 
 def test_new_transaction_async_begins_in_the_background(client: rt.Client) -> None:
     topic = new_topic(client)

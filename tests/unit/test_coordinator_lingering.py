@@ -47,7 +47,6 @@ async def one_committed(url: str) -> tuple[TransactionCoordinator, TxnID]:
     return tc, ended
 
 
-
 def test_a_commit_is_answered_before_its_last_record_is_prepared() -> None:
     """The end's driver lets the answer go before it prepares and queues COMMITTED: that work is
     not on the caller's path. (Done the other way round, the record lingers by the answer.)"""
@@ -62,6 +61,7 @@ def test_a_commit_is_answered_before_its_last_record_is_prepared() -> None:
         assert (await tc.get_txn(txn))["state"] == "COMMITTED"
 
     asyncio.run(main())
+
 
 def test_a_last_record_shares_the_next_entrys_put_and_a_reader_flushes_it() -> None:
     async def main() -> None:
