@@ -23,7 +23,7 @@ from kafka.protocol.metadata import FindCoordinatorResponse, MetadataResponse
 from kafka.protocol.producer import AddPartitionsToTxnResponse, ProduceResponse
 
 from raytxn.errors import InvalidArgument, RaytxnError, TopicNotFound
-from raytxn.kafka import mapping, wire
+from raytxn.kafka import codecs, mapping, wire
 from raytxn.kafka.records import decode_batches, encode_entry
 from raytxn.kafka.transactions import INVALID_TXN_STATE, KafkaTransactions, TxnState
 from raytxn.protocol.entry_format import encode_message
@@ -55,6 +55,10 @@ class Connection:
     client_host: str = ""  # "/address" of the client, as Kafka's group descriptions show it
 
 
+def _count(counts: dict[str, int], key: str) -> None:
+    counts[key] = counts.get(key, 0) + 1  # keys: the codec names and error names (bounded sets)
+
+
 class Broker:
     def __init__(self, host: str, port: int, topic_partitions: TopicPartitions, call: PartitionCall,
                  topics: TopicNames, transactions: KafkaTransactions) -> None:
@@ -63,6 +67,8 @@ class Broker:
         self._cache: dict[str, tuple[float, int]] = {}
         self._connections = itertools.count()
         self.gateway_id = secrets.token_hex(6)
+        # Produce batches by codec ("gzip": n) and refused partitions by error ("CORRUPT_MESSAGE": n).
+        self.batch_stats: dict[str, dict[str, int]] = {"codecs": {}, "refused": {}}
 
     def connection(self) -> Connection:
         return Connection(f"kafka-anon-{self.gateway_id}-{next(self._connections)}")
@@ -223,7 +229,9 @@ class Broker:
         if error != wire.NONE:
             return error, -1, None
         try:
-            batches = decode_batches(data.records)
+            batches = decode_batches(data.records)  # all or none: a bad batch appends nothing
+            for batch in batches:
+                _count(self.batch_stats["codecs"], codecs.name(batch.codec))
             base_offset = -1
             for batch in batches:
                 txn = None
@@ -241,7 +249,9 @@ class Broker:
             return wire.NONE, base_offset, None
         except RaytxnError as e:
             log.info("produce to %s-%d refused: %r", topic, data.index, e)
-            return mapping.error_code(e), -1, str(e)
+            code = mapping.error_code(e)
+            _count(self.batch_stats["refused"], wire.ERROR_NAMES.get(code, str(code)))
+            return code, -1, str(e)
 
     async def _append(self, topic: str, partition: int, batch: Any, conn: Connection, txn: Any) -> Any:
         messages = [encode_message(m) for m in batch.messages]

@@ -65,7 +65,8 @@ class KafkaGateway:
         self.offsets: GroupOffsets | None = None
         self.admin: GroupAdmin | None = None
         self._ticker: asyncio.Task | None = None
-        self.served = {"connections": 0, "requests": 0, "closed_unsupported": 0}
+        # Connections closed, by why (``wire.CLOSE_REASONS``): each with one log line, no traceback.
+        self.served = {"connections": 0, "requests": 0, **{f"closed_{r}": 0 for r in wire.CLOSE_REASONS}}
         self.versions: dict[str, int] = {}  # "api_key/version" -> requests (served ones only: bounded)
 
     async def start(self) -> dict[str, Any]:
@@ -165,10 +166,11 @@ class KafkaGateway:
                 if response is not None:
                     writer.write(response)
                     await writer.drain()
-        except (InvalidArgument, ConnectionError) as e:
-            if isinstance(e, wire.Unsupported):
-                self.served["closed_unsupported"] += 1
-            log.warning("closing Kafka connection from %s: %s", writer.get_extra_info("peername"), e)
+        except Exception as e:  # noqa: BLE001 - whatever ends this connection, the others go on
+            reason = wire.close_reason(e)
+            self.served[f"closed_{reason}"] += 1
+            log.warning("closing Kafka connection from %s (%s): %s: %s", writer.get_extra_info("peername"),
+                        reason, type(e).__name__, e)
         finally:
             writer.close()
 
@@ -208,7 +210,8 @@ class KafkaGateway:
         groups = {} if self.groups is None else {
             g.group_id: {"state": str(g.state), "generation": g.generation, "members": len(g.members)}
             for g in self.groups.table.groups.values()}
-        return {**self.address(), "versions": dict(self.versions), "groups": groups}
+        batches = {} if self.broker is None else self.broker.batch_stats
+        return {**self.address(), "versions": dict(self.versions), "groups": groups, "batches": batches}
 
     async def stop(self) -> None:
         if self._server is not None:

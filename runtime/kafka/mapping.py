@@ -69,6 +69,9 @@ def producer_name(producer_id: int, epoch: int) -> str:
 
 def error_code(error: BaseException) -> int:
     """The Kafka error code for a raytxn error met while serving a partition."""
+    code = getattr(error, "kafka_error", None)  # an error that names its code (``codecs``)
+    if isinstance(code, int):
+        return code
     if isinstance(error, InvalidTopicName):
         return wire.INVALID_TOPIC_EXCEPTION
     if isinstance(error, TopicNotFound):

@@ -89,10 +89,13 @@ INVALID_PRODUCER_EPOCH = 47
 UNSUPPORTED_FOR_MESSAGE_FORMAT = 43
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
 CONCURRENT_TRANSACTIONS = 51
+UNSUPPORTED_COMPRESSION_TYPE = 76
 UNSTABLE_OFFSET_COMMIT = 88
 GROUP_SUBSCRIBED_TO_TOPIC = 86
 UNKNOWN_SERVER_ERROR = -1
 INVALID_RECORD = 87
+# Each code above by its name, for stats and logs (built here: only the codes are defined yet).
+ERROR_NAMES = {code: name for name, code in list(globals().items()) if name.isupper() and isinstance(code, int)}
 
 
 @dataclass(frozen=True)
@@ -141,11 +144,44 @@ SERVED: dict[int, Api] = {api.key: api for api in (
     Api(47, OffsetDeleteRequest, OffsetDeleteResponse, 0, 0),
 )}
 API_VERSIONS = 18
-MAX_FRAME_BYTES = 100 << 20
+MAX_FRAME_BYTES = 100 << 20  # Kafka's socket.request.max.bytes
+# Versions advertised below the served ones (KAFKA-18659): librdkafka before 2.8 enables gzip,
+# snappy and lz4 only when the broker lists Produce v0, and silently sends uncompressed batches
+# otherwise (librdkafka #4956; Debian's kcat links librdkafka 2.0). Kafka 4.0 advertises Produce
+# v0-v2 and refuses them; clients pick the highest common version, so none sends them.
+ADVERTISED_MIN_VERSIONS = {0: 0}
 
 
 class Unsupported(InvalidArgument):
     """A request for an API or version this gateway does not serve (the connection is closed)."""
+
+
+class Malformed(InvalidArgument):
+    """A request whose header or body does not parse (the connection is closed: Kafka's rule,
+    as no answer can be addressed to the parts of a request that could not be read)."""
+
+
+class FrameTooLarge(InvalidArgument):
+    """A frame prefix announcing more than ``MAX_FRAME_BYTES``, or a size below one header."""
+
+
+# Why a connection was closed, as the gateway's ``served`` stats count them ("closed_<reason>").
+CLOSE_REASONS = ("unsupported", "malformed", "oversized", "invalid", "connection", "internal_error")
+
+
+def close_reason(error: BaseException) -> str:
+    """The ``CLOSE_REASONS`` entry for the error that ended a connection."""
+    if isinstance(error, Unsupported):
+        return "unsupported"
+    if isinstance(error, Malformed):
+        return "malformed"
+    if isinstance(error, FrameTooLarge):
+        return "oversized"
+    if isinstance(error, InvalidArgument):
+        return "invalid"
+    if isinstance(error, ConnectionError):
+        return "connection"
+    return "internal_error"
 
 
 @dataclass(frozen=True)
@@ -163,14 +199,14 @@ def frame_size(prefix: bytes) -> int:
     """The payload size a 4-byte frame prefix announces; ``InvalidArgument`` past the limit."""
     (size,) = _SIZE.unpack(prefix)
     if not 0 < size <= MAX_FRAME_BYTES:
-        raise InvalidArgument(f"Kafka frame of {size} bytes (limit {MAX_FRAME_BYTES})")
+        raise FrameTooLarge(f"Kafka frame of {size} bytes (limit {MAX_FRAME_BYTES})")
     return size
 
 
 def peek_header(payload: bytes) -> RequestHeader:
     """API key, version and correlation id: the part of every request header that never changes."""
     if len(payload) < _HEADER.size:
-        raise InvalidArgument(f"Kafka request of {len(payload)} bytes has no header")
+        raise Malformed(f"Kafka request of {len(payload)} bytes has no header")
     return RequestHeader(*_HEADER.unpack_from(payload))
 
 
@@ -182,7 +218,11 @@ def decode_request(header: RequestHeader, payload: bytes) -> Any:
     if not api.min_version <= header.api_version <= api.max_version:
         raise Unsupported(f"{api.request.name} v{header.api_version} is not served "
                           f"(v{api.min_version}-{api.max_version} are)")
-    return api.request[header.api_version].decode(payload, header=True)
+    try:
+        return api.request[header.api_version].decode(payload, header=True)
+    except Exception as e:  # kafka-python's decoders raise struct.error, ValueError...
+        raise Malformed(f"{api.request.name} v{header.api_version} of {len(payload)} bytes does not parse: "
+                        f"{type(e).__name__}: {e}") from e
 
 
 def encode_response(header: RequestHeader, **fields: Any) -> bytes:
@@ -196,8 +236,8 @@ def encode_response(header: RequestHeader, **fields: Any) -> bytes:
 def api_versions(header: RequestHeader) -> bytes:
     """The ApiVersions answer: the table above; UNSUPPORTED_VERSION in v0 for a version past it
     (Kafka's rule, so that any client can read it and retry with one served)."""
-    keys = [ApiVersionsResponse.ApiVersion(api_key=a.key, min_version=a.min_version, max_version=a.max_version)
-            for a in SERVED.values()]
+    keys = [ApiVersionsResponse.ApiVersion(api_key=a.key, min_version=ADVERTISED_MIN_VERSIONS.get(a.key, a.min_version),
+                                           max_version=a.max_version) for a in SERVED.values()]
     api = SERVED[API_VERSIONS]
     if not api.min_version <= header.api_version <= api.max_version:
         header = RequestHeader(API_VERSIONS, 0, header.correlation_id)

@@ -41,7 +41,18 @@ def test_api_versions_lists_what_is_served() -> None:
     response = ApiVersionsResponse[3].decode(payload, header=True)
     assert response.header.correlation_id == 41 and response.error_code == wire.NONE
     assert {(k.api_key, k.min_version, k.max_version) for k in response.api_keys} == {
-        (a.key, a.min_version, a.max_version) for a in wire.SERVED.values()}
+        (a.key, 0 if a.key == 0 else a.min_version, a.max_version) for a in wire.SERVED.values()}
+
+
+def test_produce_is_advertised_from_v0_and_v0_to_v2_are_refused() -> None:
+    """KAFKA-18659: librdkafka before 2.8 compresses only when Produce v0 is advertised, so it is,
+    as Kafka 4.0 does; v0-v2 (message sets of magic 0/1) are still refused when sent."""
+    payload = framed_payload(wire.api_versions(wire.RequestHeader(wire.API_VERSIONS, 3, 1)))
+    produce = [k for k in ApiVersionsResponse[3].decode(payload, header=True).api_keys if k.api_key == 0]
+    assert [(k.min_version, k.max_version) for k in produce] == [(0, wire.SERVED[0].max_version)]
+    for version in (0, 1, 2):
+        with pytest.raises(wire.Unsupported, match=f"v{version} is not served"):
+            wire.decode_request(wire.RequestHeader(0, version, 1), b"")
 
 
 def test_api_versions_past_the_served_ones_is_unsupported_in_v0() -> None:
