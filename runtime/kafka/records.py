@@ -86,9 +86,11 @@ def _decode_batch(raw: bytes, limit: int) -> ProducedBatch:
     if batch.is_control_batch:
         raise InvalidArgument("clients may not produce control batches")
     codec = batch.attributes & codecs.CODEC_MASK
-    records = codecs.decompress(codec, memoryview(raw)[_HEADER_BYTES:], limit)
-    if codec != codecs.NONE:  # kafka-python reads the records as if they had been sent plain
-        plain = bytearray(raw[:_HEADER_BYTES]) + records
+    if codec == codecs.NONE:
+        if len(raw) - _HEADER_BYTES > limit:
+            raise codecs.TooLarge(f"{len(raw) - _HEADER_BYTES} bytes of records exceed the limit of {limit}")
+    else:  # kafka-python reads the records as if they had been sent plain
+        plain = bytearray(raw[:_HEADER_BYTES]) + codecs.decompress(codec, memoryview(raw)[_HEADER_BYTES:], limit)
         struct.pack_into(">h", plain, DefaultRecordBatch.ATTRIBUTES_OFFSET, batch.attributes & ~codecs.CODEC_MASK)
         batch = DefaultRecordBatch(bytes(plain))
     try:

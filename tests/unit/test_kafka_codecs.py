@@ -171,7 +171,8 @@ def test_a_bad_batch_refuses_the_whole_partitions_data_with_its_code() -> None:
     long_length = bytearray(good)
     struct.pack_into(">i", long_length, 8, len(good))              # announces 12 more bytes than follow
     cases = {bytes(flipped): wire.CORRUPT_MESSAGE, codec7: wire.UNSUPPORTED_COMPRESSION_TYPE,
-             bomb: wire.MESSAGE_TOO_LARGE, garbage_records: wire.CORRUPT_MESSAGE,
+             bomb: wire.MESSAGE_TOO_LARGE, batch(codecs.NONE, [bytes(LIMIT)]): wire.MESSAGE_TOO_LARGE,
+             garbage_records: wire.CORRUPT_MESSAGE,
              bytes(long_length): wire.CORRUPT_MESSAGE, good[:40]: wire.CORRUPT_MESSAGE,
              good[:61]: wire.CORRUPT_MESSAGE}
     for bad, code in cases.items():
