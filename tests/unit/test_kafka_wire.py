@@ -162,7 +162,10 @@ def test_calls_under_an_unknown_id_or_an_old_epoch_are_refused() -> None:
 
     from raytxn.kafka.transactions import INVALID_PRODUCER_ID_MAPPING, KafkaTransactions, TxnState
 
-    async def register(tid: str, method: str, *args: object) -> int:
+    async def register(tid: str, method: str, *args: object) -> object:
+        if method == "describe_transactional_id":  # EndTxn asks what the coordinator has open: nothing
+            return {"epoch": 4, "txn": None, "owner": None, "timeout_ms": None, "partitions": [],
+                    "subscriptions": [], "last_txn": None, "last_owner": None, "last_outcome": None}
         assert method == "register_transactional_id"
         return 4
 
