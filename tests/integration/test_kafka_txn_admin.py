@@ -429,3 +429,44 @@ def _holds(jar: Path, member: str) -> bool:
             return member in archive.namelist()
     except (OSError, zipfile.BadZipFile):
         return False
+
+
+# --- ray.data.read_kafka through the gateway -------------------------------------------------
+
+def test_ray_data_read_kafka_counts_kafka_native_and_transactional_messages_exactly(
+        client: rt.Client, bootstrap: str) -> None:
+    """``ray.data.read_kafka`` (confluent-kafka consumers in Ray tasks) through the gateway, read
+    committed, on a two-partition topic holding plain Kafka messages, native raytxn messages, a
+    committed and an aborted native transaction, and a committed and an aborted Kafka
+    transaction: every visible message exactly once, none of the aborted ones."""
+    from confluent_kafka import Producer
+
+    topic = new_topic(client, partitions=2)
+    plain = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    for i in range(3):
+        plain.produce(topic, value=f"kafka-{i}".encode(), partition=i % 2)
+    assert plain.flush(30) == 0
+    native = client.create_producer(topic)
+    for i in range(2):
+        native.send(f"native-{i}".encode(), key=f"k{i}")
+    with client.transaction() as txn:
+        for i in range(2):
+            native.send(f"native-txn-{i}".encode(), key=f"t{i}", txn=txn)
+    doomed = client.new_transaction()
+    native.send(b"native-aborted", txn=doomed)
+    doomed.abort()
+    kafka_txn = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"rd-{uuid.uuid4().hex[:6]}"})
+    kafka_txn.init_transactions(30)
+    kafka_txn.begin_transaction()
+    for i in range(2):
+        kafka_txn.produce(topic, value=f"kafka-txn-{i}".encode(), partition=i % 2)
+    kafka_txn.commit_transaction(30)
+    kafka_txn.begin_transaction()
+    kafka_txn.produce(topic, value=b"kafka-aborted", partition=0)
+    kafka_txn.abort_transaction(30)
+
+    dataset = ray.data.read_kafka(topic, bootstrap_servers=bootstrap, timeout_ms=20000,
+                                  consumer_config={"isolation.level": "read_committed"})
+    values = sorted(bytes(row["value"]) for row in dataset.take_all())
+    assert values == sorted([*(f"kafka-{i}".encode() for i in range(3)), b"native-0", b"native-1",
+                             b"native-txn-0", b"native-txn-1", b"kafka-txn-0", b"kafka-txn-1"])
