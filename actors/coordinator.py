@@ -57,6 +57,7 @@ from typing import Any
 
 import ray
 
+from raytxn.actors.coordinator_tids import TransactionalIdViews
 from raytxn.actors.participants import end_on_participant, participant_name
 from raytxn.actors.shell import ActorRefs, ActorShell, Clock, ray_actor_options, replay
 from raytxn.auth import Access, AuthConfig, Authorizer, guarded
@@ -98,7 +99,7 @@ def log_stream(tc_id: int) -> str:
     return f"coordinator/{tc_id}/log"
 
 
-class TransactionCoordinator(ActorShell, FaultTarget):
+class TransactionCoordinator(TransactionalIdViews, ActorShell, FaultTarget):
     """See the module docstring. Create with ``CoordinatorActor.options(name=...)``."""
 
     actor_kind = "coordinator"
@@ -310,23 +311,6 @@ class TransactionCoordinator(ActorShell, FaultTarget):
         # Ended at every participant, not necessarily logged so (its last record may linger).
         await asyncio.shield(asyncio.gather(*(self._applied[txn] for txn in ending)))
         return records[-1].epoch
-
-    @guarded(Access.AUTHENTICATED)
-    async def describe_transactional_id(self, transactional_id: str,
-                                        caller: str | None = None) -> dict[str, Any] | None:
-        """The id's current epoch and its OPEN transaction (owner, timeout, participants), for a
-        Kafka gateway that restarted and lost what it kept of the id; None when the id is not
-        registered. With auth on, the id's principal or a superuser only."""
-        await self._started()
-        self._check_tid_owner(transactional_id)
-        self._check_tid_principal(transactional_id, caller)
-        found = self.state.transactional_id_txn(transactional_id)
-        if found is None:
-            return None
-        epoch, meta = found
-        return {"epoch": epoch, "txn": meta and meta.txn, "owner": meta and meta.owner,
-                "timeout_ms": meta and meta.timeout_ms, "partitions": list(meta.partitions) if meta else [],
-                "subscriptions": list(meta.subscriptions) if meta else []}
 
     @guarded(Access.AUTHENTICATED)
     async def add_partitions(self, txn: TxnID, partitions: Iterable[tuple[str, int]], owner: str,

@@ -36,6 +36,7 @@ import psutil
 import ray
 
 from raytxn import testing_bugs
+from raytxn.actors.partition_producers import ProducerStates
 from raytxn.actors.retention import topic_and_marks
 from raytxn.actors.shell import ActorRefs, ActorShell, Clock, ray_actor_options, replay
 from raytxn.actors.topic_permissions import TopicPermissions
@@ -103,7 +104,7 @@ SNAPSHOT_LIST_ATTEMPTS = 8
 _encoder = msgspec.msgpack.Encoder()
 
 
-class PartitionBuffer(ActorShell, FaultTarget, TopicPermissions):
+class PartitionBuffer(ProducerStates, ActorShell, FaultTarget, TopicPermissions):
     actor_kind = "partition"
 
     def __init__(self, topic: str, partition: int, storage_url: str | None = None,

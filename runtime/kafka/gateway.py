@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import ray
@@ -38,6 +39,7 @@ from raytxn.kafka.group_offsets import Engine, GroupOffsets
 from raytxn.kafka.groups import INITIAL_REBALANCE_DELAY_MS, GroupTable, check_initial_delay
 from raytxn.kafka.mapping import raytxn_subscription, raytxn_topic
 from raytxn.kafka.transactions import KafkaTransactions
+from raytxn.kafka.txn_admin import TransactionAdmin
 
 log = logging.getLogger(__name__)
 CALL_DEADLINE_S = 30.0
@@ -64,6 +66,7 @@ class KafkaGateway:
         self.groups: GroupMembership | None = None
         self.offsets: GroupOffsets | None = None
         self.admin: GroupAdmin | None = None
+        self.txn_admin: TransactionAdmin | None = None
         self._ticker: asyncio.Task | None = None
         # Connections closed, by why (``wire.CLOSE_REASONS``): each with one log line, no traceback.
         self.served = {"connections": 0, "requests": 0, **{f"closed_{r}": 0 for r in wire.CLOSE_REASONS}}
@@ -83,6 +86,8 @@ class KafkaGateway:
                             self._create_subscription, self._topic_rows)
             self.offsets = GroupOffsets(engine, self.groups, transactions)
             self.admin = GroupAdmin(self.groups, self._topic_rows, self._delete_subscription)
+            self.txn_admin = TransactionAdmin(len(self._coordinators), self._describe_tids, self.broker.partitions,
+                                              self._call, transactions, lambda: int(time.time() * 1000))
             self._ticker = asyncio.get_running_loop().create_task(self._tick())
         return self.address()
 
@@ -144,6 +149,10 @@ class KafkaGateway:
         home = self._coordinators[coordinator_for(transactional_id, len(self._coordinators))]
         return await home.call_async(method, *args, deadline_s=self.call_deadline_s)
 
+    async def _describe_tids(self, tc_id: int, transactional_ids: list[str] | None) -> list[dict[str, Any]]:
+        return await self._coordinators[tc_id].call_async("describe_transactional_ids", transactional_ids,
+                                                          deadline_s=self.call_deadline_s)
+
     async def _txn_call(self, txn: TxnID, method: str, *args: Any) -> Any:
         return await self._coordinators[txn.tc_id].call_async(method, *args, deadline_s=self.call_deadline_s)
 
@@ -182,8 +191,8 @@ class KafkaGateway:
             return wire.api_versions(header)
         request = wire.decode_request(header, payload)
         broker, groups, offsets, version = self.broker, self.groups, self.offsets, header.api_version
-        admin = self.admin
-        assert groups is not None and offsets is not None and admin is not None
+        admin, txn_admin = self.admin, self.txn_admin
+        assert groups is not None and offsets is not None and admin is not None and txn_admin is not None
         seen = f"{header.api_key}/{version}"
         self.versions[seen] = self.versions.get(seen, 0) + 1
         handlers = {3: broker.metadata, 10: broker.find_coordinator, 2: broker.list_offsets,
@@ -191,7 +200,8 @@ class KafkaGateway:
                     26: broker.end_txn, 14: groups.sync_group, 12: groups.heartbeat, 13: groups.leave_group,
                     8: offsets.offset_commit, 9: offsets.offset_fetch, 25: offsets.add_offsets_to_txn,
                     28: offsets.txn_offset_commit, 16: admin.list_groups, 15: admin.describe_groups,
-                    42: admin.delete_groups, 47: offsets.offset_delete}
+                    42: admin.delete_groups, 47: offsets.offset_delete, 61: txn_admin.describe_producers,
+                    65: txn_admin.describe_transactions, 66: txn_admin.list_transactions}
         try:
             if header.api_key == 0:
                 fields = await broker.produce(request, version, conn)

@@ -11,13 +11,17 @@ TxnOffsetCommit registers the group's subscriptions (``add_subscriptions``) befo
 acks in them, so the group's offsets commit or abort with the transaction.
 
 What a gateway keeps per transactional id (the epoch, the open raytxn transaction and its
-participants) is a cache of the raytxn coordinator's durable state: a gateway that restarted and
-meets a call of an id it does not know asks the id's coordinator (``describe_transactional_id``)
-and takes the open transaction up again, under the owner that began it, so a producer goes on as
-after a Kafka coordinator failover. Lost with the memory: the groups AddOffsetsToTxn named whose
-offsets were not committed yet (their TxnOffsetCommit then gets INVALID_TXN_STATE, which aborts
-the transaction) and the transaction timeout of an id with no transaction open (the next one gets
-the coordinator's default).
+participants) is a cache of the raytxn coordinator's durable state, so any gateway serves any
+request (DESIGN §6): a gateway that meets a call of an id it does not know, or under another
+epoch than it cached, asks the id's coordinator (``describe_transactional_id``) and takes the
+open transaction up, under the owner that began it, so a producer goes on as after a Kafka
+coordinator failover. EndTxn always asks (``refresh``): the transaction it ends is the one the
+coordinator has open, or with none open the id's last one, whose outcome answers (a repeat of
+the end that took is success, a timed-out or fenced one an error); AddPartitionsToTxn and
+AddOffsetsToTxn ask when the cache made them fail (its txn ended elsewhere, or another gateway
+began one). Not kept anywhere: which groups AddOffsetsToTxn named (a taken-up transaction takes
+TxnOffsetCommit of any group), and the transaction timeout of an id with no transaction open
+(the next one gets the coordinator's default through a gateway that did not see InitProducerId).
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ class TxnState:
     groups: set[str] | None = None  # consumer groups whose offsets may go into the txn
     subscriptions: set[tuple[str, int, str]] | None = None  # (Kafka topic, partition, group) registered
     owner: str | None = None  # of ``txn`` when taken up from its coordinator (None: this gateway's)
+    taken_up: bool = False  # ``txn`` was begun through another gateway (or before a restart)
 
 
 def _code(error: RaytxnError) -> int:
@@ -98,6 +103,10 @@ class KafkaTransactions:
         self._home_call, self._txn_call = home_call, txn_call
         self._states: dict[str, TxnState] = {}
 
+    def cached(self, transactional_id: str) -> TxnState | None:
+        """What this gateway cached of the id (None: nothing)."""
+        return self._states.get(transactional_id)
+
     def state(self, transactional_id: str | None, producer_id: int, epoch: int) -> TxnState | int:
         """The state of a call made under (id, producer id, epoch), or the Kafka error code."""
         state = self._states.get(transactional_id or "")
@@ -108,24 +117,51 @@ class KafkaTransactions:
         return state
 
     async def state_of(self, transactional_id: str | None, producer_id: int, epoch: int) -> TxnState | int:
-        """``state``, taking the id up from its coordinator when this gateway does not know it
-        (it restarted since the producer's InitProducerId)."""
+        """``state``, asking the id's coordinator when this gateway does not know the id or knows
+        another epoch of it (it restarted since the producer's InitProducerId, or another gateway
+        served the producer since): the coordinator's answer replaces what was cached."""
         known = self.state(transactional_id, producer_id, epoch)
-        if (known != INVALID_PRODUCER_ID_MAPPING or not transactional_id or transactional_id in self._states
-                or producer_id != tid_producer_id(transactional_id)):
+        if isinstance(known, TxnState) or not transactional_id or producer_id != tid_producer_id(transactional_id):
             return known
+        found = await self._describe(transactional_id)
+        if isinstance(found, int):
+            return found
+        if found["epoch"] != epoch:
+            return wire.INVALID_PRODUCER_EPOCH
+        cached = self._states.get(transactional_id)
+        if cached is not None and cached.epoch == epoch:  # (an InitProducerId or a refresh meanwhile)
+            return cached
+        state = self._states[transactional_id] = taken_up(transactional_id, producer_id, found)
+        if cached is not None and state.timeout_ms is None:
+            state.timeout_ms = cached.timeout_ms
+        return state
+
+    async def _describe(self, transactional_id: str) -> dict[str, Any] | int:
+        """The id's coordinator's view of it, or the Kafka error code."""
         try:
             found = await self._home_call(transactional_id, "describe_transactional_id", transactional_id)
         except RaytxnError as e:
             return _code(e)
-        if found is None:
-            return INVALID_PRODUCER_ID_MAPPING
-        if found["epoch"] != epoch:
-            return wire.INVALID_PRODUCER_EPOCH
-        state = self._states.get(transactional_id)
-        if state is None:  # (an InitProducerId meanwhile made its own)
-            state = self._states[transactional_id] = taken_up(transactional_id, producer_id, found)
-        return self.state(transactional_id, producer_id, epoch)
+        return INVALID_PRODUCER_ID_MAPPING if found is None else found
+
+    async def refresh(self, state: TxnState) -> dict[str, Any] | int:
+        """Bring ``state`` in line with its coordinator (another gateway may have begun, grown or
+        ended its transaction since this one cached it): the coordinator's answer, or the Kafka
+        error code (the epoch moved on: this producer is fenced)."""
+        found = await self._describe(state.transactional_id)
+        if isinstance(found, int):
+            return found
+        if found["epoch"] != state.epoch:
+            return PRODUCER_FENCED if found["epoch"] > state.epoch else wire.INVALID_PRODUCER_EPOCH
+        if found["txn"] != state.txn:
+            fresh = taken_up(state.transactional_id, state.producer_id, found)
+            state.txn, state.partitions, state.subscriptions = fresh.txn, fresh.partitions, fresh.subscriptions
+            state.groups, state.owner, state.taken_up = fresh.groups, fresh.owner, fresh.taken_up
+        elif state.txn is not None:  # the same txn: participants another gateway added count too
+            assert state.partitions is not None and state.subscriptions is not None
+            state.partitions.update((t, p) for t, p in found["partitions"])
+            state.subscriptions.update((t, p, g) for t, p, g in found["subscriptions"])
+        return found
 
     async def init_producer_id(self, transactional_id: str, timeout_ms: int) -> tuple[int, int, int]:
         """(error, producer id, epoch)."""
@@ -145,29 +181,45 @@ class KafkaTransactions:
             state.txn = await self._home_call(state.transactional_id, "new_txn", state.timeout_ms, self.owner,
                                               state.transactional_id, state.epoch)
             state.partitions, state.groups, state.subscriptions, state.owner = set(), set(), set(), None
+            state.taken_up = False
         return state.txn
 
     async def add_partitions(self, state: TxnState, partitions: list[tuple[str, int]]) -> int:
-        try:
-            await self._begin(state)
-            assert state.partitions is not None
-            new = [(mapping.raytxn_topic(t), p) for t, p in partitions if (t, p) not in state.partitions]
-            if new:
-                await self._txn_call(state.txn, "add_partitions", state.txn, new, self._owner(state), state.epoch)
-                state.partitions.update(partitions)
-        except RaytxnError as e:
-            return _code(e)
-        return wire.NONE
+        return await self._stale_retried(state, lambda: self._add_partitions(state, partitions))
+
+    async def _add_partitions(self, state: TxnState, partitions: list[tuple[str, int]]) -> None:
+        await self._begin(state)
+        assert state.partitions is not None
+        new = [(mapping.raytxn_topic(t), p) for t, p in partitions if (t, p) not in state.partitions]
+        if new:
+            await self._txn_call(state.txn, "add_partitions", state.txn, new, self._owner(state), state.epoch)
+            state.partitions.update(partitions)
 
     async def add_offsets(self, state: TxnState, group: str) -> int:
         """AddOffsetsToTxn: ``group``'s offsets may go into the transaction (begun now if need be)."""
-        try:
-            await self._begin(state)
-        except RaytxnError as e:
-            return _code(e)
-        assert state.groups is not None
-        state.groups.add(group)
-        return wire.NONE
+        error = await self._stale_retried(state, lambda: self._begin(state))
+        if error == wire.NONE:
+            assert state.groups is not None
+            state.groups.add(group)
+        return error
+
+    async def _stale_retried(self, state: TxnState, call: Callable[[], Awaitable[Any]]) -> int:
+        """``call``'s Kafka error code; once more after a ``refresh`` when it failed as a stale
+        cache makes it fail (the cached txn ended, or another gateway began one: its
+        coordinator says which)."""
+        for attempt in range(2):
+            try:
+                await call()
+                return wire.NONE
+            except (ConcurrentTransactions, InvalidTxnState, TransactionNotFound) as e:
+                if attempt:
+                    return _code(e)
+                refreshed = await self.refresh(state)
+                if isinstance(refreshed, int):
+                    return refreshed
+            except RaytxnError as e:
+                return _code(e)
+        return wire.NONE  # (not reached: the second attempt returns)
 
     async def add_subscriptions(self, state: TxnState, subscriptions: list[tuple[str, int, str]]) -> int:
         """Register (Kafka topic, partition, group) subscriptions with the transaction's
@@ -187,8 +239,9 @@ class KafkaTransactions:
 
     def offsets_txn(self, state: TxnState, group: str) -> TxnID | None:
         """The raytxn txn ``group``'s offsets go into (None: AddOffsetsToTxn did not add the
-        group, Kafka's INVALID_TXN_STATE here)."""
-        if state.txn is None or state.groups is None or group not in state.groups:
+        group, Kafka's INVALID_TXN_STATE here). A txn taken up from its coordinator takes any
+        group: which groups AddOffsetsToTxn named through another gateway is not kept."""
+        if state.txn is None or state.groups is None or (group not in state.groups and not state.taken_up):
             return None
         return state.txn
 
@@ -200,16 +253,24 @@ class KafkaTransactions:
         return state.txn
 
     async def end(self, state: TxnState, commit: bool) -> int:
-        """EndTxn. The transaction stays this id's open one until its end is answered: after a
-        transient failure the client sends the same EndTxn again, and it must reach the same
-        raytxn transaction (ends are idempotent), not find none and answer success for a
-        transaction that was never ended."""
-        txn = state.txn
+        """EndTxn, of the transaction the id's coordinator has open (the producer may have begun
+        it through another gateway, or this one may have restarted: Flink's KafkaSink commits a
+        resumed transaction from a new connection with its producer id and epoch alone). With
+        none open, the id's last transaction answers: a repeat of the end that took is success,
+        one that ended otherwise (timed out, fenced) an error, never a silent success; an id
+        that never began one has nothing to end (as Kafka). The transaction stays this id's open
+        one until its end is answered: after a transient failure the client sends the same EndTxn
+        again, and it must reach the same raytxn transaction (ends are idempotent)."""
+        found = await self.refresh(state)
+        if isinstance(found, int):
+            return found
+        txn = state.txn if state.txn is not None else found.get("last_txn")
         if txn is None:
             return wire.NONE  # nothing was added: nothing to end (as Kafka)
+        owner = self._owner(state) if state.txn is not None else (found.get("last_owner") or self.owner)
         try:
             await self._txn_call(txn, "end_txn", txn, EndAction.COMMIT if commit else EndAction.ABORT,
-                                 self._owner(state), state.epoch, state.transactional_id)
+                                 owner, state.epoch, state.transactional_id)
         except RaytxnError as e:
             if not e.retriable:
                 self._forget_txn(state)
@@ -223,7 +284,7 @@ class KafkaTransactions:
     @staticmethod
     def _forget_txn(state: TxnState) -> None:
         state.txn, state.partitions, state.groups, state.subscriptions = None, None, None, None
-        state.owner = None
+        state.owner, state.taken_up = None, False
 
 
 def taken_up(transactional_id: str, producer_id: int, found: dict[str, Any]) -> TxnState:
@@ -232,7 +293,7 @@ def taken_up(transactional_id: str, producer_id: int, found: dict[str, Any]) -> 
     subscriptions are registered are the groups AddOffsetsToTxn named."""
     state = TxnState(transactional_id, producer_id, found["epoch"], found["timeout_ms"])
     if found["txn"] is not None:
-        state.txn, state.owner = found["txn"], found["owner"]
+        state.txn, state.owner, state.taken_up = found["txn"], found["owner"], True
         state.partitions = {(topic, partition) for topic, partition in found["partitions"]}
         state.subscriptions = {(topic, partition, group) for topic, partition, group in found["subscriptions"]}
         state.groups = {group for _, _, group in state.subscriptions}

@@ -22,6 +22,14 @@ from kafka.protocol.admin import (
     ListGroupsRequest,
     ListGroupsResponse,
 )
+from kafka.protocol.admin.transactions import (
+    DescribeProducersRequest,
+    DescribeProducersResponse,
+    DescribeTransactionsRequest,
+    DescribeTransactionsResponse,
+    ListTransactionsRequest,
+    ListTransactionsResponse,
+)
 from kafka.protocol.consumer import (
     FetchRequest,
     FetchResponse,
@@ -142,6 +150,11 @@ SERVED: dict[int, Api] = {api.key: api for api in (
     Api(15, DescribeGroupsRequest, DescribeGroupsResponse, 0, 5),
     Api(42, DeleteGroupsRequest, DeleteGroupsResponse, 0, 2),
     Api(47, OffsetDeleteRequest, OffsetDeleteResponse, 0, 0),
+    # Transaction admin (KIP-664, ``txn_admin``): DescribeProducers 0, DescribeTransactions 0,
+    # ListTransactions 0-2 (1 filters by duration, 2 by an id pattern).
+    Api(61, DescribeProducersRequest, DescribeProducersResponse, 0, 0),
+    Api(65, DescribeTransactionsRequest, DescribeTransactionsResponse, 0, 0),
+    Api(66, ListTransactionsRequest, ListTransactionsResponse, 0, 2),
 )}
 API_VERSIONS = 18
 MAX_FRAME_BYTES = 100 << 20  # Kafka's socket.request.max.bytes

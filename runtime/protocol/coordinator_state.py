@@ -105,6 +105,8 @@ class CoordinatorState:
         self._deadlines: list[tuple[int, int]] = []
         self._open_by_tid: dict[str, int] = {}  # transactional id -> sequence of its OPEN txn
         self._epochs: dict[str, int] = {}  # transactional id -> current epoch
+        # transactional id -> sequence of its last txn (live or ended); kept by NewTxn and checkpoints
+        self._last_by_tid: dict[str, int] = {}
         self._tid_principals: dict[str, str] = {}  # transactional id -> the principal owning it (auth on)
         self._outcomes: OrderedDict[int, Outcome] = OrderedDict()  # finished, oldest first
         self._counts = dict.fromkeys(LIVE_STATES, 0)
@@ -260,6 +262,15 @@ class CoordinatorState:
             return None
         sequence = self._open_by_tid.get(transactional_id)
         return epoch, (self._live[sequence] if sequence is not None else None)
+
+    def last_txn_of(self, transactional_id: str) -> tuple[TxnID, TxnMeta | Outcome | None] | None:
+        """The id's last transaction with its live entry, its remembered outcome, or None when
+        its outcome is forgotten; None for an id that never began one here. A Kafka EndTxn that
+        finds no open txn answers by it (a repeat of the end that took, or the txn timed out)."""
+        sequence = self._last_by_tid.get(transactional_id)
+        if sequence is None:
+            return None
+        return TxnID(self.tc_id, sequence), self._live.get(sequence) or self._outcomes.get(sequence)
 
     def prepare_begin(self, now_ms: int, timeout_ms: int, owner: str, partitions: Iterable[Partition] = (),
                       subscriptions: Iterable[Subscription] = (), transactional_id: str | None = None,
@@ -433,6 +444,7 @@ class CoordinatorState:
             transactional_ids=dict(self._epochs),
             recent_outcomes=list(self._outcomes.items()),
             transactional_id_principals=dict(self._tid_principals),
+            last_txns=dict(self._last_by_tid),
         )
 
     def compacted_records(self) -> list[Record]:
@@ -497,6 +509,7 @@ class CoordinatorState:
             # A higher epoch than known: its registration was trimmed from the log; keep the max.
             self._epochs[tid] = record.epoch
             self._open_by_tid[tid] = txn.sequence
+            self._last_by_tid[tid] = txn.sequence
         deadline_ms = record.start_ms + record.timeout_ms
         self._live[txn.sequence] = TxnMeta(
             txn=txn, state=TxnState.OPEN, owner=record.owner, timeout_ms=record.timeout_ms,
@@ -581,6 +594,8 @@ class CoordinatorState:
             self._epochs[tid] = max(epoch, self._epochs.get(tid, epoch))
         for tid, principal in record.transactional_id_principals.items():
             self._tid_principals.setdefault(tid, principal)
+        for tid, sequence in record.last_txns.items():
+            self._last_by_tid[tid] = max(sequence, self._last_by_tid.get(tid, sequence))
         self._next_sequence = max(self._next_sequence, record.next_sequence)
         self._reserved_sequence = max(self._reserved_sequence, self._next_sequence)
 
@@ -696,6 +711,9 @@ class CoordinatorState:
             meta = self._live[sequence]
             assert meta.state is TxnState.OPEN and meta.transactional_id == tid, tid
             assert meta.epoch is not None and meta.epoch == self._epochs[tid]
+        for tid, sequence in self._last_by_tid.items():
+            assert tid in self._epochs and sequence < self._next_sequence, tid
+            assert self._open_by_tid.get(tid, sequence) == sequence, f"{tid}: open txn is not its last"
         assert len(self._open_by_tid) == sum(
             1 for m in self._live.values() if m.state is TxnState.OPEN and m.transactional_id is not None)
         for meta in self._live.values():

@@ -86,6 +86,7 @@ evicted from the bounded table of handed-out ones could be handed out again.
 from __future__ import annotations
 
 import enum
+import itertools
 from collections import OrderedDict
 
 import msgspec
@@ -295,6 +296,14 @@ class TransactionBuffer:
 
     def ongoing_txns(self) -> list[TxnID]:
         return list(self._ongoing)
+
+    def ongoing(self, limit: int) -> list[OngoingTxn]:
+        """The oldest ``limit`` ongoing txns, oldest first (Kafka's DescribeProducers)."""
+        return list(itertools.islice(self._ongoing.values(), limit))
+
+    def recent_producers(self, limit: int) -> list[DedupEntry]:
+        """The dedup entries of the ``limit`` producers that appended last, the latest first."""
+        return list(itertools.islice(reversed(self._dedup.values()), limit))
 
     def ongoing_coordinators(self) -> list[int]:
         """Coordinators with txns open here: ask each for its low watermark now and then (and

@@ -139,6 +139,9 @@ class Checkpoint(msgspec.Struct, tag="checkpoint", frozen=True):
     transactional_ids: dict[str, int]
     recent_outcomes: list[tuple[int, Outcome]]  # (sequence, outcome), oldest first
     transactional_id_principals: dict[str, str] = msgspec.field(default_factory=dict)
+    # transactional id -> sequence of its last transaction (how a Kafka EndTxn that finds no open
+    # txn tells "already ended so" from "ended otherwise", and what ListTransactions shows)
+    last_txns: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 Record = NewTxn | AddPartitions | AddSubscriptions | UpdateState | RegisterTransactionalId | Checkpoint

@@ -965,3 +965,39 @@ def test_a_zombie_ending_its_forgotten_txn_is_fenced(h: Harness) -> None:
     with pytest.raises(InvalidArgument):
         h.state.prepare_end(txn, ABORT, "alice", T0 + 103, epoch, "")
     h.state.check_invariants()
+
+
+# --- each transactional id's last transaction (Kafka's EndTxn without an open txn, ListTransactions)
+
+
+def test_the_last_txn_of_an_id_outlives_its_end_a_checkpoint_and_compaction() -> None:
+    """``last_txn_of``: the id's last transaction, live (its entry) or ended (its outcome), kept
+    by NewTxn records and by checkpoints, so a log trimmed to a checkpoint or compacted answers
+    the same; None for an id that never began one."""
+    h = Harness()
+    epoch = h.register("p1")
+    h.register("p2")
+    assert h.state.last_txn_of("p1") is None and h.state.last_txn_of("nobody") is None
+    first = h.new(tid="p1", epoch=epoch)
+    found = h.state.last_txn_of("p1")
+    assert found is not None and found[0] == first and isinstance(found[1], TxnMeta)
+    h.finish(first, COMMIT, epoch=epoch)
+    assert h.state.last_txn_of("p1") == (first, Outcome.COMMITTED)
+    second = h.new(tid="p1", epoch=epoch)
+    h.end(second, ABORT, epoch=epoch)
+    assert h.state.last_txn_of("p1")[1].state is TxnState.ABORTING
+    h.complete(second)
+    h.state.check_invariants()
+    checkpoint = h.state.prepare_checkpoint()
+    assert checkpoint.last_txns == {"p1": second.sequence}
+    h.log_apply(checkpoint)
+    trimmed = h.replayed([data for data in h.log if isinstance(decode_record(data), Checkpoint)])
+    assert trimmed.last_txn_of("p1") == (second, Outcome.ABORTED) and trimmed.last_txn_of("p2") is None
+    compacted = CoordinatorState(TC)
+    compacted.replay(decode_batch(encode_batch(h.state.compacted_records())))
+    compacted.check_invariants()
+    assert compacted.last_txn_of("p1") == (second, Outcome.ABORTED)
+    # An older checkpoint (logged before, applied late) never moves an id's last txn back.
+    h.state.apply(Checkpoint(1, {"p1": 0}, [], last_txns={"p1": first.sequence}))
+    assert h.state.last_txn_of("p1")[0] == second
+    assert h.replayed().last_txn_of("p1") == (second, Outcome.ABORTED)

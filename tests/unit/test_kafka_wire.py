@@ -173,7 +173,10 @@ def test_calls_under_an_unknown_id_or_an_old_epoch_are_refused() -> None:
 
     from raytxn.kafka.transactions import INVALID_PRODUCER_ID_MAPPING, KafkaTransactions, TxnState
 
-    async def register(tid: str, method: str, *args: object) -> int:
+    async def register(tid: str, method: str, *args: object) -> object:
+        if method == "describe_transactional_id":  # EndTxn asks what the coordinator has open: nothing
+            return {"epoch": 4, "txn": None, "owner": None, "timeout_ms": None, "partitions": [],
+                    "subscriptions": [], "last_txn": None, "last_owner": None, "last_outcome": None}
         assert method == "register_transactional_id"
         return 4
 
@@ -226,3 +229,68 @@ def test_a_gateway_that_forgot_an_id_takes_it_up_from_its_coordinator() -> None:
     assert txns.txn_for(state, "t", 0) == txn and txns.txn_for(state, "t", 1) is None
     assert txns.offsets_txn(state, "g") == txn and state.subscriptions == {("s", 1, "g")}
     assert asyncio.run(txns.state_of("tx", pid, 3)) is state and len(asked) == 3  # known now: not asked
+
+
+def test_end_txn_ends_what_the_coordinator_has_open_or_answers_by_the_last_txn() -> None:
+    """EndTxn asks the id's coordinator: it ends the txn open there even when this gateway cached
+    none (another gateway began it), under that txn's owner; with none open it ends the id's
+    last txn again, whose outcome answers (an abort after a commit is INVALID_TXN_STATE, not a
+    silent success); an id that never began one has nothing to end; a newer epoch fences."""
+    import asyncio
+
+    from raytxn.errors import TransactionAlreadyCommitted
+    from raytxn.ids import TxnID
+    from raytxn.kafka.transactions import INVALID_TXN_STATE, PRODUCER_FENCED, KafkaTransactions, TxnState
+
+    open_txn, ended = TxnID(0, 5), TxnID(0, 4)
+    view: dict[str, object] = {"epoch": 2, "txn": open_txn, "owner": "other-gateway", "timeout_ms": 9000,
+                               "partitions": [("t", 0)], "subscriptions": [], "last_txn": open_txn,
+                               "last_owner": "other-gateway", "last_outcome": None}
+    ends: list[tuple] = []
+
+    async def home(tid: str, method: str, *args: object) -> object:
+        assert method == "describe_transactional_id"
+        return dict(view)
+
+    async def txn_call(txn: TxnID, method: str, *args: object) -> None:
+        assert method == "end_txn"
+        ends.append((txn, args[1], args[2]))
+        if txn == ended and args[1] == "ABORT":
+            raise TransactionAlreadyCommitted(f"{txn} committed")
+
+    txns = KafkaTransactions("this-gateway", home, txn_call)
+    state = TxnState("tx", 99, 2, 1000)  # cached: no txn open
+    assert asyncio.run(txns.end(state, commit=True)) == wire.NONE
+    assert ends.pop() == (open_txn, "COMMIT", "other-gateway") and state.txn is None
+    view.update(txn=None, owner=None, partitions=[], last_txn=ended, last_owner=None, last_outcome="COMMITTED")
+    assert asyncio.run(txns.end(state, commit=True)) == wire.NONE                  # a repeat of the commit
+    assert asyncio.run(txns.end(state, commit=False)) == INVALID_TXN_STATE         # not an abort now
+    assert [e[:2] for e in ends] == [(ended, "COMMIT"), (ended, "ABORT")]
+    view.update(last_txn=None, last_outcome=None)
+    ends.clear()
+    assert asyncio.run(txns.end(state, commit=False)) == wire.NONE and ends == []  # never began one
+    view["epoch"] = 3
+    assert asyncio.run(txns.end(state, commit=True)) == PRODUCER_FENCED and ends == []
+
+
+def test_describe_producers_rows_name_kafka_producers_and_open_native_txns() -> None:
+    from raytxn.ids import TxnID
+    from raytxn.kafka import mapping
+    from raytxn.kafka.txn_admin import producer_rows
+
+    native_txn = TxnID(1, 3)
+    rows = producer_rows([
+        {"producer": "kafka-7-1", "last_sequence": 4, "last_timestamp_ms": 50, "txn": TxnID(0, 2),
+         "txn_start_offset": 10, "txn_start_ms": 40},
+        {"producer": "kafka-7-0", "last_sequence": 9, "last_timestamp_ms": 30, "txn": None,
+         "txn_start_offset": None, "txn_start_ms": None},                   # the same id's older epoch
+        {"producer": "kafka-8-0", "last_sequence": 2, "last_timestamp_ms": 20, "txn": None,
+         "txn_start_offset": None, "txn_start_ms": None},
+        {"producer": "orders-writer", "last_sequence": 5, "last_timestamp_ms": 10, "txn": None,
+         "txn_start_offset": None, "txn_start_ms": None},                   # native, no txn: not a Kafka producer
+        {"producer": "orders-writer-2", "last_sequence": 1, "last_timestamp_ms": 15, "txn": native_txn,
+         "txn_start_offset": 3, "txn_start_ms": 12},
+    ])
+    got = [(r.producer_id, r.producer_epoch, r.last_sequence, r.last_timestamp, r.current_txn_start_offset)
+           for r in rows]
+    assert got == [(7, 1, 4, 50, 10), (8, 0, 2, 20, -1), (mapping.txn_producer_id(native_txn), 0, 1, 15, 3)]
