@@ -64,6 +64,12 @@ from kafka.protocol.producer import (
     TxnOffsetCommitRequest,
     TxnOffsetCommitResponse,
 )
+from kafka.protocol.sasl import (
+    SaslAuthenticateRequest,
+    SaslAuthenticateResponse,
+    SaslHandshakeRequest,
+    SaslHandshakeResponse,
+)
 
 from raytxn.errors import InvalidArgument
 
@@ -139,6 +145,10 @@ SERVED: dict[int, Api] = {api.key: api for api in (
     Api(15, DescribeGroupsRequest, DescribeGroupsResponse, 0, 5),
     Api(42, DeleteGroupsRequest, DeleteGroupsResponse, 0, 2),
     Api(47, OffsetDeleteRequest, OffsetDeleteResponse, 0, 0),
+    # SASL (the gateway's ``security``): handshake v0 (raw SASL frames follow) and v1
+    # (SaslAuthenticate follows), SaslAuthenticate 0-2 (1 adds KIP-368's session lifetime).
+    Api(17, SaslHandshakeRequest, SaslHandshakeResponse, 0, 1),
+    Api(36, SaslAuthenticateRequest, SaslAuthenticateResponse, 0, 2),
 )}
 API_VERSIONS = 18
 MAX_FRAME_BYTES = 100 << 20
