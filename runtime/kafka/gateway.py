@@ -58,6 +58,7 @@ from raytxn.kafka.security import (
     SASL_AUTHENTICATION_FAILED,
     SASL_HANDSHAKE,
     SESSION_EXPIRED,
+    TOPIC_AUTHORIZATION_FAILED,
     UNAUTHENTICATED_CLOSED,
     Session,
     refusal_codes,
@@ -338,7 +339,11 @@ class KafkaGateway:
             if refusal is None:
                 return None
             code, message, topics = refusal.code, refusal.message, refusal.topics
-        fields = refusal_fields(api_key, request, version, code, message, topics)
+        # Metadata tells an unauthenticated client TOPIC_AUTHORIZATION_FAILED, Kafka's answer to its
+        # anonymous principal: librdkafka fails the messages at once with it, where SASL's code
+        # in Metadata made it wait out message.timeout.ms and say only "timed out".
+        shown = TOPIC_AUTHORIZATION_FAILED if api_key == 3 and code == SASL_AUTHENTICATION_FAILED else code
+        fields = refusal_fields(api_key, request, version, shown, message, topics)
         if fields is None:  # no error field to say it in: closed, with the reason in the log
             self._count_refusal(UNAUTHENTICATED_CLOSED if code == SASL_AUTHENTICATION_FAILED else REASONS[code])
             raise ConnectionError(f"API key {api_key} refused: {message}")
