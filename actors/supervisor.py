@@ -595,7 +595,7 @@ class Supervisor(ActorShell, FaultTarget):
                 granted = self.catalog.topic_permissions(name)
             except (TopicNotFound, InvalidArgument):
                 continue  # no such topic: the request's own handler says so
-            actions[name] = [PRODUCE, CONSUME] if everything else sorted(granted.get(caller, ()))
+            actions[name] = sorted([PRODUCE, CONSUME] if everything else granted.get(caller, ()))
         return actions
 
     # --- watching ----------------------------------------------------------------------------

@@ -298,6 +298,25 @@ def test_a_permitted_principal_runs_a_transaction_with_offsets(admin: rt.Client,
     assert visible_values(data, token=ADMIN)[-1] == b"eos-out"
 
 
+def test_the_supervisor_says_what_the_caller_may_do_on_topics(topics: dict[str, str]) -> None:
+    from raytxn.client.rpc import ActorRef
+    from raytxn.errors import AuthenticationFailed, InvalidArgument
+
+    data, bobs = topics["data"], topics["bobs"]
+    asked = [data, bobs, "no-such-topic"]
+
+    def actions(token: str | None) -> dict[str, list[str]]:
+        return ActorRef("supervisor", token).call("topic_actions", asked)
+
+    assert actions(ALICE) == {data: ["consume", "produce"], bobs: []}
+    assert actions(BOB) == {data: [], bobs: ["consume", "produce"]}
+    assert actions(ADMIN) == {data: ["consume", "produce"], bobs: ["consume", "produce"]}
+    with pytest.raises(AuthenticationFailed):
+        actions(None)
+    with pytest.raises(InvalidArgument):
+        ActorRef("supervisor", ALICE).call("topic_actions", "not-a-list")
+
+
 # --- the session's end -------------------------------------------------------------------------
 
 
