@@ -23,10 +23,12 @@ import ray
 from raytxn.actors.shell import ActorRefs, ActorShell, Clock
 from raytxn.auth import Access, Authorizer, guarded
 from raytxn.config import EngineConfig
-from raytxn.errors import ActorUnavailable, CannotPlaceActor, NotAllowed, TopicNotFound
+from raytxn.errors import ActorUnavailable, CannotPlaceActor, InvalidArgument, NotAllowed, TopicNotFound
 from raytxn.faults import FaultPoints, FaultTarget
 from raytxn.ids import (
+    CONSUME,
     NAMESPACE,
+    PRODUCE,
     SUPERVISOR_NAME,
     coordinator_actor_name,
     host_actor_name,
@@ -60,6 +62,7 @@ FAULT_POINTS = (
 )
 _LIVE = (EntryState.CREATING, EntryState.ACTIVE)  # entries whose actors should run
 MIB = 1 << 20
+MAX_TOPIC_ACTIONS = 10_000  # topics one topic_actions call may ask about
 PLACEMENT_CHECK_S = 1.0   # a starting actor not ready this long: is there room for it at all?
 MAX_PASSIVATIONS = 16     # passivations under way at once
 # With hosts a passivation is a snapshot and a drop, no process to kill: many more at once, so
@@ -573,6 +576,27 @@ class Supervisor(ActorShell, FaultTarget):
         await asyncio.gather(*(self._actor_ref(name).call_async("set_topic_permissions", version, permissions)
                                for name in names))
         return permissions
+
+    @guarded(Access.AUTHENTICATED)
+    async def topic_actions(self, topics: list[str], caller: str | None = None) -> dict[str, list[str]]:
+        """What the caller may do (``produce``, ``consume``) on each of ``topics`` that exists, as
+        the topics' own actors decide it. For a Kafka gateway authorizing, as its client's
+        principal, a request no single actor sees whole before it changes something (a group's
+        subscribed topics at JoinGroup, a transaction's partitions, a transactional offset
+        commit). Auth off, or a superuser: both actions on every topic."""
+        await self._started()
+        if not isinstance(topics, list) or len(topics) > MAX_TOPIC_ACTIONS or not all(
+                isinstance(t, str) for t in topics):
+            raise InvalidArgument(f"topics must be a list of at most {MAX_TOPIC_ACTIONS} names")
+        everything = caller is None or self.authorizer.is_superuser(caller)
+        actions: dict[str, list[str]] = {}
+        for name in dict.fromkeys(topics):
+            try:
+                granted = self.catalog.topic_permissions(name)
+            except (TopicNotFound, InvalidArgument):
+                continue  # no such topic: the request's own handler says so
+            actions[name] = sorted([PRODUCE, CONSUME] if everything else granted.get(caller, ()))
+        return actions
 
     # --- watching ----------------------------------------------------------------------------
 

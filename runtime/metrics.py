@@ -100,6 +100,11 @@ class EngineMetrics:
                                     tag_keys=("actor_kind",))
         self.activations = Counter("raytxn_activations", "Dormant actors activated on a call.",
                                    tag_keys=("actor_kind",))
+        self.kafka_refusals = Counter(
+            "raytxn_kafka_refusals",
+            "Kafka gateway requests refused by its security: unauthenticated, unauthorized, failed logins, "
+            "sessions past their token's expiry; by reason (the Kafka error's name).",
+            tag_keys=("reason",))
 
 
 _engine_metrics: EngineMetrics | None = None
@@ -253,3 +258,9 @@ def passivated(actor_kind: str) -> None:
 def activated(actor_kind: str) -> None:
     if (m := engine_metrics()) is not None:
         m.activations.inc(1, {"actor_kind": actor_kind})
+
+
+def kafka_refused(reason: str) -> None:
+    """A Kafka gateway refused a request or a login (``reason``: a bounded set of names)."""
+    if (m := engine_metrics()) is not None:
+        m.kafka_refusals.inc(1, {"reason": reason})

@@ -39,9 +39,12 @@ def retriable(error: BaseException) -> bool:
 
 class ActorRef:
     """A named actor, looked up lazily and again after it failed. With a ``token``, every call
-    presents it (as the keyword ``auth`` of the actor's guarded methods, see runtime/auth.py)."""
+    presents it (as the keyword ``auth`` of the actor's guarded methods, see runtime/auth.py).
+    ``token`` may be a function returning the token of the call being made: a Kafka gateway's
+    refs present the token of the client connection they serve (a context variable), also in
+    the activation requests the lookup sends on that call's behalf."""
 
-    def __init__(self, name: str, token: str | None = None) -> None:
+    def __init__(self, name: str, token: str | Callable[[], str | None] | None = None) -> None:
         self.name = name
         self.token = token
         self._handle: Any = None
@@ -120,7 +123,8 @@ class ActorRef:
         self._host = None
 
     def _with_auth(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        return kwargs if self.token is None else {**kwargs, "auth": self.token}
+        token = self.token() if callable(self.token) else self.token
+        return kwargs if token is None else {**kwargs, "auth": token}
 
     def call(self, method: str, *args: Any, deadline_s: float = 60.0,
              on_retry: Callable[[], None] | None = None, **kwargs: Any) -> Any:

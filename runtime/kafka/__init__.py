@@ -19,5 +19,9 @@ Layers, so each can be read and tested on its own:
   subscription named after the group (plain cursor moves, or acks in the Kafka transaction).
 * ``group_admin``: ListGroups, DescribeGroups and DeleteGroups (groups are members in memory and
   committed offsets in subscriptions).
+* ``sasl``: SASL PLAIN and OAUTHBEARER messages carrying raytxn tokens (pure).
+* ``security``: a connection's session, the refusal answers, the listener's TLS context.
+* ``authentication``: SaslHandshake and SaslAuthenticate (the engine verifies the token).
+* ``authorization``: the checks, as the connection's principal, of requests no actor sees whole.
 * ``gateway``: the Ray actor running the asyncio TCP server, and ``start_gateway``.
 """

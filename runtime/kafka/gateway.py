@@ -9,13 +9,24 @@ Each connection's requests are handled one at a time, in order, as a Kafka broke
 producer's batches to a partition arrive in the order it sent them, which its sequence numbers
 rely on. Consumer-group membership is this actor's memory (``group_membership``, ticked every
 ``TICK_S``); committed offsets are raytxn subscriptions (``group_offsets``).
+
+Security (when the engine has authentication on): each connection logs in with SASL PLAIN or
+OAUTHBEARER carrying a raytxn token (``authentication``); until then it may only ask ApiVersions
+and log in. Every engine call a request makes carries *that connection's* token, so the engine's
+actors authorize it as that principal, exactly as the native client's calls; ``authorization``
+checks first what no single actor sees whole. The gateway holds no secret and lends no token
+of its own to anyone. The listener may speak TLS (``security.tls_context``), with client
+certificates required when a client CA is given (mTLS).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import ipaddress
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -32,18 +43,72 @@ from raytxn.ids import (
     subscription_actor_name,
 )
 from raytxn.kafka import wire
+from raytxn.kafka.authentication import Authenticator, LoginFailed
+from raytxn.kafka.authorization import RequestAuthorizer
 from raytxn.kafka.broker import Broker, Connection
 from raytxn.kafka.group_admin import GroupAdmin
 from raytxn.kafka.group_membership import TICK_S, GroupMembership
 from raytxn.kafka.group_offsets import Engine, GroupOffsets
 from raytxn.kafka.groups import INITIAL_REBALANCE_DELAY_MS, GroupTable, check_initial_delay
 from raytxn.kafka.mapping import raytxn_subscription, raytxn_topic
+from raytxn.kafka.security import (
+    PRE_AUTH_APIS,
+    REASONS,
+    SASL_AUTHENTICATE,
+    SASL_AUTHENTICATION_FAILED,
+    SASL_HANDSHAKE,
+    SESSION_EXPIRED,
+    TOPIC_AUTHORIZATION_FAILED,
+    UNAUTHENTICATED_CLOSED,
+    Session,
+    refusal_codes,
+    refusal_fields,
+    tls_context,
+)
 from raytxn.kafka.transactions import KafkaTransactions
 from raytxn.kafka.txn_admin import TransactionAdmin
+from raytxn.metrics import kafka_refused
 
 log = logging.getLogger(__name__)
 CALL_DEADLINE_S = 30.0
 MAX_ACTOR_REFS = 10_000
+DEFAULT_BIND_HOST = "127.0.0.1"
+TLS_HANDSHAKE_TIMEOUT_S = 10.0
+
+# The session of the connection whose request is being served. Set in each connection's task
+# (``_serve``); asyncio copies the context into every task and thread a request starts (the
+# fetch waits, ``asyncio.to_thread`` lookups), so each engine call a request makes reads its own
+# connection's token here, whatever else the gateway serves meanwhile. This is what keeps one
+# client's rights from ever travelling with another's requests: no ref holds a token of its own.
+_SESSION: contextvars.ContextVar[Session | None] = contextvars.ContextVar("kafka_gateway_session", default=None)
+
+
+def _connection_token() -> str | None:
+    session = _SESSION.get()
+    return None if session is None else session.token
+
+
+def _connection_caller() -> tuple[str | None, bool]:
+    session = _SESSION.get()
+    if session is None or not session.auth_on:
+        return None, True
+    return session.principal, session.superuser
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def exposure_warning(bind_host: str, port: int) -> str:
+    return (f"the Kafka gateway listens on {bind_host}:{port} with authentication OFF: anyone who reaches "
+            f"that address can produce to and consume every topic of the engine, read and move any consumer "
+            f"group's offsets and run transactions under any transactional id. Bind 127.0.0.1, or turn the "
+            f"engine's authentication on (raytxn start --auth-secret ...)")
 
 
 def gateway_actor_name(port: int) -> str:
@@ -51,34 +116,57 @@ def gateway_actor_name(port: int) -> str:
 
 
 class KafkaGateway:
-    def __init__(self, port: int = 9092, bind_host: str = "0.0.0.0", advertised_host: str | None = None,
+    def __init__(self, port: int = 9092, bind_host: str = DEFAULT_BIND_HOST, advertised_host: str | None = None,
                  token: str | None = None, num_coordinators: int = 2, call_deadline_s: float = CALL_DEADLINE_S,
-                 initial_rebalance_delay_ms: int = INITIAL_REBALANCE_DELAY_MS) -> None:
-        self.port, self.bind_host, self.token = port, bind_host, token
+                 initial_rebalance_delay_ms: int = INITIAL_REBALANCE_DELAY_MS,
+                 tls: tuple[bytes, bytes, bytes | None] | None = None) -> None:
+        # ``token`` is not used for client requests: see ``start_gateway``.
+        self.port, self.bind_host = port, bind_host
         self.initial_rebalance_delay_ms = initial_rebalance_delay_ms
         self.call_deadline_s = call_deadline_s  # how long one Kafka request waits on an engine call
-        self._coordinators = [ActorRef(coordinator_actor_name(i), token) for i in range(num_coordinators)]
-        self.advertised_host = advertised_host or ray.util.get_node_ip_address()
+        self._tls = tls  # (certificate chain, key, client CA or None) as PEM
+        # Every ref presents the token of the connection being served (``_SESSION``), none its own.
+        self._coordinators = [ActorRef(coordinator_actor_name(i), _connection_token)
+                              for i in range(num_coordinators)]
+        if advertised_host is None:  # a loopback listener is reached on loopback only
+            advertised_host = "127.0.0.1" if is_loopback(bind_host) else ray.util.get_node_ip_address()
+        self.advertised_host = advertised_host
         self._server: asyncio.base_events.Server | None = None
         self._refs: dict[str, ActorRef] = {}
-        self._supervisor = ActorRef(SUPERVISOR_NAME, token)
+        self._supervisor = ActorRef(SUPERVISOR_NAME, _connection_token)
+        self._login_supervisor = ActorRef(SUPERVISOR_NAME)  # whoami with the token being checked
+        self.auth_on = False
+        self.authenticator = Authenticator(self._whoami, self._count_refusal)
+        self.authorizer: RequestAuthorizer | None = None
         self.broker: Broker | None = None
         self.groups: GroupMembership | None = None
         self.offsets: GroupOffsets | None = None
         self.admin: GroupAdmin | None = None
         self.txn_admin: TransactionAdmin | None = None
         self._ticker: asyncio.Task | None = None
-        # Connections closed, by why (``wire.CLOSE_REASONS``): each with one log line, no traceback.
-        self.served = {"connections": 0, "requests": 0, **{f"closed_{r}": 0 for r in wire.CLOSE_REASONS}}
+        # Connections closed, by why (``wire.CLOSE_REASONS``): each with one log line, no traceback;
+        # requests refused, by the Kafka error's name (``security.REASONS``).
+        self.served: dict[str, Any] = {"connections": 0, "requests": 0,
+                                       **{f"closed_{r}": 0 for r in wire.CLOSE_REASONS}, "refused": {}}
+        self.warning: str | None = None
         self.versions: dict[str, int] = {}  # "api_key/version" -> requests (served ones only: bounded)
 
     async def start(self) -> dict[str, Any]:
         """Bind and serve (idempotent); returns the advertised address."""
         if self._server is None:
-            self._server = await asyncio.start_server(self._serve, self.bind_host, self.port)
+            # Public: whether to ask for logins is the engine's to say, and needs no token.
+            config = await self._login_supervisor.call_async("engine_config", deadline_s=self.call_deadline_s)
+            self.auth_on = bool(config.auth.enabled)
+            ssl_context = None if self._tls is None else tls_context(*self._tls)
+            self._server = await asyncio.start_server(
+                self._serve, self.bind_host, self.port, ssl=ssl_context,
+                ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S if ssl_context else None)
             self.port = self._server.sockets[0].getsockname()[1]  # the port bound, also for port 0
+            if not self.auth_on and not is_loopback(self.bind_host):
+                self.warning = exposure_warning(self.bind_host, self.port)
+                log.warning(self.warning)
             transactions = KafkaTransactions(f"kafka-gateway-{self.advertised_host}-{self.port}",
-                                             self._home_call, self._txn_call)
+                                             self._home_call, self._txn_call, _connection_caller)
             self.broker = Broker(self.advertised_host, self.port, self._topic_partitions, self._call,
                                  self._topic_names, transactions)
             self.groups = GroupMembership(GroupTable(initial_rebalance_delay_ms=self.initial_rebalance_delay_ms))
@@ -88,6 +176,7 @@ class KafkaGateway:
             self.admin = GroupAdmin(self.groups, self._topic_rows, self._delete_subscription)
             self.txn_admin = TransactionAdmin(len(self._coordinators), self._describe_tids, self.broker.partitions,
                                               self._call, transactions, lambda: int(time.time() * 1000))
+            self.authorizer = RequestAuthorizer(self._topic_actions, self.groups.table)
             self._ticker = asyncio.get_running_loop().create_task(self._tick())
         return self.address()
 
@@ -103,7 +192,20 @@ class KafkaGateway:
 
     def address(self) -> dict[str, Any]:
         return {"host": self.advertised_host, "port": self.port,
-                "bootstrap": f"{self.advertised_host}:{self.port}", **self.served}
+                "bootstrap": f"{self.advertised_host}:{self.port}", "auth": self.auth_on,
+                "tls": self._tls is not None, "mtls": self._tls is not None and self._tls[2] is not None,
+                "warning": self.warning, **self.served, "refused": dict(self.served["refused"])}
+
+    def _count_refusal(self, reason: str) -> None:
+        refused = self.served["refused"]
+        refused[reason] = refused.get(reason, 0) + 1  # a bounded set of reasons (security.REASONS)
+        kafka_refused(reason)
+
+    async def _whoami(self, token: str) -> dict[str, Any]:
+        return await self._login_supervisor.call_async("whoami", auth=token, deadline_s=self.call_deadline_s)
+
+    async def _topic_actions(self, topics: list[str]) -> dict[str, list[str]]:
+        return await self._supervisor.call_async("topic_actions", topics, deadline_s=self.call_deadline_s)
 
     # --- raytxn side ---------------------------------------------------------------------------
 
@@ -142,7 +244,7 @@ class KafkaGateway:
         if ref is None:
             if len(self._refs) >= MAX_ACTOR_REFS:
                 self._refs.clear()  # a lookup again is cheap; the table stays bounded
-            ref = self._refs[name] = ActorRef(name, self.token)
+            ref = self._refs[name] = ActorRef(name, _connection_token)
         return await ref.call_async(method, *args, deadline_s=self.call_deadline_s)
 
     async def _home_call(self, transactional_id: str, method: str, *args: Any) -> Any:
@@ -164,6 +266,8 @@ class KafkaGateway:
         peer = writer.get_extra_info("peername")
         conn.client_host = f"/{peer[0]}" if isinstance(peer, tuple) and peer else ""
         self.served["connections"] += 1
+        session = Session(self.auth_on)
+        _SESSION.set(session)  # this connection's task, and every task it starts (see _SESSION)
         try:
             while True:
                 try:
@@ -171,25 +275,36 @@ class KafkaGateway:
                     payload = await reader.readexactly(wire.frame_size(prefix))
                 except asyncio.IncompleteReadError:
                     return  # the client closed
-                response = await self._respond(payload, conn)
+                if session.raw_sasl:  # after a SaslHandshake v0: a bare SASL message
+                    response: bytes | None = await self.authenticator.raw(payload, session)
+                else:
+                    response = await self._respond(payload, conn, session)
                 if response is not None:
                     writer.write(response)
                     await writer.drain()
         except Exception as e:  # noqa: BLE001 - whatever ends this connection, the others go on
-            reason = wire.close_reason(e)
+            reason = "login_failed" if isinstance(e, LoginFailed) else wire.close_reason(e)
             self.served[f"closed_{reason}"] += 1
             log.warning("closing Kafka connection from %s (%s): %s: %s", writer.get_extra_info("peername"),
                         reason, type(e).__name__, e)
         finally:
             writer.close()
 
-    async def _respond(self, payload: bytes, conn: Connection) -> bytes | None:
-        assert self.broker is not None
+    async def _respond(self, payload: bytes, conn: Connection, session: Session) -> bytes | None:
+        assert self.broker is not None and self.authorizer is not None
         header = wire.peek_header(payload)
         self.served["requests"] += 1
         if header.api_key == wire.API_VERSIONS:
             return wire.api_versions(header)
         request = wire.decode_request(header, payload)
+        if header.api_key == SASL_HANDSHAKE:
+            return self.authenticator.handshake(header, request, session)
+        if header.api_key == SASL_AUTHENTICATE:
+            return await self.authenticator.authenticate(header, request, session)
+        if session.auth_on:
+            refused = await self._refused(header, request, session)
+            if refused is not None:
+                return refused or None  # b"": a refused acks=0 produce, which gets no answer
         broker, groups, offsets, version = self.broker, self.groups, self.offsets, header.api_version
         admin, txn_admin = self.admin, self.txn_admin
         assert groups is not None and offsets is not None and admin is not None and txn_admin is not None
@@ -213,6 +328,41 @@ class KafkaGateway:
                 fields = await handlers[header.api_key](request, version)
         except RaytxnError as e:  # a bug or an outage past every retry: the client reconnects
             raise ConnectionError(f"{type(request).__name__} failed: {e!r}") from e
+        if session.auth_on and not session.superuser:
+            for code in refusal_codes(fields):  # what the engine's actors refused inside the request
+                self._count_refusal(REASONS[code])
+        return wire.encode_response(header, **fields)
+
+    async def _refused(self, header: wire.RequestHeader, request: Any, session: Session) -> bytes | None:
+        """The answer refusing a request of a connection that has not logged in, or is not
+        authorized for it (``authorization``); None when it may be served. A connection on an
+        expired token is closed (ConnectionError), as Kafka closes one that did not
+        re-authenticate in time (KIP-368)."""
+        assert self.authorizer is not None
+        api_key, version = header.api_key, header.api_version
+        if session.authenticated and session.expired(time.time()):
+            self._count_refusal(SESSION_EXPIRED)
+            raise ConnectionError(f"the session of {session.principal!r} ended: its token expired (log in again)")
+        if not session.authenticated and api_key not in PRE_AUTH_APIS:
+            code, message, topics = SASL_AUTHENTICATION_FAILED, (
+                "authentication is on: log in with SASL PLAIN (username: your raytxn principal, password: "
+                "its raytxn token) or OAUTHBEARER (a raytxn token)"), None
+        else:
+            refusal = await self.authorizer.check(api_key, request, version, session)
+            if refusal is None:
+                return None
+            code, message, topics = refusal.code, refusal.message, refusal.topics
+        # Metadata tells an unauthenticated client TOPIC_AUTHORIZATION_FAILED, Kafka's answer to its
+        # anonymous principal: librdkafka fails the messages at once with it, where SASL's code
+        # in Metadata made it wait out message.timeout.ms and say only "timed out".
+        shown = TOPIC_AUTHORIZATION_FAILED if api_key == 3 and code == SASL_AUTHENTICATION_FAILED else code
+        fields = refusal_fields(api_key, request, version, shown, message, topics)
+        if fields is None:  # no error field to say it in: closed, with the reason in the log
+            self._count_refusal(UNAUTHENTICATED_CLOSED if code == SASL_AUTHENTICATION_FAILED else REASONS[code])
+            raise ConnectionError(f"API key {api_key} refused: {message}")
+        self._count_refusal(REASONS[code])
+        if api_key == 0 and request.acks == 0:
+            return b""
         return wire.encode_response(header, **fields)
 
     async def stats(self) -> dict[str, Any]:
@@ -237,27 +387,65 @@ class KafkaGateway:
 KafkaGatewayActor = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=10_000)(KafkaGateway)
 
 
-def start_gateway(port: int = 9092, *, bind_host: str = "0.0.0.0", advertised_host: str | None = None,
+def start_gateway(port: int = 9092, *, bind_host: str = DEFAULT_BIND_HOST, advertised_host: str | None = None,
                   token: str | None = None, num_coordinators: int = 2,
                   call_deadline_s: float = CALL_DEADLINE_S,
-                  initial_rebalance_delay_ms: int = INITIAL_REBALANCE_DELAY_MS) -> dict[str, Any]:
+                  initial_rebalance_delay_ms: int = INITIAL_REBALANCE_DELAY_MS,
+                  tls_cert: str | Path | None = None, tls_key: str | Path | None = None,
+                  tls_client_ca: str | Path | None = None) -> dict[str, Any]:
     """Start a Kafka gateway actor on the Ray cluster this driver is connected to (after
     ``raytxn.connect``), serving ``port`` (0: any free port); returns its advertised address,
     ``bootstrap`` being what Kafka clients take as ``bootstrap.servers``. Idempotent per port.
-    ``num_coordinators``: the engine's (``client.config.coordinator.num_coordinators``);
-    ``call_deadline_s``: how long a request waits on an engine call before it answers a
-    retriable error (the client then sends it again); ``initial_rebalance_delay_ms``: how long
-    the first rebalance of a group waits for more members (Kafka's
-    ``group.initial.rebalance.delay.ms``, 3 s by default; 0 for none)."""
+    ``bind_host``: the interface to listen on, loopback unless told otherwise (another one with
+    the engine's authentication off logs a warning, also returned as ``warning``);
+    ``advertised_host``: what clients are told to connect to (default: 127.0.0.1 for a loopback
+    listener, else the node's IP). ``num_coordinators``: the engine's
+    (``client.config.coordinator.num_coordinators``); ``call_deadline_s``: how long a request
+    waits on an engine call before it answers a retriable error (the client then sends it
+    again); ``initial_rebalance_delay_ms``: how long the first rebalance of a group waits for
+    more members (Kafka's ``group.initial.rebalance.delay.ms``, 3 s by default; 0 for none).
+
+    Security: with the engine's authentication on, every Kafka connection logs in (SASL PLAIN
+    or OAUTHBEARER with a raytxn token) and acts as that principal only. ``token`` lends no
+    rights to anyone: it is accepted for compatibility and not used (before, every client acted
+    with it). ``tls_cert`` and ``tls_key`` (PEM files, read here, on the driver): the listener
+    speaks TLS; with ``tls_client_ca`` too, clients must present a certificate that CA signed
+    (mTLS). The certificate verifies the client; the principal it acts as is still the one its
+    SASL login names when authentication is on."""
     if type(port) is not int or not 0 <= port < 65536:
         raise InvalidArgument(f"port must be an int in 0..65535, got {port!r}")
     check_initial_delay(initial_rebalance_delay_ms)
+    tls = _read_tls(tls_cert, tls_key, tls_client_ca)
+    if token is not None:
+        log.info("start_gateway(token=...) is not used: each Kafka connection logs in with its own token")
     name = gateway_actor_name(port) if port else None
     options: dict[str, Any] = {"namespace": NAMESPACE, "lifetime": "detached"}
     if name is not None:
         options.update(name=name, get_if_exists=True)
-    actor = KafkaGatewayActor.options(**options).remote(port, bind_host, advertised_host, token, num_coordinators,
-                                                        call_deadline_s, initial_rebalance_delay_ms)
+    actor = KafkaGatewayActor.options(**options).remote(port, bind_host, advertised_host, None, num_coordinators,
+                                                        call_deadline_s, initial_rebalance_delay_ms, tls)
     address = ray.get(actor.start.remote())
     address["actor"] = actor
     return address
+
+
+def _read_tls(cert: str | Path | None, key: str | Path | None,
+              client_ca: str | Path | None) -> tuple[bytes, bytes, bytes | None] | None:
+    """The PEM contents of the TLS files (the gateway actor may run on another node than the
+    driver that names them); ``InvalidArgument`` for half a configuration or a file not there."""
+    if cert is None and key is None:
+        if client_ca is not None:
+            raise InvalidArgument("tls_client_ca needs tls_cert and tls_key (mTLS is TLS with client certificates)")
+        return None
+    if cert is None or key is None:
+        raise InvalidArgument("TLS needs both tls_cert and tls_key")
+    try:
+        read = [Path(f).read_bytes() for f in (cert, key)]
+        ca = None if client_ca is None else Path(client_ca).read_bytes()
+    except OSError as e:
+        raise InvalidArgument(f"cannot read a TLS file: {e}") from None
+    try:
+        tls_context(read[0], read[1], ca)  # a bad certificate or key is said here, not in the actor
+    except (ValueError, OSError) as e:  # ssl.SSLError is an OSError
+        raise InvalidArgument(f"the TLS certificate, key or client CA is not usable: {e}") from None
+    return read[0], read[1], ca

@@ -36,6 +36,7 @@ from raytxn.errors import (
     ConcurrentTransactions,
     Fenced,
     InvalidTxnState,
+    NotAuthorized,
     RaytxnError,
     TransactionNotFound,
     TransactionTimedOut,
@@ -55,6 +56,15 @@ COORDINATOR_LOAD_IN_PROGRESS = 14
 # ``coordinator(transactional_id, method, *args)``: a call to that id's raytxn coordinator;
 # ``txn_call(txn, method, *args)``: a call to the coordinator of ``txn``.
 CoordinatorCall = Callable[..., Awaitable[Any]]
+# ``caller()``: the principal of the connection being served and whether it is a superuser
+# ((None, True) with auth off). The gateway's transaction states are shared by its connections, so
+# an id registered by one principal must not be written or ended under by another that guessed
+# its producer id and epoch (the coordinator only sees the calls that reach it).
+Caller = Callable[[], tuple[str | None, bool]]
+
+
+def _anyone() -> tuple[str | None, bool]:
+    return None, True
 
 
 def tid_producer_id(transactional_id: str) -> int:
@@ -76,6 +86,7 @@ class TxnState:
     subscriptions: set[tuple[str, int, str]] | None = None  # (Kafka topic, partition, group) registered
     owner: str | None = None  # of ``txn`` when taken up from its coordinator (None: this gateway's)
     taken_up: bool = False  # ``txn`` was begun through another gateway (or before a restart)
+    principal: str | None = None  # the connection principal that registered or took up the id (auth on)
 
 
 def _code(error: RaytxnError) -> int:
@@ -85,6 +96,8 @@ def _code(error: RaytxnError) -> int:
     outage, is here; any other error aborts the client's transaction or stops it."""
     if isinstance(error, Fenced):
         return PRODUCER_FENCED
+    if isinstance(error, NotAuthorized):  # the coordinator checks ids and txns by their principal only
+        return wire.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
     if isinstance(error, (InvalidTxnState, TransactionNotFound, TransactionTimedOut)):
         return INVALID_TXN_STATE
     if isinstance(error, ConcurrentTransactions):
@@ -98,9 +111,10 @@ def _code(error: RaytxnError) -> int:
 
 
 class KafkaTransactions:
-    def __init__(self, owner: str, home_call: CoordinatorCall, txn_call: CoordinatorCall) -> None:
+    def __init__(self, owner: str, home_call: CoordinatorCall, txn_call: CoordinatorCall,
+                 caller: Caller = _anyone) -> None:
         self.owner = owner
-        self._home_call, self._txn_call = home_call, txn_call
+        self._home_call, self._txn_call, self._caller = home_call, txn_call, caller
         self._states: dict[str, TxnState] = {}
 
     def cached(self, transactional_id: str) -> TxnState | None:
@@ -112,6 +126,9 @@ class KafkaTransactions:
         state = self._states.get(transactional_id or "")
         if state is None or state.producer_id != producer_id:
             return INVALID_PRODUCER_ID_MAPPING
+        principal, superuser = self._caller()
+        if state.principal is not None and principal != state.principal and not superuser:
+            return wire.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
         if state.epoch != epoch:
             return wire.INVALID_PRODUCER_EPOCH
         return state
@@ -132,6 +149,7 @@ class KafkaTransactions:
         if cached is not None and cached.epoch == epoch:  # (an InitProducerId or a refresh meanwhile)
             return cached
         state = self._states[transactional_id] = taken_up(transactional_id, producer_id, found)
+        state.principal = self._caller()[0]  # the coordinator let it describe the id
         if cached is not None and state.timeout_ms is None:
             state.timeout_ms = cached.timeout_ms
         return state
@@ -172,7 +190,8 @@ class KafkaTransactions:
         if epoch > MAX_KAFKA_EPOCH:
             return wire.INVALID_PRODUCER_EPOCH, -1, -1  # Kafka epochs are int16
         producer_id = tid_producer_id(transactional_id)
-        self._states[transactional_id] = TxnState(transactional_id, producer_id, epoch, timeout_ms)
+        self._states[transactional_id] = TxnState(transactional_id, producer_id, epoch, timeout_ms,
+                                                  principal=self._caller()[0])
         return wire.NONE, producer_id, epoch
 
     async def _begin(self, state: TxnState) -> TxnID:

@@ -72,6 +72,12 @@ from kafka.protocol.producer import (
     TxnOffsetCommitRequest,
     TxnOffsetCommitResponse,
 )
+from kafka.protocol.sasl import (
+    SaslAuthenticateRequest,
+    SaslAuthenticateResponse,
+    SaslHandshakeRequest,
+    SaslHandshakeResponse,
+)
 
 from raytxn.errors import InvalidArgument
 
@@ -155,6 +161,10 @@ SERVED: dict[int, Api] = {api.key: api for api in (
     Api(61, DescribeProducersRequest, DescribeProducersResponse, 0, 0),
     Api(65, DescribeTransactionsRequest, DescribeTransactionsResponse, 0, 0),
     Api(66, ListTransactionsRequest, ListTransactionsResponse, 0, 2),
+    # SASL (the gateway's ``security``): handshake v0 (raw SASL frames follow) and v1
+    # (SaslAuthenticate follows), SaslAuthenticate 0-2 (1 adds KIP-368's session lifetime).
+    Api(17, SaslHandshakeRequest, SaslHandshakeResponse, 0, 1),
+    Api(36, SaslAuthenticateRequest, SaslAuthenticateResponse, 0, 2),
 )}
 API_VERSIONS = 18
 MAX_FRAME_BYTES = 100 << 20  # Kafka's socket.request.max.bytes
@@ -179,7 +189,7 @@ class FrameTooLarge(InvalidArgument):
 
 
 # Why a connection was closed, as the gateway's ``served`` stats count them ("closed_<reason>").
-CLOSE_REASONS = ("unsupported", "malformed", "oversized", "invalid", "connection", "internal_error")
+CLOSE_REASONS = ("unsupported", "malformed", "oversized", "invalid", "connection", "login_failed", "internal_error")
 
 
 def close_reason(error: BaseException) -> str:

@@ -36,6 +36,7 @@ app.add_typer(topics_app, name="topics")
 app.add_typer(subs_app, name="subs")
 app.add_typer(txns_app, name="txns")
 console = Console(width=160)
+err_console = Console(width=160, stderr=True)  # warnings, apart from what --json prints
 
 Address = Annotated[str, typer.Option("--address", help="Ray cluster to attach to")]
 Json = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
@@ -176,27 +177,41 @@ def status(address: Address = "auto", as_json: Json = False) -> None:
 
 @app.command()
 def kafka(port: Annotated[int, typer.Option("--port", help="TCP port Kafka clients connect to (0: any free)")] = 9092,
-          bind_host: Annotated[str, typer.Option("--bind-host", help="interface to listen on")] = "0.0.0.0",
+          bind_host: Annotated[str, typer.Option(
+              "--bind-host", help="interface to listen on (another than loopback with auth off: a warning)")
+          ] = "127.0.0.1",
           advertised_host: Annotated[str | None, typer.Option(
               "--advertised-host", help="host clients are told to connect to (default: the node's IP)")] = None,
           initial_rebalance_delay_ms: Annotated[int, typer.Option(
               "--initial-rebalance-delay-ms",
               help="how long a group's first rebalance waits for more members (Kafka's "
                    "group.initial.rebalance.delay.ms)")] = INITIAL_REBALANCE_DELAY_MS,
+          tls_cert: Annotated[Path | None, typer.Option("--tls-cert", help="PEM certificate chain: serve TLS")] = None,
+          tls_key: Annotated[Path | None, typer.Option("--tls-key", help="PEM private key of --tls-cert")] = None,
+          tls_client_ca: Annotated[Path | None, typer.Option(
+              "--tls-client-ca", help="PEM CA: clients must present a certificate it signed (mTLS)")] = None,
           address: Address = "auto", as_json: Json = False) -> None:
     """Start a Kafka-protocol gateway actor on the cluster: Kafka clients (confluent-kafka,
-    kafka-python, kcat) then produce and fetch with bootstrap.servers set to the address shown."""
+    kafka-python, kcat) then produce and fetch with bootstrap.servers set to the address shown.
+    With the engine's authentication on, each client logs in with SASL PLAIN (username: its
+    raytxn principal, password: its token) or OAUTHBEARER (its token) and acts as that principal."""
     from raytxn.kafka.gateway import start_gateway
 
     with _client(address) as client:
-        gateway = start_gateway(port, bind_host=bind_host, advertised_host=advertised_host, token=_token,
+        gateway = start_gateway(port, bind_host=bind_host, advertised_host=advertised_host,
                                 num_coordinators=client.config.coordinator.num_coordinators,
-                                initial_rebalance_delay_ms=initial_rebalance_delay_ms)
+                                initial_rebalance_delay_ms=initial_rebalance_delay_ms,
+                                tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca)
     gateway.pop("actor")
+    if gateway.get("warning"):
+        err_console.print(f"[bold yellow]warning:[/] {gateway['warning']}")
     if as_json:
         print(json.dumps(gateway))
         return
-    console.print(f"Kafka gateway serving; bootstrap.servers={gateway['bootstrap']}")
+    security = ("SASL_SSL" if gateway["tls"] else "SASL_PLAINTEXT") if gateway["auth"] else (
+        "SSL" if gateway["tls"] else "PLAINTEXT")
+    console.print(f"Kafka gateway serving; bootstrap.servers={gateway['bootstrap']} security.protocol={security}"
+                  + (" (client certificates required)" if gateway["mtls"] else ""))
 
 
 # --- topics ----------------------------------------------------------------------------------------
