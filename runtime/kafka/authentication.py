@@ -22,6 +22,7 @@ from typing import Any
 
 from raytxn.errors import AuthenticationFailed, RaytxnError
 from raytxn.kafka import sasl, wire
+from raytxn.kafka.wire import LoginFailed
 from raytxn.kafka.security import (
     ILLEGAL_SASL_STATE,
     SASL_AUTHENTICATION_FAILED,
@@ -36,10 +37,6 @@ log = logging.getLogger(__name__)
 WhoAmI = Callable[[str], Awaitable[dict[str, Any]]]
 # ``refused(reason)``: count a refusal.
 Refused = Callable[[str], None]
-
-
-class LoginFailed(Exception):
-    """A v0 (raw) SASL exchange failed: the connection is closed (v0 has no error field)."""
 
 
 class Authenticator:

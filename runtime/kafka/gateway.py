@@ -43,7 +43,7 @@ from raytxn.ids import (
     subscription_actor_name,
 )
 from raytxn.kafka import wire
-from raytxn.kafka.authentication import Authenticator, LoginFailed
+from raytxn.kafka.authentication import Authenticator
 from raytxn.kafka.authorization import RequestAuthorizer
 from raytxn.kafka.broker import Broker, Connection
 from raytxn.kafka.group_admin import GroupAdmin
@@ -283,7 +283,7 @@ class KafkaGateway:
                     writer.write(response)
                     await writer.drain()
         except Exception as e:  # noqa: BLE001 - whatever ends this connection, the others go on
-            reason = "login_failed" if isinstance(e, LoginFailed) else wire.close_reason(e)
+            reason = wire.close_reason(e)
             self.served[f"closed_{reason}"] += 1
             log.warning("closing Kafka connection from %s (%s): %s: %s", writer.get_extra_info("peername"),
                         reason, type(e).__name__, e)

@@ -192,8 +192,14 @@ class FrameTooLarge(InvalidArgument):
 CLOSE_REASONS = ("unsupported", "malformed", "oversized", "invalid", "connection", "login_failed", "internal_error")
 
 
+class LoginFailed(Exception):
+    """A v0 (raw) SASL exchange failed: the connection is closed (v0 has no error field)."""
+
+
 def close_reason(error: BaseException) -> str:
     """The ``CLOSE_REASONS`` entry for the error that ended a connection."""
+    if isinstance(error, LoginFailed):
+        return "login_failed"
     if isinstance(error, Unsupported):
         return "unsupported"
     if isinstance(error, Malformed):

@@ -519,7 +519,10 @@ def test_sasl_over_tls_and_mtls(admin: rt.Client, topics: dict[str, str], certif
         errors = delivery_errors({"bootstrap.servers": mtls["bootstrap"], "security.protocol": "SSL",
                                   "ssl.ca.location": str(certificates["ca"]), **with_cert, **FAIL_FAST}, data)
         assert errors[0] is not None and errors[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, errors[0]
-        assert visible_values(data, token=ADMIN) == [*before, b"m0", b"m0"]
+        # exactly the two accepted sends were added (retention may trim the front meanwhile: the
+        # module's groups ack this topic, and a range every subscription acked may go)
+        after, expected = visible_values(data, token=ADMIN), [*before, b"m0", b"m0"]
+        assert 2 <= len(after) <= len(expected) and after == expected[len(expected) - len(after):]
     finally:
         for address in (tls_only, mtls):
             ray.kill(address["actor"], no_restart=True)

@@ -197,7 +197,8 @@ def test_malformed_requests_and_close_reasons() -> None:
             wire.decode_request(header, payload[:cut])
     errors = {wire.Unsupported("u"): "unsupported", wire.Malformed("m"): "malformed",
               wire.FrameTooLarge("f"): "oversized", InvalidArgument("i"): "invalid",
-              ConnectionResetError("c"): "connection", KeyError("k"): "internal_error"}
+              ConnectionResetError("c"): "connection", wire.LoginFailed("l"): "login_failed",
+              KeyError("k"): "internal_error"}
     assert {wire.close_reason(e) for e in errors} == set(wire.CLOSE_REASONS)
     assert all(wire.close_reason(e) == reason for e, reason in errors.items())
     for size in (0, -1, wire.MAX_FRAME_BYTES + 1):
