@@ -17,6 +17,7 @@ import base64
 import contextlib
 import fcntl
 import os
+import re
 import shutil
 import signal
 import socket
@@ -138,11 +139,15 @@ def _pyspark_version() -> str:
     return pyspark.__version__
 
 
+_VERSION_START = re.compile(r"\d+(\.\d+)+($|[.+_])")
+
+
 def _artifact_stem(jar: str) -> str:
     """``kafka-clients-3.4.1.jar`` -> ``kafka-clients``: the name without its version."""
     parts = Path(jar).stem.split("-")
     for i, part in enumerate(parts):
-        if part[:1].isdigit():
+        # the version is the first part like 3.4.1 (not the 0 or 10_2.12 of a name's -0-10_2.12)
+        if i and _VERSION_START.match(part):
             return "-".join(parts[:i])
     return "-".join(parts)
 
