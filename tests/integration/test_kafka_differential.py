@@ -354,3 +354,59 @@ def test_difference_internal_topics_are_kafkas_only(peer: Peer) -> None:
         assert internal.error is None and len(internal.partitions) >= 1
     else:
         assert internal.error is not None and internal.error.code() == KafkaError.TOPIC_EXCEPTION
+
+
+def test_difference_auto_topic_creation_is_kafkas_only(peer: Peer) -> None:
+    """Difference 3: Kafka (auto.create.topics.enable, on by default) creates a topic a producer
+    names; the gateway never creates one (a raytxn topic's partition count is chosen when it is
+    created), so the delivery fails with an unknown-topic error."""
+    from confluent_kafka import KafkaError, Producer
+
+    topic = f"d-auto-{uuid.uuid4().hex[:8]}"
+    delivered: list[Any] = []
+    producer = Producer({"bootstrap.servers": peer.bootstrap, "allow.auto.create.topics": True,
+                         "topic.metadata.propagation.max.ms": 2000, "message.timeout.ms": 15000})
+    producer.produce(topic, value=b"x", on_delivery=lambda e, m: delivered.append((e, m)))
+    producer.flush(30)
+    ((error, message),) = delivered
+    if peer.name == KAFKA:
+        assert error is None and message.offset() == 0
+    else:
+        assert error is not None and error.code() in (
+            KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._MSG_TIMED_OUT), error
+
+
+def api_keys(bootstrap: str) -> set[int]:
+    """The API keys a broker advertises in ApiVersions v0 (a plain socket, no client library)."""
+    import socket
+    import struct
+
+    host, port = bootstrap.rsplit(":", 1)
+    body = struct.pack(">hhih", 18, 0, 1, 1) + b"t"
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(struct.pack(">i", len(body)) + body)
+        size = struct.unpack(">i", sock.recv(4, socket.MSG_WAITALL))[0]
+        answer = sock.recv(size, socket.MSG_WAITALL)
+    correlation, error, count = struct.unpack(">ihi", answer[:10])
+    assert (correlation, error) == (1, 0)
+    return {struct.unpack(">h", answer[10 + 6 * i:12 + 6 * i])[0] for i in range(count)}
+
+
+# What a client of the gateway has and a client of Kafka also has: produce, fetch, metadata,
+# offsets, transactions, classic consumer groups and their admin.
+COMMON_APIS = {0, 1, 2, 3, 8, 9, 10, 11, 12, 13, 14, 15, 16, 18, 22, 24, 25, 26, 28, 42, 47}
+# Kafka's only: CreateTopics 19, DeleteTopics 20, DescribeConfigs 32, AlterConfigs 33,
+# CreatePartitions 37, DescribeCluster 60, KIP-848's ConsumerGroupHeartbeat 68, share groups 76.
+KAFKA_ONLY_APIS = {19, 20, 32, 33, 37, 60, 68, 76}
+
+
+def test_difference_the_gateway_serves_a_subset_of_kafkas_apis(peer: Peer) -> None:
+    """Difference 4: the gateway serves the client APIs of produce, fetch, transactions and
+    classic groups, and no topic or config admin, nor KIP-848's consumer group protocol
+    (group.protocol=consumer) or share groups."""
+    keys = api_keys(peer.bootstrap)
+    assert COMMON_APIS <= keys
+    if peer.name == KAFKA:
+        assert KAFKA_ONLY_APIS <= keys
+    else:
+        assert keys == COMMON_APIS
