@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from raytxn.tools.peers import KafkaBroker, PeerUnavailable, spark_kafka_jars
+from raytxn.tools.peers import BrokerDidNotStart, KafkaBroker, PeerUnavailable, spark_kafka_jars
 
 # Two JVM starts (the storage format, the broker): ~10 s on an idle machine, over a minute on a
 # loaded one; the first use also fetches the jars (about a minute).
@@ -16,11 +16,15 @@ BROKER_START_S = 240.0
 
 
 def running_broker() -> Iterator[KafkaBroker]:
-    """A started broker for a fixture to yield (stopped after), or skip with the peer's reason."""
+    """A started broker for a fixture to yield (stopped after), or skip with the peer's reason
+    when it cannot run here (no java, no mvn, a refused fetch). A broker that has all it needs
+    and still does not start fails the test: that is a fault, not a missing peer."""
     broker = KafkaBroker()
     started = time.monotonic()
     try:
         broker.start(timeout_s=BROKER_START_S)
+    except BrokerDidNotStart as exc:
+        pytest.fail(f"the Kafka broker did not start: {exc}")
     except PeerUnavailable as exc:
         pytest.skip(f"no real Kafka broker here: {exc}")
     print(f"Kafka {broker.version} at {broker.bootstrap} (pid {broker.pid}) in {time.monotonic() - started:.1f} s")

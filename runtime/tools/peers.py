@@ -49,6 +49,11 @@ class PeerUnavailable(RaytxnError):
     did not come up. Tests skip with this message."""
 
 
+class BrokerDidNotStart(PeerUnavailable):
+    """Java and the jars are here, but the broker exited at start or did not serve in time: a
+    failure to look into (its log's tail is in the message), not a missing peer."""
+
+
 def cache_dir() -> Path:
     """The folder fetched jars live in: ``$RAYTXN_PEERS_CACHE`` or ``~/.cache/raytxn/peers``."""
     configured = os.environ.get("RAYTXN_PEERS_CACHE")
@@ -302,7 +307,7 @@ class KafkaBroker:
              "-c", str(properties)], capture_output=True, text=True, timeout=120, check=False)
         if formatted.returncode != 0:
             self._remove_work()
-            raise PeerUnavailable(f"Kafka's StorageTool could not format {log_dir}:\n"
+            raise BrokerDidNotStart(f"Kafka's StorageTool could not format {log_dir}:\n"
                                   f"{_tail(formatted.stdout + formatted.stderr)}")
         with open(self._work / "server.log", "wb") as log:
             self._process = subprocess.Popen([*jvm, "kafka.Kafka", str(properties)], stdout=log,
@@ -323,7 +328,7 @@ class KafkaBroker:
                 tail = self._log_tail()
                 self._process = None
                 self._remove_work()
-                raise PeerUnavailable(f"the Kafka broker exited at start:\n{tail}")
+                raise BrokerDidNotStart(f"the Kafka broker exited at start:\n{tail}")
             try:
                 if _metadata_brokers("127.0.0.1", port, timeout_s=2) >= 1:
                     return
@@ -333,7 +338,7 @@ class KafkaBroker:
             time.sleep(0.2)
         tail = self._log_tail()
         self.stop()
-        raise PeerUnavailable(f"the Kafka broker did not serve within {timeout_s} s ({last_error}):\n{tail}")
+        raise BrokerDidNotStart(f"the Kafka broker did not serve within {timeout_s} s ({last_error}):\n{tail}")
 
     def stop(self) -> None:
         """End the broker's own process (by PID: SIGTERM, then SIGKILL after 20 s) and remove

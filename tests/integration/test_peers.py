@@ -73,3 +73,23 @@ def test_the_connector_jars_leave_out_what_pyspark_ships() -> None:
     stems = {peers._artifact_stem(Path(j).name) for j in jars}
     assert {"spark-sql-kafka-0-10_2.12", "spark-token-provider-kafka-0-10_2.12", "kafka-clients"} <= stems
     assert not stems & {"scala-library", "hadoop-client-runtime", "hadoop-client-api", "slf4j-api", "spark-tags_2.12"}
+
+
+@pytest.mark.slow(40)
+def test_a_broker_whose_port_is_taken_fails_to_start_with_its_log_and_leaves_nothing() -> None:
+    """Not a missing peer but a broker that cannot start: BrokerDidNotStart, with the broker's own
+    words, its process gone and its folder removed."""
+    import socket
+
+    try:
+        peers.kafka_jars()
+    except peers.PeerUnavailable as exc:
+        pytest.skip(str(exc))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        broker = peers.KafkaBroker(port=taken.getsockname()[1])
+        with pytest.raises(peers.BrokerDidNotStart, match="exited at start") as failed:
+            broker.start(timeout_s=180)
+    assert "Address already in use" in str(failed.value) or "BindException" in str(failed.value), failed.value
+    assert broker.pid is None and broker.log_dir is None
