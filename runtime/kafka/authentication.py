@@ -22,13 +22,13 @@ from typing import Any
 
 from raytxn.errors import AuthenticationFailed, RaytxnError
 from raytxn.kafka import sasl, wire
-from raytxn.kafka.wire import LoginFailed
 from raytxn.kafka.security import (
     ILLEGAL_SASL_STATE,
     SASL_AUTHENTICATION_FAILED,
     UNSUPPORTED_SASL_MECHANISM,
     Session,
 )
+from raytxn.kafka.wire import LoginFailed
 
 log = logging.getLogger(__name__)
 

@@ -138,6 +138,13 @@ def kafka_jars(version: str = KAFKA_VERSION) -> Path:
     return _fetch(f"kafka-{version}", [("org.apache.kafka", f"kafka_{SCALA_BINARY}", version), LOG4J_SLF4J])
 
 
+def kafka_tools_jars(version: str = KAFKA_VERSION) -> Path:
+    """The folder of Kafka's command-line tools (``kafka-tools:<version>``: kafka-transactions'
+    ``TransactionsCommand`` among them) and their jars, fetched once: the broker's artifact does
+    not bring them."""
+    return _fetch(f"kafka-tools-{version}", [("org.apache.kafka", "kafka-tools", version), LOG4J_SLF4J])
+
+
 def _pyspark_version() -> str:
     import pyspark
 
@@ -382,6 +389,8 @@ def main(argv: list[str] | None = None) -> int:
             libs = kafka_jars()
             print(f"kafka {KAFKA_VERSION}: {libs} ({len(list(libs.glob('*.jar')))} jars, "
                   f"fetch took {fetch_seconds(libs)} s)")
+            tools = kafka_tools_jars()
+            print(f"kafka-tools {KAFKA_VERSION}: {tools} (fetch took {fetch_seconds(tools)} s)")
             jars = spark_kafka_jars()
             print(f"spark-sql-kafka {_pyspark_version()}: {len(jars)} jars in {Path(jars[0]).parent} "
                   f"(fetch took {fetch_seconds(Path(jars[0]).parent)} s)")

@@ -29,7 +29,6 @@ from tests.engine import engine_client, new_topic, visible_values
 from tests.kafka_clients import poll_values
 
 pytestmark = pytest.mark.ray
-PEERS = Path(os.environ.get("RAYTXN_PEERS_DIR", Path.home() / ".cache" / "raytxn" / "peers"))
 
 
 @pytest.fixture(scope="module")
@@ -396,13 +395,15 @@ def test_kafka_transactions_tool_lists_and_describes(client: rt.Client, bootstra
     """Kafka's own kafka-transactions tool (org.apache.kafka.tools.TransactionsCommand, from the
     Kafka 4.x jars runtime/tools/peers.py fetches) lists, describes and finds no hanging
     transaction against the gateway."""
+    from raytxn.tools.peers import PeerUnavailable, kafka_tools_jars
+
     java = shutil.which("java")
-    jars = sorted(PEERS.rglob("*.jar")) if PEERS.is_dir() else []
-    extra = os.environ.get("RAYTXN_KAFKA_TOOLS_JARS")  # more jars (a kafka-tools jar fetched apart)
-    jars += sorted(Path(extra).glob("*.jar")) if extra else []
+    try:
+        jars = sorted(kafka_tools_jars().glob("*.jar"))
+    except PeerUnavailable as e:
+        pytest.skip(f"Kafka's tools cannot be fetched here: {e}")
     if java is None or not any(_holds(j, "org/apache/kafka/tools/TransactionsCommand.class") for j in jars):
-        pytest.skip(f"no java, or no jar with org.apache.kafka.tools.TransactionsCommand under {PEERS} "
-                    "(the peers helper's Kafka jars lack kafka-tools)")
+        pytest.skip("no java, or the kafka-tools jars hold no org.apache.kafka.tools.TransactionsCommand")
     topic, tid = new_topic(client), f"tool-{uuid.uuid4().hex[:6]}"
     producer = RawTxnProducer(RawKafka(bootstrap), tid)
     producer.send_in_txn(topic, [b"x"])
