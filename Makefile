@@ -8,10 +8,10 @@ $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null || { echo "need $(PY) on PATH"; exit 1; }
 	@test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
 	$(VENV)/bin/pip install -qq --upgrade pip
-	$(VENV)/bin/pip install -qq -e '.[test,bench]'
+	$(VENV)/bin/pip install -qq -e '.[test,bench,docs]'
 	@touch $(STAMP)
 
-.PHONY: env demo test lint bench
+.PHONY: env demo test lint bench docs
 env: $(STAMP)
 
 demo: $(STAMP)
@@ -23,10 +23,16 @@ demo: $(STAMP)
 # go longest first (tests/conftest.py), not in xdist's most-tests-first order.
 test: $(STAMP)
 	$(VENV)/bin/ruff check actors runtime connectors examples tests
+	$(MAKE) --no-print-directory docs
 	$(VENV)/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check actors runtime connectors examples tests
+
+# The docs site into build/site: --strict fails on any warning (a broken link, a missing API
+# object). mkdocs-material's banner about its successor is not a warning of this site's.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 bench: $(STAMP)
 	$(VENV)/bin/python examples/benchmark.py ledger

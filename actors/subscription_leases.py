@@ -1,4 +1,4 @@
-"""The subscription actor's lease calls: the bulk path's side of a subscription (DESIGN §6).
+"""The subscription actor's lease calls: the bulk path's side of a subscription (docs/design.md §6).
 
 A reader (a Spark driver, a Ray Data plan, any driver) asks for the next committed range of a
 subscription partition; nothing but positions goes back, and the reader's tasks read the range

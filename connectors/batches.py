@@ -1,5 +1,5 @@
 """A deterministic batch of a subscription on the bulk path, shared by the Spark and Ray Data
-connectors (DESIGN §6, Spark's Kafka-source model).
+connectors (docs/design.md §6, Spark's Kafka-source model).
 
 ``lease_batch`` leases the subscription's next committed range of every partition to a holder
 (``Client.lease_ranges``: no payload moves) and cuts the ranges into chunks, one per reader task.

@@ -61,7 +61,9 @@ def ray_session() -> Iterator[object]:
 
     if not ray.is_initialized():
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-        ray.init(address="local", namespace="raytxn", num_cpus=8, include_dashboard=False, logging_level="WARNING",
+        # The "raytxn" resource: docs/guides/deploy.md pins its engine to nodes that offer it.
+        ray.init(address="local", namespace="raytxn", num_cpus=8, resources={"raytxn": 100},
+                 include_dashboard=False, logging_level="WARNING",
                  log_to_driver=False,  # actors log to /tmp/ray/session_*/logs, not into the test output
                  # Metrics reach Prometheus every 2 s rather than Ray's 10: the metrics tests poll
                  # the endpoint until what they did shows, so each waited up to 10 s per check.

@@ -1,5 +1,5 @@
 """The client's side of the bulk path: lease a subscription's next ranges, cut them into chunks
-that any task reads straight from storage, acknowledge them in a transaction (DESIGN §6).
+that any task reads straight from storage, acknowledge them in a transaction (docs/design.md §6).
 
 This is Spark's Kafka-source model on object storage. The driver plans: ``Client.lease_ranges``
 asks each partition's subscription for its next committed range (no payload moves), and

@@ -1,7 +1,7 @@
 """Bulk range reads: a partition's committed messages in ``[start, end]`` as Arrow record batches,
 straight from the ledger objects in storage, without asking the partition actor.
 
-This is the executor side of the bulk path (DESIGN §6, Spark's Kafka-source model): a driver plans
+This is the executor side of the bulk path (docs/design.md §6, Spark's Kafka-source model): a driver plans
 ranges (a subscription lease), any task reads them. The reader needs only what the lease carries:
 
 * ``start..end``: entry positions of the partition's stream (``topics/<topic>/<p>``). **The caller

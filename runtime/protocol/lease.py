@@ -1,4 +1,4 @@
-"""Subscription leases, pure: the bulk path's handing out of ranges (DESIGN §6).
+"""Subscription leases, pure: the bulk path's handing out of ranges (docs/design.md §6).
 
 A lease gives one holder the next committed range ``start..end`` of one subscription partition,
 at or below the partition's ``max_read_position``, without payloads; the holder reads it straight

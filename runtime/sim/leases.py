@@ -1,4 +1,4 @@
-"""Lease holders (``Workload.lease_holders``; the "leases" profile): the bulk path of DESIGN §6
+"""Lease holders (``Workload.lease_holders``; the "leases" profile): the bulk path of docs/design.md §6
 through the real subscription actor's lease calls and the real range reader.
 
 The output topic gets a second subscription, ``lz``, that only leases consume (consumers and

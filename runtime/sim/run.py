@@ -8,7 +8,7 @@ up, no drops, no storage errors) and check liveness and safety:
   reaches its last sequence;
 - every input is transformed by a committed txn or still in the pipeline subscription's final
   drain, and no partition still holds an ongoing txn;
-- the history passes the exactly-once checker (DESIGN §7), and the state machines' own
+- the history passes the exactly-once checker (docs/design.md §7), and the state machines' own
   ``check_invariants`` pass;
 - nothing but raytxn's own errors reached a client, and no actor task died of an unexpected error.
 

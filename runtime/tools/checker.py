@@ -1,4 +1,4 @@
-"""The exactly-once checker: judge a recorded ``History`` against DESIGN §7.
+"""The exactly-once checker: judge a recorded ``History`` against docs/design.md §7.
 
 ``check(history, txn_timeout_s)`` returns a ``Report`` of anomalies by kind. Pure Python: no Ray,
 no I/O, no clock (every time comes from the history, in float seconds).

@@ -1,5 +1,5 @@
 """Subscription leases and range reads on a real engine (local Ray, file:// storage): the bulk
-path of DESIGN §6. A lease hands a reader the next committed range of each partition without
+path of docs/design.md §6. A lease hands a reader the next committed range of each partition without
 payloads; any process reads the range's chunks straight from the ledger objects; the range's end
 is acked cumulatively in a txn, so commit moves the cursor and abort, release or expiry hand the
 range out again, in order."""

@@ -22,20 +22,21 @@ import raytxn as rt
 from raytxn.connectors.spark import ExactlyOncePipeline, read_batch
 from raytxn.connectors.wordcount import expected_counts, sample_lines, total_counts, wordcount
 from raytxn.ids import coordinator_actor_name
+from tests.docs_blocks import PYTHON_PAGES, page_name, program_seconds, uses_spark
 from tests.engine import engine_client
-from tests.unit.test_readme import BLOCKS, SPARK_BLOCKS, run_readme_block, snippet_seconds
+from tests.integration.test_docs import run_page_program
 
 pytestmark = [pytest.mark.ray, pytest.mark.spark]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-# First in the module: the README's Spark block starts its own engine and Spark, so it runs before
-# this module's engine and Spark exist (one Spark per Ray namespace), and never beside another
-# Spark's start (tests/unit/test_readme.py).
-@pytest.mark.parametrize("index", [pytest.param(i, marks=pytest.mark.slow(seconds=snippet_seconds(BLOCKS[i])))
-                                   for i in SPARK_BLOCKS])
-def test_readme_spark_snippet_runs(index: int, ray_session: object) -> None:
-    run_readme_block(index, ray_session)
+# First in the module: a docs page's Spark program starts its own engine and Spark, so it runs
+# before this module's engine and Spark exist (one Spark per Ray namespace), and never beside
+# another Spark's start (tests/docs_blocks.py, uses_spark).
+@pytest.mark.parametrize("page", [pytest.param(p, id=page_name(p), marks=pytest.mark.slow(seconds=program_seconds(p)))
+                                  for p in PYTHON_PAGES if uses_spark(p)])
+def test_docs_spark_page_runs(page: Path, ray_session: object, tmp_path: Path) -> None:
+    run_page_program(page, ray_session, tmp_path)
 
 
 @pytest.fixture(scope="module")

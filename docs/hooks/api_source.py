@@ -1,0 +1,27 @@
+"""mkdocs hook: lay the package out as the wheel lays it out, for mkdocstrings.
+
+raytxn is one import package built from three folders (pyproject's package-dir: runtime/ is
+``raytxn``, actors/ is ``raytxn.actors``, connectors/ is ``raytxn.connectors``). griffe, which
+reads the sources for the API reference, follows one folder per package, so this hook copies the
+three folders into ``build/docs-api/raytxn`` (the ``paths`` of the mkdocstrings handler in
+mkdocs.yml) before any page is rendered, as tests/unit/test_packaging.py lays it out for
+import-linter. A copy, not links, so a stale tree never survives a rename.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+FOLDERS = {"": "runtime", "actors": "actors", "connectors": "connectors"}
+
+
+def on_config(config: Any, **_: Any) -> Any:
+    top = ROOT / "build" / "docs-api" / "raytxn"
+    shutil.rmtree(top, ignore_errors=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for sub, folder in FOLDERS.items():
+        shutil.copytree(ROOT / folder, top / sub if sub else top, ignore=ignore, dirs_exist_ok=True)
+    return config
