@@ -21,3 +21,9 @@ Layers, so each can be read and tested on its own:
   committed offsets in subscriptions).
 * ``gateway``: the Ray actor running the asyncio TCP server, and ``start_gateway``.
 """
+
+# kafka-python (the wire encodings) and cramjam (record compression) come with the `kafka` extra:
+# without them the gateway stops here with MissingExtra naming it, not deep in a module.
+from raytxn.extras import require_extra
+
+require_extra("kafka")

@@ -22,8 +22,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from raytxn.errors import RaytxnError
-from raytxn.kafka.groups import INITIAL_REBALANCE_DELAY_MS
+from raytxn.errors import MissingExtra, RaytxnError
 from raytxn.tools import bench
 
 app = typer.Typer(help="raytxn: exactly-once transactional messaging on Ray.", no_args_is_help=True)
@@ -179,19 +178,24 @@ def kafka(port: Annotated[int, typer.Option("--port", help="TCP port Kafka clien
           bind_host: Annotated[str, typer.Option("--bind-host", help="interface to listen on")] = "0.0.0.0",
           advertised_host: Annotated[str | None, typer.Option(
               "--advertised-host", help="host clients are told to connect to (default: the node's IP)")] = None,
-          initial_rebalance_delay_ms: Annotated[int, typer.Option(
+          initial_rebalance_delay_ms: Annotated[int | None, typer.Option(
               "--initial-rebalance-delay-ms",
               help="how long a group's first rebalance waits for more members (Kafka's "
-                   "group.initial.rebalance.delay.ms)")] = INITIAL_REBALANCE_DELAY_MS,
+                   "group.initial.rebalance.delay.ms; default: Kafka's, 3000)")] = None,
           address: Address = "auto", as_json: Json = False) -> None:
     """Start a Kafka-protocol gateway actor on the cluster: Kafka clients (confluent-kafka,
     kafka-python, kcat) then produce and fetch with bootstrap.servers set to the address shown."""
-    from raytxn.kafka.gateway import start_gateway
-
+    try:  # the gateway comes with the `kafka` extra: without it, its error, not a traceback
+        from raytxn.kafka.gateway import start_gateway
+        from raytxn.kafka.groups import INITIAL_REBALANCE_DELAY_MS
+    except MissingExtra as e:
+        console.print(str(e), style="red", markup=False)
+        raise typer.Exit(2) from None
+    delay_ms = INITIAL_REBALANCE_DELAY_MS if initial_rebalance_delay_ms is None else initial_rebalance_delay_ms
     with _client(address) as client:
         gateway = start_gateway(port, bind_host=bind_host, advertised_host=advertised_host, token=_token,
                                 num_coordinators=client.config.coordinator.num_coordinators,
-                                initial_rebalance_delay_ms=initial_rebalance_delay_ms)
+                                initial_rebalance_delay_ms=delay_ms)
     gateway.pop("actor")
     if as_json:
         print(json.dumps(gateway))
