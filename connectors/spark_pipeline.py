@@ -72,7 +72,7 @@ def read_batch(spark: Any, client: Any, topic: str, subscription: str, max_messa
     return df, handle
 
 
-class _RowCounts(AccumulatorParam):  # type: ignore[misc,valid-type]
+class _RowCounts(AccumulatorParam):
     """Rows read per chunk index: a retried or recomputed task sets its chunk's count again
     instead of adding it twice, so the total is exact."""
 

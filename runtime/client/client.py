@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import logging
 import os
 import time
 import uuid
@@ -58,7 +59,7 @@ def connect(storage: str | None = None, address: str | None = None, *, owner: st
     auth_secret = auth_secret if auth_secret is not None else os.environ.get("RAYTXN_AUTH_SECRET") or None
     started_ray = False
     if not ray.is_initialized():
-        ray.init(address=address, namespace=NAMESPACE, include_dashboard=False, logging_level="WARNING",
+        ray.init(address=address, namespace=NAMESPACE, include_dashboard=False, logging_level=logging.WARNING,
                  configure_logging=True)
         started_ray = address is None
     engine = _engine_config(storage, storage_options or {}, config, auth_secret)
@@ -84,8 +85,8 @@ def _engine_config(storage: str | None, storage_options: dict[str, Any], overrid
     engine = EngineConfig(storage_url=storage or DEFAULT_URL, storage_options=storage_options)
     superusers = overrides.pop("superusers", None)
     if auth_secret is not None or superusers is not None:
-        chosen = {} if superusers is None else {"superusers": tuple(superusers)}
-        engine.auth = AuthConfig(secret=auth_secret, **chosen)
+        engine.auth = (AuthConfig(secret=auth_secret) if superusers is None
+                       else AuthConfig(secret=auth_secret, superusers=tuple(superusers)))
     if storage and storage.startswith("file://") and not storage.startswith("file:///"):
         # a relative path must mean the same directory to every actor: make it absolute
         engine.storage_url = "file://" + os.path.abspath(storage[len("file://"):])
