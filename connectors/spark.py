@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
+from raytxn.extras import import_extra
+
 if TYPE_CHECKING:
     from raytxn.connectors.spark_pipeline import BATCH_SCHEMA, BatchHandle, BatchStats, ExactlyOncePipeline, read_batch
 
@@ -68,7 +70,7 @@ def init_spark(app_name: str = "raytxn", num_executors: int = 1, executor_cores:
     global _session
     if _session is not None:
         return _session
-    import raydp
+    raydp = import_extra("raydp", "spark")
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -110,7 +112,7 @@ def stop_spark() -> None:
     global _session
     if _session is None:
         return
-    import raydp
+    raydp = import_extra("raydp", "spark")
 
     raydp.stop_spark()
     _session = None

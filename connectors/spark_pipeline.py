@@ -32,12 +32,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyspark.accumulators import AccumulatorParam
-
 from raytxn.client.transaction import UNENDED_STATES
 from raytxn.connectors.batches import BATCH_COLUMNS, BatchHandle, lease_batch
 from raytxn.connectors.spark import task_slots, write
 from raytxn.errors import ConcurrentTransactions, Fenced, RaytxnError
+from raytxn.extras import missing_extra
+
+try:
+    from pyspark.accumulators import AccumulatorParam
+except ModuleNotFoundError as e:  # pyspark comes with the `spark` extra: say so
+    raise missing_extra("spark", "pyspark") from e
 
 POLL_S = 0.2             # how long a batch waits for input before it counts as none
 POLL_CONTINUOUS_S = 0.05

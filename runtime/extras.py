@@ -19,7 +19,7 @@ from raytxn.errors import MissingExtra
 EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
     "spark": ("Spark on Ray (raytxn.connectors.spark)", ("pyspark", "raydp")),
     "kafka": ("the Kafka-protocol gateway (raytxn.kafka)", ("kafka", "cramjam")),
-    "bench": ("the benchmark charts", ("matplotlib",)),
+    "bench": ("the benchmarks (their chart, the Kafka bench's client)", ("matplotlib", "confluent_kafka")),
 }
 
 

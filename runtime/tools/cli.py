@@ -23,6 +23,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from raytxn.errors import MissingExtra, RaytxnError
+from raytxn.extras import require_extra
 from raytxn.tools import bench
 
 app = typer.Typer(help="raytxn: exactly-once transactional messaging on Ray.", no_args_is_help=True)
@@ -468,6 +469,12 @@ def bench_command(
     if unknown:
         console.print(f"[red]unknown benchmark(s): {', '.join(unknown)}[/red]")
         raise typer.Exit(2)
+    try:
+        for extra in bench.required_extras(names):
+            require_extra(extra)
+    except MissingExtra as e:
+        console.print(str(e), style="red", markup=False)
+        raise typer.Exit(2) from None
     rows: list[dict] = []
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("benchmarks", total=len(names))
