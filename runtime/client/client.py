@@ -16,6 +16,7 @@ import logging
 import os
 import time
 import uuid
+import weakref
 from collections.abc import Iterator
 from dataclasses import fields, replace
 from typing import Any
@@ -38,6 +39,11 @@ from raytxn.gc_freeze import freeze_startup_objects
 from raytxn.ids import NAMESPACE, SUPERVISOR_NAME, TxnID, parse_txn_id, partition_actor_name
 from raytxn.ledger.storage import DEFAULT_URL
 from raytxn.protocol.coordinator_rules import check_timeout_ms
+
+log = logging.getLogger(__name__)
+
+# The clients of this process not closed yet (weakly: a client nobody holds is no one's to close).
+_open_clients: weakref.WeakSet[Client] = weakref.WeakSet()
 
 
 def connect(storage: str | None = None, address: str | None = None, *, owner: str | None = None,
@@ -121,6 +127,14 @@ def shutdown(token: str | None = None) -> None:
         return
     from raytxn.cluster import stop_engine
 
+    # This process's clients first, while their actors still answer: a consumer's fetch loops
+    # left running would meet a Ray that is gone and print its errors (an object "whose owner is
+    # unknown") from the background.
+    for client in list(_open_clients):
+        try:
+            client.close()
+        except Exception:  # shutting down goes on; the log has why the close failed
+            log.debug("closing %s at shutdown failed", client.owner, exc_info=True)
     stop_engine(token if token is not None else os.environ.get("RAYTXN_TOKEN") or None)
     ray.shutdown()
 
@@ -140,6 +154,7 @@ class Client:
         self._producers: list[Producer] = []
         self._consumers: list[Any] = []
         self._started_ray = False
+        _open_clients.add(self)  # shutdown() closes it, if it is still open then
         freeze_startup_objects()  # the imports and Ray's state: out of the cyclic collector's walks
 
     # --- admin -------------------------------------------------------------------------------
@@ -442,6 +457,7 @@ class Client:
             consumer.close()
         self.txn_chain.close()
         self.loop.stop()
+        _open_clients.discard(self)
 
     def __enter__(self) -> Client:
         return self
