@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -24,7 +23,7 @@ from rich.table import Table
 
 from raytxn.errors import MissingExtra, RaytxnError
 from raytxn.extras import require_extra
-from raytxn.tools import bench
+from raytxn.tools import bench, local_ray
 
 app = typer.Typer(help="raytxn: exactly-once transactional messaging on Ray.", no_args_is_help=True)
 topics_app = typer.Typer(help="Create, list, inspect and delete topics.", no_args_is_help=True)
@@ -43,7 +42,6 @@ Json = Annotated[bool, typer.Option("--json", help="print JSON instead of a tabl
 
 _token: str | None = None
 _RAY = str(Path(sys.executable).with_name("ray"))
-_STARTED_RAY = Path(tempfile.gettempdir()) / "raytxn-started-ray"  # `raytxn stop` stops only this Ray
 
 
 @app.callback()
@@ -114,14 +112,11 @@ def start(storage: Annotated[str, typer.Option("--storage", help="storage URL")]
         config["auth_secret"] = _read_secret(auth_secret_file)
     if superuser:
         config["superusers"] = tuple(superuser)
+    address = "auto"
     if subprocess.run([_RAY, "status"], capture_output=True).returncode != 0:
-        argv = [_RAY, "start", "--head", "--disable-usage-stats"]
-        if num_cpus is not None:
-            argv.append(f"--num-cpus={num_cpus}")
         with console.status("starting Ray"):
-            subprocess.run(argv, check=True, capture_output=True)
-        _STARTED_RAY.write_text("started by raytxn start\n")
-    with _client("auto", storage, **config) as client:
+            address = local_ray.start(_RAY, num_cpus).address  # recorded for `raytxn stop`
+    with _client(address, storage, **config) as client:
         console.print(f"raytxn running: storage {client.config.storage_url}, "
                       f"{client.config.coordinator.num_coordinators} coordinators, "
                       f"auth {'on' if client.config.auth.enabled else 'off'}")
@@ -142,6 +137,9 @@ def stop(address: Address = "auto") -> None:
     cluster someone else started keeps running: `ray stop` would end every Ray on the machine)."""
     import raytxn as rt
 
+    started = local_ray.recorded()
+    if started is not None and address == "auto":
+        address = started.address  # the Ray `raytxn start` started, not whichever Ray is newest
     with _client(address):
         pass
     try:
@@ -149,10 +147,9 @@ def stop(address: Address = "auto") -> None:
     except RaytxnError as e:
         console.print(f"[red]{type(e).__name__}: {e}[/red]")
         raise typer.Exit(1) from e
-    if _STARTED_RAY.exists():
-        subprocess.run([_RAY, "stop"], capture_output=True)
-        _STARTED_RAY.unlink(missing_ok=True)
-        console.print("stopped the engine and Ray")
+    if started is not None and address == started.address:
+        ended = local_ray.stop(started)  # its own processes, by pid: no other Ray on the machine
+        console.print(f"stopped the engine and the Ray `raytxn start` started ({ended} processes)")
     else:
         console.print("stopped the engine (Ray was not started by `raytxn start`: left running)")
 
