@@ -81,7 +81,7 @@ for load in (lambda: __import__("raytxn.kafka.gateway"), lambda: sc.read_batch, 
 """
 
 
-@pytest.mark.slow(seconds=150)
+@pytest.mark.slow(seconds=220)
 def test_the_core_install_runs_the_quickstart_and_names_the_missing_extras(tmp_path: Path) -> None:
     bin_dir = _venv(tmp_path / "venv")
     _pip(bin_dir, str(ROOT))
