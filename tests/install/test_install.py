@@ -81,6 +81,7 @@ for load in (lambda: __import__("raytxn.kafka.gateway"), lambda: sc.read_batch, 
 """
 
 
+@pytest.mark.timeout(900)
 @pytest.mark.slow(seconds=220)
 def test_the_core_install_runs_the_quickstart_and_names_the_missing_extras(tmp_path: Path) -> None:
     bin_dir = _venv(tmp_path / "venv")
@@ -107,6 +108,7 @@ def test_the_core_install_runs_the_quickstart_and_names_the_missing_extras(tmp_p
     assert "exactly once per order: True" in demo.stdout, demo.stdout
 
 
+@pytest.mark.timeout(1500)
 @pytest.mark.slow(seconds=420)
 def test_an_environment_with_the_oldest_allowed_ray_keeps_it_and_passes_the_unit_tests(tmp_path: Path) -> None:
     ray_requirement, floor = _ray_requirement()
@@ -125,7 +127,7 @@ def test_an_environment_with_the_oldest_allowed_ray_keeps_it_and_passes_the_unit
     assert _version(bin_dir, "ray") == floor, "pip install '.[test]' replaced the environment's Ray"
 
     # the unit tests and the quickstart test, on that Ray, importing the installed raytxn
-    tests = _run([str(bin_dir / "python"), "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+    tests = _run([str(bin_dir / "python"), "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--durations=5",
                   "tests/unit", "tests/integration/test_quickstart.py"], cwd=ROOT, timeout=1200)
     summary = tests.stdout.strip().splitlines()[-1] if tests.stdout.strip() else ""
     print(f"on ray {floor}: {summary}")
