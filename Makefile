@@ -1,17 +1,19 @@
 # The two set-up commands of the README: `make demo` and `make test`.
-# Each creates .venv (Python 3.11) and installs the project with what it needs, once.
+# Each creates .venv (Python 3.11) and installs the project with what it needs, once, at the
+# versions pinned in constraints.txt (pyproject.toml holds ranges; the pins keep runs reproducible).
 PY ?= python3.11
 VENV := .venv
 STAMP := $(VENV)/.installed
+CONSTRAINTS := constraints.txt
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	@command -v $(PY) >/dev/null || { echo "need $(PY) on PATH"; exit 1; }
 	@test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
 	$(VENV)/bin/pip install -qq --upgrade pip
-	$(VENV)/bin/pip install -qq -e '.[test,bench,docs]'
+	$(VENV)/bin/pip install -qq -c $(CONSTRAINTS) -e '.[test,bench,docs]'
 	@touch $(STAMP)
 
-.PHONY: env demo test lint bench docs
+.PHONY: env demo test lint typecheck bench constraints docs
 env: $(STAMP)
 
 demo: $(STAMP)
@@ -23,6 +25,7 @@ demo: $(STAMP)
 # go longest first (tests/conftest.py), not in xdist's most-tests-first order.
 test: $(STAMP)
 	$(VENV)/bin/ruff check actors runtime connectors examples tests
+	$(VENV)/bin/python tests/typecheck.py
 	$(MAKE) --no-print-directory docs
 	$(VENV)/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
 
@@ -34,5 +37,16 @@ lint: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
+# The public API's types (the modules and settings are in pyproject.toml's [tool.mypy]).
+typecheck: $(STAMP)
+	$(VENV)/bin/python tests/typecheck.py
+
 bench: $(STAMP)
 	$(VENV)/bin/python examples/benchmark.py ledger
+
+# Re-resolve constraints.txt from pyproject.toml (every extra, Python 3.11): versions already
+# pinned stay unless UPGRADE=1, which takes the newest each range allows.
+constraints: $(STAMP)
+	$(VENV)/bin/pip install -qq -c $(CONSTRAINTS) -e '.[lock]'
+	$(VENV)/bin/uv pip compile pyproject.toml --all-extras --python-version 3.11 --no-annotate \
+		--custom-compile-command "make constraints" $(if $(UPGRADE),--upgrade) -o $(CONSTRAINTS)

@@ -115,6 +115,7 @@ def _write_block(spec: WriteSpec, index: int, block: Any, fault: Callable[[int, 
 def _attempt() -> int:
     """This task's attempt number (0 first), for the fault hook only; Ray has no public API for it."""
     try:
-        return int(ray._private.worker.global_worker.core_worker.get_current_task_attempt_number())
+        worker = ray._private.worker.global_worker
+        return int(worker.core_worker.get_current_task_attempt_number())  # type: ignore[attr-defined]  # private
     except Exception:  # noqa: BLE001 - a private API: without it every attempt reports 0
         return 0

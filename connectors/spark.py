@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import sys
 import uuid
@@ -25,6 +26,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import ray
+
+from raytxn.extras import import_extra
 
 if TYPE_CHECKING:
     from raytxn.connectors.spark_pipeline import BATCH_SCHEMA, BatchHandle, BatchStats, ExactlyOncePipeline, read_batch
@@ -67,7 +70,7 @@ def init_spark(app_name: str = "raytxn", num_executors: int = 1, executor_cores:
     global _session
     if _session is not None:
         return _session
-    import raydp
+    raydp = import_extra("raydp", "spark")
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -83,7 +86,7 @@ def init_spark(app_name: str = "raytxn", num_executors: int = 1, executor_cores:
     if not ray.is_initialized():
         from raytxn.ids import NAMESPACE
 
-        ray.init(namespace=NAMESPACE, logging_level="WARNING")
+        ray.init(namespace=NAMESPACE, logging_level=logging.WARNING)
     _session = raydp.init_spark(app_name, num_executors, executor_cores, executor_memory, configs=merged)
     _session.sparkContext.setLogLevel("ERROR")
     return _session
@@ -109,7 +112,7 @@ def stop_spark() -> None:
     global _session
     if _session is None:
         return
-    import raydp
+    raydp = import_extra("raydp", "spark")
 
     raydp.stop_spark()
     _session = None
@@ -190,7 +193,7 @@ def _worker_connect(address: str) -> None:
     if not ray.is_initialized():
         from raytxn.ids import NAMESPACE
 
-        ray.init(address=address, namespace=NAMESPACE, logging_level="ERROR", log_to_driver=False)
+        ray.init(address=address, namespace=NAMESPACE, logging_level=logging.ERROR, log_to_driver=False)
 
 
 def _write_partition(spec: WriteSpec, index: int, rows: Iterable[Any],
@@ -198,7 +201,8 @@ def _write_partition(spec: WriteSpec, index: int, rows: Iterable[Any],
     from pyspark import TaskContext
 
     _worker_connect(spec.ray_address)
-    attempt = TaskContext.get().attemptNumber() if TaskContext.get() else 0
+    context = TaskContext.get()
+    attempt = context.attemptNumber() if context is not None else 0
     yield produce_slice(spec, index, attempt, rows, fault)
 
 

@@ -32,12 +32,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyspark.accumulators import AccumulatorParam
-
 from raytxn.client.transaction import UNENDED_STATES
 from raytxn.connectors.batches import BATCH_COLUMNS, BatchHandle, lease_batch
 from raytxn.connectors.spark import task_slots, write
 from raytxn.errors import ConcurrentTransactions, Fenced, RaytxnError
+from raytxn.extras import missing_extra
+
+try:
+    from pyspark.accumulators import AccumulatorParam
+except ModuleNotFoundError as e:  # pyspark comes with the `spark` extra: say so
+    raise missing_extra("spark", "pyspark") from e
 
 POLL_S = 0.2             # how long a batch waits for input before it counts as none
 POLL_CONTINUOUS_S = 0.05
@@ -72,7 +76,7 @@ def read_batch(spark: Any, client: Any, topic: str, subscription: str, max_messa
     return df, handle
 
 
-class _RowCounts(AccumulatorParam):  # type: ignore[misc,valid-type]
+class _RowCounts(AccumulatorParam):
     """Rows read per chunk index: a retried or recomputed task sets its chunk's count again
     instead of adding it twice, so the total is exact."""
 

@@ -20,6 +20,10 @@ import raytxn as rt
 from raytxn.ids import coordinator_actor_name
 
 RESET_HINT = "`rm -rf .raytxn-data` resets the demo's storage"
+# Ray reports the crash on the driver's stdout itself, from a thread of its own (no option turns
+# that report off alone), so the demo says once, before it, what it is.
+CRASH_NOTE = ("note: the next crash is injected: Ray reports it with a '(raylet) A worker died or was killed "
+              "... unexpected system error' line; that line is the crash, expected, not a failure")
 
 
 def main() -> None:
@@ -79,6 +83,7 @@ def transfer(client: rt.Client, orders: str, invoices: str) -> None:
             crashed_once = True
             tc = coordinator_actor_name(txn.id.tc_id)
             before = client.coordinators.ref(txn.id.tc_id).call("ready")["incarnation"]
+            print(CRASH_NOTE)
             client.faults.arm("coordinator.after_log_committing", "crash", actor=tc)
             txn.commit()  # the coordinator dies after logging COMMITTING; the client rides over it
             after = client.coordinators.ref(txn.id.tc_id).call("ready")["incarnation"]

@@ -181,6 +181,25 @@ class CannotPlaceActor(RaytxnError):
     ``EngineConfig.actor_memory_mib``, or add a node. Final for the request that needed it."""
 
 
+# --- installation ----------------------------------------------------------------------------
+
+
+class MissingExtra(RaytxnError, ImportError):
+    """A part of raytxn that needs an optional dependency the install lacks: the message names
+    the extra to install (``pip install 'raytxn[spark]'``). An ``ImportError`` too, so code that
+    probes for an optional part with ``except ImportError`` keeps working.
+
+    ``extra`` is the extra's name, ``module`` the missing import."""
+
+    def __init__(self, message: str, extra: str = "", module: str = "") -> None:
+        super().__init__(message, extra, module)
+        self.extra = extra
+        self.module = module
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
 def is_retriable(error: BaseException) -> bool:
     """True when ``error`` is a raytxn error marked retriable."""
     return isinstance(error, RaytxnError) and error.retriable

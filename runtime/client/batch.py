@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -151,9 +151,10 @@ def build_table(runs: Sequence[Run]) -> pa.Table:
     count = len(records)
     lengths = np.fromiter((len(run.indexes) for run in runs), dtype=np.int64, count=len(runs))
 
-    def repeated(values: object, dtype: type) -> np.ndarray:
-        return np.repeat(np.fromiter(values, dtype=dtype, count=len(runs)), lengths)  # type: ignore[arg-type]
+    def repeated(values: Iterable[int], dtype: type[np.integer]) -> np.ndarray:
+        return np.repeat(np.fromiter(values, dtype=dtype, count=len(runs)), lengths)
 
+    redeliveries: list[int] | np.ndarray
     if any(run.counts for run in runs):
         redeliveries = list(itertools.chain.from_iterable(run.counts or [0] * len(run.indexes) for run in runs))
     else:

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import logging
 import os
 import time
 import uuid
+import weakref
 from collections.abc import Iterator
 from dataclasses import fields, replace
 from typing import Any
@@ -38,6 +40,11 @@ from raytxn.ids import NAMESPACE, SUPERVISOR_NAME, TxnID, parse_txn_id, partitio
 from raytxn.ledger.storage import DEFAULT_URL
 from raytxn.protocol.coordinator_rules import check_timeout_ms
 
+log = logging.getLogger(__name__)
+
+# The clients of this process not closed yet (weakly: a client nobody holds is no one's to close).
+_open_clients: weakref.WeakSet[Client] = weakref.WeakSet()
+
 
 def connect(storage: str | None = None, address: str | None = None, *, owner: str | None = None,
             storage_options: dict[str, Any] | None = None, deadline_s: float = 60.0, token: str | None = None,
@@ -58,7 +65,7 @@ def connect(storage: str | None = None, address: str | None = None, *, owner: st
     auth_secret = auth_secret if auth_secret is not None else os.environ.get("RAYTXN_AUTH_SECRET") or None
     started_ray = False
     if not ray.is_initialized():
-        ray.init(address=address, namespace=NAMESPACE, include_dashboard=False, logging_level="WARNING",
+        ray.init(address=address, namespace=NAMESPACE, include_dashboard=False, logging_level=logging.WARNING,
                  configure_logging=True)
         started_ray = address is None
     engine = _engine_config(storage, storage_options or {}, config, auth_secret)
@@ -84,8 +91,8 @@ def _engine_config(storage: str | None, storage_options: dict[str, Any], overrid
     engine = EngineConfig(storage_url=storage or DEFAULT_URL, storage_options=storage_options)
     superusers = overrides.pop("superusers", None)
     if auth_secret is not None or superusers is not None:
-        chosen = {} if superusers is None else {"superusers": tuple(superusers)}
-        engine.auth = AuthConfig(secret=auth_secret, **chosen)
+        engine.auth = (AuthConfig(secret=auth_secret) if superusers is None
+                       else AuthConfig(secret=auth_secret, superusers=tuple(superusers)))
     if storage and storage.startswith("file://") and not storage.startswith("file:///"):
         # a relative path must mean the same directory to every actor: make it absolute
         engine.storage_url = "file://" + os.path.abspath(storage[len("file://"):])
@@ -120,6 +127,14 @@ def shutdown(token: str | None = None) -> None:
         return
     from raytxn.cluster import stop_engine
 
+    # This process's clients first, while their actors still answer: a consumer's fetch loops
+    # left running would meet a Ray that is gone and print its errors (an object "whose owner is
+    # unknown") from the background.
+    for client in list(_open_clients):
+        try:
+            client.close()
+        except Exception:  # shutting down goes on; the log has why the close failed
+            log.debug("closing %s at shutdown failed", client.owner, exc_info=True)
     stop_engine(token if token is not None else os.environ.get("RAYTXN_TOKEN") or None)
     ray.shutdown()
 
@@ -139,6 +154,7 @@ class Client:
         self._producers: list[Producer] = []
         self._consumers: list[Any] = []
         self._started_ray = False
+        _open_clients.add(self)  # shutdown() closes it, if it is still open then
         freeze_startup_objects()  # the imports and Ray's state: out of the cyclic collector's walks
 
     # --- admin -------------------------------------------------------------------------------
@@ -441,6 +457,7 @@ class Client:
             consumer.close()
         self.txn_chain.close()
         self.loop.stop()
+        _open_clients.discard(self)
 
     def __enter__(self) -> Client:
         return self

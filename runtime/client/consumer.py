@@ -292,7 +292,7 @@ class Consumer:
         feed, run = self._queue[0]
         at = self._front_taken
         records = run.records
-        if type(records) is not list:  # packed as it came: cut once, not indexed through per message
+        if not isinstance(records, list):  # packed as it came: cut once, not indexed through per message
             records = run.records = records.to_list()
         message = Message(MessageId(self.topic, run.partition, run.ledger_id, run.entry_id, run.indexes[at]),
                           records[at], run.publish_time_ms, run.counts[at] if run.counts else 0, run.batch_size)
@@ -629,6 +629,7 @@ class Consumer:
         """Deliver again from a message id (inclusive; on its partition) or from a publish time in
         ms since the epoch (on every partition). Prefetched messages are dropped; acks made before
         it are sent first, so they cannot ack what it delivers again."""
+        where: dict[str, Position | int]
         if isinstance(target, MessageId):
             if target.topic != self.topic or not 0 <= target.partition < len(self._feeds):
                 raise InvalidArgument(f"{target} is not a message of {self.topic}")

@@ -18,7 +18,7 @@ class Faults:
     narrows partitions and subscriptions to one topic; ``match`` narrows inside an actor (e.g.
     ``{"txn": ...}``)."""
 
-    def __init__(self, supervisor: object, deadline_s: float = 60.0) -> None:
+    def __init__(self, supervisor: ActorRef, deadline_s: float = 60.0) -> None:
         self._supervisor = supervisor
         self._deadline_s = deadline_s
 

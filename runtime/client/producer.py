@@ -86,7 +86,7 @@ from raytxn.client.rpc import ActorRef, retriable, retry_async, unwrap
 from raytxn.client.transaction import Transaction
 from raytxn.errors import InvalidArgument, MessageTooLarge, ProducerQueueFull
 from raytxn.hashing import partition_for
-from raytxn.ids import partition_actor_name
+from raytxn.ids import TxnID, partition_actor_name
 from raytxn.protocol.entry_format import MessageRecord, encode_message
 
 if TYPE_CHECKING:
@@ -169,7 +169,7 @@ class SendFuture(concurrent.futures.Future):
         return self._watched_list("_waiter_list")
 
     @property
-    def _done_callbacks(self) -> list:  # type: ignore[override]  # add_done_callback appends to it
+    def _done_callbacks(self) -> list:  # add_done_callback appends to it
         return self._watched_list("_callback_list")
 
     def _watched_list(self, name: str) -> list:
@@ -184,7 +184,7 @@ class SendFuture(concurrent.futures.Future):
 
     def _invoke_callbacks(self) -> None:
         if "_callback_list" in self.__dict__:
-            super()._invoke_callbacks()
+            super()._invoke_callbacks()  # type: ignore[misc]  # CPython's Future has it; typeshed leaves it out
 
     def cancel(self) -> bool:
         return False
@@ -241,7 +241,7 @@ class _Collector:
             self.ids[index] = message_id
         self.remaining -= len(ids)
         if self.remaining == 0:
-            self.future.set_result(self.ids)  # type: ignore[arg-type]
+            self.future.set_result(self.ids)
 
     def fail(self, error: BaseException) -> None:
         if not self.future.done():
@@ -840,12 +840,14 @@ class Producer:
             error = flight.error
             if error is not None and retriable(error):
                 txn_id = batch.txn.id if batch.txn else None
+
+                def append_again(f: _Flight = flight, t: TxnID | None = txn_id) -> Any:
+                    # the epoch is read at each attempt: a re-init between attempts moves it
+                    return ref.attempt_async("append", self.producer_name, f.first, f.batch.records, t, -1,
+                                             self._epochs[partition])
+
                 try:
-                    result = await retry_async(
-                        lambda f=flight, t=txn_id: ref.attempt_async("append", self.producer_name, f.first,
-                                                                     f.batch.records, t, -1,
-                                                                     self._epochs[partition]),
-                        self.send_timeout_s, what=f"{ref.name}.append")
+                    result = await retry_async(append_again, self.send_timeout_s, what=f"{ref.name}.append")
                 except Exception as final:  # noqa: BLE001 - the batch's futures carry it
                     error = final
                 else:

@@ -43,7 +43,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, Protocol
 
 from raytxn.client.txn_chain import ChainedTxn
 from raytxn.errors import (
@@ -353,6 +353,8 @@ class Transaction:
                 await self._begin_with(kind, participants)
                 return
             await asyncio.shield(self._begin)
+        txn_id = self._id
+        assert txn_id is not None, "the begin awaited above sets the id (or raises)"
         loop = asyncio.get_running_loop()
         new = self._unregistered(kind, participants)
         if not new:
@@ -363,9 +365,9 @@ class Transaction:
         try:
             coordinators = self._client.coordinators
             if kind == "partition":
-                await coordinators.add_partitions_async(self._id, new, self.epoch)
+                await coordinators.add_partitions_async(txn_id, new, self.epoch)
             else:
-                await coordinators.add_subscriptions_async(self._id, new, self.epoch)
+                await coordinators.add_subscriptions_async(txn_id, new, self.epoch)
         except BaseException as e:
             for p, future in futures.items():
                 del self._registrations[(kind, p)]
@@ -544,8 +546,9 @@ class Transaction:
         if not committing:
             return
         for future in done:
-            if future.exception() is not None:
-                self.fail(future.exception())
+            error = future.exception()
+            if error is not None:
+                self.fail(error)
         if not_done:
             self.fail(Timeout(f"{self._label}: {len(not_done)} sends or acks still outstanding after "
                               f"{self.timeout_s}s"))
@@ -575,7 +578,7 @@ class _Operation:
     def __enter__(self) -> None:
         self.txn.check_open()
 
-    def __exit__(self, exc_type: Any, error: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, error: BaseException | None, tb: Any) -> Literal[False]:
         if error is not None:
             self.txn.fail(error)
         return False  # the error goes on to the caller

@@ -25,3 +25,9 @@ Layers, so each can be read and tested on its own:
 * ``authorization``: the checks, as the connection's principal, of requests no actor sees whole.
 * ``gateway``: the Ray actor running the asyncio TCP server, and ``start_gateway``.
 """
+
+# kafka-python (the wire encodings) and cramjam (record compression) come with the `kafka` extra:
+# without them the gateway stops here with MissingExtra naming it, not deep in a module.
+from raytxn.extras import require_extra
+
+require_extra("kafka")

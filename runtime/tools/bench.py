@@ -209,6 +209,16 @@ BENCHMARKS: dict[str, Callable[..., list[dict]]] = {
 }
 
 
+# The extras a benchmark needs beyond `bench` (which every run needs, for the chart): `raytxn bench`
+# checks them before it starts, so a missing one is named at once, not after minutes of others.
+BENCH_EXTRAS: dict[str, tuple[str, ...]] = {"spark": ("spark",), "kafka": ("kafka",)}
+
+
+def required_extras(names: list[str]) -> list[str]:
+    """The extras the benchmarks ``names`` need, `bench` first."""
+    return list(dict.fromkeys(["bench", *(extra for name in names for extra in BENCH_EXTRAS.get(name, ()))]))
+
+
 def write_results(rows: list[dict], out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,9 +21,9 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from raytxn.errors import RaytxnError
-from raytxn.kafka.groups import INITIAL_REBALANCE_DELAY_MS
-from raytxn.tools import bench
+from raytxn.errors import MissingExtra, RaytxnError
+from raytxn.extras import require_extra
+from raytxn.tools import bench, local_ray
 
 app = typer.Typer(help="raytxn: exactly-once transactional messaging on Ray.", no_args_is_help=True)
 topics_app = typer.Typer(help="Create, list, inspect and delete topics.", no_args_is_help=True)
@@ -44,7 +43,6 @@ Json = Annotated[bool, typer.Option("--json", help="print JSON instead of a tabl
 
 _token: str | None = None
 _RAY = str(Path(sys.executable).with_name("ray"))
-_STARTED_RAY = Path(tempfile.gettempdir()) / "raytxn-started-ray"  # `raytxn stop` stops only this Ray
 
 
 @app.callback()
@@ -115,14 +113,11 @@ def start(storage: Annotated[str, typer.Option("--storage", help="storage URL")]
         config["auth_secret"] = _read_secret(auth_secret_file)
     if superuser:
         config["superusers"] = tuple(superuser)
+    address = "auto"
     if subprocess.run([_RAY, "status"], capture_output=True).returncode != 0:
-        argv = [_RAY, "start", "--head", "--disable-usage-stats"]
-        if num_cpus is not None:
-            argv.append(f"--num-cpus={num_cpus}")
         with console.status("starting Ray"):
-            subprocess.run(argv, check=True, capture_output=True)
-        _STARTED_RAY.write_text("started by raytxn start\n")
-    with _client("auto", storage, **config) as client:
+            address = local_ray.start(_RAY, num_cpus).address  # recorded for `raytxn stop`
+    with _client(address, storage, **config) as client:
         console.print(f"raytxn running: storage {client.config.storage_url}, "
                       f"{client.config.coordinator.num_coordinators} coordinators, "
                       f"auth {'on' if client.config.auth.enabled else 'off'}")
@@ -143,6 +138,9 @@ def stop(address: Address = "auto") -> None:
     cluster someone else started keeps running: `ray stop` would end every Ray on the machine)."""
     import raytxn as rt
 
+    started = local_ray.recorded()
+    if started is not None and address == "auto":
+        address = started.address  # the Ray `raytxn start` started, not whichever Ray is newest
     with _client(address):
         pass
     try:
@@ -150,10 +148,9 @@ def stop(address: Address = "auto") -> None:
     except RaytxnError as e:
         console.print(f"[red]{type(e).__name__}: {e}[/red]")
         raise typer.Exit(1) from e
-    if _STARTED_RAY.exists():
-        subprocess.run([_RAY, "stop"], capture_output=True)
-        _STARTED_RAY.unlink(missing_ok=True)
-        console.print("stopped the engine and Ray")
+    if started is not None and address == started.address:
+        ended = local_ray.stop(started)  # its own processes, by pid: no other Ray on the machine
+        console.print(f"stopped the engine and the Ray `raytxn start` started ({ended} processes)")
     else:
         console.print("stopped the engine (Ray was not started by `raytxn start`: left running)")
 
@@ -182,10 +179,10 @@ def kafka(port: Annotated[int, typer.Option("--port", help="TCP port Kafka clien
           ] = "127.0.0.1",
           advertised_host: Annotated[str | None, typer.Option(
               "--advertised-host", help="host clients are told to connect to (default: the node's IP)")] = None,
-          initial_rebalance_delay_ms: Annotated[int, typer.Option(
+          initial_rebalance_delay_ms: Annotated[int | None, typer.Option(
               "--initial-rebalance-delay-ms",
               help="how long a group's first rebalance waits for more members (Kafka's "
-                   "group.initial.rebalance.delay.ms)")] = INITIAL_REBALANCE_DELAY_MS,
+                   "group.initial.rebalance.delay.ms; default: Kafka's, 3000)")] = None,
           tls_cert: Annotated[Path | None, typer.Option("--tls-cert", help="PEM certificate chain: serve TLS")] = None,
           tls_key: Annotated[Path | None, typer.Option("--tls-key", help="PEM private key of --tls-cert")] = None,
           tls_client_ca: Annotated[Path | None, typer.Option(
@@ -195,12 +192,17 @@ def kafka(port: Annotated[int, typer.Option("--port", help="TCP port Kafka clien
     kafka-python, kcat) then produce and fetch with bootstrap.servers set to the address shown.
     With the engine's authentication on, each client logs in with SASL PLAIN (username: its
     raytxn principal, password: its token) or OAUTHBEARER (its token) and acts as that principal."""
-    from raytxn.kafka.gateway import start_gateway
-
+    try:  # the gateway comes with the `kafka` extra: without it, its error, not a traceback
+        from raytxn.kafka.gateway import start_gateway
+        from raytxn.kafka.groups import INITIAL_REBALANCE_DELAY_MS
+    except MissingExtra as e:
+        console.print(str(e), style="red", markup=False)
+        raise typer.Exit(2) from None
+    delay_ms = INITIAL_REBALANCE_DELAY_MS if initial_rebalance_delay_ms is None else initial_rebalance_delay_ms
     with _client(address) as client:
         gateway = start_gateway(port, bind_host=bind_host, advertised_host=advertised_host,
                                 num_coordinators=client.config.coordinator.num_coordinators,
-                                initial_rebalance_delay_ms=initial_rebalance_delay_ms,
+                                initial_rebalance_delay_ms=delay_ms,
                                 tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca)
     gateway.pop("actor")
     if gateway.get("warning"):
@@ -479,6 +481,12 @@ def bench_command(
     if unknown:
         console.print(f"[red]unknown benchmark(s): {', '.join(unknown)}[/red]")
         raise typer.Exit(2)
+    try:
+        for extra in bench.required_extras(names):
+            require_extra(extra)
+    except MissingExtra as e:
+        console.print(str(e), style="red", markup=False)
+        raise typer.Exit(2) from None
     rows: list[dict] = []
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("benchmarks", total=len(names))

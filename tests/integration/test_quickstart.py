@@ -21,6 +21,12 @@ from tests.engine import joinable_ray_address
 pytestmark = [pytest.mark.ray, pytest.mark.slow(seconds=20)]
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart.py"
+# Every line the demo prints itself starts with one of these; Ray's report of the injected crash
+# is the one other line allowed, at most once, after the demo's note that explains it.
+DEMO_LINES = re.compile(r"(connected in |note: |produced 10 orders |txn\(\d+,\d+\): |invoices-\w+ holds |health: "
+                        r"|deleted the demo's topics |ok \()")
+RAY_CRASH_LINE = re.compile(r"\(raylet\) A worker died or was killed")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def _run_demo(cwd: Path, ray_address: str) -> str:
@@ -47,6 +53,17 @@ def test_a_second_demo_run_starts_the_same_actors(tmp_path: Path, ray_session) -
         alive, total, dormant = map(int, re.search(r"health: (\d+)/(\d+) actors alive, (\d+) dormant", out).groups())
         assert alive + dormant == total
         counts.append(total)
+        _assert_only_its_own_lines(out)
     assert counts[0] == counts[1], (first, second)
     assert "topics of earlier runs" not in second, second
     assert (tmp_path / ".raytxn-data").is_dir()  # both runs used the one storage
+
+
+def _assert_only_its_own_lines(out: str) -> None:
+    lines = [ANSI.sub("", line) for line in out.splitlines() if line.strip()]
+    foreign = [line for line in lines if not DEMO_LINES.match(line) and not RAY_CRASH_LINE.match(line)]
+    assert not foreign, out
+    notes = [i for i, line in enumerate(lines) if line.startswith("note: the next crash is injected")]
+    ray_lines = [i for i, line in enumerate(lines) if RAY_CRASH_LINE.match(line)]
+    assert len(notes) == 1 and len(ray_lines) <= 1, out
+    assert all(i > notes[0] for i in ray_lines), out  # said before Ray says it

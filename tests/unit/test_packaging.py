@@ -155,7 +155,8 @@ def test_the_wheel_holds_raytxn_only(tmp_path: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names} == {"raytxn", wheel.name.split("-py3")[0] + ".dist-info"}
     for module in ("raytxn/actors/partition.py", "raytxn/connectors/spark.py", "raytxn/protocol/txn_buffer.py",
-                   "raytxn/client/producer.py", "raytxn/ledger/managed.py", "raytxn/tools/cli.py"):
+                   "raytxn/client/producer.py", "raytxn/ledger/managed.py", "raytxn/tools/cli.py",
+                   "raytxn/py.typed"):  # PEP 561: type checkers read raytxn's hints
         assert module in names
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "raytxn = raytxn.tools.cli:app" in zipfile.ZipFile(wheel).read(entry_points).decode()
