@@ -161,7 +161,7 @@ def spark_peer_rows(rows_total: int, batch: int, runs: dict[str, list[dict]], co
         if not mine:
             rows.append({**row, "error": errors.get(side, "not run")})
             continue
-        for key in ("rows_per_s", "wall_rows_per_s", "first_batch_s", "steady_batch_s", "first_over_steady"):
+        for key in ("rows_per_s", "wall_rows_per_s", "batches", "first_batch_s", "steady_batch_s", "first_over_steady"):
             values = [r[key] for r in mine if r[key] is not None]
             row[key] = round(statistics.median(values), 3) if values else None
         base = runs.get("kafka") or []
