@@ -206,17 +206,54 @@ BENCHMARKS: dict[str, Callable[..., list[dict]]] = {
     "scale": _lazy("raytxn.tools.bench_scale", "bench_scale"),
     "kafka": _lazy("raytxn.tools.bench_kafka", "bench_kafka"),
     "s3": _lazy("raytxn.tools.bench_s3", "bench_s3"),
+    "peers": _lazy("raytxn.tools.bench_peers", "bench_peers"),
 }
 
 
 # The extras a benchmark needs beyond `bench` (which every run needs, for the chart): `raytxn bench`
 # checks them before it starts, so a missing one is named at once, not after minutes of others.
-BENCH_EXTRAS: dict[str, tuple[str, ...]] = {"spark": ("spark",), "kafka": ("kafka",)}
+BENCH_EXTRAS: dict[str, tuple[str, ...]] = {"spark": ("spark",), "kafka": ("kafka",), "peers": ("kafka", "spark")}
 
 
 def required_extras(names: list[str]) -> list[str]:
     """The extras the benchmarks ``names`` need, `bench` first."""
     return list(dict.fromkeys(["bench", *(extra for name in names for extra in BENCH_EXTRAS.get(name, ()))]))
+
+
+# The size options (``raytxn bench NAME --size KEY=VALUE``) of the benchmarks that take some.
+SIZE_OPTIONS: dict[str, tuple[str, ...]] = {
+    "peers": ("rounds", "messages", "seconds", "samples", "eos_messages", "spark", "spark_rows", "spark_batch",
+              "kafka_bootstrap"),
+}
+
+
+def parse_sizes(pairs: list[str], names: list[str]) -> dict[str, object]:
+    """``["rounds=3", "spark=false", "kafka_bootstrap=127.0.0.1:9092"]`` -> their values: ints,
+    floats, booleans, else strings. ``ValueError`` names a pair without ``=``, a key that the
+    benchmark (one of ``names``, the only one run) has no size option for."""
+    if pairs and len(names) != 1:
+        raise ValueError("--size is for one benchmark at a time")
+    known = SIZE_OPTIONS.get(names[0], ()) if names else ()
+    sizes: dict[str, object] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--size takes KEY=VALUE, got {pair!r}")
+        if key not in known:
+            raise ValueError(f"bench {names[0]} has no size {key!r}"
+                             + (f"; it has {', '.join(known)}" if known else ""))
+        value: object = text
+        if text.lower() in ("true", "false"):
+            value = text.lower() == "true"
+        else:
+            for kind in (int, float):
+                try:
+                    value = kind(text)
+                    break
+                except ValueError:
+                    continue
+        sizes[key] = value
+    return sizes
 
 
 def write_results(rows: list[dict], out: Path) -> None:

@@ -474,6 +474,9 @@ def bench_command(
     names: Annotated[list[str] | None, typer.Argument(help=f"benchmarks: {', '.join(bench.BENCHMARKS)}")] = None,
     short: Annotated[bool, typer.Option("--short", help="small sizes, for a CI smoke run")] = False,
     out: Annotated[Path, typer.Option("--out", help="JSON file to write")] = Path("bench-results/bench.json"),
+    sizes: Annotated[list[str] | None, typer.Option(
+        "--size", help="KEY=VALUE, a size option of the one benchmark run (bench peers: "
+                       f"{', '.join(bench.SIZE_OPTIONS['peers'])}); repeat for more")] = None,
 ) -> None:
     """Run benchmarks, print their tables (every figure of every row), write JSON and a chart."""
     names = names or list(bench.BENCHMARKS)
@@ -487,20 +490,26 @@ def bench_command(
     except MissingExtra as e:
         console.print(str(e), style="red", markup=False)
         raise typer.Exit(2) from None
+    try:
+        size = bench.parse_sizes(sizes or [], names)
+    except ValueError as e:
+        console.print(f"[red]{e}[/red]")
+        raise typer.Exit(2) from None
     rows: list[dict] = []
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("benchmarks", total=len(names))
         for name in names:
             progress.update(task, description=f"bench {name}")
-            rows += _run_bench(bench.BENCHMARKS[name], short, progress.console.print)
+            rows += _run_bench(bench.BENCHMARKS[name], short, progress.console.print, size)
             progress.advance(task)
     bench.write_results(rows, out)
     print(bench.render_results(rows), end="")
     console.print(f"wrote {out} and {out.with_suffix('.png')}")
 
 
-def _run_bench(fn: Callable[..., list[dict]], short: bool, printer: Callable[[str], None]) -> list[dict]:
-    return fn(short=short, progress=printer)
+def _run_bench(fn: Callable[..., list[dict]], short: bool, printer: Callable[[str], None],
+               size: dict[str, object] | None = None) -> list[dict]:
+    return fn(short=short, progress=printer, **(size or {}))
 
 
 @app.command("chaos")
