@@ -18,10 +18,21 @@ ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = {"": "runtime", "actors": "actors", "connectors": "connectors"}
 
 
+def on_startup(**_: Any) -> None:
+    # At the very start, before any plugin's on_config: mkdocstrings takes its search paths then,
+    # and a path that did not exist yet sent griffe to the editable install's finder, which does
+    # not see the package's modules (a fresh clone's first build failed: raytxn.config not found).
+    lay_out()
+
+
 def on_config(config: Any, **_: Any) -> Any:
+    lay_out()  # again per build, so `mkdocs serve` rebuilds see renamed modules
+    return config
+
+
+def lay_out() -> None:
     top = ROOT / "build" / "docs-api" / "raytxn"
     shutil.rmtree(top, ignore_errors=True)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     for sub, folder in FOLDERS.items():
         shutil.copytree(ROOT / folder, top / sub if sub else top, ignore=ignore, dirs_exist_ok=True)
-    return config
