@@ -12,6 +12,7 @@ import shutil
 import socket
 import struct
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -223,7 +224,10 @@ def test_a_zombies_send_offsets_to_transaction_is_fenced_after_a_rebalance(clien
     assert feeder.flush(30) == 0
     config = {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
               "auto.offset.reset": "earliest", "isolation.level": "read_committed", "session.timeout.ms": 30000,
-              "heartbeat.interval.ms": 500, "fetch.wait.max.ms": 100}
+              "heartbeat.interval.ms": 500, "fetch.wait.max.ms": 100,
+              # the rebalance timeout: a rebalance under way when a member closes waits at most this
+              # (librdkafka's close waits for it; the default, 300 s, once held a close past 20 min here)
+              "max.poll.interval.ms": 10000}
     zombie = Consumer(config)
     zombie.subscribe([source])
     taken = poll_values(zombie, 1, timeout_s=60)
@@ -256,7 +260,10 @@ def test_a_zombies_send_offsets_to_transaction_is_fenced_after_a_rebalance(clien
     assert read_committed(bootstrap, sink, 0, quiet_s=0.5) == []                 # the zombie's output never landed
     committed = live.committed([TopicPartition(source, 0)], 30)[0].offset
     assert committed < 0                                                          # nor its offsets
-    live.close()
+    closing = threading.Thread(target=live.close, daemon=True)  # bounded: a stuck close fails, not hangs
+    closing.start()
+    closing.join(60)
+    assert not closing.is_alive(), "the live member's close did not return in 60 s"
 
 
 # --- require_stable --------------------------------------------------------------------------
