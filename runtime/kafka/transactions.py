@@ -12,7 +12,7 @@ acks in them, so the group's offsets commit or abort with the transaction.
 
 What a gateway keeps per transactional id (the epoch, the open raytxn transaction and its
 participants) is a cache of the raytxn coordinator's durable state, so any gateway serves any
-request (DESIGN §6): a gateway that meets a call of an id it does not know, or under another
+request (docs/design.md §6): a gateway that meets a call of an id it does not know, or under another
 epoch than it cached, asks the id's coordinator (``describe_transactional_id``) and takes the
 open transaction up, under the owner that began it, so a producer goes on as after a Kafka
 coordinator failover. EndTxn always asks (``refresh``): the transaction it ends is the one the
