@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+import struct
 import time
 from typing import Any
 
@@ -22,3 +24,35 @@ def poll_values(consumer: Any, count: int, timeout_s: float = 30, quiet_s: float
             if time.monotonic() >= quiet_until:
                 break
     return out
+
+
+class RawKafka:
+    """One connection speaking Kafka's protocol (kafka-python's message classes), a request at
+    a time: what a client sends that no client library here sends for us (a transaction resumed
+    by its producer id and epoch, a request of a chosen version)."""
+
+    def __init__(self, bootstrap: str) -> None:
+        host, port = bootstrap.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=30)
+        self.correlation = 0
+
+    def call(self, api: Any, version: int, **fields: Any) -> Any:
+        from raytxn.kafka import wire
+
+        request = api[version](**fields)
+        self.correlation += 1
+        request.with_header(correlation_id=self.correlation, client_id="raw")
+        self.sock.sendall(bytes(request.encode(header=True, framed=True)))
+        size = struct.unpack(">i", self._exactly(4))[0]
+        return wire.SERVED[request.API_KEY].response[version].decode(self._exactly(size), header=True)
+
+    def _exactly(self, size: int) -> bytes:
+        data = b""
+        while len(data) < size:
+            chunk = self.sock.recv(size - len(data))
+            assert chunk, "the gateway closed the connection"
+            data += chunk
+        return data
+
+    def close(self) -> None:
+        self.sock.close()

@@ -16,7 +16,7 @@ import ray
 import raytxn as rt
 from raytxn.kafka.gateway import start_gateway
 from tests.engine import engine_client, new_topic, nothing_more, receive_all
-from tests.kafka_clients import poll_values
+from tests.kafka_clients import RawKafka, poll_values
 
 pytestmark = pytest.mark.ray
 
@@ -401,40 +401,6 @@ def test_exactly_once_under_actor_kills(client: rt.Client, bootstrap: str) -> No
 
 
 # --- bad input -------------------------------------------------------------------------------
-
-class RawKafka:
-    """Requests as a Kafka client sends them (kafka-python's encodings), one at a time."""
-
-    def __init__(self, bootstrap: str) -> None:
-        import socket
-
-        host, port = bootstrap.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=30)
-        self.correlation = 0
-
-    def call(self, api: Any, version: int, **fields: Any) -> Any:
-        import struct
-
-        from raytxn.kafka import wire
-
-        request = api[version](**fields)
-        self.correlation += 1
-        request.with_header(correlation_id=self.correlation, client_id="raw")
-        self.sock.sendall(bytes(request.encode(header=True, framed=True)))
-        size = struct.unpack(">i", self._exactly(4))[0]
-        return wire.SERVED[request.API_KEY].response[version].decode(self._exactly(size), header=True)
-
-    def _exactly(self, size: int) -> bytes:
-        data = b""
-        while len(data) < size:
-            chunk = self.sock.recv(size - len(data))
-            assert chunk, "the gateway closed the connection"
-            data += chunk
-        return data
-
-    def close(self) -> None:
-        self.sock.close()
-
 
 def test_bad_group_requests_get_kafka_errors_and_change_nothing(client: rt.Client, bootstrap: str) -> None:
     from kafka.protocol.consumer import (

@@ -9,8 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
-import struct
 import subprocess
 import threading
 import time
@@ -27,7 +25,7 @@ from raytxn.kafka import wire
 from raytxn.kafka.gateway import start_gateway
 from raytxn.kafka.transactions import INVALID_TXN_STATE
 from tests.engine import engine_client, new_topic, visible_values
-from tests.kafka_clients import poll_values
+from tests.kafka_clients import RawKafka, poll_values
 
 pytestmark = pytest.mark.ray
 
@@ -55,35 +53,6 @@ def gateway() -> Iterator[dict[str, Any]]:
     finally:
         with contextlib.suppress(Exception):
             ray.kill(address["actor"], no_restart=True)
-
-
-class RawKafka:
-    """One connection speaking Kafka's protocol (kafka-python's message classes), a request at
-    a time: what a client that resumes a transaction by its producer id and epoch sends."""
-
-    def __init__(self, bootstrap: str) -> None:
-        host, port = bootstrap.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=30)
-        self.correlation = 0
-
-    def call(self, api: Any, version: int, **fields: Any) -> Any:
-        request = api[version](**fields)
-        self.correlation += 1
-        request.with_header(correlation_id=self.correlation, client_id="raw")
-        self.sock.sendall(bytes(request.encode(header=True, framed=True)))
-        size = struct.unpack(">i", self._exactly(4))[0]
-        return wire.SERVED[request.API_KEY].response[version].decode(self._exactly(size), header=True)
-
-    def _exactly(self, size: int) -> bytes:
-        data = b""
-        while len(data) < size:
-            chunk = self.sock.recv(size - len(data))
-            assert chunk, "the gateway closed the connection"
-            data += chunk
-        return data
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 class RawTxnProducer:
@@ -225,9 +194,10 @@ def test_a_zombies_send_offsets_to_transaction_is_fenced_after_a_rebalance(clien
     config = {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
               "auto.offset.reset": "earliest", "isolation.level": "read_committed", "session.timeout.ms": 30000,
               "heartbeat.interval.ms": 500, "fetch.wait.max.ms": 100,
-              # the rebalance timeout: a rebalance under way when a member closes waits at most this
-              # (librdkafka's close waits for it; the default, 300 s, once held a close past 20 min here)
-              "max.poll.interval.ms": 10000}
+              # the rebalance timeout (at least session.timeout.ms): a rebalance under way when a
+              # member closes waits at most this, where librdkafka's close waits for it (with the
+              # default, 300 s, a close once hung past 20 min here)
+              "max.poll.interval.ms": 30000}
     zombie = Consumer(config)
     zombie.subscribe([source])
     taken = poll_values(zombie, 1, timeout_s=60)
