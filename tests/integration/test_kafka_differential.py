@@ -394,7 +394,8 @@ def api_keys(bootstrap: str) -> set[int]:
 
 # What a client of the gateway has and a client of Kafka also has: produce, fetch, metadata,
 # offsets, transactions, classic consumer groups and their admin.
-COMMON_APIS = {0, 1, 2, 3, 8, 9, 10, 11, 12, 13, 14, 15, 16, 18, 22, 24, 25, 26, 28, 42, 47}
+# SASL (17, 36) and the KIP-664 transaction listings (61, 65, 66) are served by both too.
+COMMON_APIS = {0, 1, 2, 3, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 22, 24, 25, 26, 28, 36, 42, 47, 61, 65, 66}
 # Kafka's only: CreateTopics 19, DeleteTopics 20, DescribeConfigs 32, AlterConfigs 33,
 # CreatePartitions 37, DescribeCluster 60, KIP-848's ConsumerGroupHeartbeat 68, share groups 76.
 KAFKA_ONLY_APIS = {19, 20, 32, 33, 37, 60, 68, 76}
