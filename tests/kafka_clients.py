@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import struct
 import time
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -56,3 +57,17 @@ class RawKafka:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def gateway_bootstrap() -> Iterator[str]:
+    """A module's Kafka gateway: an actor on a free port of 127.0.0.1 (its ``bootstrap``), killed
+    after the module's tests (``yield from`` it in a module fixture)."""
+    import ray
+
+    from raytxn.kafka.gateway import start_gateway
+
+    address = start_gateway(0, bind_host="127.0.0.1", advertised_host="127.0.0.1")
+    try:
+        yield address["bootstrap"]
+    finally:
+        ray.kill(address["actor"], no_restart=True)

@@ -17,7 +17,7 @@ import ray
 import raytxn as rt
 from raytxn.kafka.gateway import start_gateway
 from tests.engine import engine_client, new_topic, visible_values
-from tests.kafka_clients import poll_values
+from tests.kafka_clients import gateway_bootstrap, poll_values
 
 pytestmark = pytest.mark.ray
 
@@ -29,11 +29,7 @@ def client(ray_session: object, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 @pytest.fixture(scope="module")
 def bootstrap(client: rt.Client) -> Iterator[str]:
-    address = start_gateway(0, bind_host="127.0.0.1", advertised_host="127.0.0.1")
-    try:
-        yield address["bootstrap"]
-    finally:
-        ray.kill(address["actor"], no_restart=True)
+    yield from gateway_bootstrap()
 
 
 def kp_records(consumer: Any, count: int, timeout_s: float = 30) -> list[Any]:

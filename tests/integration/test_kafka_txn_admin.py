@@ -25,7 +25,7 @@ from raytxn.kafka import wire
 from raytxn.kafka.gateway import start_gateway
 from raytxn.kafka.transactions import INVALID_TXN_STATE
 from tests.engine import engine_client, new_topic, visible_values
-from tests.kafka_clients import RawKafka, poll_values
+from tests.kafka_clients import RawKafka, gateway_bootstrap, poll_values
 
 pytestmark = pytest.mark.ray
 
@@ -37,11 +37,7 @@ def client(ray_session: object, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 @pytest.fixture(scope="module")
 def bootstrap(client: rt.Client) -> Iterator[str]:
-    address = start_gateway(0, bind_host="127.0.0.1", advertised_host="127.0.0.1")
-    try:
-        yield address["bootstrap"]
-    finally:
-        ray.kill(address["actor"], no_restart=True)
+    yield from gateway_bootstrap()
 
 
 @contextlib.contextmanager

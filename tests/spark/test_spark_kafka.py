@@ -12,11 +12,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import ray
 
 import raytxn as rt
-from raytxn.kafka.gateway import start_gateway
 from tests.engine import engine_client, visible_values
+from tests.kafka_clients import gateway_bootstrap
 from tests.peers import create_kafka_topic, running_broker
 
 pytestmark = [pytest.mark.ray, pytest.mark.spark, pytest.mark.slow(120)]
@@ -29,11 +28,7 @@ def client(ray_session: object, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 @pytest.fixture(scope="module")
 def gateway(client: rt.Client) -> Iterator[str]:
-    address = start_gateway(0, bind_host="127.0.0.1", advertised_host="127.0.0.1")
-    try:
-        yield address["bootstrap"]
-    finally:
-        ray.kill(address["actor"], no_restart=True)
+    yield from gateway_bootstrap()
 
 
 @pytest.fixture(scope="module")
