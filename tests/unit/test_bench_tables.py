@@ -19,6 +19,8 @@ from raytxn.tools import (
     bench_ceiling,
     bench_commit,
     bench_kafka,
+    bench_peers,
+    bench_peers_spark,
     bench_produce,
     bench_ray_data,
     bench_s3,
@@ -45,6 +47,21 @@ def _spark() -> list[dict]:
     scaling = {p: bench_spark.run_figures([2500], [1.0 + p / 10], 1.5 + p / 10, 0.2) for p in (1, 2)}
     small = bench_spark.run_figures([250] * 10, [0.3] * 10, 3.5, 1.5)
     return bench_spark.spark_rows(2500, 1000, runs, scaling, (250, small))
+
+
+def _peers() -> list[dict]:
+    figures = bench_peers.Figures()
+    for side, rate in (("kafka", 50_000.5), ("gateway", 20_000.25), ("native", 120_000.75)):
+        for key in ("produce/1", "produce/4", "consume/1", "consume/4", "loop/plain", "loop/txn_sync", "eos"):
+            figures.add(key, side, rate)
+        figures.add("commit", side, [rate / 10_000, rate / 5_000, rate / 1_000])
+        figures.add("e2e", side, [rate / 20_000, rate / 2_000])
+    figures.add("loop/txn_async", "native", 99_000.5)
+    spark = {side: [bench_peers_spark._figures([2000, 2000, 2000], [1.5 + i, 0.5, 0.75], 4.25 + i)]
+             for i, side in enumerate(bench_peers.SIDES)}
+    return [*bench_peers.peer_rows(figures, bench_peers.SIZES[True]), *bench_peers.target_rows(figures),
+            *bench_peers_spark.spark_peer_rows(6_000, 2_000, spark, {"kafka": 9.5, "gateway": 11.25},
+                                               {"native": "not run"})]
 
 
 def _auth() -> list[dict]:
@@ -101,6 +118,7 @@ ROWS: dict[str, Callable[[], list[dict]]] = {
                                               {4: [90_000.5, 95_000.25], 64: [80_000.25, 70_000.5]}, 200_000),
                       bench_scale.hosted_row(10_000, 400.5, [0.5, 0.75], True, [[1.5, 500], [9.0, 4000], [30.0, 0]],
                                              5, 4 * 2**30, 6 * 2**30, 4 * 2**30 + 2**29)],
+    "peers": _peers,
     "kafka": lambda: [*bench_kafka.kafka_rows(1, 5_000, {"produce": {"gateway": [20_000.5, 22_000.25],
                                                                      "native": [60_000.75, 58_000.5]},
                                                          "consume": {"gateway": [40_000.25, 41_000.5],
