@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(VENV)/bin/pip install -qq -c $(CONSTRAINTS) -e '.[test,bench,docs]'
 	@touch $(STAMP)
 
-.PHONY: env demo test lint typecheck bench constraints docs
+.PHONY: env demo test test-install lint typecheck bench constraints docs
 env: $(STAMP)
 
 demo: $(STAMP)
@@ -27,7 +27,13 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check actors runtime connectors examples tests
 	$(VENV)/bin/python tests/typecheck.py
 	$(MAKE) --no-print-directory docs
-	$(VENV)/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
+	$(VENV)/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --ignore=tests/install
+
+# raytxn installed as a user installs it (tests/install/): the core install with no extra, then
+# '.[spark]', and an environment holding the oldest Ray the range allows. Each test makes its own
+# venvs and spends minutes in pip, so they are a job of their own (CI runs it after the suite).
+test-install: $(STAMP)
+	$(VENV)/bin/python -m pytest -n 2 --dist load tests/install
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check actors runtime connectors examples tests
