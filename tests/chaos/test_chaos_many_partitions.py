@@ -22,7 +22,7 @@ import raytxn as rt
 from raytxn.tools.chaos import run_chaos
 from tests.engine import engine_client
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow(seconds=60)]
+pytestmark = [pytest.mark.ray, pytest.mark.extended, pytest.mark.slow(seconds=60)]
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import raytxn as rt
 from raytxn.tools.chaos import run_chaos
 from tests.engine import engine_client
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow(seconds=55)]
+pytestmark = [pytest.mark.ray, pytest.mark.extended, pytest.mark.slow(seconds=55)]
 
 
 @pytest.fixture(scope="module")

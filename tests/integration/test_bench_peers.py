@@ -77,6 +77,7 @@ def test_bench_peers_refuses_a_size_it_does_not_have(tmp_path: Path) -> None:
     assert not (tmp_path / "x.json").exists()
 
 
+@pytest.mark.extended
 @pytest.mark.slow(seconds=150)
 def test_bench_peers_spark_word_count_on_kafka_on_the_gateway_and_exactly_once(kafka: str, ray_session: object) -> None:
     from raytxn.tools.bench_peers_spark import bench_spark_peers

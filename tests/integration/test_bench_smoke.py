@@ -1,5 +1,6 @@
 """The benchmark command runs end to end (short mode) against real file:// and SeaweedFS stores,
-and its tables show every figure of the rows it writes."""
+and its tables show every figure of the rows it writes. The suite runs the quick ones (ledger,
+ceiling); the benches whose short runs take minutes are `extended` (`make test-extended`)."""
 
 import json
 import statistics
@@ -50,6 +51,7 @@ def test_bench_ceiling_short_writes_json(tmp_path: Path) -> None:
     assert missing_figures([row], stdout) == [], stdout
 
 
+@pytest.mark.extended
 @pytest.mark.slow(seconds=30)
 def test_bench_commit_short_measures_the_engine_beside_the_same_path_on_bare_actors(tmp_path: Path) -> None:
     """The commit latency rows carry the floor: the engine's four calls and three durable puts
@@ -77,6 +79,7 @@ def test_bench_commit_short_measures_the_engine_beside_the_same_path_on_bare_act
     assert missing_figures(rows, stdout) == [], stdout
 
 
+@pytest.mark.extended
 @pytest.mark.slow(seconds=120)
 def test_bench_produce_short_runs_every_mode_and_the_synchronous_patterns_floor(tmp_path: Path) -> None:
     """Every produce mode runs on 1 and 4 partitions beside the ceiling (each 4-partition run
@@ -104,6 +107,7 @@ def test_bench_produce_short_runs_every_mode_and_the_synchronous_patterns_floor(
     assert missing_figures(rows, stdout) == [], stdout
 
 
+@pytest.mark.extended
 @pytest.mark.slow(seconds=60)
 def test_bench_subscription_short_runs_every_consume_mode_beside_the_peer(tmp_path: Path) -> None:
     """Every consume mode (plain, txn acks both ways, receive_batch, on 1 and 4 partitions) runs
@@ -128,6 +132,7 @@ def test_bench_subscription_short_runs_every_consume_mode_beside_the_peer(tmp_pa
 
 
 @pytest.mark.s3
+@pytest.mark.extended
 @pytest.mark.slow(seconds=35)
 def test_bench_s3_short_takes_each_figure_on_seaweedfs_as_a_ratio_to_file(tmp_path: Path) -> None:
     rows, stdout = run_bench("s3", tmp_path, timeout_s=400)

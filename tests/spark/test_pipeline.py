@@ -218,6 +218,7 @@ class _CpuHolder:
         return True
 
 
+@pytest.mark.extended
 @pytest.mark.slow(seconds=70)
 @pytest.mark.timeout(900)
 def test_driver_stopped_replaced_with_no_free_cpu_and_fenced(client: rt.Client, spark) -> None:
