@@ -68,6 +68,7 @@ class Sides:
     gateway: str
     admin: Any = None
     made: list[tuple[str, str]] = field(default_factory=list)
+    gateway_actor: Any = None  # the gateway's Ray actor (its stats: requests served by API)
 
     def bootstrap(self, side: str) -> str:
         return self.kafka if side == "kafka" else self.gateway
@@ -141,7 +142,8 @@ def running_sides(kafka_bootstrap: str = "") -> Iterator[Sides]:
         try:
             gateway = start_gateway(0, bind_host="127.0.0.1", advertised_host="127.0.0.1",
                                     num_coordinators=client.config.coordinator.num_coordinators)
-            sides = Sides(client, kafka, gateway["bootstrap"], AdminClient({"bootstrap.servers": kafka}))
+            sides = Sides(client, kafka, gateway["bootstrap"], AdminClient({"bootstrap.servers": kafka}),
+                          gateway_actor=gateway["actor"])
             yield sides
         finally:
             if gateway is not None:
