@@ -370,8 +370,9 @@ class Client:
         ``initial_position`` unless it exists) to ``holder``: the bulk path (see
         ``raytxn.client.leases``). ``max_messages`` and ``max_bytes`` bound the whole set: split
         evenly over the partitions, each range ending at a whole entry, then the set filled
-        toward them with the entries the shares left out (``fill_plan``); a range holds at least
-        one entry, so a set of entries larger than a share can pass them. ``max_entries`` bounds
+        toward them with the entries the shares left out (``fill_plan``), and ranges whose
+        first entries alone passed them given back (``trim_plan``): a range holds at least one
+        entry, so only a single entry larger than the bounds passes them. ``max_entries`` bounds
         each partition's range. Partitions with
         nothing readable, or another holder's lease standing, are left out. A subscription with
         consumers attached refuses leases (``NotAllowed``)."""

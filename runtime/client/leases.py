@@ -213,12 +213,42 @@ def fill_plan(leases: dict[int, Lease], max_messages: int | None,
     return grow
 
 
+def trim_plan(leases: dict[int, Lease], max_messages: int | None, max_bytes: int | None) -> list[int]:
+    """Which leases of a set to give back so the set stays within ``max_messages``/``max_bytes``.
+
+    Why: a range holds at least one entry, so where entries are larger than a partition's even
+    share (a producer batch holds up to 10,000 messages by default), the shares' first entries
+    alone passed the set's bound: ``batch_max_messages=10_000`` over 4 partitions of 7,500-message
+    entries leased 15,000 and more. Leases are kept in a turn that moves with each batch's lease
+    ids (``fill_plan``'s), each while the set stays within the bounds; the first one is always
+    kept, so a set progresses even when a single entry passes the bounds (the one case a set
+    still does). Given-back ranges go out first in the next set. Leases not counted are kept."""
+    counts = {p: lease.counted for p, lease in leases.items()}
+    if (max_messages is None and max_bytes is None) or any(c.messages < 0 for c in counts.values()):
+        return []
+    turn = leases[min(leases)].lease_id % len(leases) if leases else 0
+    messages = size = 0
+    kept: list[int] = []
+    dropped = []
+    for p in sorted(leases, key=lambda p: (p - turn) % len(leases)):
+        c = counts[p]
+        over = (max_messages is not None and messages + c.messages > max_messages) or (
+            max_bytes is not None and size + c.size > max_bytes)
+        if over and kept:
+            dropped.append(p)
+            continue
+        kept.append(p)
+        messages, size = messages + c.messages, size + c.size
+    return dropped
+
+
 async def lease_partitions(client: Client, topic: str, subscription: str, partitions: int, holder: str, epoch: int,
                            max_entries: int, max_messages: int | None, max_bytes: int | None,
                            timeout_s: float) -> dict[int, Lease]:
     """Each partition's lease (``None`` ones left out), asked for concurrently, each bounded by
     an even share of ``max_messages``/``max_bytes``; then the set is filled toward those bounds
-    (``fill_plan``) with one more concurrent round where it has room."""
+    (``fill_plan``) with one more concurrent round where it has room, and leases whose first
+    entries alone passed them are given back (``trim_plan``)."""
 
     def share(bound: int | None) -> int | None:
         return None if bound is None else -(-bound // partitions)
@@ -239,4 +269,11 @@ async def lease_partitions(client: Client, topic: str, subscription: str, partit
 
     grown = await asyncio.gather(*(grow(p, bounds) for p, bounds in growing.items()))
     leases.update(zip(growing, grown, strict=True))
-    return leases
+    dropped = trim_plan(leases, max_messages, max_bytes)
+
+    async def release(p: int) -> None:
+        ref = _subscription_ref(client, topic, p, subscription)
+        await ref.call_async("release_lease", leases[p].lease_id, holder, epoch, deadline_s=client.deadline_s)
+
+    await asyncio.gather(*(release(p) for p in dropped))
+    return {p: lease for p, lease in leases.items() if p not in dropped}

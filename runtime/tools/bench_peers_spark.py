@@ -7,6 +7,15 @@ the same micro-batch size three ways, in one Spark-on-Ray session:
 * **gateway**: the same query on raytxn topics through raytxn's Kafka gateway;
 * **native**: ``ExactlyOncePipeline`` on raytxn (a transaction per micro-batch, exactly-once).
 
+Same batches: Spark's Kafka source cuts ``maxOffsetsPerTrigger`` over the partitions at offset
+granularity (each partition's share of the limit prorated by what it has left, rounded down);
+``ExactlyOncePipeline`` cuts ``batch_max_messages`` at entry granularity (a range holds whole
+entries: producer batches). So the pipeline's source is written in entries of a tenth of a
+partition's share (``entry_messages``), and a batch then fills within an entry per partition of
+the bound, as Spark's do. Each side's rows carry its ``batches`` and rows per batch, and a row
+gets ``batches_differ`` when the sides did not run the same number of batches in a round (a
+ratio of rows/s between sides is only fair at the same batch size).
+
 Figures: rows/s over the batches' durations (Spark's ``triggerExecution`` of each micro-batch;
 the pipeline's ``batch_s``, as ``bench spark`` takes them), the first micro-batch's latency and
 the steady ones' median, and their ratio (the issue's target: first <= 2x steady). Each way runs
@@ -81,11 +90,16 @@ def streaming_wordcount(spark: Any, bootstrap: str, source: str, sink: str, batc
     return _figures(rows_in, seconds, wall)
 
 
+def entry_messages(batch: int) -> int:
+    """The pipeline's source entries: a tenth of a partition's share of ``batch`` (module docstring)."""
+    return max(1, batch // (PARTITIONS * 10))
+
+
 def _figures(rows_in: list[int], batch_seconds: list[float], wall_s: float) -> dict:
     steady = statistics.median(batch_seconds[1:]) if len(batch_seconds) > 1 else None
     return {"rows_per_s": round(sum(rows_in) / sum(batch_seconds), 1),
             "wall_rows_per_s": round(sum(rows_in) / wall_s, 1),
-            "batches": len(batch_seconds), "first_batch_s": round(batch_seconds[0], 3),
+            "batches": len(batch_seconds), "batch_rows": list(rows_in), "first_batch_s": round(batch_seconds[0], 3),
             "steady_batch_s": None if steady is None else round(steady, 3),
             "first_over_steady": None if steady is None else round(batch_seconds[0] / steady, 2)}
 
@@ -94,7 +108,7 @@ def pipeline_wordcount(runner: _Runner, batch: int) -> dict:
     """``ExactlyOncePipeline`` on fresh raytxn topics (``bench spark``'s runner), its figures."""
     from raytxn.connectors import spark as sc
 
-    source, sink = runner.topics(PARTITIONS)
+    source, sink = runner.topics(PARTITIONS, entry_messages(batch))
     pipeline = sc.ExactlyOncePipeline(runner.spark, runner.client, source, "bench", sink, wordcount,
                                       f"bench-{source}", batch_max_messages=batch)
     start = time.perf_counter()
@@ -104,6 +118,8 @@ def pipeline_wordcount(runner: _Runner, batch: int) -> dict:
         runner.client.delete_topic(topic)
     if sum(s.rows_in for s in stats) != len(runner.lines):
         raise RuntimeError("ExactlyOncePipeline lost or repeated rows")
+    if max(s.rows_in for s in stats) > batch:
+        raise RuntimeError(f"ExactlyOncePipeline passed batch_max_messages={batch}: {[s.rows_in for s in stats]}")
     return _figures([s.rows_in for s in stats], [s.batch_s for s in stats], wall)
 
 
@@ -146,6 +162,8 @@ def bench_spark_peers(sides: Sides, rows_total: int, batch: int, rounds: int,
                 progress(f"  spark round {round_ + 1} {side}: {runs[side][-1]}")
     finally:
         sc.stop_spark()
+    if batches_differ(runs):
+        progress(f"  spark: {batches_differ(runs)} (the rows say so: batches_differ)")
     return spark_peer_rows(rows_total, batch, runs, cold, errors)
 
 
@@ -169,6 +187,21 @@ def spark_peer_rows(rows_total: int, batch: int, runs: dict[str, list[dict]], co
                                                      for a, b in zip(mine, base, strict=False)), 3) if base else None)
         row["cold_first_batch_s"] = cold.get(side)
         row["rows_per_s_runs"] = [r["rows_per_s"] for r in mine]
+        row["batches_runs"] = [r["batches"] for r in mine]
+        row["batch_rows_max"] = max(max(r["batch_rows"]) for r in mine)
         rows.append(row)
+    differ = batches_differ(runs)
+    if differ:
+        for row in rows:
+            row["batches_differ"] = differ
     return rows
+
+
+def batches_differ(runs: dict[str, list[dict]]) -> str | None:
+    """Why the sides' rows/s do not compare at the same batch size (their batch counts differ in
+    a round), or None when every side that ran ran as many batches as the others, round by round."""
+    counts = {side: [r["batches"] for r in mine] for side, mine in runs.items() if mine}
+    if len({tuple(c) for c in counts.values()}) <= 1:
+        return None
+    return "batches per round differ: " + ", ".join(f"{side} {c}" for side, c in counts.items())
 

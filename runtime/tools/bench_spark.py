@@ -73,14 +73,16 @@ class _Runner:
         self.spark = spark
         self.lines = lines
 
-    def topics(self, partitions: int) -> tuple[str, str]:
-        """A source holding the lines and a sink, their actors started before the clock runs
-        (the Spark-only ceiling's DataFrame is cached before its clock runs too)."""
+    def topics(self, partitions: int, entry_messages: int | None = None) -> tuple[str, str]:
+        """A source holding the lines (``entry_messages``: the producer's batch, so the source's
+        entries, at most that many messages) and a sink, their actors started before the clock
+        runs (the Spark-only ceiling's DataFrame is cached before its clock runs too)."""
         run = uuid.uuid4().hex[:6]
         source, sink = f"bench-in-{run}", f"bench-out-{run}"
         self.client.create_topic(source, partitions)
         self.client.create_topic(sink, 2)
-        producer = self.client.create_producer(source)
+        options = {} if entry_messages is None else {"batching_max_messages": entry_messages}
+        producer = self.client.create_producer(source, **options)
         for i, line in enumerate(self.lines):
             producer.send_async(line.encode(), key=str(i))
         producer.flush()

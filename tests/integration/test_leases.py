@@ -146,6 +146,37 @@ def test_a_bounded_set_fills_with_the_entries_its_even_shares_left_out(client: r
         assert [v for v in read if v.startswith(f"p{p}-".encode())] == [f"p{p}-{i}".encode() for i in range(30)]
 
 
+def test_a_bounded_set_never_passes_its_bound_when_entries_are_larger_than_a_share(client: rt.Client) -> None:
+    """4 partitions of 7-message entries, ``max_messages=10``: each share (3) holds a whole entry
+    (7), so the four shares together took 28 before the set gave back what passed its bound. Now
+    every set holds at most 10 (one entry), the partitions take turns, and acking each set in a
+    txn reads every message once, in order."""
+    from raytxn.hashing import partition_for
+
+    topic = new_topic(client, partitions=4)
+    producer = client.create_producer(topic, batching_max_messages=7)  # an entry per 7 messages
+    for p in range(4):
+        key = next(k for k in (f"k{i}" for i in range(1000)) if partition_for(k, 4) == p)
+        producer.send_batch([f"p{p}-{i}".encode() for i in range(14)], keys=[key] * 14).result(timeout=60)
+    read: list[bytes] = []
+    firsts = set()
+    for _ in range(12):
+        leases = client.lease_ranges(topic, "trimmed", "reader", max_messages=10)
+        if not leases:
+            break
+        got = values(leases)
+        assert len(got) == 7 and len(leases.leases) == 1, leases  # one entry fits the bound, two do not
+        firsts.add(next(iter(leases.leases)))
+        txn = client.new_transaction()
+        leases.acknowledge(txn)
+        txn.commit()
+        read.extend(got)
+    assert firsts == {0, 1, 2, 3}
+    for p in range(4):
+        assert [v for v in read if v.startswith(f"p{p}-".encode())] == [f"p{p}-{i}".encode() for i in range(14)]
+    assert len(read) == 56
+
+
 def values_of(leases: rt.LeaseSet, partition: int) -> list[bytes]:
     return [v for chunk in leases.chunks() if chunk.partition == partition
             for v in chunk.read(columns=["value"]).column("value").to_pylist()]

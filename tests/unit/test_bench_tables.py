@@ -257,3 +257,16 @@ def test_the_commit_floors_parts_are_ratios_to_the_anchor_and_the_floor_a_count_
     assert row["floor_step_over_anchor"] == round(1.25 / 0.8, 2)
     assert row["floor_over_step"] == 3.0
     assert "floor_step_p50_ms" not in bench_commit.commit_row(3, [3.5], [1.5], [2.0], [0.8], [3.75], 3.0)
+
+
+def test_spark_peer_rows_carry_each_sides_batches_and_say_when_the_sides_batch_counts_differ() -> None:
+    same = {side: [bench_peers_spark._figures([2000, 2000, 1000], [1.0, 0.5, 0.3], 2.0)]
+            for side in bench_peers.SIDES}
+    rows = bench_peers_spark.spark_peer_rows(5_000, 2_000, same, {}, {})
+    assert all(r["batches"] == 3 and r["batches_runs"] == [3] and r["batch_rows_max"] == 2000 for r in rows)
+    assert not any("batches_differ" in r for r in rows)
+    fewer = {**same, "native": [bench_peers_spark._figures([3000, 2000], [1.0, 0.5], 2.0)]}
+    rows = bench_peers_spark.spark_peer_rows(5_000, 2_000, fewer, {}, {})
+    assert all(r["batches_differ"] == "batches per round differ: kafka [3], gateway [3], native [2]"
+               for r in rows), rows
+    assert rows[2]["batch_rows_max"] == 3000

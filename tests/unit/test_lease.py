@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from raytxn.client.leases import LeaseSet, cut_spans, fill_plan
+from raytxn.client.leases import LeaseSet, cut_spans, fill_plan, trim_plan
 from raytxn.config import EngineConfig
 from raytxn.errors import Fenced, InvalidArgument, NotAllowed
 from raytxn.ids import Position, TxnID
@@ -432,3 +432,26 @@ def test_an_abort_below_a_granted_lease_drops_it_so_its_ack_cannot_cover_the_giv
         state.grow_lease(past.lease_id, "driver", 0, partition, 10)
     again = state.grant_lease("driver", 0, 20, partition, 10, 1000)
     assert again is not None and (again.start, again.end) == (P(1, 0), P(1, 9))
+
+
+def test_trim_plan_gives_back_the_ranges_whose_first_entries_pass_the_set_bound() -> None:
+    # 10,000 over 4 partitions of 7,500-message entries: each share (2,500) took one whole entry.
+    leases = {p: _counted_lease(p + 1, RangeCount(7_500, 75_000, -1, -1)) for p in range(4)}
+    dropped = trim_plan(leases, 10_000, None)
+    assert len(dropped) == 3 and (set(leases) - set(dropped)) == {1}  # the turn: lease id 1 % 4
+    assert len(trim_plan(leases, None, 100_000)) == 3  # the same by bytes
+    assert trim_plan(leases, 30_000, None) == [] and trim_plan(leases, None, None) == []
+    uncounted = {**leases, 3: _counted_lease(9, RangeCount())}
+    assert trim_plan(uncounted, 10_000, None) == []
+
+
+@given(st.lists(st.integers(1, 50), min_size=1, max_size=8), st.integers(1, 120), st.integers(0, 20))
+def test_trim_plan_keeps_the_set_within_its_bound_and_always_one_range(
+        counts: list[int], max_messages: int, first_id: int) -> None:
+    leases = {p: _counted_lease(first_id + p, RangeCount(messages, messages)) for p, messages in enumerate(counts)}
+    dropped = trim_plan(leases, max_messages, None)
+    kept = [p for p in leases if p not in dropped]
+    assert kept and len(set(dropped)) == len(dropped)
+    assert len(kept) == 1 or sum(counts[p] for p in kept) <= max_messages
+    for p in dropped:  # given back only because it did not fit beside what was kept
+        assert sum(counts[k] for k in kept) + counts[p] > max_messages
