@@ -6,6 +6,9 @@
   Python and in the CLI, without a traceback.
   Then ``pip install '.[spark]'`` adds pyspark and RayDP to it, and the Spark connector's entry
   points load.
+- An environment holding the oldest pyspark the spark extra allows keeps it through ``pip install
+  '.[spark]'`` and ``'.[test]'``, and Spark tests (transactional writes, the exactly-once word
+  count, a coordinator crash mid-commit) pass on it.
 - An environment that already holds the oldest Ray pyproject.toml allows keeps it through
   ``pip install .`` and ``pip install '.[test]'``, and the unit tests (tests/unit, but the
   simulator's seed ranges, which the suite runs) and the quickstart test pass on it: that is the
@@ -37,6 +40,21 @@ def _ray_requirement() -> tuple[str, str]:
     (ray,) = [d for d in deps if re.match(r"ray\[", d)]
     name, floor = re.match(r"(ray\[[^]]+\])>=([\w.]+)", ray).groups()
     return name, floor
+
+
+def _spark_floor() -> str:
+    """The floor of pyproject.toml's pyspark range (the spark extra), e.g. '3.5.0'."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    (pyspark,) = [d for d in extras["spark"] if d.startswith("pyspark")]
+    return re.match(r"pyspark>=([\w.]+)", pyspark).group(1)
+
+
+def _constraints_but(tmp_path: Path, name: str) -> Path:
+    """constraints.txt without ``name``'s pin: the environment's version of it is under test."""
+    others = tmp_path / f"constraints-but-{name}.txt"
+    others.write_text("".join(line for line in CONSTRAINTS.read_text().splitlines(keepends=True)
+                              if not line.startswith(f"{name}==")))
+    return others
 
 
 def _clean_env() -> dict[str, str]:
@@ -133,10 +151,7 @@ def test_the_core_install_runs_the_quickstart_and_names_the_missing_extras(tmp_p
 def test_an_environment_with_the_oldest_ray_keeps_it_and_passes_the_unit_tests_and_quickstart(tmp_path: Path) -> None:
     ray_requirement, floor = _ray_requirement()
     assert f"\nray=={floor}\n" not in CONSTRAINTS.read_text(), "the floor is the pinned Ray: pick an older one"
-    # every pin but Ray's: the environment's Ray is the one under test
-    others = tmp_path / "constraints-but-ray.txt"
-    others.write_text("".join(line for line in CONSTRAINTS.read_text().splitlines(keepends=True)
-                              if not line.startswith("ray==")))
+    others = _constraints_but(tmp_path, "ray")  # the environment's Ray is the one under test
     bin_dir = _venv(tmp_path / "venv")
     _pip(bin_dir, f"{ray_requirement}=={floor}", constraints=others)
     assert _version(bin_dir, "ray") == floor
@@ -159,3 +174,28 @@ def test_an_environment_with_the_oldest_ray_keeps_it_and_passes_the_unit_tests_a
     print(f"on ray {floor}: {summary}")
     assert tests.returncode == 0, tests.stdout[-5000:] + tests.stderr[-3000:]
     assert re.search(r"\d+ passed", summary) and "failed" not in summary, summary
+
+
+@pytest.mark.timeout(1500)
+@pytest.mark.slow(seconds=330)
+def test_an_environment_with_the_oldest_pyspark_keeps_it_and_runs_spark_on_ray(tmp_path: Path) -> None:
+    """The floor of the pyspark range: a user's Spark that old stays through ``pip install
+    '.[spark]'`` and ``'.[test]'``, and RayDP runs raytxn's Spark writes and pipeline on it."""
+    floor = _spark_floor()
+    assert f"\npyspark=={floor}\n" not in CONSTRAINTS.read_text(), "the floor is the pinned pyspark: pick an older one"
+    others = _constraints_but(tmp_path, "pyspark")
+    bin_dir = _venv(tmp_path / "venv")
+    _pip(bin_dir, f"pyspark=={floor}", constraints=others)
+    _pip(bin_dir, f"{ROOT}[spark]", constraints=others)
+    assert _version(bin_dir, "pyspark") == floor, "pip install '.[spark]' replaced the environment's pyspark"
+    _pip(bin_dir, f"{ROOT}[test]", constraints=others)
+    assert _version(bin_dir, "pyspark") == floor, "pip install '.[test]' replaced the environment's pyspark"
+
+    tests = _run([str(bin_dir / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=5",
+                  "tests/spark/test_spark_write.py", "tests/spark/test_pipeline.py", "-k",
+                  "write or wordcount_exactly_once or read_batch_columns or coordinator_crash_during_commit"],
+                 cwd=ROOT, timeout=1200)
+    summary = tests.stdout.strip().splitlines()[-1] if tests.stdout.strip() else ""
+    print(f"on pyspark {floor}: {summary}")
+    assert tests.returncode == 0, tests.stdout[-5000:] + tests.stderr[-3000:]
+    assert re.search(r"5 passed", summary) and "failed" not in summary, summary
