@@ -33,6 +33,7 @@ def kafka() -> Iterator[str]:
         broker.stop()
 
 
+@pytest.mark.extended
 @pytest.mark.slow(seconds=90)
 def test_bench_peers_short_measures_every_workload_on_three_sides_as_ratios_to_kafka(kafka: str,
                                                                                     tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow(seconds=35)
+pytestmark = [pytest.mark.extended, pytest.mark.slow(seconds=35)]
 ROOT = Path(__file__).resolve().parents[2]
 
 

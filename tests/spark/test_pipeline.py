@@ -168,6 +168,7 @@ def test_partition_crash_during_write_and_coordinator_crash_during_commit(client
     assert any(r["kind"] == "coordinator" for r in restarted), "no coordinator crashed"
 
 
+@pytest.mark.extended
 def test_executor_killed_mid_run(client: rt.Client, spark) -> None:
     lines = sample_lines(150)
     source, sink = setup_topics(client, lines)

@@ -312,9 +312,9 @@ def test_same_seed_same_trace_in_processes_with_different_hash_seeds() -> None:
 
 # --- the seed range CI runs --------------------------------------------------------------------
 
-# The suite runs the first fifth of each range (at least 24 seeds); `make test-extended` (CI's
+# The suite runs the first tenth of each range (at least 12 seeds); `make test-extended` (CI's
 # second job) runs the whole ranges: they were four of the suite's longest tests.
-SUITE_SEEDS = {profile: seeds[:max(24, len(seeds) // 5)] for profile, seeds in CI_SEEDS.items()}
+SUITE_SEEDS = {profile: seeds[:max(12, len(seeds) // 10)] for profile, seeds in CI_SEEDS.items()}
 WHOLE_RANGES = [profile for profile, seeds in CI_SEEDS.items() if len(seeds) > len(SUITE_SEEDS[profile])]
 
 
