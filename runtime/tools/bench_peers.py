@@ -113,14 +113,17 @@ class Sides:
 
 
 @contextmanager
-def _broker(bootstrap: str) -> Iterator[str]:
-    """A fresh Kafka broker of our own (stopped after), or the one at ``bootstrap``."""
+def _broker(bootstrap: str, started_pids: list[int] | None = None) -> Iterator[str]:
+    """A fresh Kafka broker of our own (stopped after; its PID put in ``started_pids``), or the
+    one at ``bootstrap``."""
     if bootstrap:
         yield bootstrap
         return
     from raytxn.tools.peers import KafkaBroker
 
     with KafkaBroker() as broker:
+        if started_pids is not None:
+            started_pids[:] = [broker.pid]
         yield broker.bootstrap
 
 

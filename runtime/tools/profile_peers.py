@@ -41,20 +41,7 @@ import ray
 
 from raytxn.tools import bench_peers_clients as work
 from raytxn.tools.bench_kafka import PAYLOAD, _kafka_consume, _kafka_produce
-from raytxn.tools.bench_peers import Sides, running_sides
-
-
-@contextmanager
-def _broker(bootstrap: str) -> Iterator[str]:
-    """``bench_peers._broker``, remembering the started broker's PID in ``BROKER_PID``."""
-    if bootstrap:
-        yield bootstrap
-        return
-    from raytxn.tools.peers import KafkaBroker
-
-    with KafkaBroker() as broker:
-        BROKER_PID[:] = [broker.pid]
-        yield broker.bootstrap
+from raytxn.tools.bench_peers import Sides, _broker, running_sides
 
 BROKER_PID: list[int] = []  # the Kafka broker this run started (its CPU is measured beside the gateway's)
 RATE_HZ = 67          # py-spy samples a second (odd, so it does not beat with 100 ms windows)
@@ -453,7 +440,7 @@ def main(argv: list[str] | None = None, progress: Callable[[str], None] = print)
     out.mkdir(parents=True, exist_ok=True)
     cases = set(args.cases.split(","))
     results: list[dict] = []
-    with _broker(args.kafka_bootstrap) as bootstrap, running_sides(bootstrap) as sides:
+    with _broker(args.kafka_bootstrap, BROKER_PID) as bootstrap, running_sides(bootstrap) as sides:
         progress(f"sampling {processes()}")
         warm = sides.topic("gateway", "prof-warm")
         _kafka_produce(sides.gateway, warm, 2_000)  # the gateway's first connections and metadata

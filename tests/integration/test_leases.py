@@ -26,6 +26,18 @@ def client(ray_session: object, tmp_path_factory: pytest.TempPathFactory) -> Ite
     yield from engine_client(tmp_path_factory, subscription=config)
 
 
+def fill_four_partitions(client: rt.Client, topic: str, per_partition: int, entry_messages: int) -> None:
+    """``per_partition`` messages ``p{p}-{i}`` on each of the topic's 4 partitions, in entries of
+    ``entry_messages`` (one producer batch each)."""
+    from raytxn.hashing import partition_for
+
+    producer = client.create_producer(topic, batching_max_messages=entry_messages)
+    for p in range(4):
+        key = next(k for k in (f"k{i}" for i in range(1000)) if partition_for(k, 4) == p)
+        producer.send_batch([f"p{p}-{i}".encode() for i in range(per_partition)],
+                            keys=[key] * per_partition).result(timeout=60)
+
+
 def values(leases: rt.LeaseSet, **chunking: int) -> list[bytes]:
     """Every leased message's value, read chunk by chunk (per partition in append order)."""
     out = []
@@ -119,13 +131,8 @@ def test_a_bounded_set_fills_with_the_entries_its_even_shares_left_out(client: r
     """``max_messages`` over 4 partitions of 3-message entries: each even share (5) holds one
     entry; the set then grows by the left-out entries that fit (18 of 20, not 12), never past
     the bound, and acking the grown set in a txn moves every cursor past exactly what was read."""
-    from raytxn.hashing import partition_for
-
     topic = new_topic(client, partitions=4)
-    producer = client.create_producer(topic, batching_max_messages=3)  # an entry per 3 messages
-    for p in range(4):
-        key = next(k for k in (f"k{i}" for i in range(1000)) if partition_for(k, 4) == p)
-        producer.send_batch([f"p{p}-{i}".encode() for i in range(30)], keys=[key] * 30).result(timeout=60)
+    fill_four_partitions(client, topic, 30, entry_messages=3)
     read: list[bytes] = []
     for batch in range(8):
         leases = client.lease_ranges(topic, "filled", "reader", max_messages=20)
@@ -151,13 +158,8 @@ def test_a_bounded_set_never_passes_its_bound_when_entries_are_larger_than_a_sha
     (7), so the four shares together took 28 before the set gave back what passed its bound. Now
     every set holds at most 10 (one entry), the partitions take turns, and acking each set in a
     txn reads every message once, in order."""
-    from raytxn.hashing import partition_for
-
     topic = new_topic(client, partitions=4)
-    producer = client.create_producer(topic, batching_max_messages=7)  # an entry per 7 messages
-    for p in range(4):
-        key = next(k for k in (f"k{i}" for i in range(1000)) if partition_for(k, 4) == p)
-        producer.send_batch([f"p{p}-{i}".encode() for i in range(14)], keys=[key] * 14).result(timeout=60)
+    fill_four_partitions(client, topic, 14, entry_messages=7)
     read: list[bytes] = []
     firsts = set()
     for _ in range(12):
