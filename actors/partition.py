@@ -676,8 +676,8 @@ class PartitionBuffer(ProducerStates, ActorShell, FaultTarget, TopicPermissions)
                       for entry in entries]
             picked, base = entries_from_offset(headed, base, offset, end_offset,
                                                max_entries - len(out["entries"]))
-            for entry_base, entry in picked:
-                out["entries"].append((entry_base, entry.records))
+            for entry_base, entry in picked:  # packed: two buffers to pickle an entry, not one per message
+                out["entries"].append((entry_base, PackedRecords.pack(entry.records)))
                 first = entry.position if first is None else first
                 last = entry.position
             position = next_position(entries[-1].position)

@@ -113,8 +113,8 @@ def record_columns(records: PackedRecords | Sequence[bytes]) -> list[pa.Array]:
     count = len(packed)
     plain = plain_columns_joined(packed.data, packed.lengths)
     if plain is not None:
-        values, keys = plain
-        return [values, keys, _no_properties(count), pa.nulls(count, pa.timestamp("ms"))]
+        values, keys, event_times = plain
+        return [values, keys, _no_properties(count), event_times]
     decoded = _decode_joined(packed.data, count)
     if any(record.properties for record in decoded):
         properties = pa.array([list(record.properties.items()) for record in decoded], MESSAGE_SCHEMA.field(2).type)

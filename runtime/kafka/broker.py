@@ -24,9 +24,8 @@ from kafka.protocol.producer import AddPartitionsToTxnResponse, ProduceResponse
 
 from raytxn.errors import InvalidArgument, RaytxnError, TopicNotFound
 from raytxn.kafka import codecs, mapping, wire
-from raytxn.kafka.records import decode_batches, encode_entry
+from raytxn.kafka.records import EncodedBatches, decode_batches
 from raytxn.kafka.transactions import INVALID_TXN_STATE, KafkaTransactions, TxnState
-from raytxn.protocol.entry_format import encode_message
 
 log = logging.getLogger(__name__)
 NODE_ID = 0
@@ -69,6 +68,7 @@ class Broker:
         self.gateway_id = secrets.token_hex(6)
         # Produce batches by codec ("gzip": n) and refused partitions by error ("CORRUPT_MESSAGE": n).
         self.batch_stats: dict[str, dict[str, int]] = {"codecs": {}, "refused": {}}
+        self.encoded = EncodedBatches()  # fetched entries' record batches, shared by every connection
 
     def connection(self) -> Connection:
         return Connection(f"kafka-anon-{self.gateway_id}-{next(self._connections)}")
@@ -254,7 +254,7 @@ class Broker:
             return code, -1, str(e)
 
     async def _append(self, topic: str, partition: int, batch: Any, conn: Connection, txn: Any) -> Any:
-        messages = [encode_message(m) for m in batch.messages]
+        messages = batch.records
         if batch.producer_id >= 0:  # idempotent: Kafka's sequence numbers are raytxn's
             first = batch.base_sequence
             if first < 0:
@@ -312,6 +312,7 @@ class Broker:
         except RaytxnError as e:
             return {"error": mapping.error_code(e)}
         read["max_bytes"] = part.partition_max_bytes
+        read["topic"] = topic
         return read
 
     def _partition_data(self, part: Any, read: dict[str, Any], committed: bool) -> Any:
@@ -323,7 +324,7 @@ class Broker:
                         preferred_read_replica=-1, records=b"")
         batches, size = [], 0
         for base, records in read["entries"]:
-            _, batch = encode_entry(base, records)
+            batch = self.encoded.batch(read["topic"], part.partition, base, records)
             if batches and size + len(batch) > read["max_bytes"]:
                 break
             batches.append(batch)

@@ -370,7 +370,9 @@ class KafkaGateway:
         groups = {} if self.groups is None else {
             g.group_id: {"state": str(g.state), "generation": g.generation, "members": len(g.members)}
             for g in self.groups.table.groups.values()}
-        batches = {} if self.broker is None else self.broker.batch_stats
+        batches: dict[str, Any] = {} if self.broker is None else {**self.broker.batch_stats, "fetch_cache": {
+            "hits": self.broker.encoded.hits, "misses": self.broker.encoded.misses,
+            "held_bytes": self.broker.encoded.held_bytes}}
         return {**self.address(), "versions": dict(self.versions), "groups": groups, "batches": batches}
 
     async def stop(self) -> None:

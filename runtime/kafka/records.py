@@ -13,20 +13,37 @@ read_committed clients match markers to data.
 
 Lossy corners (raytxn messages hold a str key and str properties): a record key and header values
 must be UTF-8 (else INVALID_RECORD); a null value is stored as empty bytes.
+
+Both directions first try the bulk path (``record_batches``: a whole batch at a time in numpy, for
+records without headers, which is most of them); a batch it does not take is parsed or built a
+record at a time with kafka-python, which also names what is wrong with a bad one.
 """
 
 from __future__ import annotations
 
 import struct
+from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import crc32c
+import numpy as np
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
 from raytxn.errors import InvalidArgument
-from raytxn.kafka import codecs
+from raytxn.kafka import codecs, record_batches
 from raytxn.kafka.mapping import txn_producer_id
-from raytxn.protocol.entry_format import EntryHeader, MessageRecord, decode_entry
+from raytxn.protocol.entry_format import (
+    EntryHeader,
+    MessageRecord,
+    decode_entry,
+    decode_entry_header,
+    decode_message,
+    encode_message,
+)
 from raytxn.protocol.offsets import message_timestamp
+from raytxn.protocol.packed_records import PackedRecords
+from raytxn.protocol.record_layout import encode_plain, keys_are_utf8, plain_layout
 
 _CONTROL_KEY = struct.Struct(">hh")    # version 0, type (0 abort, 1 commit)
 _CONTROL_VALUE = struct.Struct(">hi")  # version 0, coordinator epoch
@@ -39,14 +56,18 @@ MAX_RECORDS_BYTES = 8 << 20
 
 @dataclass(frozen=True)
 class ProducedBatch:
-    """One record batch of a Produce request."""
+    """One record batch of a Produce request, its records encoded as raytxn message records."""
 
     producer_id: int
     producer_epoch: int
     base_sequence: int
     transactional: bool
-    messages: list[MessageRecord]
+    records: list[bytes]
     codec: int = codecs.NONE
+
+    @property
+    def messages(self) -> list[MessageRecord]:
+        return [decode_message(record) for record in self.records]
 
 
 def _text(data: bytes | None, what: str) -> str | None:
@@ -80,30 +101,54 @@ def decode_batches(data: bytes | None, limit: int = MAX_RECORDS_BYTES) -> list[P
 
 
 def _decode_batch(raw: bytes, limit: int) -> ProducedBatch:
-    batch = DefaultRecordBatch(raw)
-    if not batch.validate_crc():
+    (_, _, _, _, crc, attributes, _, base_timestamp, _, producer_id, producer_epoch, base_sequence,
+     count) = record_batches.HEADER.unpack_from(raw)
+    if crc32c.crc32c(memoryview(raw)[record_batches.CRC_FROM:]) != crc:
         raise codecs.CorruptBatch("record batch fails its CRC")
-    if batch.is_control_batch:
+    if attributes & record_batches.CONTROL:
         raise InvalidArgument("clients may not produce control batches")
-    codec = batch.attributes & codecs.CODEC_MASK
+    codec = attributes & codecs.CODEC_MASK
     if codec == codecs.NONE:
         if len(raw) - _HEADER_BYTES > limit:
             raise codecs.TooLarge(f"{len(raw) - _HEADER_BYTES} bytes of records exceed the limit of {limit}")
+        plain = raw
     else:  # kafka-python reads the records as if they had been sent plain
-        plain = bytearray(raw[:_HEADER_BYTES]) + codecs.decompress(codec, memoryview(raw)[_HEADER_BYTES:], limit)
-        struct.pack_into(">h", plain, DefaultRecordBatch.ATTRIBUTES_OFFSET, batch.attributes & ~codecs.CODEC_MASK)
-        batch = DefaultRecordBatch(bytes(plain))
+        inflated = bytearray(raw[:_HEADER_BYTES]) + codecs.decompress(codec, memoryview(raw)[_HEADER_BYTES:], limit)
+        struct.pack_into(">h", inflated, DefaultRecordBatch.ATTRIBUTES_OFFSET, attributes & ~codecs.CODEC_MASK)
+        plain = bytes(inflated)
+    transactional = bool(attributes & record_batches.TRANSACTIONAL)
+    records = _bulk_records(plain, count, base_timestamp)
+    if records is None:
+        records = [encode_message(m) for m in _parsed_messages(plain)]
+    return ProducedBatch(producer_id, producer_epoch, base_sequence, transactional, records, codec)
+
+
+def _bulk_records(plain: bytes, count: int, base_timestamp: int) -> list[bytes] | None:
+    """The batch's records encoded for raytxn by the bulk path, or None for it to be parsed the
+    slow way (headers, a null value, a negative timestamp, a key that is not UTF-8, garbage)."""
+    if count < 1:
+        return None
+    decoded = record_batches.decode_records(plain[_HEADER_BYTES:], count, base_timestamp)
+    if decoded is None:
+        return None
+    source, layout = decoded
+    if np.any(layout.event_times < 0) or not keys_are_utf8(source, layout):
+        return None
+    data, lengths = encode_plain(source, layout)
+    return PackedRecords(data, np.cumsum(lengths)).to_list()
+
+
+def _parsed_messages(plain: bytes) -> list[MessageRecord]:
+    batch = DefaultRecordBatch(plain)
     try:
-        messages = [MessageRecord(bytes(record.value or b""), _text(record.key, "key"),
-                                  {k: _text(v, f"header {k!r}") or "" for k, v in record.headers},
-                                  record.timestamp)
-                    for record in batch]
+        return [MessageRecord(bytes(record.value or b""), _text(record.key, "key"),
+                              {k: _text(v, f"header {k!r}") or "" for k, v in record.headers},
+                              record.timestamp)
+                for record in batch]
     except InvalidArgument:
         raise
     except Exception as e:  # kafka-python's parser: CorruptRecordError, or worse on garbage
         raise codecs.CorruptBatch(f"the records of a batch do not parse: {e!r}") from e
-    return ProducedBatch(batch.producer_id, batch.producer_epoch, batch.base_sequence, batch.is_transactional,
-                         messages, codec)
 
 
 class _ControlBatchBuilder(DefaultRecordBatchBuilder):
@@ -111,11 +156,41 @@ class _ControlBatchBuilder(DefaultRecordBatchBuilder):
         return super()._get_attributes(include_compression_type) | self.CONTROL_MASK
 
 
-def encode_entry(base_offset: int, records: list[bytes]) -> tuple[EntryHeader, bytes]:
-    """One raytxn entry (its records as stored) as a record batch at ``base_offset``."""
+def encode_entry(base_offset: int, records: Sequence[bytes]) -> tuple[EntryHeader, bytes]:
+    """One raytxn entry (its records as stored, a list or packed) as a record batch at ``base_offset``."""
+    header = decode_entry_header(records)
+    producer_id = txn_producer_id(header.txn) if header.txn is not None else -1
+    if not header.is_marker:
+        batch = _bulk_batch(base_offset, header, records, producer_id)
+        if batch is not None:
+            return header, batch
+    return header, _built_batch(base_offset, records, producer_id)
+
+
+def _bulk_batch(base_offset: int, header: EntryHeader, records: Sequence[bytes], producer_id: int) -> bytes | None:
+    """The batch of a DATA entry by the bulk path, or None if a message is not plain (properties)."""
+    if isinstance(records, PackedRecords):
+        skip = int(records.ends[0])
+        data, lengths = records.data[skip:], records.lengths[1:]
+    else:
+        data = b"".join(records[1:])
+        lengths = np.fromiter(map(len, records[1:]), dtype=np.int64, count=len(records) - 1)
+    source = np.frombuffer(data, dtype=np.uint8)
+    layout = plain_layout(source, lengths)
+    if layout is None:
+        return None
+    timestamps = np.where(layout.has_event_time, layout.event_times, header.publish_time_ms)
+    transactional = header.txn is not None
+    return record_batches.encode_batch(
+        base_offset, source, layout, timestamps, producer_id=producer_id,
+        producer_epoch=0 if producer_id >= 0 else -1,
+        attributes=record_batches.TRANSACTIONAL if transactional else 0)
+
+
+def _built_batch(base_offset: int, records: Sequence[bytes], producer_id: int) -> bytes:
+    """A marker's control batch, or a DATA entry whose messages carry properties, a record at a time."""
     header, messages = decode_entry(records)
     transactional = header.txn is not None
-    producer_id = txn_producer_id(header.txn) if header.txn is not None else -1
     if header.is_marker:
         builder: DefaultRecordBatchBuilder = _ControlBatchBuilder(2, 0, True, producer_id, 0, -1, _BATCH_SIZE_LIMIT)
         kind = 1 if header.kind == "commit" else 0
@@ -130,4 +205,36 @@ def encode_entry(base_offset: int, records: list[bytes]) -> tuple[EntryHeader, b
                            [(k, v.encode()) for k, v in message.properties.items()])
     batch = builder.build()
     struct.pack_into(">q", batch, 0, base_offset)  # outside the CRC, which starts at the attributes
-    return header, bytes(batch)
+    return bytes(batch)
+
+
+class EncodedBatches:
+    """The record batches last fetched, by entry, so consumers of one partition (several groups, a
+    retry, a rebalance re-reading) encode each entry once. Least recently used first out, bounded in
+    bytes. Entries are immutable, and the key holds the entry's encoded header (producer, sequences,
+    append time, base offset), so a topic deleted and made again under its name misses."""
+
+    def __init__(self, max_bytes: int = 64 << 20) -> None:
+        self.max_bytes = max_bytes
+        self.held_bytes = 0
+        self.hits = self.misses = 0
+        self._batches: OrderedDict[tuple[str, int, int, bytes], bytes] = OrderedDict()
+
+    def batch(self, topic: str, partition: int, base_offset: int, records: Sequence[bytes]) -> bytes:
+        """The batch of the entry ``records`` at ``base_offset``, from here or encoded now."""
+        header = records.record(0) if isinstance(records, PackedRecords) else records[0]
+        key = (topic, partition, base_offset, header)
+        batch = self._batches.get(key)
+        if batch is not None:
+            self.hits += 1
+            self._batches.move_to_end(key)
+            return batch
+        self.misses += 1
+        _, batch = encode_entry(base_offset, records)
+        if len(batch) <= self.max_bytes // 4:  # one huge entry does not empty the cache
+            self._batches[key] = batch
+            self.held_bytes += len(batch)
+            while self.held_bytes > self.max_bytes:  # bounded: each turn removes one
+                _, dropped = self._batches.popitem(last=False)
+                self.held_bytes -= len(dropped)
+        return batch

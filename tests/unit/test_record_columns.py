@@ -15,16 +15,17 @@ from raytxn.protocol.entry_format import MessageRecord, encode_message
 
 # Lengths at the edges of msgpack's bin8/bin16/bin32 and fixstr/str8 headers.
 values = st.one_of(st.binary(max_size=40), st.sampled_from([255, 256, 65535, 65536]).map(lambda n: b"v" * n))
-keys = st.one_of(st.none(), st.text(max_size=40), st.sampled_from(["", "k" * 31, "k" * 32, "ключ"]))
-plain_records = st.builds(MessageRecord, values, keys)
+keys = st.one_of(st.none(), st.text(max_size=40), st.sampled_from(["", "k" * 31, "k" * 32, "k" * 256, "ключ"]))
+event_times = st.one_of(st.none(), st.integers(0, 2**53))
+plain_records = st.builds(MessageRecord, values, keys, st.just({}), event_times)
 any_records = st.builds(MessageRecord, values, keys,
                         st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=2),
-                        st.one_of(st.none(), st.integers(0, 2**53)))
+                        st.one_of(st.none(), st.integers(-5, 2**53)))
 
 
-def msgspec_columns(encoded: list[bytes]) -> tuple[list[bytes], list[str | None]]:
+def msgspec_columns(encoded: list[bytes]) -> tuple[list[bytes], list[str | None], list[int | None]]:
     decoded = decode_records(encoded)
-    return [r.value for r in decoded], [r.key for r in decoded]
+    return [r.value for r in decoded], [r.key for r in decoded], [r.event_time_ms for r in decoded]
 
 
 @settings(max_examples=300, deadline=None)
@@ -33,10 +34,12 @@ def test_plain_records_take_the_numpy_path_and_match_msgspec(records: list[Messa
     encoded = [encode_message(r) for r in records]
     columns = plain_columns(encoded)
     assert columns is not None
-    value_column, key_column = columns
+    value_column, key_column, event_time_column = columns
     assert value_column.type == pa.binary() and key_column.type == pa.string()
+    assert event_time_column.type == pa.timestamp("ms")
     value_column.validate(full=True)
-    assert (value_column.to_pylist(), key_column.to_pylist()) == msgspec_columns(encoded)
+    assert (value_column.to_pylist(), key_column.to_pylist(),
+            event_time_column.cast(pa.int64()).to_pylist()) == msgspec_columns(encoded)
 
 
 @settings(max_examples=300, deadline=None)
@@ -48,8 +51,8 @@ def test_every_batch_gives_msgspecs_columns(records: list[MessageRecord]) -> Non
     assert key.to_pylist() == [r.key for r in records]
     assert properties.to_pylist() == [list(r.properties.items()) for r in records]
     assert event_time.cast(pa.int64()).to_pylist() == [r.event_time_ms for r in records]
-    shaped_plain = all(not r.properties and r.event_time_ms is None and (r.key is None or len(r.key.encode()) < 256)
-                       for r in records)
+    shaped_plain = all(not r.properties and (r.event_time_ms is None or r.event_time_ms >= 0)
+                       and (r.key is None or len(r.key.encode()) < 65536) for r in records)
     assert (plain_columns(encoded) is not None) == shaped_plain
 
 
@@ -78,7 +81,7 @@ def test_damaged_records_are_refused_or_read_as_msgspec_reads_them(records: list
         expected = msgspec_columns(encoded)
     except CorruptLedger:
         pytest.fail(f"the numpy path read a batch msgspec refuses: {encoded[at]!r}")
-    assert (columns[0].to_pylist(), columns[1].to_pylist()) == expected
+    assert (columns[0].to_pylist(), columns[1].to_pylist(), columns[2].cast(pa.int64()).to_pylist()) == expected
 
 
 def test_a_batch_with_a_record_that_is_not_one_raises_corrupt_ledger() -> None:
