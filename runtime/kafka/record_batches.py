@@ -121,26 +121,39 @@ def _varints_at(buffer: np.ndarray, at: np.ndarray, ends: np.ndarray) -> tuple[n
 
 
 def record_bounds(records: bytes, count: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """Where each of a batch's ``count`` records starts (after its length) and ends, walking their
-    lengths; None unless exactly ``count`` well-formed lengths cover ``records``."""
-    starts, ends = np.empty(count, dtype=np.int64), np.empty(count, dtype=np.int64)
-    pos, size = 0, len(records)
-    for i in range(count):  # bounded by the batch's count; each step moves on by a length >= 0
-        if pos >= size:
-            return None
-        byte = records[pos]
-        if byte < 0x80:
-            zigzag, pos = byte, pos + 1
-        elif pos + 1 < size and records[pos + 1] < 0x80:
-            zigzag, pos = (byte & 0x7F) | (records[pos + 1] << 7), pos + 2
-        else:
-            return None  # a record of 8 KiB or more, or a broken length: the slow path says which
-        length = (zigzag >> 1) ^ -(zigzag & 1)
-        if length < 0 or pos + length > size:
-            return None
-        starts[i], ends[i] = pos, pos + length
-        pos += length
-    return (starts, ends) if pos == size else None
+    """Where each of a batch's ``count`` records starts (after its length) and ends; None unless
+    exactly ``count`` well-formed lengths cover ``records``.
+
+    Each record's place depends on every length before it, so they are walked in Python, but the
+    walk only hops (the one- and two-byte lengths of records under 8 KiB, read as if not negative);
+    every length is then decoded and checked across all records at once, which catches a hop a
+    negative or longer length sent astray."""
+    begins: list[int] = []
+    note = begins.append
+    pos = 0
+    try:
+        for _ in range(count):  # bounded by the batch's count
+            note(pos)
+            byte = records[pos]
+            if byte < 0x80:
+                pos += 1 + (byte >> 1)
+            else:
+                pos += 2 + (((byte & 0x7F) | (records[pos + 1] << 7)) >> 1)
+    except IndexError:
+        return None
+    if pos != len(records):
+        return None
+    at = np.array(begins, dtype=np.int64)
+    buffer = np.frombuffer(records, dtype=np.uint8)
+    read = _varints_at(buffer, at, np.append(at[1:], len(records)))
+    if read is None:
+        return None
+    lengths, widths = read
+    starts = at + widths
+    ends = starts + lengths
+    if np.any(lengths < 0) or np.any(widths > 2) or not np.array_equal(ends[:-1], at[1:]):
+        return None
+    return starts, ends
 
 
 def decode_records(records: bytes, count: int, base_timestamp: int) -> tuple[np.ndarray, PlainLayout] | None:

@@ -125,14 +125,34 @@ def _event_times(buffer: np.ndarray, at: np.ndarray, ends: np.ndarray) -> tuple[
 
 def gather(source: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """The byte ranges ``[starts, starts + lengths)`` of ``source``, concatenated in order (a range
-    may come from anywhere in ``source``): one index array and one take, for many small pieces."""
-    total = int(lengths.sum())
-    if total == 0:
+    may come from anywhere in ``source``; ranges must not overlap).
+
+    The ranges, sorted, and the gaps between them are made the elements of one Arrow binary array
+    over ``source`` (no copy: its offsets alternate range start, range end), and Arrow's ``take``
+    of the ranges in the asked order copies them out, a ``memcpy`` a range in C++, not an index
+    per byte (which cost ~9 ns a byte)."""
+    keep = lengths > 0
+    starts, lengths = starts[keep], lengths[keep]
+    count = len(starts)
+    if count == 0:
         return np.empty(0, dtype=np.uint8)
-    index_type = np.int32 if max(total, source.size) < (1 << 31) else np.int64
-    placed = np.cumsum(lengths) - lengths  # where each piece lands in the output
-    shift = np.repeat((starts - placed).astype(index_type), lengths)
-    return source[np.arange(total, dtype=index_type) + shift]
+    order = np.argsort(starts, kind="stable")
+    sorted_starts = starts[order]
+    sorted_ends = sorted_starts + lengths[order]
+    assert not np.any(sorted_ends[:-1] > sorted_starts[1:]), "gather's ranges overlap"
+    large = source.size >= (1 << 31)
+    offsets = np.empty(2 * count + 2, dtype=np.int64 if large else np.int32)  # gap, range, .. gap
+    offsets[0] = 0
+    offsets[1:-1:2] = sorted_starts
+    offsets[2:-1:2] = sorted_ends
+    offsets[-1] = source.size
+    pieces = pa.Array.from_buffers(pa.large_binary() if large else pa.binary(), 2 * count + 1,
+                                   [None, pa.py_buffer(offsets), pa.py_buffer(source)])
+    rank = np.empty(count, dtype=np.int64)
+    rank[order] = np.arange(count)
+    taken = pieces.take(pa.array(2 * rank + 1))
+    total = int(lengths.sum())
+    return np.frombuffer(taken.buffers()[2], dtype=np.uint8, count=total)
 
 
 def _unsigned_header(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

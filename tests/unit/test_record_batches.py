@@ -160,4 +160,5 @@ def test_fetched_batches_are_encoded_once_and_the_cache_stays_within_its_bytes()
     assert cache.hits == 1
     assert cache.batch("t", 1, 87, entries[29]) == first[29] and cache.misses == 31  # another partition
     assert cache.batch("t", 0, 0, entries[0]) == first[0] and cache.misses == 32  # the oldest was let go
-    assert all(batch == records.encode_entry(3 * i, e)[1] for i, (e, batch) in enumerate(zip(entries, first)))
+    encoded_now = [records.encode_entry(3 * i, entry)[1] for i, entry in enumerate(entries)]
+    assert first == encoded_now
