@@ -26,6 +26,7 @@ from raytxn.errors import InvalidArgument, RaytxnError, TopicNotFound
 from raytxn.kafka import codecs, mapping, wire
 from raytxn.kafka.records import EncodedBatches, decode_batches
 from raytxn.kafka.transactions import INVALID_TXN_STATE, KafkaTransactions, TxnState
+from raytxn.protocol.packed_records import PackedRecords
 
 log = logging.getLogger(__name__)
 NODE_ID = 0
@@ -33,6 +34,7 @@ CLUSTER_ID = "raytxn"
 EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP = -2, -1, -3  # -3: of v7 (KIP-734)
 TOPIC_CACHE_S = 2.0
 FETCH_ENTRIES = 500
+MAX_FETCH_WAITS = 100  # a fetch waiting for min_bytes re-reads at most this often before answering
 
 # How the broker reaches raytxn: ``topic_partitions(name)`` (TopicNotFound if none),
 # ``call(topic, partition, method, *args)`` on a partition actor, ``topics()`` all topic names.
@@ -52,6 +54,13 @@ class Connection:
     anonymous_producer: str
     sequences: dict[tuple[str, int], int] = field(default_factory=dict)
     client_host: str = ""  # "/address" of the client, as Kafka's group descriptions show it
+
+
+def _stored_bytes(reads: list[dict[str, Any]]) -> int:
+    """The stored bytes of the entries read: what a fetch's ``min_bytes`` is held against (the
+    record batches built from them are within a few bytes a record of it)."""
+    return sum(len(records.data) if isinstance(records, PackedRecords) else sum(map(len, records))
+               for read in reads for _, records in read.get("entries", ()))
 
 
 def _count(counts: dict[str, int], key: str) -> None:
@@ -272,32 +281,44 @@ class Broker:
     # --- fetch ---------------------------------------------------------------------------------
 
     async def fetch(self, request: Any, version: int) -> dict[str, Any]:
+        """Kafka's wait rule: answer once the partitions hold ``min_bytes`` (at least 1 byte: an
+        empty fetch waits, a ready one returns at once) or ``max_wait_ms`` passed."""
         committed = request.isolation_level == 1
         wanted = [(t.topic, p) for t in request.topics for p in t.partitions]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(request.max_wait_ms, 0) / 1000
+        min_bytes = max(getattr(request, "min_bytes", 1), 1)
         reads = await self._fetch_all(wanted, committed, 0.0)
-        if request.max_wait_ms > 0 and not any(r.get("entries") for r in reads):
-            waits = [asyncio.ensure_future(self._read(t, p, committed, request.max_wait_ms / 1000))
-                     for t, p in wanted]
-            if waits:
-                await asyncio.wait(waits, timeout=request.max_wait_ms / 1000 + 1,
-                                   return_when=asyncio.FIRST_COMPLETED)
-                for w in waits:
-                    w.cancel()
-                # A wait that returned is that partition's read; only the others are read again.
-                reads = list(await asyncio.gather(*(self._answered(w) or self._read(t, p, committed, 0.0)
-                                                    for w, (t, p) in zip(waits, wanted, strict=True))))
+        for _ in range(MAX_FETCH_WAITS):  # bounded: each turn waits for new data or the deadline
+            left = deadline - loop.time()
+            if left <= 0 or _stored_bytes(reads) >= min_bytes:
+                break
+            if not await self._data_arrived(wanted, reads, committed, left):
+                break
+            reads = await self._fetch_all(wanted, committed, 0.0)
         by_topic: dict[str, list[Any]] = {}
         for (topic, part), read in zip(wanted, reads, strict=True):
             by_topic.setdefault(topic, []).append(self._partition_data(part, read, committed))
         responses = [FetchResponse.FetchableTopicResponse(topic=t, partitions=ps) for t, ps in by_topic.items()]
         return {"throttle_time_ms": 0, "error_code": wire.NONE, "session_id": 0, "responses": responses}
 
-    @staticmethod
-    def _answered(wait: asyncio.Future) -> Awaitable[dict[str, Any]] | None:
-        """The finished read of a wait that completed (as an awaitable), else None."""
-        if not wait.done() or wait.cancelled() or wait.exception() is not None:
-            return None
-        return wait
+    async def _data_arrived(self, wanted: list[tuple[str, Any]], reads: list[dict[str, Any]], committed: bool,
+                            wait_s: float) -> bool:
+        """Wait up to ``wait_s`` for any readable partition to hold more than it did at ``reads``
+        (a read at its end offset waits for the end to move); False if none did."""
+        waits = []
+        for (topic, part), read in zip(wanted, reads, strict=True):
+            if "error" in read or read["out_of_range"]:
+                continue
+            end = read["last_stable"] if committed else read["high_watermark"]
+            waits.append(asyncio.ensure_future(self._call(topic, part.partition, "kafka_read", end, 1, committed,
+                                                          wait_s)))
+        if not waits:
+            return False
+        done, pending = await asyncio.wait(waits, timeout=wait_s + 1, return_when=asyncio.FIRST_COMPLETED)
+        for w in pending:
+            w.cancel()
+        return any(not w.cancelled() and w.exception() is None and w.result()["entries"] for w in done)
 
     async def _fetch_all(self, wanted: list[tuple[str, Any]], committed: bool, wait_s: float) -> list[dict]:
         return list(await asyncio.gather(*(self._read(t, p, committed, wait_s) for t, p in wanted)))

@@ -368,3 +368,45 @@ def test_a_coordinator_restart_longer_than_the_gateways_call_deadline_is_retried
         assert visible_values(topic) == [b"across-a-restart", b"next"]
     finally:
         ray.kill(address["actor"], no_restart=True)
+
+
+def _first_poll_s(bootstrap: str, topic: str, min_bytes: int, max_wait_ms: int, then: Any = None) -> float:
+    """Seconds from assign to the first message of a consumer fetching with these bounds; ``then``
+    runs a second after assign (to produce while the fetch waits)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{uuid.uuid4().hex[:6]}",
+                         "enable.auto.commit": False, "fetch.min.bytes": min_bytes,
+                         "fetch.wait.max.ms": max_wait_ms, "topic.metadata.refresh.interval.ms": 60_000})
+    consumer.list_topics(topic, timeout=30)  # metadata first, so the timing is the fetch's
+    started = time.monotonic()
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    message = None
+    while message is None and time.monotonic() - started < 30:
+        if then is not None and time.monotonic() - started > 1.0:
+            then, run = None, then
+            run()
+        message = consumer.poll(0.1)
+    consumer.close()
+    assert message is not None and message.error() is None
+    return time.monotonic() - started
+
+
+def test_a_fetch_waits_for_min_bytes_until_max_wait_and_answers_when_they_arrive(
+        client: rt.Client, bootstrap: str) -> None:
+    """Kafka's fetch rule: data under ``fetch.min.bytes`` is held until ``fetch.wait.max.ms``;
+    enough data answers at once, and data arriving during the wait ends it."""
+    from confluent_kafka import Producer
+
+    small = new_topic(client)
+    client.create_producer(small).send(b"tiny")
+    assert _first_poll_s(bootstrap, small, 1, 3000) < 2.5           # 1 byte is there: at once
+    assert _first_poll_s(bootstrap, small, 100_000, 3000) >= 2.7    # under min_bytes: the whole wait
+
+    def produce_enough() -> None:
+        producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+        for _ in range(20):
+            producer.produce(small, value=b"x" * 10_000)
+        assert producer.flush(30) == 0
+
+    assert 0.9 <= _first_poll_s(bootstrap, small, 100_000, 15_000, then=produce_enough) < 10
