@@ -114,6 +114,7 @@ def test_supervisor_crash_in_create_topic_leaves_the_whole_topic(client: rt.Clie
     assert sorted(actors_of(topic))[:2] == [partition_actor_name(topic, 0), partition_actor_name(topic, 1)]
 
 
+@pytest.mark.extended  # the suite crashes create_topic and delete_topic at each point; these walk the same points
 @pytest.mark.parametrize("point", ["supervisor.after_save_creating", "supervisor.after_activate"])
 def test_supervisor_crash_in_bulk_create_leaves_every_topic_whole(client: rt.Client, point: str) -> None:
     names = [f"bulkc-{uuid.uuid4().hex[:6]}-{i}" for i in range(4)]
@@ -127,6 +128,7 @@ def test_supervisor_crash_in_bulk_create_leaves_every_topic_whole(client: rt.Cli
     produce_and_consume(client, names[0], 2)
 
 
+@pytest.mark.extended  # the suite crashes create_topic and delete_topic at each point; these walk the same points
 @pytest.mark.parametrize("point", ["supervisor.after_mark_deleting", "supervisor.after_remove_entry"])
 def test_supervisor_crash_in_bulk_delete_leaves_nothing(client: rt.Client, point: str) -> None:
     names = [f"bulkd-{uuid.uuid4().hex[:6]}-{i}" for i in range(3)]
@@ -156,6 +158,7 @@ def test_supervisor_crash_in_delete_topic_leaves_nothing(client: rt.Client, poin
     produce_and_consume(client, topic, 2, subscription="billing")
 
 
+@pytest.mark.extended  # the suite crashes create_topic and delete_topic at each point; these walk the same points
 @pytest.mark.parametrize("point", CREATE_POINTS)
 def test_supervisor_crash_in_subscribe_leaves_the_whole_subscription(client: rt.Client, point: str) -> None:
     topic = f"sub-create-{uuid.uuid4().hex[:8]}"
@@ -170,6 +173,7 @@ def test_supervisor_crash_in_subscribe_leaves_the_whole_subscription(client: rt.
     assert sorted(named_actors(f"sub-{topic}-")) == [subscription_actor_name(topic, p, "audit") for p in range(2)]
 
 
+@pytest.mark.extended  # the suite crashes create_topic and delete_topic at each point; these walk the same points
 @pytest.mark.parametrize("point", DELETE_POINTS)
 def test_supervisor_crash_in_unsubscribe_leaves_nothing(client: rt.Client, point: str) -> None:
     topic = f"sub-delete-{uuid.uuid4().hex[:8]}"
