@@ -29,7 +29,7 @@ from raytxn.protocol.record_layout import PlainLayout, gather
 
 HEADER = struct.Struct(">qiibIhiqqqhii")  # base offset .. record count: 61 bytes
 CRC_FROM = 21                               # the CRC covers the attributes onwards
-TRANSACTIONAL, CONTROL = 0x10, 0x20
+LOG_APPEND_TIME, TRANSACTIONAL, CONTROL = 0x08, 0x10, 0x20
 _MAX_VARINT = 10
 
 

@@ -117,7 +117,8 @@ def _decode_batch(raw: bytes, limit: int) -> ProducedBatch:
         struct.pack_into(">h", inflated, DefaultRecordBatch.ATTRIBUTES_OFFSET, attributes & ~codecs.CODEC_MASK)
         plain = bytes(inflated)
     transactional = bool(attributes & record_batches.TRANSACTIONAL)
-    records = _bulk_records(plain, count, base_timestamp)
+    # LOG_APPEND_TIME (a broker's stamp, never a producer's): kafka-python reads it, as Kafka does
+    records = None if attributes & record_batches.LOG_APPEND_TIME else _bulk_records(plain, count, base_timestamp)
     if records is None:
         records = [encode_message(m) for m in _parsed_messages(plain)]
     return ProducedBatch(producer_id, producer_epoch, base_sequence, transactional, records, codec)

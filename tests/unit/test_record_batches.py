@@ -140,6 +140,17 @@ def test_a_damaged_batch_is_never_accepted_differently_from_the_slow_parser(rows
         assert bulk == [encode_message(m) for m in records._parsed_messages(bytes(raw))]
 
 
+def test_a_batch_stamped_with_log_append_time_reads_its_max_timestamp_as_kafka_does():
+    builder = DefaultRecordBatchBuilder(2, 0, False, 5, 1, 40, 1 << 30)
+    builder.append(0, 100, None, b"a", [])
+    builder.append(1, 200, None, b"b", [])
+    raw = bytearray(builder.build())
+    raw[22] |= record_batches.LOG_APPEND_TIME  # the attributes' low byte
+    struct.pack_into(">I", raw, 17, crc32c.crc32c(memoryview(raw)[record_batches.CRC_FROM:]))
+    (batch,) = records.decode_batches(bytes(raw))
+    assert [m.event_time_ms for m in batch.messages] == [200, 200]
+
+
 def test_a_key_that_is_not_utf8_is_refused_through_either_path():
     raw = _kafka_batch([(b"\xff\xfe", b"v", 10, [])])
     assert records._bulk_records(raw, 1, 10) is None
