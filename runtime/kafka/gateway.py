@@ -51,6 +51,7 @@ from raytxn.kafka.group_membership import TICK_S, GroupMembership
 from raytxn.kafka.group_offsets import Engine, GroupOffsets
 from raytxn.kafka.groups import INITIAL_REBALANCE_DELAY_MS, GroupTable, check_initial_delay
 from raytxn.kafka.mapping import raytxn_subscription, raytxn_topic
+from raytxn.kafka.records import idempotent_only
 from raytxn.kafka.security import (
     PRE_AUTH_APIS,
     REASONS,
@@ -73,6 +74,7 @@ log = logging.getLogger(__name__)
 CALL_DEADLINE_S = 30.0
 MAX_ACTOR_REFS = 10_000
 DEFAULT_BIND_HOST = "127.0.0.1"
+MAX_PIPELINED_PRODUCES = 8  # a connection's Produce requests served at once (librdkafka sends up to 5)
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
 
 # The session of the connection whose request is being served. Set in each connection's task
@@ -147,7 +149,10 @@ class KafkaGateway:
         # Connections closed, by why (``wire.CLOSE_REASONS``): each with one log line, no traceback;
         # requests refused, by the Kafka error's name (``security.REASONS``).
         self.served: dict[str, Any] = {"connections": 0, "requests": 0,
-                                       **{f"closed_{r}": 0 for r in wire.CLOSE_REASONS}, "refused": {}}
+                                       **{f"closed_{r}": 0 for r in wire.CLOSE_REASONS}, "refused": {},
+                                       # Produce requests served while an earlier one appended, and
+                                       # the most a connection had waiting for their answers at once
+                                       "produces_pipelined": 0, "produces_in_flight_max": 0}
         self.warning: str | None = None
         self.versions: dict[str, int] = {}  # "api_key/version" -> requests (served ones only: bounded)
 
@@ -268,6 +273,12 @@ class KafkaGateway:
         self.served["connections"] += 1
         session = Session(self.auth_on)
         _SESSION.set(session)  # this connection's task, and every task it starts (see _SESSION)
+        # Answers in request order. A Produce of idempotent batches only is served while earlier
+        # ones still append (librdkafka keeps up to 5 in flight: served one at a time, each waited
+        # out its append's durable write, and the gateway sat idle); every other request waits
+        # until everything before it was answered, as a Kafka broker serves a connection.
+        answers: asyncio.Queue[asyncio.Future[bytes | None]] = asyncio.Queue(maxsize=MAX_PIPELINED_PRODUCES)
+        answering = asyncio.get_running_loop().create_task(self._answer_in_order(answers, writer))
         try:
             while True:
                 try:
@@ -275,6 +286,17 @@ class KafkaGateway:
                     payload = await reader.readexactly(wire.frame_size(prefix))
                 except asyncio.IncompleteReadError:
                     return  # the client closed
+                if answering.done():
+                    return  # an answer failed and closed the connection
+                if not session.raw_sasl and self._pipelined(payload):
+                    await answers.put(asyncio.ensure_future(self._respond(payload, conn, session)))
+                    self.served["produces_pipelined"] += 1
+                    in_flight = answers.qsize() + 1  # those queued, and the one being answered
+                    self.served["produces_in_flight_max"] = max(self.served["produces_in_flight_max"], in_flight)
+                    continue
+                await answers.join()  # every earlier answer written
+                if answering.done():
+                    return
                 if session.raw_sasl:  # after a SaslHandshake v0: a bare SASL message
                     response: bytes | None = await self.authenticator.raw(payload, session)
                 else:
@@ -283,12 +305,49 @@ class KafkaGateway:
                     writer.write(response)
                     await writer.drain()
         except Exception as e:  # noqa: BLE001 - whatever ends this connection, the others go on
-            reason = wire.close_reason(e)
-            self.served[f"closed_{reason}"] += 1
-            log.warning("closing Kafka connection from %s (%s): %s: %s", writer.get_extra_info("peername"),
-                        reason, type(e).__name__, e)
+            self._closing(writer, e)
         finally:
+            answering.cancel()
+            while not answers.empty():  # bounded by the queue's size
+                answers.get_nowait().cancel()
             writer.close()
+
+    def _closing(self, writer: asyncio.StreamWriter, e: BaseException) -> None:
+        reason = wire.close_reason(e)
+        self.served[f"closed_{reason}"] += 1
+        log.warning("closing Kafka connection from %s (%s): %s: %s", writer.get_extra_info("peername"),
+                    reason, type(e).__name__, e)
+
+    def _pipelined(self, payload: bytes) -> bool:
+        """A Produce request (api key 0) whose batches are all idempotent (``records.idempotent_only``)."""
+        try:
+            header = wire.peek_header(payload)
+            return header.api_key == 0 and idempotent_only(wire.decode_request(header, payload))
+        except Exception:  # noqa: BLE001 - malformed: served in line, where its error is answered
+            return False
+
+    async def _answer_in_order(self, answers: asyncio.Queue[asyncio.Future[bytes | None]],
+                               writer: asyncio.StreamWriter) -> None:
+        """Write the pipelined answers in the order their requests came; a failed one closes the
+        connection, as it would have served in line."""
+        while True:  # until the connection's task cancels it
+            answer = await answers.get()
+            try:
+                response = await answer
+                if response is not None:
+                    writer.write(response)
+                    await writer.drain()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - the connection closes; the others go on
+                self._closing(writer, e)
+                writer.close()
+                while not answers.empty():  # bounded by the queue's size; so nothing waits on them
+                    answers.get_nowait().cancel()
+                    answers.task_done()
+                return
+            finally:
+                answers.task_done()
 
     async def _respond(self, payload: bytes, conn: Connection, session: Session) -> bytes | None:
         assert self.broker is not None and self.authorizer is not None

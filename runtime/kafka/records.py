@@ -25,6 +25,7 @@ import struct
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import crc32c
 import numpy as np
@@ -52,6 +53,7 @@ _HEADER_BYTES = DefaultRecordBatch.HEADER_STRUCT.size  # 61: the records (maybe 
 # A batch's records past this once decompressed are refused (MESSAGE_TOO_LARGE) before they are
 # held: the ledger's largest entry (``LedgerConfig.max_entry_bytes``), which they could not pass.
 MAX_RECORDS_BYTES = 8 << 20
+_PRODUCER_ID_AT = 43  # base offset 8, length 4, leader epoch 4, magic 1, CRC 4, attributes 2, .. 2 timestamps 16
 
 
 @dataclass(frozen=True)
@@ -239,3 +241,25 @@ class EncodedBatches:
                 _, dropped = self._batches.popitem(last=False)
                 self.held_bytes -= len(dropped)
         return batch
+
+
+def idempotent_only(request: Any) -> bool:
+    """Whether every record batch of a Produce request comes from an idempotent (or transactional)
+    producer: one with a producer id, whose batches the partitions order by sequence number
+    whatever order their appends arrive in. Only such requests may be served while an earlier one
+    on the connection is still appending (``KafkaGateway._serve``); a batch without a producer id
+    is ordered only by being appended after the one before it."""
+    seen = 0
+    for topic in request.topic_data:
+        for data in topic.partition_data:
+            view, pos = memoryview(data.records or b""), 0
+            while pos + _HEADER_BYTES <= len(view):  # bounded: each batch moves on by a header at least
+                (length,) = struct.unpack_from(">i", view, pos + 8)
+                (producer_id,) = struct.unpack_from(">q", view, pos + _PRODUCER_ID_AT)
+                if producer_id < 0 or length + DefaultRecordBatch.AFTER_LEN_OFFSET < _HEADER_BYTES:
+                    return False
+                pos += length + DefaultRecordBatch.AFTER_LEN_OFFSET
+                seen += 1
+            if pos != len(view):
+                return False  # a truncated batch: served alone, so its error comes in order
+    return seen > 0

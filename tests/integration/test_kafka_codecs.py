@@ -353,3 +353,41 @@ def test_malformed_requests_get_their_error_or_a_clean_close_while_others_produc
     lines = gateway_log_lines(gateway)  # one line per close, and no traceback
     assert sum("closing Kafka connection" in line for line in lines) >= len(closes)
     assert not any("Traceback" in line for line in lines), [line for line in lines if "Traceback" in line]
+
+
+def test_idempotent_produce_requests_are_served_while_earlier_ones_append_and_answered_in_order(
+        client: rt.Client, gateway: dict[str, Any]) -> None:
+    """librdkafka keeps up to 5 Produce requests in flight on a connection; the gateway appends
+    them at once and answers in their order (librdkafka and kafka-python both check it), and each
+    partition still holds every message once, in the order sent."""
+    from confluent_kafka import Producer
+    from kafka import KafkaProducer
+
+    topic = new_topic(client, partitions=2)
+    before = stats(gateway)
+    producer = Producer({"bootstrap.servers": gateway["bootstrap"], "enable.idempotence": True,
+                         "batch.num.messages": 50, "linger.ms": 0, "max.in.flight": 5})
+    delivered: list[Any] = []
+    for i in range(3000):
+        producer.produce(topic, value=f"c{i}".encode(), partition=i % 2, on_delivery=lambda e, m: delivered.append(
+            (e, m.partition(), m.offset(), m.value())))
+        if i % 500 == 0:
+            producer.poll(0)
+    assert producer.flush(60) == 0
+    assert all(e is None for e, _, _, _ in delivered) and len(delivered) == 3000
+    kp = KafkaProducer(bootstrap_servers=gateway["bootstrap"], enable_idempotence=True, batch_size=200,
+                       linger_ms=0, max_in_flight_requests_per_connection=5)
+    for i in range(600):
+        kp.send(topic, value=f"k{i}".encode(), partition=0)
+    kp.flush(60)
+    kp.close()
+    after = stats(gateway)
+    assert after["produces_pipelined"] - before["produces_pipelined"] >= 60  # every one of them, in fact
+    assert after["produces_in_flight_max"] >= 2, after  # some were appending together
+    for partition in (0, 1):
+        offsets = sorted((offset, value) for _, p, offset, value in delivered if p == partition)
+        assert [o for o, _ in offsets] == list(range(1500))  # dense: nothing lost, nothing twice
+        assert [v for _, v in offsets] == [f"c{i}".encode() for i in range(partition, 3000, 2)]
+    values = visible_values(topic, (0,))
+    assert values[:1500] == [f"c{i}".encode() for i in range(0, 3000, 2)]
+    assert values[1500:] == [f"k{i}".encode() for i in range(600)]
