@@ -100,6 +100,13 @@ def test_probes_reuse_handles_and_still_see_a_replaced_actor(client: rt.Client) 
     assert ActorRef(name).call("stats")["applied_entries"] == 2
 
 
+def test_coordinators_import_the_actor_classes_at_start(client: rt.Client) -> None:
+    """A coordinator's first commit must not import partition.py (Ray loads a handle's class on
+    first use): the coordinator imports every engine actor module as it starts."""
+    for index in range(client.config.coordinator.num_coordinators):
+        assert ActorRef(coordinator_actor_name(index)).call("ready")["actor_classes_imported"] is True
+
+
 def test_fault_api_arm_list_disarm_and_ride_over(client: rt.Client) -> None:
     topic = f"f-{uuid.uuid4().hex[:6]}"
     client.create_topic(topic, 1)
