@@ -59,7 +59,15 @@ import ray
 
 from raytxn.actors.coordinator_tids import TransactionalIdViews
 from raytxn.actors.participants import end_on_participant, participant_name
-from raytxn.actors.shell import ActorRefs, ActorShell, Clock, ray_actor_options, replay
+from raytxn.actors.shell import (
+    ActorRefs,
+    ActorShell,
+    Clock,
+    engine_actor_classes_imported,
+    import_engine_actor_classes,
+    ray_actor_options,
+    replay,
+)
 from raytxn.auth import Access, AuthConfig, Authorizer, guarded
 from raytxn.client.rpc import ActorRef
 from raytxn.config import CoordinatorConfig
@@ -109,6 +117,7 @@ class TransactionCoordinator(TransactionalIdViews, ActorShell, FaultTarget):
                  auth: AuthConfig | None = None, *, clock: Clock | None = None,
                  actor_refs: ActorRefs | None = None, storage: Storage | None = None) -> None:
         super().__init__(coordinator_actor_name(tc_id), clock, actor_refs)
+        import_engine_actor_classes()  # its first commit's calls to partitions would import them
         self.tc_id = tc_id
         self.authorizer = Authorizer(auth)
         self.config = config or CoordinatorConfig()
@@ -181,7 +190,7 @@ class TransactionCoordinator(TransactionalIdViews, ActorShell, FaultTarget):
         incarnation's facts."""
         await self._started()
         await self._answered_ends_logged()
-        return dict(self.info)
+        return {**self.info, "actor_classes_imported": engine_actor_classes_imported()}
 
     # --- logging ---------------------------------------------------------------------------
 

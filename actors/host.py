@@ -33,7 +33,12 @@ from typing import Any
 
 import ray
 
-from raytxn.actors.shell import ActorShell, ray_actor_options
+from raytxn.actors.shell import (
+    ActorShell,
+    engine_actor_classes_imported,
+    import_engine_actor_classes,
+    ray_actor_options,
+)
 from raytxn.auth import Access, AuthConfig, Authorizer, AuthTarget, guarded
 from raytxn.config import PartitionConfig, SubscriptionConfig
 from raytxn.errors import ActorUnavailable, CannotPlaceActor, InvalidArgument
@@ -52,6 +57,7 @@ class ActorHost(AuthTarget):
     def __init__(self, name: str, storage_url: str, storage_options: dict[str, Any],
                  partition_config: PartitionConfig, subscription_config: SubscriptionConfig,
                  auth: AuthConfig, max_hosted: int) -> None:
+        import_engine_actor_classes()  # its first activation (and its actors' calls) would import them
         self.name = name
         self.authorizer = Authorizer(auth)
         self._auth = auth
@@ -143,7 +149,8 @@ class ActorHost(AuthTarget):
     async def ready(self) -> dict[str, Any]:
         return {"host": self.name, "pid": os.getpid(), "hosted": len(self._hosted), "started": self.started,
                 "dropped": self.dropped,
-                "owned_tasks": sum(map(len, self._tasks.values()))}
+                "owned_tasks": sum(map(len, self._tasks.values())),
+                "actor_classes_imported": engine_actor_classes_imported()}
 
     def _drop(self, actor: ActorShell) -> None:
         """Forget ``actor`` and cancel its tasks (the process end of a dedicated actor)."""

@@ -112,6 +112,11 @@ class Supervisor(ActorShell, FaultTarget):
         self._passivations: dict[str, asyncio.Task] = {}  # actor name -> the task passivating it
         self._implied_cache: dict[str, ActorSpec] = {}
         self._hosts: dict[str, Any] = {}  # host name -> handle (EngineConfig.actor_hosts > 0)
+        # Actor name -> its handle, resolved once: ``ray.get_actor`` per probe (a GCS call and a
+        # new ActorHandle each) was 70% of this actor's busy samples while the gateway worked.
+        # Dropped when the actor is killed, replaced or found dead, then resolved again.
+        self._handles: dict[str, Any] = {}
+        self._handle_lookups = 0  # how often a handle was resolved by name (health reports it)
         self._implied_for: Catalog | None = None
 
     async def _start(self) -> None:
@@ -150,9 +155,25 @@ class Supervisor(ActorShell, FaultTarget):
     def _create_coordinator(self, tc_id: int) -> Any:
         from raytxn.actors.coordinator import CoordinatorActor
 
-        return CoordinatorActor.options(**self._actor_options(coordinator_actor_name(tc_id))).remote(
+        name = coordinator_actor_name(tc_id)
+        handle = CoordinatorActor.options(**self._actor_options(name)).remote(
             tc_id, self.config.storage_url, self.config.storage_options, self.config.coordinator,
             auth=self.config.auth)
+        self._handles[name] = handle
+        return handle
+
+    def _handle(self, name: str) -> Any:
+        """The live actor ``name`` (cached), or None."""
+        handle = self._handles.get(name)
+        if handle is None:
+            self._handle_lookups += 1
+            if (handle := _handle(name)) is not None:
+                self._handles[name] = handle
+        return handle
+
+    def _kill(self, name: str) -> bool:
+        self._handles.pop(name, None)
+        return _kill(name)
 
     def _create(self, spec: ActorSpec) -> Any:
         """Create (unless it runs) the actor of ``spec`` and return its handle. Synchronous: the
@@ -162,12 +183,15 @@ class Supervisor(ActorShell, FaultTarget):
 
         config = self.config
         if spec.kind == "partition":
-            return PartitionActor.options(**self._actor_options(spec.name)).remote(
+            handle = PartitionActor.options(**self._actor_options(spec.name)).remote(
                 spec.topic, spec.partition, config.storage_url, config.storage_options, config.partition, config.auth)
-        sub = self.catalog.subscriptions[spec.topic][spec.subscription]
-        return SubscriptionActor.options(**self._actor_options(spec.name)).remote(
-            spec.topic, spec.partition, spec.subscription, sub.initial_position, config.storage_url,
-            config.storage_options, config.subscription, config.auth)
+        else:
+            sub = self.catalog.subscriptions[spec.topic][spec.subscription]
+            handle = SubscriptionActor.options(**self._actor_options(spec.name)).remote(
+                spec.topic, spec.partition, spec.subscription, sub.initial_position, config.storage_url,
+                config.storage_options, config.subscription, config.auth)
+        self._handles[spec.name] = handle
+        return handle
 
     def _host_of(self, name: str) -> str | None:
         """The host serving the partition or subscription ``name`` (None: a process of its own)."""
@@ -209,7 +233,8 @@ class Supervisor(ActorShell, FaultTarget):
         host = self._host_of(spec.name)
         if host is not None:
             return bool((await self._start_hosted(spec, host))["hosted_now"])
-        was_dormant = _handle(spec.name) is None
+        self._handles.pop(spec.name, None)  # a cached handle may be of a dead incarnation
+        was_dormant = self._handle(spec.name) is None
         await self._placed(spec.name, self._create(spec))
         return was_dormant
 
@@ -225,7 +250,7 @@ class Supervisor(ActorShell, FaultTarget):
                 return ready.result()
             if short := self._short_resources():
                 ready.cancel()
-                _kill(name)
+                self._kill(name)
                 raise CannotPlaceActor(
                     f"cannot start actor {name!r}: the cluster has {short} free; passivate idle actors "
                     "(passivate_idle_s), lower actor_memory_mib, or add a node")
@@ -527,7 +552,7 @@ class Supervisor(ActorShell, FaultTarget):
             if (host := self._host_of(name)) is not None:
                 await self._host_call(host, "drop", name)
         deadline = self.clock.monotonic() + STOP_ACTORS_TIMEOUT_S  # dedicated ones of an earlier config too
-        while alive := [name for name in names if _kill(name)]:
+        while alive := [name for name in names if self._kill(name)]:
             if self.clock.monotonic() > deadline:
                 raise ActorUnavailable(f"{len(alive)} actors still registered {STOP_ACTORS_TIMEOUT_S}s after "
                                        f"being killed, e.g. {alive[0]!r}")
@@ -663,6 +688,8 @@ class Supervisor(ActorShell, FaultTarget):
                 self._probed_at.pop(name, None)
         if len(self._probed_at) > len(live):  # forget actors gone since (deleted topics)
             self._probed_at = {name: at for name, at in self._probed_at.items() if name in live}
+        if len(self._handles) > len(live):
+            self._handles = {name: handle for name, handle in self._handles.items() if name in live}
         for name in probes_due(alive, self._probed_at, self.config.max_probes_per_watch):
             probes.append(self._probe(name, alive[name], True))
         await asyncio.gather(*probes, return_exceptions=True)
@@ -681,7 +708,10 @@ class Supervisor(ActorShell, FaultTarget):
     async def _probe(self, name: str, kind: str, live: bool) -> None:
         row = self._row(name, kind)
         self._probed_at[name] = self.clock.monotonic()
-        if not live or (handle := _handle(name)) is None:
+        if not live:
+            self._handles.pop(name, None)
+        cached = name in self._handles
+        if not live or (handle := self._handle(name)) is None:
             await self._not_running(name, kind, row)
             return
         try:
@@ -691,9 +721,14 @@ class Supervisor(ActorShell, FaultTarget):
             row["state"] = "RECOVERING"
             return
         except ray.exceptions.ActorDiedError:
-            await self._not_running(name, kind, row)
+            self._handles.pop(name, None)
+            if cached:  # the cached handle was of a killed incarnation: the name may have a new one
+                await self._probe(name, kind, live)
+            else:
+                await self._not_running(name, kind, row)
             return
         except Exception as e:  # noqa: BLE001 - restarting, passivated or failing recovery: report it
+            self._handles.pop(name, None)  # resolved again next probe, in case it was replaced
             row["state"] = f"RESTARTING ({type(e).__name__})"
             return
         incarnation = info.get("incarnation")
@@ -768,7 +803,7 @@ class Supervisor(ActorShell, FaultTarget):
         token = self.authorizer.engine_token()
         if (host := self._host_of(spec.name)) is not None:
             answer = await self._host_call(host, "call", spec.name, "passivate", (idle_s,), {"auth": token})
-        elif (handle := _handle(spec.name)) is not None:
+        elif (handle := self._handle(spec.name)) is not None:
             answer = await asyncio.wrap_future(handle.passivate.remote(idle_s, auth=token).future())
         else:
             return False
@@ -795,7 +830,8 @@ class Supervisor(ActorShell, FaultTarget):
         rows = [self._health[n] for n, _ in self.actor_names() if n in self._health]
         dormant = sum(r["state"] == "DORMANT" for r in rows)
         return {"actors": rows, "healthy": all(r["state"] in ("ALIVE", "DORMANT") for r in rows),
-                "active": len(rows) - dormant, "dormant": dormant, "storage": self.config.storage_url}
+                "active": len(rows) - dormant, "dormant": dormant, "storage": self.config.storage_url,
+                "handle_lookups": self._handle_lookups}
 
     @guarded(Access.SUPERUSER)
     async def shutdown_actors(self) -> list[str]:
@@ -808,7 +844,7 @@ class Supervisor(ActorShell, FaultTarget):
         names = [name for name, _ in self.actor_names()]
         names += [host_actor_name(index) for index in range(self.config.actor_hosts)]
         for name in names:
-            _kill(name)
+            self._kill(name)
         return names
 
 

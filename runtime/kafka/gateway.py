@@ -31,6 +31,7 @@ from typing import Any
 
 import ray
 
+from raytxn.actors.shell import engine_actor_classes_imported, import_engine_actor_classes
 from raytxn.client.rpc import ActorRef
 from raytxn.errors import InvalidArgument, RaytxnError
 from raytxn.hashing import coordinator_for
@@ -123,6 +124,7 @@ class KafkaGateway:
                  initial_rebalance_delay_ms: int = INITIAL_REBALANCE_DELAY_MS,
                  tls: tuple[bytes, bytes, bytes | None] | None = None) -> None:
         # ``token`` is not used for client requests: see ``start_gateway``.
+        import_engine_actor_classes()  # else a client's first request to a partition imports them
         self.port, self.bind_host = port, bind_host
         self.initial_rebalance_delay_ms = initial_rebalance_delay_ms
         self.call_deadline_s = call_deadline_s  # how long one Kafka request waits on an engine call
@@ -432,7 +434,8 @@ class KafkaGateway:
         batches: dict[str, Any] = {} if self.broker is None else {**self.broker.batch_stats, "fetch_cache": {
             "hits": self.broker.encoded.hits, "misses": self.broker.encoded.misses,
             "held_bytes": self.broker.encoded.held_bytes}}
-        return {**self.address(), "versions": dict(self.versions), "groups": groups, "batches": batches}
+        return {**self.address(), "versions": dict(self.versions), "groups": groups, "batches": batches,
+                "actor_classes_imported": engine_actor_classes_imported()}
 
     async def stop(self) -> None:
         if self._server is not None:

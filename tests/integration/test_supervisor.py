@@ -72,6 +72,41 @@ def test_actor_killed_for_good_is_dormant_and_the_next_call_activates_it(client:
     assert stats["applied_entries"] == 2  # the data survived: recovered from storage
 
 
+def test_probes_reuse_handles_and_still_see_a_replaced_actor(client: rt.Client) -> None:
+    """The watch resolves a handle by name once, not on every probe (a GCS call and a new
+    ActorHandle each, 70% of the supervisor's busy samples under load), and still follows an
+    actor replaced by a new incarnation: killed for good, activated again, then restarted."""
+    topic = f"r-{uuid.uuid4().hex[:6]}"
+    client.create_topic(topic, 1)
+    producer = client.create_producer(topic)
+    producer.send(b"one")
+    name = partition_actor_name(topic, 0)
+    wait_for(lambda: row(client, name)["state"] == "ALIVE", what="probed alive")
+    lookups = client.health()["handle_lookups"]
+    time.sleep(1.2)  # four watch rounds, each probing the coordinators and the partition
+    assert client.health()["handle_lookups"] == lookups
+    ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
+    producer.send(b"two")  # activates a new actor under the same name
+    replaced = row(client, name)
+    ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=False)
+    # only a probe through the new incarnation's handle sees this restart
+    wait_for(lambda: (r := row(client, name))["state"] == "ALIVE" and r["restarts"] > replaced["restarts"],
+             what="restart of the replacement seen by the supervisor")
+    coordinator = coordinator_actor_name(0)
+    recreated = row(client, coordinator)["recreated"]
+    ray.kill(ray.get_actor(coordinator, namespace=NAMESPACE), no_restart=True)
+    wait_for(lambda: (r := row(client, coordinator))["recreated"] > recreated and r["state"] == "ALIVE",
+             what="dead coordinator created again")
+    assert ActorRef(name).call("stats")["applied_entries"] == 2
+
+
+def test_coordinators_import_the_actor_classes_at_start(client: rt.Client) -> None:
+    """A coordinator's first commit must not import partition.py (Ray loads a handle's class on
+    first use): the coordinator imports every engine actor module as it starts."""
+    for index in range(client.config.coordinator.num_coordinators):
+        assert ActorRef(coordinator_actor_name(index)).call("ready")["actor_classes_imported"] is True
+
+
 def test_fault_api_arm_list_disarm_and_ride_over(client: rt.Client) -> None:
     topic = f"f-{uuid.uuid4().hex[:6]}"
     client.create_topic(topic, 1)
