@@ -165,7 +165,9 @@ def decode_records(records: bytes, count: int, base_timestamp: int) -> tuple[np.
         return None
     starts, ends = bounds
     buffer = np.frombuffer(records, dtype=np.uint8)
-    at = starts + 1  # the attributes byte, unused in magic 2
+    if np.any(buffer[starts] != 0):  # the attributes byte, unused in magic 2: clients write 0
+        return None  # (kafka-python reads it as a varint; the slow path then says what it makes of it)
+    at = starts + 1
     fields = []
     for _ in range(3):  # timestampDelta, offsetDelta, keyLength
         read = _varints_at(buffer, at, ends)
