@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
-from raytxn.protocol.record_layout import plain_layout
+from raytxn.protocol.record_layout import binary_array, plain_layout
 
 _MAX_OFFSET = (1 << 31) - 1  # binary / string arrays have int32 offsets
 
@@ -37,42 +37,17 @@ def plain_columns_joined(data: bytes, lengths: np.ndarray) -> tuple[pa.Array, pa
     ``lengths`` (int64): how they arrive packed (``raytxn.protocol.packed_records``)."""
     if len(lengths) == 0:
         return pa.array([], pa.binary()), pa.array([], pa.string()), pa.array([], pa.timestamp("ms"))
-    joined = pa.py_buffer(data)
-    buffer = np.frombuffer(joined, dtype=np.uint8)
+    buffer = np.frombuffer(data, dtype=np.uint8)
     if buffer.size > _MAX_OFFSET:
         return None
     layout = plain_layout(buffer, lengths)
     if layout is None:
         return None
-    value_column = _binary(joined, layout.value_starts, layout.value_lengths, pa.binary())
-    key_column = _binary(joined, layout.key_starts, layout.key_lengths, pa.string(), valid=layout.has_key)
+    value_column = binary_array(buffer, layout.value_starts, layout.value_lengths, pa.binary())
+    key_column = binary_array(buffer, layout.key_starts, layout.key_lengths, pa.string(), valid=layout.has_key)
     try:
         key_column.validate(full=True)  # UTF-8, as msgspec checks a str
     except pa.ArrowInvalid:
         return None
     event_times = pa.array(layout.event_times, pa.int64(), mask=~layout.has_event_time).cast(pa.timestamp("ms"))
     return value_column, key_column, event_times
-
-
-def _binary(joined: pa.Buffer, starts: np.ndarray, lengths: np.ndarray, type_: pa.DataType,
-            valid: np.ndarray | None = None) -> pa.Array:
-    """A binary or string array of the byte ranges ``[starts, starts + lengths)`` of ``joined``
-    (in order, not overlapping), nulls where ``valid`` is False.
-
-    The ranges and the gaps between them are made the elements of one binary array over the
-    joined bytes (no copy: its offsets alternate range start, range end), and Arrow's ``take``
-    of the even elements copies the ranges out in C++."""
-    count = len(starts)
-    offsets = np.empty(2 * count + 1, dtype=np.int32)
-    offsets[0:-1:2] = starts
-    offsets[1::2] = starts + lengths
-    offsets[-1] = joined.size  # the last gap: to the end of the bytes
-    interleaved = pa.Array.from_buffers(pa.binary(), 2 * count, [None, pa.py_buffer(offsets), joined])
-    taken = interleaved.take(pa.array(np.arange(0, 2 * count, 2)))
-    validity = None
-    null_count = 0
-    if valid is not None and not valid.all():
-        validity = pa.py_buffer(np.packbits(valid, bitorder="little"))
-        null_count = int(count - valid.sum())
-    _, taken_offsets, taken_data = taken.buffers()
-    return pa.Array.from_buffers(type_, count, [validity, taken_offsets, taken_data], null_count=null_count)

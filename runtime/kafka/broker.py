@@ -298,7 +298,7 @@ class Broker:
             reads = await self._fetch_all(wanted, committed, 0.0)
         by_topic: dict[str, list[Any]] = {}
         for (topic, part), read in zip(wanted, reads, strict=True):
-            by_topic.setdefault(topic, []).append(self._partition_data(part, read, committed))
+            by_topic.setdefault(topic, []).append(self._partition_data(topic, part, read, committed))
         responses = [FetchResponse.FetchableTopicResponse(topic=t, partitions=ps) for t, ps in by_topic.items()]
         return {"throttle_time_ms": 0, "error_code": wire.NONE, "session_id": 0, "responses": responses}
 
@@ -333,10 +333,9 @@ class Broker:
         except RaytxnError as e:
             return {"error": mapping.error_code(e)}
         read["max_bytes"] = part.partition_max_bytes
-        read["topic"] = topic
         return read
 
-    def _partition_data(self, part: Any, read: dict[str, Any], committed: bool) -> Any:
+    def _partition_data(self, topic: str, part: Any, read: dict[str, Any], committed: bool) -> Any:
         data = FetchResponse.FetchableTopicResponse.PartitionData
         if "error" in read or read["out_of_range"]:
             error = read.get("error", wire.OFFSET_OUT_OF_RANGE)
@@ -345,7 +344,7 @@ class Broker:
                         preferred_read_replica=-1, records=b"")
         batches, size = [], 0
         for base, records in read["entries"]:
-            batch = self.encoded.batch(read["topic"], part.partition, base, records)
+            batch = self.encoded.batch(topic, part.partition, base, records)
             if batches and size + len(batch) > read["max_bytes"]:
                 break
             batches.append(batch)

@@ -290,8 +290,8 @@ class KafkaGateway:
                     return  # the client closed
                 if answering.done():
                     return  # an answer failed and closed the connection
-                if not session.raw_sasl and self._pipelined(payload):
-                    await answers.put(asyncio.ensure_future(self._respond(payload, conn, session)))
+                if not session.raw_sasl and (produce := self._pipelined(payload)) is not None:
+                    await answers.put(asyncio.ensure_future(self._respond(payload, conn, session, produce)))
                     self.served["produces_pipelined"] += 1
                     in_flight = answers.qsize() + 1  # those queued, and the one being answered
                     self.served["produces_in_flight_max"] = max(self.served["produces_in_flight_max"], in_flight)
@@ -310,8 +310,7 @@ class KafkaGateway:
             self._closing(writer, e)
         finally:
             answering.cancel()
-            while not answers.empty():  # bounded by the queue's size
-                answers.get_nowait().cancel()
+            _cancel_waiting(answers)
             writer.close()
 
     def _closing(self, writer: asyncio.StreamWriter, e: BaseException) -> None:
@@ -320,13 +319,18 @@ class KafkaGateway:
         log.warning("closing Kafka connection from %s (%s): %s: %s", writer.get_extra_info("peername"),
                     reason, type(e).__name__, e)
 
-    def _pipelined(self, payload: bytes) -> bool:
-        """A Produce request (api key 0) whose batches are all idempotent (``records.idempotent_only``)."""
+    @staticmethod
+    def _pipelined(payload: bytes) -> Any:
+        """The decoded request, if it is a Produce (api key 0) whose batches are all idempotent
+        (``records.idempotent_only``); else None, and it is served in line."""
         try:
             header = wire.peek_header(payload)
-            return header.api_key == 0 and idempotent_only(wire.decode_request(header, payload))
+            if header.api_key != 0:
+                return None
+            request = wire.decode_request(header, payload)
         except Exception:  # noqa: BLE001 - malformed: served in line, where its error is answered
-            return False
+            return None
+        return request if idempotent_only(request) else None
 
     async def _answer_in_order(self, answers: asyncio.Queue[asyncio.Future[bytes | None]],
                                writer: asyncio.StreamWriter) -> None:
@@ -344,20 +348,20 @@ class KafkaGateway:
             except Exception as e:  # noqa: BLE001 - the connection closes; the others go on
                 self._closing(writer, e)
                 writer.close()
-                while not answers.empty():  # bounded by the queue's size; so nothing waits on them
-                    answers.get_nowait().cancel()
-                    answers.task_done()
+                _cancel_waiting(answers, mark_done=True)  # so nothing waits on them
                 return
             finally:
                 answers.task_done()
 
-    async def _respond(self, payload: bytes, conn: Connection, session: Session) -> bytes | None:
+    async def _respond(self, payload: bytes, conn: Connection, session: Session,
+                       decoded: Any = None) -> bytes | None:
+        """The answer to one request (``decoded``: the request, when ``_pipelined`` decoded it)."""
         assert self.broker is not None and self.authorizer is not None
         header = wire.peek_header(payload)
         self.served["requests"] += 1
         if header.api_key == wire.API_VERSIONS:
             return wire.api_versions(header)
-        request = wire.decode_request(header, payload)
+        request = decoded if decoded is not None else wire.decode_request(header, payload)
         if header.api_key == SASL_HANDSHAKE:
             return self.authenticator.handshake(header, request, session)
         if header.api_key == SASL_AUTHENTICATE:
@@ -444,6 +448,15 @@ class KafkaGateway:
         if self._ticker is not None:
             self._ticker.cancel()
             self._ticker = None
+
+
+def _cancel_waiting(answers: asyncio.Queue[asyncio.Future[bytes | None]], mark_done: bool = False) -> None:
+    """Cancel the answers still queued (bounded by the queue's size); ``mark_done`` for a queue
+    something may be joining."""
+    while not answers.empty():
+        answers.get_nowait().cancel()
+        if mark_done:
+            answers.task_done()
 
 
 # Not restarted by Ray: a restarted actor would not serve until start() is called again; `raytxn

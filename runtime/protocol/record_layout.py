@@ -214,15 +214,31 @@ def _put_big_endian(out: np.ndarray, at: np.ndarray, values: np.ndarray, widths:
             out[at[chosen] + i] = ((unsigned[chosen] >> shift) & np.uint64(0xFF)).astype(np.uint8)
 
 
+def binary_array(source: np.ndarray, starts: np.ndarray, lengths: np.ndarray, type_: pa.DataType,
+                 valid: np.ndarray | None = None) -> pa.Array:
+    """An Arrow binary or string array (``type_``; large ones for 2 GiB and past) of the byte ranges
+    ``[starts, starts + lengths)`` of ``source`` (``gather``), nulls where ``valid`` is False (their
+    lengths must be 0)."""
+    count = len(starts)
+    data = gather(source, starts, lengths)
+    large = type_ in (pa.large_binary(), pa.large_string())
+    offsets = np.zeros(count + 1, dtype=np.int64 if large else np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    validity, null_count = None, 0
+    if valid is not None and not valid.all():
+        validity = pa.py_buffer(np.packbits(valid, bitorder="little"))
+        null_count = int(count - valid.sum())
+    return pa.Array.from_buffers(type_, count, [validity, pa.py_buffer(offsets), pa.py_buffer(data)],
+                                 null_count=null_count)
+
+
 def keys_are_utf8(source: np.ndarray, layout: PlainLayout) -> bool:
     """Whether every key ``layout`` locates in ``source`` is UTF-8, as msgspec checks a str: the
-    keys gathered into one Arrow string array, validated in C++."""
+    keys as one Arrow string array, validated in C++."""
     lengths = np.where(layout.has_key, layout.key_lengths, 0)
     if not lengths.any():
         return True
-    data = gather(source, np.where(layout.has_key, layout.key_starts, 0), lengths)
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    keys = pa.Array.from_buffers(pa.large_string(), len(lengths), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+    keys = binary_array(source, np.where(layout.has_key, layout.key_starts, 0), lengths, pa.large_string())
     try:
         keys.validate(full=True)
     except pa.ArrowInvalid:
