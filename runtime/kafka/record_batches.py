@@ -31,6 +31,8 @@ HEADER = struct.Struct(">qiibIhiqqqhii")  # base offset .. record count: 61 byte
 CRC_FROM = 21                               # the CRC covers the attributes onwards
 LOG_APPEND_TIME, TRANSACTIONAL, CONTROL = 0x08, 0x10, 0x20
 _MAX_VARINT = 10
+# attributes, timestampDelta, offsetDelta, keyLength, valueLength and the headers' count: a byte each
+_MIN_RECORD_BYTES = 6
 
 
 def _zigzag(values: np.ndarray) -> np.ndarray:
@@ -164,6 +166,8 @@ def decode_records(records: bytes, count: int, base_timestamp: int) -> tuple[np.
     if bounds is None:
         return None
     starts, ends = bounds
+    if np.any(ends - starts < _MIN_RECORD_BYTES):  # too short to hold its own fields: the slow path
+        return None  # refuses it (and indexing its attributes byte could run past the buffer)
     buffer = np.frombuffer(records, dtype=np.uint8)
     if np.any(buffer[starts] != 0):  # the attributes byte, unused in magic 2: clients write 0
         return None  # (kafka-python reads it as a varint; the slow path then says what it makes of it)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from raytxn.ids import TxnID
-from raytxn.kafka import record_batches, records
+from raytxn.kafka import codecs, record_batches, records
 from raytxn.protocol.entry_format import EntryHeader, MessageRecord, encode_entry, encode_message
 from raytxn.protocol.packed_records import PackedRecords
 from raytxn.protocol.record_layout import encode_plain, keys_are_utf8, plain_layout
@@ -128,16 +128,45 @@ def test_headers_null_values_and_negative_timestamps_take_the_slow_path_and_say_
 @settings(max_examples=300, deadline=None)
 @given(kafka_rows, st.data())
 def test_a_damaged_batch_is_never_accepted_differently_from_the_slow_parser(rows, data):
-    """Flip bytes of the records (the CRC then recomputed, so only the records' parse judges them):
-    the bulk path either declines or gives exactly what kafka-python parses."""
+    """Flip bytes of the records, cut some off or change the batch's record count (the CRC then
+    recomputed, so only the records' parse judges them): the bulk path either declines or gives
+    exactly what kafka-python parses, and the whole decode either reads the batch or refuses it
+    with an error the gateway maps to a Kafka code, never another exception."""
     raw = bytearray(_kafka_batch(rows))
     for _ in range(data.draw(st.integers(1, 4))):
         at = data.draw(st.integers(record_batches.HEADER.size, len(raw) - 1))
         raw[at] = data.draw(st.integers(0, 255))
+    if data.draw(st.booleans()):
+        del raw[len(raw) - data.draw(st.integers(0, min(8, len(raw) - record_batches.HEADER.size))):]
+        struct.pack_into(">i", raw, 8, len(raw) - 12)  # the batch's length, kept true to its bytes
+    count = len(rows) + data.draw(st.sampled_from([0, 0, 0, -1, 1]))
+    struct.pack_into(">i", raw, record_batches.HEADER.size - 4, count)
     struct.pack_into(">I", raw, 17, crc32c.crc32c(memoryview(raw)[record_batches.CRC_FROM:]))
-    bulk = records._bulk_records(bytes(raw), len(rows), rows[0][2])
+    bulk = records._bulk_records(bytes(raw), count, rows[0][2])
     if bulk is not None:
         assert bulk == [encode_message(m) for m in records._parsed_messages(bytes(raw))]
+    try:
+        (batch,) = records.decode_batches(bytes(raw))
+    except (codecs.CorruptBatch, records.InvalidArgument):
+        assert bulk is None
+    else:
+        assert bulk is None or batch.records == bulk
+
+
+def test_a_record_too_short_for_its_fields_is_refused_as_corrupt_not_by_an_index_error():
+    """Found by the property above: a batch whose last record says it is 0 bytes long."""
+    raw = bytearray(_kafka_batch([(None, b"\x00\x00", 8193, []), (None, b"", 0, [])]))
+    raw.append(0)  # a third record, of length 0
+    struct.pack_into(">i", raw, 8, len(raw) - 12)
+    struct.pack_into(">i", raw, record_batches.HEADER.size - 4, 3)
+    struct.pack_into(">I", raw, 17, crc32c.crc32c(memoryview(raw)[record_batches.CRC_FROM:]))
+    assert records._bulk_records(bytes(raw), 3, 8193) is None
+    try:
+        records.decode_batches(bytes(raw))
+    except codecs.CorruptBatch:
+        pass
+    else:
+        raise AssertionError("a zero-length record was read")
 
 
 def test_a_batch_stamped_with_log_append_time_reads_its_max_timestamp_as_kafka_does():
