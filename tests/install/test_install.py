@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -66,6 +67,22 @@ def _clean_env() -> dict[str, str]:
 def _run(argv: list[str], cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=_clean_env())
     return proc
+
+
+# What a copy of the source leaves out: this checkout's own environment, caches and build output.
+# setuptools builds in the source tree (build/, *.egg-info), so two installs from one tree at once
+# (pytest -n 2) collide there ("File exists: build/bdist.../raytxn-0.1.0.dist-info", seen in CI):
+# each test installs from its own copy.
+_NOT_SOURCE = shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__", ".raytxn-data",
+                                     ".pytest_cache", ".ruff_cache", ".mypy_cache", ".mypy_layout",
+                                     ".hypothesis", "bench-results", "site")
+
+
+def _source(tmp_path: Path) -> Path:
+    """A private copy of the project to ``pip install`` from, as a user installs an unpacked sdist."""
+    where = tmp_path / "src"
+    shutil.copytree(ROOT, where, ignore=_NOT_SOURCE)
+    return where
 
 
 def _venv(where: Path) -> Path:
@@ -116,7 +133,8 @@ for load in (lambda: __import__("raytxn.kafka.gateway"), lambda: sc.read_batch, 
 @pytest.mark.slow(seconds=220)
 def test_the_core_install_runs_the_quickstart_and_names_the_missing_extras(tmp_path: Path) -> None:
     bin_dir = _venv(tmp_path / "venv")
-    _pip(bin_dir, str(ROOT))
+    src = _source(tmp_path)
+    _pip(bin_dir, str(src))
 
     proc = _run([str(bin_dir / "python"), "-c", MISSING_EXTRAS], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
@@ -139,7 +157,7 @@ def test_the_core_install_runs_the_quickstart_and_names_the_missing_extras(tmp_p
     assert "exactly once per order: True" in demo.stdout, demo.stdout
 
     # the spark extra adds Spark on Ray to the same environment, at the pinned versions
-    _pip(bin_dir, f"{ROOT}[spark]")
+    _pip(bin_dir, f"{src}[spark]")
     spark = _run([str(bin_dir / "python"), "-c", SPARK_EXTRA], cwd=tmp_path)
     assert spark.returncode == 0, spark.stdout + spark.stderr[-3000:]
     pins = dict(line.strip().split("==") for line in CONSTRAINTS.read_text().splitlines() if "==" in line)
@@ -156,9 +174,10 @@ def test_an_environment_with_the_oldest_ray_keeps_it_and_passes_the_unit_tests_a
     _pip(bin_dir, f"{ray_requirement}=={floor}", constraints=others)
     assert _version(bin_dir, "ray") == floor
 
-    _pip(bin_dir, str(ROOT), constraints=others)
+    src = _source(tmp_path)
+    _pip(bin_dir, str(src), constraints=others)
     assert _version(bin_dir, "ray") == floor, "pip install . replaced the environment's Ray"
-    _pip(bin_dir, f"{ROOT}[test]", constraints=others)
+    _pip(bin_dir, f"{src}[test]", constraints=others)
     assert _version(bin_dir, "ray") == floor, "pip install '.[test]' replaced the environment's Ray"
 
     # the unit tests and the quickstart test, on that Ray, importing the installed raytxn. The
@@ -186,9 +205,10 @@ def test_an_environment_with_the_oldest_pyspark_keeps_it_and_runs_spark_on_ray(t
     others = _constraints_but(tmp_path, "pyspark")
     bin_dir = _venv(tmp_path / "venv")
     _pip(bin_dir, f"pyspark=={floor}", constraints=others)
-    _pip(bin_dir, f"{ROOT}[spark]", constraints=others)
+    src = _source(tmp_path)
+    _pip(bin_dir, f"{src}[spark]", constraints=others)
     assert _version(bin_dir, "pyspark") == floor, "pip install '.[spark]' replaced the environment's pyspark"
-    _pip(bin_dir, f"{ROOT}[test]", constraints=others)
+    _pip(bin_dir, f"{src}[test]", constraints=others)
     assert _version(bin_dir, "pyspark") == floor, "pip install '.[test]' replaced the environment's pyspark"
 
     tests = _run([str(bin_dir / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=5",
