@@ -193,7 +193,8 @@ def test_import_contracts_hold(tmp_path: Path) -> None:
     ("ledger/managed.py", "from raytxn.client import rpc", "ledger does not import"),
     ("client/consumer.py", "from raytxn.actors import partition", "the client imports actors only"),
     ("cluster.py", "from raytxn.connectors import spark", "the engine does not import connectors"),
-    ("kafka/groups.py", "import time", "the Kafka group state machine is pure"),
+    ("kafka/groups.py", "import time", "the Kafka groups and peer view are pure"),
+    ("kafka/peers.py", "import ray", "the Kafka groups and peer view are pure"),
 ])
 def test_a_violating_import_breaks_its_contract(tmp_path: Path, module: str, line: str, contract: str) -> None:
     where = _laid_out(tmp_path)
