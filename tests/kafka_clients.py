@@ -32,17 +32,17 @@ class RawKafka:
     a time: what a client sends that no client library here sends for us (a transaction resumed
     by its producer id and epoch, a request of a chosen version)."""
 
-    def __init__(self, bootstrap: str) -> None:
+    def __init__(self, bootstrap: str, client_id: str = "raw") -> None:
         host, port = bootstrap.rsplit(":", 1)
         self.sock = socket.create_connection((host, int(port)), timeout=30)
-        self.correlation = 0
+        self.correlation, self.client_id = 0, client_id
 
     def call(self, api: Any, version: int, **fields: Any) -> Any:
         from raytxn.kafka import wire
 
         request = api[version](**fields)
         self.correlation += 1
-        request.with_header(correlation_id=self.correlation, client_id="raw")
+        request.with_header(correlation_id=self.correlation, client_id=self.client_id)
         self.sock.sendall(bytes(request.encode(header=True, framed=True)))
         size = struct.unpack(">i", self._exactly(4))[0]
         return wire.SERVED[request.API_KEY].response[version].decode(self._exactly(size), header=True)

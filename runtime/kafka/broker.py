@@ -24,12 +24,12 @@ from kafka.protocol.producer import AddPartitionsToTxnResponse, ProduceResponse
 
 from raytxn.errors import InvalidArgument, RaytxnError, TopicNotFound
 from raytxn.kafka import codecs, mapping, wire
+from raytxn.kafka.peers import PeerView
 from raytxn.kafka.records import EncodedBatches, decode_batches
 from raytxn.kafka.transactions import INVALID_TXN_STATE, KafkaTransactions, TxnState
 from raytxn.protocol.packed_records import PackedRecords
 
 log = logging.getLogger(__name__)
-NODE_ID = 0
 CLUSTER_ID = "raytxn"
 EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP = -2, -1, -3  # -3: of v7 (KIP-734)
 TOPIC_CACHE_S = 2.0
@@ -68,9 +68,9 @@ def _count(counts: dict[str, int], key: str) -> None:
 
 
 class Broker:
-    def __init__(self, host: str, port: int, topic_partitions: TopicPartitions, call: PartitionCall,
+    def __init__(self, peers: PeerView, topic_partitions: TopicPartitions, call: PartitionCall,
                  topics: TopicNames, transactions: KafkaTransactions) -> None:
-        self.host, self.port, self.transactions = host, port, transactions
+        self.peers, self.transactions = peers, transactions  # this gateway and the others of its group
         self._topic_partitions, self._call, self._topics = topic_partitions, call, topics
         self._cache: dict[str, tuple[float, int]] = {}
         self._connections = itertools.count()
@@ -107,6 +107,7 @@ class Broker:
         names = None if request.topics is None else [t.name for t in request.topics]
         if names is None or (version == 0 and not names):
             names = await self._topics()
+        client_id = request.header.client_id
         topics = []
         for name in names:
             try:
@@ -114,26 +115,34 @@ class Broker:
             except (TopicNotFound, InvalidArgument) as e:
                 count, error = 0, mapping.error_code(e)
             partitions = [MetadataResponse.MetadataResponseTopic.MetadataResponsePartition(
-                error_code=wire.NONE, partition_index=p, leader_id=NODE_ID, leader_epoch=0,
-                replica_nodes=[NODE_ID], isr_nodes=[NODE_ID], offline_replicas=[]) for p in range(count)]
+                error_code=wire.NONE, partition_index=p, leader_id=leader, leader_epoch=0,
+                replica_nodes=[leader], isr_nodes=[leader], offline_replicas=[])
+                for p, leader in enumerate(self.peers.leaders(client_id, name, count))]
             topics.append(MetadataResponse.MetadataResponseTopic(error_code=error, name=name, is_internal=False,
                                                                  partitions=partitions))
-        broker = MetadataResponse.MetadataResponseBroker(node_id=NODE_ID, host=self.host, port=self.port, rack=None)
-        return {"throttle_time_ms": 0, "brokers": [broker], "cluster_id": CLUSTER_ID, "controller_id": NODE_ID,
-                "topics": topics}
+        brokers = [MetadataResponse.MetadataResponseBroker(node_id=p.node_id, host=p.host, port=p.port, rack=p.zone)
+                   for p in self.peers.listed()]  # the dead too, a while: peers.DEPARTED_LISTED_S
+        return {"throttle_time_ms": 0, "brokers": brokers, "cluster_id": CLUSTER_ID,
+                "controller_id": self.peers.me.node_id, "topics": topics}
 
     async def find_coordinator(self, request: Any, version: int) -> dict[str, Any]:
-        """This node, for consumer groups (key type 0) and transactions (key type 1)."""
-        if getattr(request, "key_type", 0) in (0, 1):
-            error, message, node, host, port = wire.NONE, None, NODE_ID, self.host, self.port
-        else:
-            error, message = wire.INVALID_REQUEST, f"coordinator key type {request.key_type} is not served"
-            node, host, port = -1, "", -1
+        """The gateway of the peer group that coordinates each key (``peers``: the one the
+        group's membership lives in; for a transactional id, which any gateway serves, the same
+        spread), for consumer groups (key type 0) and transactions (key type 1)."""
         keys = request.coordinator_keys or [request.key]
-        coordinators = [FindCoordinatorResponse.Coordinator(key=k, node_id=node, host=host, port=port,
-                                                            error_code=error, error_message=message) for k in keys]
-        return {"throttle_time_ms": 0, "error_code": error, "error_message": message,
-                "node_id": node, "host": host, "port": port, "coordinators": coordinators}
+        coordinators = []
+        for key in keys:
+            if getattr(request, "key_type", 0) in (0, 1):
+                peer = self.peers.coordinator(key)
+                error, message, node, host, port = wire.NONE, None, peer.node_id, peer.host, peer.port
+            else:
+                error, message = wire.INVALID_REQUEST, f"coordinator key type {request.key_type} is not served"
+                node, host, port = -1, "", -1
+            coordinators.append(FindCoordinatorResponse.Coordinator(key=key, node_id=node, host=host, port=port,
+                                                                    error_code=error, error_message=message))
+        first = coordinators[0]
+        return {"throttle_time_ms": 0, "error_code": first.error_code, "error_message": first.error_message,
+                "node_id": first.node_id, "host": first.host, "port": first.port, "coordinators": coordinators}
 
     async def init_producer_id(self, request: Any, version: int) -> dict[str, Any]:
         if request.transactional_id is not None:

@@ -52,6 +52,7 @@ from raytxn.kafka.group_membership import TICK_S, GroupMembership
 from raytxn.kafka.group_offsets import Engine, GroupOffsets
 from raytxn.kafka.groups import INITIAL_REBALANCE_DELAY_MS, GroupTable, check_initial_delay
 from raytxn.kafka.mapping import raytxn_subscription, raytxn_topic
+from raytxn.kafka.peers import NOT_COORDINATOR, REFRESH_S, Peer, PeerView
 from raytxn.kafka.records import idempotent_only
 from raytxn.kafka.security import (
     PRE_AUTH_APIS,
@@ -77,6 +78,12 @@ MAX_ACTOR_REFS = 10_000
 DEFAULT_BIND_HOST = "127.0.0.1"
 MAX_PIPELINED_PRODUCES = 8  # a connection's Produce requests served at once (librdkafka sends up to 5)
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
+MAX_PEERS = 64  # gateways in one peer group
+NODE_ZONE_LABEL = "ray.io/availability-zone"
+# The group APIs only a group's coordinating gateway answers (it holds the membership that checks
+# them): Join/Sync/Heartbeat/Leave, OffsetCommit and TxnOffsetCommit (generation checks),
+# DescribeGroups, DeleteGroups, OffsetDelete. OffsetFetch is the engine's: any gateway reads it.
+GROUP_COORDINATOR_APIS = frozenset({11, 12, 13, 14, 8, 28, 15, 42, 47})
 
 # The session of the connection whose request is being served. Set in each connection's task
 # (``_serve``); asyncio copies the context into every task and thread a request starts (the
@@ -118,14 +125,33 @@ def gateway_actor_name(port: int) -> str:
     return f"kafka-gateway-{port}"
 
 
+def peer_actor_prefix(peer_group: str) -> str:
+    return f"kafka-gateways-{peer_group}-"
+
+
+def peer_actor_name(peer_group: str, node_id: int) -> str:
+    return f"{peer_actor_prefix(peer_group)}{node_id}"
+
+
 class KafkaGateway:
     def __init__(self, port: int = 9092, bind_host: str = DEFAULT_BIND_HOST, advertised_host: str | None = None,
                  token: str | None = None, num_coordinators: int = 2, call_deadline_s: float = CALL_DEADLINE_S,
                  initial_rebalance_delay_ms: int = INITIAL_REBALANCE_DELAY_MS,
-                 tls: tuple[bytes, bytes, bytes | None] | None = None) -> None:
+                 tls: tuple[bytes, bytes, bytes | None] | None = None, node_id: int = 0,
+                 peer_group: str | None = None, zone: str | None = None) -> None:
         # ``token`` is not used for client requests: see ``start_gateway``.
         import_engine_actor_classes()  # else a client's first request to a partition imports them
         self.port, self.bind_host = port, bind_host
+        # Gateways of one peer group (``gateways.start_gateways``) are one Kafka cluster (``peers``):
+        # this one is broker ``node_id`` in it. None: a gateway alone, broker 0.
+        if zone is None and peer_group is not None:  # the zone Ray knows the node by, if any
+            labels = ray.get_runtime_context().get_node_labels() or {}
+            zone = labels.get(NODE_ZONE_LABEL) or None
+            zone = zone[0] if isinstance(zone, list) else zone
+        self.node_id, self.peer_group, self.zone = node_id, peer_group, zone
+        self.peers: PeerView | None = None
+        self._peer_info: dict[str, Peer] = {}  # a peer's actor name -> its address (fixed for its life)
+        self._peer_ticker: asyncio.Task | None = None
         self.initial_rebalance_delay_ms = initial_rebalance_delay_ms
         self.call_deadline_s = call_deadline_s  # how long one Kafka request waits on an engine call
         self._tls = tls  # (certificate chain, key, client CA or None) as PEM
@@ -173,9 +199,11 @@ class KafkaGateway:
                 self.warning = exposure_warning(self.bind_host, self.port)
                 log.warning(self.warning)
             transactions = KafkaTransactions(f"kafka-gateway-{self.advertised_host}-{self.port}",
-                                             self._home_call, self._txn_call, _connection_caller)
-            self.broker = Broker(self.advertised_host, self.port, self._topic_partitions, self._call,
-                                 self._topic_names, transactions)
+                                             self._home_call, self._txn_call, _connection_caller,
+                                             shared=self.peer_group is not None)
+            self.peers = PeerView(Peer(self.node_id, self.advertised_host, self.port, self.zone),
+                                  joined_at=time.monotonic())
+            self.broker = Broker(self.peers, self._topic_partitions, self._call, self._topic_names, transactions)
             self.groups = GroupMembership(GroupTable(initial_rebalance_delay_ms=self.initial_rebalance_delay_ms))
             engine = Engine(self.broker.partitions, self._call, self._subscription_call, self._subscription_names,
                             self._create_subscription, self._topic_rows)
@@ -185,7 +213,66 @@ class KafkaGateway:
                                               self._call, transactions, lambda: int(time.time() * 1000))
             self.authorizer = RequestAuthorizer(self._topic_actions, self.groups.table)
             self._ticker = asyncio.get_running_loop().create_task(self._tick())
+            if self.peer_group is not None:
+                await self._refresh_peers()  # serve with the peers there are, not as one alone
+                self._peer_ticker = asyncio.get_running_loop().create_task(self._tick_peers())
         return self.address()
+
+    def peer(self) -> Peer | None:
+        """This gateway as its peers list it (asked once per peer by each); None until it serves."""
+        return None if self.peers is None else self.peers.me
+
+    async def _tick_peers(self) -> None:
+        while True:
+            await asyncio.sleep(REFRESH_S)
+            try:
+                await self._refresh_peers()
+            except Exception:  # a GCS hiccup: the view stays as it was until the next refresh
+                log.warning("listing the gateway's peers failed", exc_info=True)
+
+    async def _refresh_peers(self) -> None:
+        """The live gateways of this one's peer group, from Ray's named actors: a gateway that
+        died (not restarted: ``max_restarts=0``) has no name any more, so it leaves every view at
+        their next refresh, and its groups move (``peers``)."""
+        assert self.peers is not None and self.peer_group is not None
+        prefix = peer_actor_prefix(self.peer_group)
+        named = await asyncio.to_thread(ray.util.list_named_actors, True)
+        names = sorted(a["name"] for a in named if a["namespace"] == NAMESPACE and a["name"].startswith(prefix))
+        live = []
+        for name in names[:MAX_PEERS]:
+            if name not in self._peer_info:
+                try:
+                    handle = ray.get_actor(name, namespace=NAMESPACE)
+                    peer = await asyncio.wait_for(handle.peer.remote(), self.call_deadline_s)
+                except (ValueError, TimeoutError, ray.exceptions.RayError) as e:  # just died: next refresh
+                    log.info("gateway peer %s not listed: %r", name, e)
+                    continue
+                if peer is None:  # starting: listed once it serves
+                    continue
+                self._peer_info[name] = peer
+            live.append(self._peer_info[name])
+        for gone in set(self._peer_info) - set(names):
+            del self._peer_info[gone]
+        self.peers.refresh(live, time.monotonic())
+        assert self.groups is not None
+        for group_id in list(self.groups.table.groups):  # the groups another gateway took
+            if self.peers.coordinator(group_id) != self.peers.me:
+                self.groups.hand_off(group_id, NOT_COORDINATOR)
+
+    def _not_coordinator(self, api_key: int, request: Any) -> int:
+        """NONE, or the error a group request gets at a gateway that is not its group's
+        coordinator now (``peers``); the client then asks FindCoordinator again."""
+        if self.peer_group is None or api_key not in GROUP_COORDINATOR_APIS:
+            return wire.NONE
+        assert self.peers is not None
+        if api_key == 15:
+            group_ids = list(request.groups)
+        elif api_key == 42:
+            group_ids = list(request.groups_names)
+        else:
+            group_ids = [request.group_id]
+        now = time.monotonic()
+        return next((code for code in (self.peers.coordinates(g, now) for g in group_ids) if code), wire.NONE)
 
     async def _tick(self) -> None:
         """Time drives consumer groups too: sessions expire, rebalance timeouts pass."""
@@ -198,7 +285,7 @@ class KafkaGateway:
                 log.exception("consumer group tick failed")
 
     def address(self) -> dict[str, Any]:
-        return {"host": self.advertised_host, "port": self.port,
+        return {"host": self.advertised_host, "port": self.port, "node_id": self.node_id,
                 "bootstrap": f"{self.advertised_host}:{self.port}", "auth": self.auth_on,
                 "tls": self._tls is not None, "mtls": self._tls is not None and self._tls[2] is not None,
                 "warning": self.warning, **self.served, "refused": dict(self.served["refused"])}
@@ -370,6 +457,12 @@ class KafkaGateway:
             refused = await self._refused(header, request, session)
             if refused is not None:
                 return refused or None  # b"": a refused acks=0 produce, which gets no answer
+        not_coordinator = self._not_coordinator(header.api_key, request)
+        if not_coordinator:
+            fields = refusal_fields(header.api_key, request, header.api_version, not_coordinator,
+                                    "this gateway does not coordinate the group now: ask FindCoordinator")
+            assert fields is not None  # every group API has an error field
+            return wire.encode_response(header, **fields)
         broker, groups, offsets, version = self.broker, self.groups, self.offsets, header.api_version
         admin, txn_admin = self.admin, self.txn_admin
         assert groups is not None and offsets is not None and admin is not None and txn_admin is not None
@@ -438,16 +531,19 @@ class KafkaGateway:
         batches: dict[str, Any] = {} if self.broker is None else {**self.broker.batch_stats, "fetch_cache": {
             "hits": self.broker.encoded.hits, "misses": self.broker.encoded.misses,
             "held_bytes": self.broker.encoded.held_bytes}}
+        peers = [] if self.peers is None else [p.node_id for p in self.peers.brokers()]
         return {**self.address(), "versions": dict(self.versions), "groups": groups, "batches": batches,
+                "node_id": self.node_id, "peer_group": self.peer_group, "peers": peers,
                 "actor_classes_imported": engine_actor_classes_imported()}
 
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
             self._server = None
-        if self._ticker is not None:
-            self._ticker.cancel()
-            self._ticker = None
+        for task in (self._ticker, self._peer_ticker):
+            if task is not None:
+                task.cancel()
+        self._ticker = self._peer_ticker = None
 
 
 def _cancel_waiting(answers: asyncio.Queue[asyncio.Future[bytes | None]], mark_done: bool = False) -> None:
@@ -504,6 +600,60 @@ def start_gateway(port: int = 9092, *, bind_host: str = DEFAULT_BIND_HOST, adver
     address = ray.get(actor.start.remote())
     address["actor"] = actor
     return address
+
+
+def start_gateways(count: int | None = None, port: int = 9092, *, peer_group: str = "default",
+                   bind_host: str = DEFAULT_BIND_HOST, advertised_host: str | None = None,
+                   num_coordinators: int = 2, call_deadline_s: float = CALL_DEADLINE_S,
+                   initial_rebalance_delay_ms: int = INITIAL_REBALANCE_DELAY_MS,
+                   tls_cert: str | Path | None = None, tls_key: str | Path | None = None,
+                   tls_client_ca: str | Path | None = None) -> list[dict[str, Any]]:
+    """Start a peer group of gateways, one Kafka cluster to clients (``peers``): one per alive
+    node (``count`` None) or ``count`` spread over the nodes in turn, the k-th on a node serving
+    ``port + k`` (0: any free port). Gateway ``i`` is broker ``i``, in the zone its node's
+    ``ray.io/availability-zone`` label names. Idempotent: a gateway of the group that is running
+    is kept, one that died is started again under its broker id. Returns their addresses in broker
+    order; any of them (or all, comma-separated) is a client's ``bootstrap.servers``. The other
+    arguments are ``start_gateway``'s."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    if type(port) is not int or not 0 <= port < 65536:
+        raise InvalidArgument(f"port must be an int in 0..65535, got {port!r}")
+    nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
+    count = len(nodes) if count is None else count
+    if type(count) is not int or not 1 <= count <= MAX_PEERS:
+        raise InvalidArgument(f"gateways: an int in 1..{MAX_PEERS}, got {count!r}")
+    if not peer_group.replace("-", "").replace("_", "").isalnum() or len(peer_group) > 64:
+        raise InvalidArgument(f"peer group {peer_group!r}: letters, digits, - and _ only (64 at most)")
+    check_initial_delay(initial_rebalance_delay_ms)
+    tls = _read_tls(tls_cert, tls_key, tls_client_ca)
+    if port and count > len(nodes) and port + count // len(nodes) >= 65536:
+        raise InvalidArgument(f"{count} gateways from port {port} run past 65535")
+    actors = []
+    for i in range(count):
+        node, nth_on_node = nodes[i % len(nodes)], i // len(nodes)
+        actors.append(KafkaGatewayActor.options(
+            namespace=NAMESPACE, lifetime="detached", name=peer_actor_name(peer_group, i), get_if_exists=True,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+        ).remote(port + nth_on_node if port else 0, bind_host, advertised_host, None, num_coordinators,
+                 call_deadline_s, initial_rebalance_delay_ms, tls, i, peer_group))
+    addresses = ray.get([a.start.remote() for a in actors])
+    for address, actor in zip(addresses, actors, strict=True):
+        address["actor"] = actor
+    return addresses
+
+
+def stop_gateways(peer_group: str = "default") -> int:
+    """End every gateway of a peer group (their clients' connections close); how many there were."""
+    prefix = peer_actor_prefix(peer_group)
+    names = [a["name"] for a in ray.util.list_named_actors(True)
+             if a["namespace"] == NAMESPACE and a["name"].startswith(prefix)]
+    for name in names:
+        try:
+            ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
+        except ValueError:  # ended meanwhile
+            pass
+    return len(names)
 
 
 def _read_tls(cert: str | Path | None, key: str | Path | None,

@@ -70,6 +70,11 @@ class GroupMembership:
         self.table.tick(self._clock())
         self._deliver()
 
+    def hand_off(self, group_id: str, error: int) -> None:
+        """``GroupTable.hand_off``, and the waiting calls answered."""
+        self.table.hand_off(group_id, error)
+        self._deliver()
+
     def _deliver(self) -> None:
         for ready in self.table.take_answers():
             future = self._waiting.pop((ready.group_id, ready.kind, ready.member_id), None)

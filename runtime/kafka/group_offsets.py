@@ -50,7 +50,7 @@ from raytxn.ids import TxnID
 from raytxn.kafka import mapping, wire
 from raytxn.kafka.group_admin import GROUP_ID_NOT_FOUND, NON_EMPTY_GROUP
 from raytxn.kafka.group_membership import GroupMembership, group_id_error
-from raytxn.kafka.transactions import INVALID_TXN_STATE, KafkaTransactions, TxnState
+from raytxn.kafka.transactions import KafkaTransactions, TxnState
 from raytxn.protocol.cursor import check_metadata
 
 KNOWN_SUBSCRIPTION_S = 2.0  # how long "this group's subscription exists" is trusted without asking
@@ -334,9 +334,10 @@ class GroupOffsets:
         group = request.group_id
         state = await self.transactions.state_of(request.transactional_id, request.producer_id, request.producer_epoch)
         error = state if isinstance(state, int) else group_id_error(group)
-        txn = self.transactions.offsets_txn(state, group) if isinstance(state, TxnState) else None
-        if error == wire.NONE and txn is None:
-            error = INVALID_TXN_STATE  # AddOffsetsToTxn did not add the group
+        txn = None
+        if error == wire.NONE and isinstance(state, TxnState):
+            found = await self.transactions.offsets_txn_of(state, group)
+            txn, error = (None, found) if isinstance(found, int) else (found, wire.NONE)
         if error == wire.NONE and version >= 3:
             error = self.membership.check_txn_commit(group, request.member_id, request.generation_id,
                                                      request.group_instance_id)

@@ -671,6 +671,21 @@ class GroupTable:
         if group is not None:
             group.abandon(kind, member_id)
 
+    def hand_off(self, group_id: str, error: int) -> None:
+        """Drop a group this gateway no longer coordinates (``peers``: another gateway does now),
+        answering every waiting JoinGroup and SyncGroup of its members ``error`` (NOT_COORDINATOR),
+        so they find the new coordinator and join there. Its members' ids die with it: a member
+        of the old coordinator is unknown to the new one, so it cannot commit there (fenced by id,
+        whatever generation it holds)."""
+        group = self.groups.pop(group_id, None)
+        if group is None:
+            return
+        for member in list(group.members.values()):
+            group._remove(member, error)
+        self._answers.extend(group.answers)
+        group.answers.clear()
+        self._generation_floor = max(self._generation_floor, group.generation)
+
     def tick(self, now: float) -> None:
         """Expire members and complete joins whose rebalance timeout passed, in every group."""
         for group in list(self.groups.values()):

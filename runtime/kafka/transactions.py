@@ -112,8 +112,14 @@ def _code(error: RaytxnError) -> int:
 
 class KafkaTransactions:
     def __init__(self, owner: str, home_call: CoordinatorCall, txn_call: CoordinatorCall,
-                 caller: Caller = _anyone) -> None:
-        self.owner = owner
+                 caller: Caller = _anyone, shared: bool = False) -> None:
+        """``shared``: this gateway is one of several (``peers``). A producer's requests then go
+        to more than one of them (AddPartitionsToTxn and EndTxn to its transaction coordinator,
+        Produce to each partition's leader, TxnOffsetCommit to its group's coordinator), so
+        another gateway may have ended the transaction this one cached and begun the next: every
+        call is checked against the coordinator first (``refresh``), or a Produce would append
+        into an ended transaction (acked, and then never visible)."""
+        self.owner, self.shared = owner, shared
         self._home_call, self._txn_call, self._caller = home_call, txn_call, caller
         self._states: dict[str, TxnState] = {}
 
@@ -138,6 +144,9 @@ class KafkaTransactions:
         another epoch of it (it restarted since the producer's InitProducerId, or another gateway
         served the producer since): the coordinator's answer replaces what was cached."""
         known = self.state(transactional_id, producer_id, epoch)
+        if isinstance(known, TxnState) and self.shared:
+            found = await self.refresh(known)
+            return found if isinstance(found, int) else known
         if isinstance(known, TxnState) or not transactional_id or producer_id != tid_producer_id(transactional_id):
             return known
         found = await self._describe(transactional_id)
@@ -262,6 +271,25 @@ class KafkaTransactions:
         group: which groups AddOffsetsToTxn named through another gateway is not kept."""
         if state.txn is None or state.groups is None or (group not in state.groups and not state.taken_up):
             return None
+        return state.txn
+
+    async def offsets_txn_of(self, state: TxnState, group: str) -> TxnID | int:
+        """``offsets_txn``; or, when this gateway is one of several (``shared``) and its cache has
+        no txn for the group, the answer after a ``refresh``: TxnOffsetCommit goes to the group's
+        coordinating gateway, which need not be the one AddOffsetsToTxn went to. The coordinator
+        having the txn open is then what counts (which groups AddOffsetsToTxn named is not kept);
+        with none open, the Kafka error INVALID_TXN_STATE."""
+        txn = self.offsets_txn(state, group)
+        if txn is not None:
+            return txn
+        if not self.shared:  # one gateway saw every AddOffsetsToTxn: the group was not added
+            return INVALID_TXN_STATE
+        found = await self.refresh(state)
+        if isinstance(found, int):
+            return found
+        if state.txn is None or state.groups is None:
+            return INVALID_TXN_STATE
+        state.groups.add(group)
         return state.txn
 
     def txn_for(self, state: TxnState, topic: str, partition: int) -> TxnID | None:

@@ -187,24 +187,37 @@ def kafka(port: Annotated[int, typer.Option("--port", help="TCP port Kafka clien
           tls_key: Annotated[Path | None, typer.Option("--tls-key", help="PEM private key of --tls-cert")] = None,
           tls_client_ca: Annotated[Path | None, typer.Option(
               "--tls-client-ca", help="PEM CA: clients must present a certificate it signed (mTLS)")] = None,
+          gateways: Annotated[int | None, typer.Option(
+              "--gateways", help="start a peer group of this many gateways, one Kafka cluster to clients "
+                                 "(0: one per node); each node's k-th serves --port + k")] = None,
+          peer_group: Annotated[str, typer.Option("--peer-group", help="name of the --gateways group")] = "default",
           address: Address = "auto", as_json: Json = False) -> None:
     """Start a Kafka-protocol gateway actor on the cluster: Kafka clients (confluent-kafka,
     kafka-python, kcat) then produce and fetch with bootstrap.servers set to the address shown.
+    With --gateways, several: Metadata lists them all, any serves any partition, and a client
+    is pointed at the gateways of its zone first (``zone=...`` in its client.id).
     With the engine's authentication on, each client logs in with SASL PLAIN (username: its
     raytxn principal, password: its token) or OAUTHBEARER (its token) and acts as that principal."""
     try:  # the gateway comes with the `kafka` extra: without it, its error, not a traceback
-        from raytxn.kafka.gateway import start_gateway
+        from raytxn.kafka.gateway import start_gateway, start_gateways
         from raytxn.kafka.groups import INITIAL_REBALANCE_DELAY_MS
     except MissingExtra as e:
         console.print(str(e), style="red", markup=False)
         raise typer.Exit(2) from None
     delay_ms = INITIAL_REBALANCE_DELAY_MS if initial_rebalance_delay_ms is None else initial_rebalance_delay_ms
+    options = {"bind_host": bind_host, "advertised_host": advertised_host, "initial_rebalance_delay_ms": delay_ms,
+               "tls_cert": tls_cert, "tls_key": tls_key, "tls_client_ca": tls_client_ca}
     with _client(address) as client:
-        gateway = start_gateway(port, bind_host=bind_host, advertised_host=advertised_host,
-                                num_coordinators=client.config.coordinator.num_coordinators,
-                                initial_rebalance_delay_ms=delay_ms,
-                                tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca)
-    gateway.pop("actor")
+        coordinators = client.config.coordinator.num_coordinators
+        if gateways is None:
+            gateway = start_gateway(port, num_coordinators=coordinators, **options)
+        else:
+            group = start_gateways(gateways or None, port, peer_group=peer_group, num_coordinators=coordinators,
+                                   **options)
+            for one in group:
+                one.pop("actor")
+            gateway = {**group[0], "bootstrap": ",".join(g["bootstrap"] for g in group), "gateways": group}
+    gateway.pop("actor", None)
     if gateway.get("warning"):
         err_console.print(f"[bold yellow]warning:[/] {gateway['warning']}")
     if as_json:
