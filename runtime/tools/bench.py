@@ -205,6 +205,7 @@ BENCHMARKS: dict[str, Callable[..., list[dict]]] = {
     "auth": _lazy("raytxn.tools.bench_auth", "bench_auth"),
     "scale": _lazy("raytxn.tools.bench_scale", "bench_scale"),
     "kafka": _lazy("raytxn.tools.bench_kafka", "bench_kafka"),
+    "gateways": _lazy("raytxn.tools.bench_gateways", "bench_gateways"),
     "s3": _lazy("raytxn.tools.bench_s3", "bench_s3"),
     "peers": _lazy("raytxn.tools.bench_peers", "bench_peers"),
 }
@@ -212,7 +213,8 @@ BENCHMARKS: dict[str, Callable[..., list[dict]]] = {
 
 # The extras a benchmark needs beyond `bench` (which every run needs, for the chart): `raytxn bench`
 # checks them before it starts, so a missing one is named at once, not after minutes of others.
-BENCH_EXTRAS: dict[str, tuple[str, ...]] = {"spark": ("spark",), "kafka": ("kafka",), "peers": ("kafka", "spark")}
+BENCH_EXTRAS: dict[str, tuple[str, ...]] = {"spark": ("spark",), "kafka": ("kafka",), "gateways": ("kafka",),
+                                            "peers": ("kafka", "spark")}
 
 
 def required_extras(names: list[str]) -> list[str]:
