@@ -71,3 +71,38 @@ def gateway_bootstrap() -> Iterator[str]:
         yield address["bootstrap"]
     finally:
         ray.kill(address["actor"], no_restart=True)
+
+
+def start_peer_group(peer_group: str, count: int = 2) -> list[dict[str, Any]]:
+    """A peer group of ``count`` gateways on free ports of 127.0.0.1, no first-rebalance delay;
+    idempotent (a running one is kept, a killed one started again under its broker id)."""
+    from raytxn.kafka.gateway import start_gateways
+
+    return start_gateways(count, 0, peer_group=peer_group, bind_host="127.0.0.1", advertised_host="127.0.0.1",
+                          initial_rebalance_delay_ms=0)
+
+
+def gateway_stats(address: dict[str, Any]) -> dict[str, Any]:
+    import ray
+
+    return ray.get(address["actor"].stats.remote())
+
+
+def peer_group_addresses(peer_group: str, count: int = 2) -> Iterator[list[dict[str, Any]]]:
+    """A module's peer group (``start_peer_group``), yielded once each gateway lists all of them,
+    stopped after the module's tests (``yield from`` it in a module fixture)."""
+    from raytxn.kafka.gateway import stop_gateways
+    from tests.engine import wait_for
+
+    addresses = start_peer_group(peer_group, count)
+    try:
+        wait_for(lambda: all(gateway_stats(a)["peers"] == list(range(count)) for a in addresses),
+                 what="each gateway lists every peer")
+        yield addresses
+    finally:
+        stop_gateways(peer_group)
+
+
+def served_api_keys(address: dict[str, Any]) -> set[int]:
+    """The Kafka API keys a gateway has answered at least once."""
+    return {int(key.split("/")[0]) for key, n in gateway_stats(address)["versions"].items() if n > 0}

@@ -3,9 +3,12 @@
 Two client processes at once, each a confluent-kafka producer and then a consumer (assign mode,
 read_committed) of its own 4-partition topic (N keyless 100 B messages each), against one gateway
 and against a peer group of two (``start_gateways``), in the same run, rounds alternating the two.
-Each process connects and fetches metadata first, then waits for a start time given to both, so
-the figure is the two clients' messages over the time from that start to the later one's last
-message (produce: delivery reports; consume: the N-th message). The ratio two/one is the figure;
+Each process connects and fetches metadata first (a producer also writes one message to each
+partition and waits for it: a partition's actor starts on first use, and the bench measures a
+running gateway, not that start), then waits for a start time given to both; a consumer assigns
+its partitions only then (assigned before, librdkafka would fetch them all ahead of the start).
+The figure is the two clients' messages over the time from that start to the later one's last
+message (produce: delivery reports; consume: the last message). The ratio two/one is the figure;
 the one-gateway run is its floor, measured the same way on the same machine.
 
 On one machine the two gateways share its cores with the engine's actors and the clients, so the
@@ -46,6 +49,10 @@ def _client_main(op: str, bootstrap: str, topic: str, count: int, start_at: floa
         producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5,
                              "sticky.partitioning.linger.ms": 0})
         producer.list_topics(topic, timeout=30)
+        for partition in range(PARTITIONS):  # warm-up, before the start: see the docstring
+            producer.produce(topic, PAYLOAD, partition=partition)
+        if producer.flush(CLIENT_TIMEOUT_S):
+            raise SystemExit("warm-up messages undelivered")
         time.sleep(max(0.0, start_at - time.time()))
         for _ in range(count):
             while True:
@@ -62,8 +69,9 @@ def _client_main(op: str, bootstrap: str, topic: str, count: int, start_at: floa
         consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "unused", "enable.auto.commit": False,
                              "isolation.level": "read_committed", "fetch.wait.max.ms": 100})
         consumer.list_topics(topic, timeout=30)
-        consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
         time.sleep(max(0.0, start_at - time.time()))
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+        count += PARTITIONS  # the producer's warm-up messages
         got, deadline = 0, time.monotonic() + CLIENT_TIMEOUT_S
         while got < count:
             if time.monotonic() > deadline:
@@ -97,7 +105,7 @@ def bench_gateways(short: bool = False, progress: Callable[[str], None] = print)
         ray.init(address="local", namespace=NAMESPACE, include_dashboard=False, logging_level="ERROR")
     client = rt.connect(storage=f"file://{tempfile.mkdtemp(prefix='raytxn-bench-gateways-')}",
                         subscription=SubscriptionConfig())
-    count, rounds = (5_000, 2) if short else (100_000, 3)
+    count, rounds = (20_000, 2) if short else (200_000, 3)
     single: dict[str, Any] | None = None
     rates: dict[str, dict[str, list[float]]] = {op: {"one": [], "two": []} for op in ("produce", "consume")}
     try:

@@ -14,12 +14,12 @@ import ray
 
 import raytxn as rt
 from raytxn.ids import NAMESPACE
-from raytxn.kafka.gateway import peer_actor_name, start_gateways, stop_gateways
+from raytxn.kafka.gateway import peer_actor_name, stop_gateways
 from raytxn.kafka.peers import NOT_COORDINATOR
 from raytxn.kafka.wire import FindCoordinatorRequest, MetadataRequest
 from tests.engine import engine_client, new_topic, wait_for
 from tests.integration.test_kafka_groups import eos_loop, group_consumer, produce, read_committed_values
-from tests.kafka_clients import RawKafka, poll_values
+from tests.kafka_clients import RawKafka, gateway_stats, peer_group_addresses, poll_values, start_peer_group
 
 pytestmark = pytest.mark.ray
 GROUP = "test-peers"
@@ -31,22 +31,15 @@ def client(ray_session: object, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 
 def _start(count: int = 2) -> list[dict[str, Any]]:
-    return start_gateways(count, 0, peer_group=GROUP, bind_host="127.0.0.1", advertised_host="127.0.0.1",
-                          initial_rebalance_delay_ms=0)
+    return start_peer_group(GROUP, count)
 
 
 @pytest.fixture(scope="module")
 def gateways(client: rt.Client) -> Iterator[list[dict[str, Any]]]:
-    addresses = _start()
-    try:
-        wait_for(lambda: all(_stats(a)["peers"] == [0, 1] for a in addresses), what="each gateway lists both")
-        yield addresses
-    finally:
-        stop_gateways(GROUP)
+    yield from peer_group_addresses(GROUP)
 
 
-def _stats(address: dict[str, Any]) -> dict[str, Any]:
-    return ray.get(address["actor"].stats.remote())
+_stats = gateway_stats
 
 
 def _bootstrap(addresses: list[dict[str, Any]]) -> str:
