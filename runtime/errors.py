@@ -158,6 +158,11 @@ class PositionTrimmed(RaytxnError):
     """A read below the stream's trim point: those entries were deleted on purpose."""
 
 
+class CompactionReset(PositionTrimmed):
+    """A compacted read resuming below a tombstone that compaction dropped after its delete
+    retention: the reader would keep that key's old value. Read again from the earliest offset."""
+
+
 class StorageUnavailable(RaytxnError):
     """The object store could not be reached or answered with a server error. Retriable."""
 

@@ -1,0 +1,243 @@
+"""The pure key compaction of one partition (Pulsar's two-phase compactor, Kafka's cleaner rules).
+
+Ledger objects are immutable, so compaction never rewrites the live ledger. A compactor reads the
+partition's entries from the previous horizon up to a new horizon H, folds them with the records
+the previous compaction kept into the latest committed value of each key (``Compactor``), writes
+those records to a new compacted ledger (generation g + 1), and publishes ``(g + 1, H)`` with one
+conditional write (``check_publish``). A reader below H reads the compacted ledger, above it the
+live one (``read_plan``). Until the publish, the previous generation stays the truth, so a crash at
+any step loses nothing: the unpublished ledger is an orphan (``unpublished_generations``), deleted
+by the next compactor, and the superseded one is deleted once readers moved on.
+
+The rules, each checked here rather than trusted to the caller:
+
+* H never passes the partition's ``max_read_position``: below it every transaction has ended, so
+  what the fold sees is final, and no open transactional data can enter a compacted ledger.
+* Aborted writes never enter the key map, whatever their keys (Kafka's cleaner rule; KAFKA-13727,
+  KAFKA-8351 and Pulsar #21464 are what happens otherwise): an entry of a transaction whose
+  aborted span covers it is skipped, as ``TransactionBuffer.is_visible`` skips it for readers.
+  Markers take an offset but hold no records. The txn buffer's aborted set still covers (H, head].
+* Records keep their original offsets and positions: a Kafka client reading a compacted topic sees
+  gaps where older values were, which Kafka's own compaction makes legal.
+* A record whose value is empty (or None) is a tombstone. A compaction keeps it, stamped with the
+  time of the first compaction that kept it, and drops it once ``delete_retention_ms`` passed since
+  then (Kafka's ``delete.retention.ms``, counted as Kafka's cleaner counts it). A reader that resumes
+  at or below the highest dropped tombstone's offset, holding state from before it, would miss that
+  delete: it gets ``CompactionReset`` (a ``PositionTrimmed``: restart from the earliest offset),
+  never a silently stale key. A reader from offset 0 holds nothing and is always served.
+* Keyless records have no place in a key map: Pulsar's compactor drops them and Kafka refuses them
+  on a compacted topic. The fold drops and counts them (the partition refuses them on append).
+* Producer dedup state and transactional-id epochs live in the txn buffer's snapshots, not in the
+  compacted data, so fencing and dedup survive compaction untouched.
+
+Memory: the fold holds one record per live key (the key map); ``Compactor`` refuses more than
+``max_keys`` distinct keys, so a compaction is bounded, not a surprise out-of-memory.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Sequence
+
+import msgspec
+
+from raytxn.errors import CompactionReset, CorruptLedger, InvalidArgument
+from raytxn.ids import EARLIEST, Position
+from raytxn.protocol.entry_format import EntryHeader, MessageRecord
+from raytxn.protocol.txn_buffer import AbortedTxn
+
+COMPACTION_FORMAT_VERSION = 1
+DEFAULT_DELETE_RETENTION_MS = 24 * 3600 * 1000  # Kafka's delete.retention.ms default
+DEFAULT_MAX_KEYS = 10_000_000
+
+
+class KeptRecord(msgspec.Struct, frozen=True, array_like=True):
+    """The latest committed record of one key at or below a horizon, as the compacted ledger
+    holds it: its original ``offset`` and entry ``position``, ``value`` None for a tombstone, and
+    for a tombstone ``tombstone_since_ms``, when the first compaction that kept it ran."""
+
+    offset: int
+    position: Position
+    key: str
+    value: bytes | None
+    publish_time_ms: int
+    tombstone_since_ms: int | None = None
+
+    @property
+    def is_tombstone(self) -> bool:
+        return self.value is None
+
+
+class CompactionHorizon(msgspec.Struct, frozen=True):
+    """What a compaction publishes, with one conditional write: compacted ledger ``generation``
+    covers every entry at or before ``horizon``; ``next_offset`` is the first offset after it
+    (where a reader switches to the live ledger); ``dropped_tombstones_through``: the highest offset
+    of a tombstone any compaction dropped (-1: none), below which resuming readers are reset."""
+
+    generation: int
+    horizon: Position
+    next_offset: int
+    records: int
+    tombstones: int
+    dropped_tombstones_through: int = -1
+    format_version: int = COMPACTION_FORMAT_VERSION
+
+
+class CompactionResult(msgspec.Struct, frozen=True):
+    """A finished fold: the horizon to publish and the records of its compacted ledger, in
+    offset order (one per key), with what the fold left out and why."""
+
+    horizon: CompactionHorizon
+    records: list[KeptRecord]
+    skipped_aborted: int
+    skipped_keyless: int
+    dropped_tombstones: int
+
+
+def is_tombstone_value(value: bytes | None) -> bool:
+    return value is None or len(value) == 0
+
+
+def _aborted_covers(aborted: Sequence[AbortedTxn], header: EntryHeader, position: Position) -> bool:
+    return header.txn is not None and any(
+        a.txn == header.txn and a.first_position <= position <= a.marker_position for a in aborted)
+
+
+class Compactor:
+    """Phase one of a compaction: the fold of ``previous`` (the published horizon, None for the
+    first compaction) and its ``kept`` records with the entries after its horizon, given in ledger
+    order through ``add`` (every entry, markers too, up to the new horizon). ``max_read_position``
+    and ``aborted`` (the txn buffer's ``aborted_between`` the previous horizon and the head) are
+    read from the partition when the compaction starts."""
+
+    def __init__(self, previous: CompactionHorizon | None, kept: Iterable[KeptRecord], *,
+                 max_read_position: Position, aborted: Sequence[AbortedTxn],
+                 max_keys: int = DEFAULT_MAX_KEYS) -> None:
+        if previous is not None and previous.format_version > COMPACTION_FORMAT_VERSION:
+            raise CorruptLedger(f"compaction horizon of format {previous.format_version}, this release "
+                                f"reads up to {COMPACTION_FORMAT_VERSION}")
+        if previous is not None and previous.horizon > max_read_position:
+            raise CorruptLedger(f"published horizon {previous.horizon} is past max_read_position "
+                                f"{max_read_position}")
+        self.previous = previous
+        self.max_read_position = max_read_position
+        self.max_keys = max_keys
+        self._aborted = list(aborted)
+        self._latest: dict[str, KeptRecord] = {}
+        for record in kept:
+            if record.key in self._latest:
+                raise CorruptLedger(f"compacted ledger holds key {record.key!r} twice")
+            self._latest[record.key] = record
+        self._last_position = EARLIEST if previous is None else previous.horizon
+        self._next_offset = 0 if previous is None else previous.next_offset
+        self.skipped_aborted = 0
+        self.skipped_keyless = 0
+
+    def add(self, header: EntryHeader, position: Position, messages: Sequence[MessageRecord]) -> None:
+        """Fold the entry at ``position`` (the next one in ledger order). A marker only moves the
+        offsets on; an aborted entry and keyless records are skipped."""
+        if position <= self._last_position:
+            raise CorruptLedger(f"compaction read {position} after {self._last_position}: out of ledger order")
+        if position > self.max_read_position:
+            raise InvalidArgument(f"compaction past max_read_position {self.max_read_position}: {position} "
+                                  "may hold data of an open transaction")
+        if header.base_offset is None or header.base_offset < self._next_offset:
+            raise CorruptLedger(f"entry {position} has base offset {header.base_offset}, expected at least "
+                                f"{self._next_offset}")
+        if header.is_marker:
+            self._last_position, self._next_offset = position, header.base_offset + 1
+            return
+        if len(messages) != header.count:
+            raise CorruptLedger(f"entry {position} says {header.count} messages, read {len(messages)}")
+        aborted = _aborted_covers(self._aborted, header, position)
+        kept = [] if aborted else [
+            KeptRecord(header.base_offset + index, position, message.key,
+                       None if is_tombstone_value(message.value) else message.value, header.publish_time_ms)
+            for index, message in enumerate(messages) if message.key is not None]
+        new_keys = {record.key for record in kept} - self._latest.keys()
+        if len(self._latest) + len(new_keys) > self.max_keys:
+            raise InvalidArgument(f"compaction would hold more than {self.max_keys} keys (max_keys): raise "
+                                  "it, or partition the topic further")
+        # checked: from here on nothing fails, so a refused entry changed nothing
+        self._last_position, self._next_offset = position, header.base_offset + header.count
+        if aborted:
+            self.skipped_aborted += header.count
+            return
+        self.skipped_keyless += header.count - len(kept)
+        for record in kept:
+            self._latest[record.key] = record
+
+    def finish(self, now_ms: int, delete_retention_ms: int = DEFAULT_DELETE_RETENTION_MS) -> CompactionResult:
+        """Phase two's input: the records to write (tombstones stamped or dropped) and the
+        horizon to publish once they are durable: the last entry added (the previous horizon
+        when none was, so a compaction that only expires tombstones is one too)."""
+        if delete_retention_ms < 0:
+            raise InvalidArgument(f"delete_retention_ms must be >= 0, got {delete_retention_ms}")
+        records, dropped = [], 0
+        dropped_through = -1 if self.previous is None else self.previous.dropped_tombstones_through
+        for record in self._latest.values():
+            if record.is_tombstone:
+                since = now_ms if record.tombstone_since_ms is None else record.tombstone_since_ms
+                if now_ms - since >= delete_retention_ms:
+                    dropped += 1
+                    dropped_through = max(dropped_through, record.offset)
+                    continue
+                record = msgspec.structs.replace(record, tombstone_since_ms=since)
+            records.append(record)
+        records.sort(key=lambda r: r.offset)
+        generation = 1 if self.previous is None else self.previous.generation + 1
+        horizon = CompactionHorizon(generation, self._last_position, self._next_offset, len(records),
+                                    sum(1 for r in records if r.is_tombstone), dropped_through)
+        return CompactionResult(horizon, records, self.skipped_aborted, self.skipped_keyless, dropped)
+
+
+def check_publish(current: CompactionHorizon | None, candidate: CompactionHorizon) -> None:
+    """The conditional write's rule: the candidate is the next generation after the published
+    one and moves nothing backwards. Else ``InvalidArgument`` (a compactor raced another, or
+    started from a stale horizon), and the published one stays."""
+    expected = 1 if current is None else current.generation + 1
+    if candidate.generation != expected:
+        raise InvalidArgument(f"compaction generation {candidate.generation} published where {expected} "
+                              "was due: another compaction published first")
+    if current is not None and (candidate.horizon < current.horizon or candidate.next_offset < current.next_offset
+                                or candidate.dropped_tombstones_through < current.dropped_tombstones_through):
+        raise InvalidArgument(f"compaction horizon {candidate.horizon} would move back from {current.horizon}")
+
+
+def unpublished_generations(published: CompactionHorizon | None, found: Iterable[int]) -> list[int]:
+    """Compacted ledgers in storage that no publish names: written by a compactor that crashed
+    before its conditional write (or lost it to another). Safe to delete at once."""
+    current = 0 if published is None else published.generation
+    return sorted(g for g in found if g > current)
+
+
+def superseded_generations(published: CompactionHorizon | None, found: Iterable[int]) -> list[int]:
+    """Compacted ledgers an earlier publish named: delete once no reader is still on them."""
+    current = 0 if published is None else published.generation
+    return sorted(g for g in found if g < current)
+
+
+class ReadPlan(msgspec.Struct, frozen=True):
+    """Where a compacted read from ``from_offset`` goes: compacted records with an offset at or
+    after it, from index ``compacted_from`` of the compacted ledger, then the live ledger from
+    ``live_from_offset`` on."""
+
+    compacted_from: int
+    live_from_offset: int
+
+
+def read_plan(published: CompactionHorizon | None, records: Sequence[KeptRecord], from_offset: int) -> ReadPlan:
+    """The plan of a ``read_compacted`` reader resuming at ``from_offset`` (``records``: the
+    published generation's, in offset order). ``CompactionReset`` when a tombstone it had not
+    seen yet was dropped (see the module docstring); a reader from offset 0 holds no state."""
+    if from_offset < 0:
+        raise InvalidArgument(f"offset must be >= 0, got {from_offset}")
+    if published is None:
+        return ReadPlan(0, from_offset)
+    if 0 < from_offset <= published.dropped_tombstones_through:
+        raise CompactionReset(f"offset {from_offset}: compaction dropped tombstones up to offset "
+                              f"{published.dropped_tombstones_through} after their delete retention; "
+                              "read again from the earliest offset")
+    if from_offset >= published.next_offset:
+        return ReadPlan(len(records), from_offset)
+    return ReadPlan(bisect.bisect_left(records, from_offset, key=lambda r: r.offset), published.next_offset)

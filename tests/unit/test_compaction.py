@@ -1,0 +1,305 @@
+"""The pure compaction fold (``raytxn.protocol.compaction``): equivalence with the whole log's fold,
+no open or aborted data in a compacted ledger, tombstones and the reset, the publish rule."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from raytxn.errors import CompactionReset, CorruptLedger, InvalidArgument
+from raytxn.ids import EARLIEST, Position, TxnID
+from raytxn.protocol.compaction import (
+    COMPACTION_FORMAT_VERSION,
+    CompactionHorizon,
+    CompactionResult,
+    Compactor,
+    KeptRecord,
+    ReadPlan,
+    check_publish,
+    read_plan,
+    superseded_generations,
+    unpublished_generations,
+)
+from raytxn.protocol.entry_format import EndAction, EntryHeader, MessageRecord, marker_header
+from raytxn.protocol.txn_buffer import AbortedTxn
+
+KEYS = ["a", "b", "c", "d", "e"]
+Message = tuple[str | None, bytes]  # key (None: keyless), value (b"": a tombstone)
+
+
+@dataclass
+class Log:
+    """A partition's entries as the partition actor writes them, with what its txn buffer knows:
+    the open txns (their first entry's index), the aborted spans, and the committed txns."""
+
+    entries: list[tuple[EntryHeader, Position, list[MessageRecord]]] = field(default_factory=list)
+    ledger: int = 0
+    entry_id: int = 0
+    next_offset: int = 0
+    now_ms: int = 0
+    txns: int = 0
+    open: dict[int, tuple[TxnID, int]] = field(default_factory=dict)  # slot -> txn, first entry index
+    aborted: list[AbortedTxn] = field(default_factory=list)
+    committed: set[TxnID] = field(default_factory=set)
+
+    def _append(self, header: EntryHeader, messages: list[MessageRecord]) -> Position:
+        position = Position(self.ledger, self.entry_id)
+        self.entry_id += 1
+        header = msgspec.structs.replace(header, base_offset=self.next_offset, publish_time_ms=self.now_ms)
+        self.next_offset += max(1, len(messages))
+        self.entries.append((header, position, messages))
+        return position
+
+    def write(self, messages: list[Message], slot: int | None = None) -> None:
+        txn = None
+        if slot is not None:
+            if slot not in self.open:
+                self.open[slot] = (TxnID(0, self.txns), len(self.entries))
+                self.txns += 1
+            txn = self.open[slot][0]
+        records = [MessageRecord(value, key) for key, value in messages]
+        self._append(EntryHeader("data", txn, "p", 0, 0, len(records), 0), records)
+
+    def end(self, slot: int, commit: bool) -> None:
+        if slot not in self.open:
+            return
+        txn, first = self.open.pop(slot)
+        marker = self._append(marker_header(EndAction.COMMIT if commit else EndAction.ABORT, txn, 0), [])
+        if commit:
+            self.committed.add(txn)
+        else:
+            self.aborted.append(AbortedTxn(txn, self.entries[first][1], marker))
+
+    def roll(self) -> None:
+        self.ledger, self.entry_id = self.ledger + 1, 0
+
+    def max_read_index(self) -> int:
+        """The txn buffer's max_read_position, as an index: the entry before the first open txn's."""
+        return min((first for _, first in self.open.values()), default=len(self.entries)) - 1
+
+    def max_read_position(self) -> Position:
+        index = self.max_read_index()
+        return EARLIEST if index < 0 else self.entries[index][1]
+
+    def visible(self, index: int) -> bool:
+        header = self.entries[index][0]
+        return (header.kind == "data" and index <= self.max_read_index()
+                and (header.txn is None or header.txn in self.committed))
+
+    def visible_records(self, from_offset: int = 0) -> list[tuple[int, str, bytes]]:
+        """What a reader of the live ledger sees from ``from_offset``: (offset, key, value)."""
+        return [(header.base_offset + i, m.key, m.value)
+                for index, (header, _, messages) in enumerate(self.entries) if self.visible(index)
+                for i, m in enumerate(messages) if m.key is not None and header.base_offset + i >= from_offset]
+
+
+def fold(state: dict[str, bytes], records: list[tuple[int, str, bytes | None]]) -> dict[str, bytes]:
+    """Apply records in order: the latest value per key, an empty value or None deleting it."""
+    for _, key, value in records:
+        if value:
+            state[key] = value
+        else:
+            state.pop(key, None)
+    return state
+
+
+@dataclass
+class Compactions:
+    """The published horizon and its records, after each compaction of ``log``."""
+
+    published: CompactionHorizon | None = None
+    records: list[KeptRecord] = field(default_factory=list)
+    horizon_index: int = -1
+    results: list[tuple[CompactionResult, int, int]] = field(default_factory=list)  # result, now, retention
+
+    def compact(self, log: Log, retention_ms: int) -> CompactionResult:
+        compactor = Compactor(self.published, self.records, max_read_position=log.max_read_position(),
+                              aborted=list(log.aborted))
+        top = log.max_read_index()
+        for index in range(self.horizon_index + 1, top + 1):
+            compactor.add(*log.entries[index])
+        result = compactor.finish(log.now_ms, retention_ms)
+        check_publish(self.published, result.horizon)
+        self.published, self.records = result.horizon, result.records
+        self.horizon_index = max(self.horizon_index, top)
+        self.results.append((result, log.now_ms, retention_ms))
+        return result
+
+
+messages = st.lists(st.tuples(st.one_of(st.none(), st.sampled_from(KEYS)), st.sampled_from([b"", b"1", b"22", b"333"])),
+                    min_size=1, max_size=3)
+operations = st.lists(st.one_of(
+    st.tuples(st.just("write"), messages, st.one_of(st.none(), st.integers(0, 2))),
+    st.tuples(st.just("end"), st.integers(0, 2), st.booleans()),
+    st.tuples(st.just("compact"), st.sampled_from([0, 50, 1_000_000])),
+    st.tuples(st.just("tick"), st.integers(1, 100)),
+    st.tuples(st.just("roll")),
+), max_size=60)
+
+
+def run(ops: list[tuple]) -> tuple[Log, Compactions]:
+    log, compactions = Log(), Compactions()
+    for op in ops:
+        if op[0] == "write":
+            log.write(op[1], op[2])
+        elif op[0] == "end":
+            log.end(op[1], op[2])
+        elif op[0] == "compact":
+            compactions.compact(log, op[1])
+        elif op[0] == "tick":
+            log.now_ms += op[1]
+        else:
+            log.roll()
+    return log, compactions
+
+
+def tail_records(log: Log, compactions: Compactions, from_offset: int) -> list[tuple[int, str, bytes]]:
+    return [r for r in log.visible_records(from_offset) if compactions.published is None
+            or r[0] >= compactions.published.next_offset]
+
+
+@settings(max_examples=400, deadline=None)
+@given(operations)
+def test_compacted_state_plus_the_tail_equals_the_fold_of_the_whole_log(ops: list[tuple]) -> None:
+    log, compactions = run(ops)
+    kept = [(r.offset, r.key, r.value) for r in compactions.records]
+    assert fold(fold({}, kept), tail_records(log, compactions, 0)) == fold({}, log.visible_records())
+
+
+@settings(max_examples=400, deadline=None)
+@given(operations)
+def test_a_compacted_ledger_holds_one_committed_record_per_key_at_its_original_offset(ops: list[tuple]) -> None:
+    log, compactions = run(ops)
+    by_offset = {header.base_offset + i: (index, m) for index, (header, _, messages) in enumerate(log.entries)
+                 for i, m in enumerate(messages)}
+    for result, _, _ in compactions.results:
+        offsets = [r.offset for r in result.records]
+        assert offsets == sorted(offsets) and len({r.key for r in result.records}) == len(offsets)
+        assert result.horizon.records == len(result.records)
+        for record in result.records:
+            index, message = by_offset[record.offset]
+            # never open or aborted data: the entry is visible at the end (committed, or plain),
+            # and was below max_read_position when compacted (its position is at most the horizon)
+            assert log.visible(index) and record.position <= result.horizon.horizon
+            assert (record.key, record.value or b"") == (message.key, message.value)
+            assert record.is_tombstone == (message.value == b"")
+
+
+@settings(max_examples=400, deadline=None)
+@given(operations, st.integers(0, 200))
+def test_a_reader_resuming_at_any_offset_reaches_the_whole_logs_state_or_is_reset(ops: list[tuple],
+                                                                                  from_offset: int) -> None:
+    """A reader holding the state of every offset below ``from_offset`` reads the compacted records
+    from there, then the live tail; a dropped tombstone it had not seen resets it instead."""
+    log, compactions = run(ops)
+    from_offset = min(from_offset, log.next_offset)
+    prior = fold({}, [r for r in log.visible_records() if r[0] < from_offset])
+    published = compactions.published
+    if published is not None and 0 < from_offset <= published.dropped_tombstones_through:
+        with pytest.raises(CompactionReset):
+            read_plan(published, compactions.records, from_offset)
+        return
+    plan = read_plan(published, compactions.records, from_offset)
+    compacted = [(r.offset, r.key, r.value) for r in compactions.records[plan.compacted_from:]]
+    assert all(offset >= from_offset for offset, _, _ in compacted)
+    live = log.visible_records(plan.live_from_offset)
+    assert fold(fold(prior, compacted), live) == fold({}, log.visible_records())
+
+
+@settings(max_examples=200, deadline=None)
+@given(operations)
+def test_tombstones_are_kept_for_their_delete_retention_then_dropped(ops: list[tuple]) -> None:
+    """A tombstone is stamped by the first compaction that keeps it, kept while its retention
+    runs, and dropped by the first compaction after it (unless a newer value of its key came)."""
+    _, compactions = run(ops)
+    before: dict[str, KeptRecord] = {}
+    for result, now_ms, retention_ms in compactions.results:
+        kept = {r.key: r for r in result.records}
+        for record in kept.values():
+            if record.is_tombstone:
+                assert record.tombstone_since_ms is not None and now_ms - record.tombstone_since_ms < retention_ms
+                old = before.get(record.key)
+                if old is not None and old.offset == record.offset:
+                    assert record.tombstone_since_ms == old.tombstone_since_ms  # stamped once
+            else:
+                assert record.tombstone_since_ms is None
+        for key, old in before.items():
+            if old.is_tombstone and key not in kept:  # dropped: its retention had run out
+                assert now_ms - old.tombstone_since_ms >= retention_ms
+                assert result.horizon.dropped_tombstones_through >= old.offset
+        before = kept
+    if compactions.published is not None:
+        assert compactions.published.generation == len(compactions.results)
+
+
+def _plain(log: Log, *pairs: Message) -> None:
+    log.write(list(pairs))
+
+
+def test_an_example_with_an_aborted_txn_a_tombstone_and_a_reset() -> None:
+    log, compactions = Log(), Compactions()
+    _plain(log, ("a", b"1"), ("b", b"1"))          # offsets 0, 1
+    log.write([("a", b"aborted"), ("c", b"x")], 0)  # offsets 2, 3: aborted below
+    _plain(log, ("b", b""))                         # offset 4: b's tombstone
+    log.end(0, commit=False)                        # offset 5: the abort marker
+    log.write([("c", b"open")], 1)                  # offset 6: open at the compaction
+    _plain(log, ("d", b"after"))                    # offset 7: above max_read_position
+    first = compactions.compact(log, retention_ms=100)
+    assert first.horizon.horizon == Position(0, 3) and first.horizon.next_offset == 6
+    assert [(r.offset, r.key, r.value) for r in first.records] == [(0, "a", b"1"), (4, "b", None)]
+    assert first.skipped_aborted == 2 and first.horizon.tombstones == 1
+    log.end(1, commit=True)
+    log.now_ms += 100                               # b's tombstone is past its retention
+    second = compactions.compact(log, retention_ms=100)
+    assert [(r.offset, r.key, r.value) for r in second.records] == [(0, "a", b"1"), (6, "c", b"open"),
+                                                                     (7, "d", b"after")]
+    assert second.horizon.dropped_tombstones_through == 4 and second.horizon.generation == 2
+    with pytest.raises(CompactionReset):
+        read_plan(compactions.published, compactions.records, 3)  # had b's old value, missed its delete
+    assert read_plan(compactions.published, compactions.records, 0).compacted_from == 0
+    assert read_plan(compactions.published, compactions.records, 5) == ReadPlan(1, 9)
+    assert read_plan(compactions.published, compactions.records, 12) == ReadPlan(3, 12)
+
+
+def test_bad_input_is_refused_and_changes_nothing() -> None:
+    log = Log()
+    _plain(log, ("a", b"1"))
+    log.write([("b", b"open")], 0)
+    compactor = Compactor(None, [], max_read_position=log.max_read_position(), aborted=[])
+    compactor.add(*log.entries[0])
+    with pytest.raises(InvalidArgument, match="max_read_position"):
+        compactor.add(*log.entries[1])  # an open txn's entry
+    with pytest.raises(CorruptLedger, match="ledger order"):
+        compactor.add(*log.entries[0])
+    assert [r.key for r in compactor.finish(0).records] == ["a"]  # the refused adds changed nothing
+    newer = CompactionHorizon(1, Position(0, 0), 1, 0, 0, format_version=COMPACTION_FORMAT_VERSION + 1)
+    with pytest.raises(CorruptLedger, match="format"):
+        Compactor(newer, [], max_read_position=Position(0, 0), aborted=[])
+    duplicate = KeptRecord(0, Position(0, 0), "a", b"1", 0)
+    with pytest.raises(CorruptLedger, match="twice"):
+        Compactor(None, [duplicate, duplicate], max_read_position=Position(0, 0), aborted=[])
+    bounded = Compactor(None, [], max_read_position=log.max_read_position(), aborted=[], max_keys=0)
+    with pytest.raises(InvalidArgument, match="max_keys"):
+        bounded.add(*log.entries[0])
+    with pytest.raises(InvalidArgument, match="delete_retention_ms"):
+        compactor.finish(0, -1)
+    with pytest.raises(InvalidArgument, match=">= 0"):
+        read_plan(None, [], -1)
+
+
+def test_the_publish_rule_and_the_ledgers_a_crash_leaves() -> None:
+    first = CompactionHorizon(1, Position(0, 5), 6, 2, 0)
+    check_publish(None, first)
+    with pytest.raises(InvalidArgument, match="another compaction"):
+        check_publish(first, first)  # a racing compactor of the same generation loses
+    with pytest.raises(InvalidArgument, match="move back"):
+        check_publish(first, CompactionHorizon(2, Position(0, 4), 5, 2, 0))
+    check_publish(first, CompactionHorizon(2, Position(0, 5), 6, 1, 0, dropped_tombstones_through=3))
+    # a compactor that crashed after writing generation 3 and before publishing it
+    assert unpublished_generations(first, [1, 2, 3]) == [2, 3]
+    assert superseded_generations(CompactionHorizon(3, Position(0, 9), 10, 2, 0), [1, 2, 3]) == [1, 2]
+    assert unpublished_generations(None, [1]) == [1]
