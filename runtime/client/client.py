@@ -38,6 +38,7 @@ from raytxn.errors import InvalidArgument, TopicAlreadyExists, TopicNotFound, Tr
 from raytxn.gc_freeze import freeze_startup_objects
 from raytxn.ids import NAMESPACE, SUPERVISOR_NAME, TxnID, parse_txn_id, partition_actor_name
 from raytxn.ledger.storage import DEFAULT_URL
+from raytxn.protocol.compaction import DEFAULT_DELETE_RETENTION_MS
 from raytxn.protocol.coordinator_rules import check_timeout_ms
 
 log = logging.getLogger(__name__)
@@ -386,6 +387,28 @@ class Client:
         leases = self.loop.run(lease_partitions(self, topic, subscription, partitions, holder, epoch, max_entries,
                                                 max_messages, max_bytes, timeout_s))
         return LeaseSet(self, topic, subscription, holder, epoch, leases)
+
+    # --- compaction --------------------------------------------------------------------------
+
+    def compact(self, topic: str, partition: int | None = None, *,
+                delete_retention_ms: int = DEFAULT_DELETE_RETENTION_MS) -> list[dict[str, Any]]:
+        """Compact ``topic`` (every partition, or one) up to what is committed now: below the
+        new horizon only the latest committed value of each key stays, tombstones (empty
+        values) until ``delete_retention_ms`` after the first compaction that kept them. Open
+        and aborted data never enter a compacted ledger; offsets stay the original ones. A row
+        per partition (``raytxn.client.compaction``)."""
+        from raytxn.client.compaction import compact_topic
+
+        return self.loop.run(compact_topic(self, topic, partition, delete_retention_ms=delete_retention_ms))
+
+    def read_compacted(self, topic: str, partition: int = 0, from_offset: int = 0) -> list[dict[str, Any]]:
+        """The compacted view of a partition from ``from_offset``: each key's latest committed
+        record below the horizon, then every committed keyed message after it, in offset order,
+        as ``{"offset", "key", "value"}`` (``value`` None: a tombstone). ``CompactionReset``
+        when a tombstone this reader had not reached was dropped: read from offset 0 again."""
+        from raytxn.client.compaction import read_compacted_partition
+
+        return self.loop.run(read_compacted_partition(self, topic, partition, from_offset))
 
     # --- transactions ------------------------------------------------------------------------
 

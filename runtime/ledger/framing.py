@@ -34,6 +34,8 @@ class FrameKind(IntEnum):
     ENTRY = 1
     SEAL = 2
     META = 3
+    COMPACTED = 4  # a chunk of a compacted ledger's records (ledger.compacted)
+    HORIZON = 5    # a published compaction horizon (ledger.compacted)
 
 
 def encode_frame(kind: FrameKind, entry_id: int, payload: bytes) -> bytes:

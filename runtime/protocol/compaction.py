@@ -37,7 +37,7 @@ Memory: the fold holds one record per live key (the key map); ``Compactor`` refu
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import msgspec
 
@@ -98,7 +98,9 @@ def is_tombstone_value(value: bytes | None) -> bool:
     return value is None or len(value) == 0
 
 
-def _aborted_covers(aborted: Sequence[AbortedTxn], header: EntryHeader, position: Position) -> bool:
+def hidden_by_abort(aborted: Sequence[AbortedTxn], header: EntryHeader, position: Position) -> bool:
+    """Is the DATA entry ``header`` at ``position`` aborted data (``TransactionBuffer.is_visible``'s
+    rule below ``max_read_position``, where every txn has ended)?"""
     return header.txn is not None and any(
         a.txn == header.txn and a.first_position <= position <= a.marker_position for a in aborted)
 
@@ -149,7 +151,7 @@ class Compactor:
             return
         if len(messages) != header.count:
             raise CorruptLedger(f"entry {position} says {header.count} messages, read {len(messages)}")
-        aborted = _aborted_covers(self._aborted, header, position)
+        aborted = hidden_by_abort(self._aborted, header, position)
         kept = [] if aborted else [
             KeptRecord(header.base_offset + index, position, message.key,
                        None if is_tombstone_value(message.value) else message.value, header.publish_time_ms)
@@ -204,17 +206,16 @@ def check_publish(current: CompactionHorizon | None, candidate: CompactionHorizo
         raise InvalidArgument(f"compaction horizon {candidate.horizon} would move back from {current.horizon}")
 
 
-def unpublished_generations(published: CompactionHorizon | None, found: Iterable[int]) -> list[int]:
-    """Compacted ledgers in storage that no publish names: written by a compactor that crashed
-    before its conditional write (or lost it to another). Safe to delete at once."""
+def collectable(published: CompactionHorizon | None, published_path: str,
+                data: Mapping[int, Sequence[str]]) -> list[str]:
+    """The data objects (``data``: by generation) a compactor may delete after publishing
+    ``published`` (its object ``published_path``): every one of an older generation, and of the
+    published generation every other one (a racing compactor's that lost the publish, or one that
+    crashed before it). Never one of a newer generation: that is a compaction in flight, which
+    read ``published`` and will publish (or lose) the next generation with it."""
     current = 0 if published is None else published.generation
-    return sorted(g for g in found if g > current)
-
-
-def superseded_generations(published: CompactionHorizon | None, found: Iterable[int]) -> list[int]:
-    """Compacted ledgers an earlier publish named: delete once no reader is still on them."""
-    current = 0 if published is None else published.generation
-    return sorted(g for g in found if g < current)
+    return sorted(path for generation, paths in data.items() if generation <= current
+                  for path in paths if generation < current or path != published_path)
 
 
 class ReadPlan(msgspec.Struct, frozen=True):

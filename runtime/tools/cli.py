@@ -23,6 +23,7 @@ from rich.table import Table
 
 from raytxn.errors import MissingExtra, RaytxnError
 from raytxn.extras import require_extra
+from raytxn.protocol.compaction import DEFAULT_DELETE_RETENTION_MS
 from raytxn.tools import bench, local_ray
 
 app = typer.Typer(help="raytxn: exactly-once transactional messaging on Ray.", no_args_is_help=True)
@@ -267,6 +268,21 @@ def topics_delete(name: str, address: Address = "auto") -> None:
     with _client(address) as client:
         client.delete_topic(name)
     console.print(f"deleted {name}")
+
+
+@topics_app.command("compact")
+def topics_compact(name: str, partition: Annotated[int | None, typer.Option(
+                       help="one partition (default: all)")] = None,
+                   delete_retention_ms: Annotated[int, typer.Option(
+                       help="keep tombstones this long after the first compaction that kept them")
+                   ] = DEFAULT_DELETE_RETENTION_MS,
+                   address: Address = "auto", as_json: Json = False) -> None:
+    """Compact NAME up to what is committed now: below the horizon, each key's latest value."""
+    with _client(address) as client:
+        rows = client.compact(name, partition, delete_retention_ms=delete_retention_ms)
+    _emit(rows, as_json, f"compacted {name}", ["partition", "generation", "horizon", "next_offset", "records",
+                                               "tombstones", "skipped_aborted", "skipped_keyless",
+                                               "dropped_tombstones"])
 
 
 @topics_app.command("grant")

@@ -66,6 +66,18 @@ def test_topics_produce_consume_and_status(client: rt.Client) -> None:
     assert result.exit_code == 1 and "TopicNotFound" in result.output
 
 
+def test_topics_compact_keeps_each_keys_latest_value(client: rt.Client) -> None:
+    topic = f"cli-{uuid.uuid4().hex[:6]}"
+    run("topics", "create", topic)
+    run_json("produce", topic, "a", "b", "--key", "k")
+    run_json("produce", topic, "c", "--key", "other")
+    [row] = run_json("topics", "compact", topic, "--delete-retention-ms", "0")
+    assert (row["generation"], row["records"], row["next_offset"]) == (1, 2, 3)
+    assert [(r["key"], r["value"]) for r in client.read_compacted(topic)] == [("k", b"b"), ("other", b"c")]
+    result = runner.invoke(app, ["topics", "compact", topic, "--partition", "5"])
+    assert result.exit_code == 1 and "InvalidArgument" in result.output
+
+
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     """``raytxn ARGS --address <this session's Ray>`` as its own process."""
     address = ray.get_runtime_context().gcs_address

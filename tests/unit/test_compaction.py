@@ -20,9 +20,8 @@ from raytxn.protocol.compaction import (
     KeptRecord,
     ReadPlan,
     check_publish,
+    collectable,
     read_plan,
-    superseded_generations,
-    unpublished_generations,
 )
 from raytxn.protocol.entry_format import EndAction, EntryHeader, MessageRecord, marker_header
 from raytxn.protocol.txn_buffer import AbortedTxn
@@ -299,7 +298,8 @@ def test_the_publish_rule_and_the_ledgers_a_crash_leaves() -> None:
     with pytest.raises(InvalidArgument, match="move back"):
         check_publish(first, CompactionHorizon(2, Position(0, 4), 5, 2, 0))
     check_publish(first, CompactionHorizon(2, Position(0, 5), 6, 1, 0, dropped_tombstones_through=3))
-    # a compactor that crashed after writing generation 3 and before publishing it
-    assert unpublished_generations(first, [1, 2, 3]) == [2, 3]
-    assert superseded_generations(CompactionHorizon(3, Position(0, 9), 10, 2, 0), [1, 2, 3]) == [1, 2]
-    assert unpublished_generations(None, [1]) == [1]
+    second = CompactionHorizon(2, Position(0, 5), 6, 1, 0)
+    data = {1: ["d1"], 2: ["d2-won", "d2-crashed"], 3: ["d3-in-flight"]}
+    # after publishing generation 2: generation 1's and the loser's, never the one in flight
+    assert collectable(second, "d2-won", data) == ["d1", "d2-crashed"]
+    assert collectable(None, "", {1: ["d1"]}) == []

@@ -1,0 +1,219 @@
+"""Compacted ledgers in storage: the I/O of ``raytxn.protocol.compaction``.
+
+Layout, beside a partition stream's own objects (``streams/<stream>/``):
+
+* ``compacted/data/<generation>-<nonce>``: the records a compaction kept, in offset order, in
+  frames of ``RECORDS_PER_FRAME`` (each CRC-checked). Written once, with a conditional create.
+* ``compacted/horizons/<generation>``: the ``CompactionHorizon`` of that generation and the data
+  object it names. **Its conditional create is the publish**: of two compactors racing for one
+  generation, one creates it, the other gets ``Fenced`` and its data object is an orphan.
+
+The published state is the newest horizon object. A crash at any step of ``compact_partition``
+leaves either the previous generation published, with at most an orphaned data object (deleted
+by the compaction that next publishes its generation, ``collectable``), or the new one published. Superseded
+generations' objects are deleted after the publish; a reader that listed the old horizon and
+finds its data gone reads the published one again (``read_compacted``).
+
+Reading a partition's entries here is read-only and straight from the ledger objects, as the bulk
+path reads them (``ledger.ranges``): the caller passes the partition's ``max_read_position`` and
+its aborted spans (a ``RangePlan``), which bound and filter what is folded.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import msgspec
+
+from raytxn.errors import CorruptLedger, Fenced
+from raytxn.faults import FaultPoints
+from raytxn.ids import Position, partition_stream
+from raytxn.ledger.framing import FrameKind, decode_frames, encode_frame
+from raytxn.ledger.managed import LedgerConfig, ManagedLedger
+from raytxn.ledger.storage import ObjectExists, Storage
+from raytxn.protocol.compaction import (
+    DEFAULT_DELETE_RETENTION_MS,
+    DEFAULT_MAX_KEYS,
+    CompactionHorizon,
+    CompactionResult,
+    Compactor,
+    KeptRecord,
+    collectable,
+    hidden_by_abort,
+    read_plan,
+)
+from raytxn.protocol.entry_format import EntryHeader, MessageRecord, decode_entry
+from raytxn.protocol.txn_buffer import AbortedTxn
+
+RECORDS_PER_FRAME = 10_000
+ENTRIES_PER_READ = 1000
+_READER_CONFIG = LedgerConfig(cache_bytes=4 << 20)
+_encoder = msgspec.msgpack.Encoder()
+_records_decoder = msgspec.msgpack.Decoder(list[KeptRecord])
+
+
+class PublishedHorizon(msgspec.Struct, frozen=True):
+    """A horizon object's content: the horizon and the data object holding its records."""
+
+    horizon: CompactionHorizon
+    data_path: str
+
+
+def compacted_prefix(stream: str) -> str:
+    return f"streams/{stream}/compacted"
+
+
+def _horizon_path(stream: str, generation: int) -> str:
+    return f"{compacted_prefix(stream)}/horizons/{generation:020d}"
+
+
+def _generation_of(path: str) -> int:
+    return int(path.rsplit("/", 1)[1].split("-", 1)[0])
+
+
+async def read_published(storage: Storage, stream: str) -> PublishedHorizon | None:
+    """The newest published horizon of ``stream`` (None: never compacted)."""
+    paths = await storage.list(f"{compacted_prefix(stream)}/horizons")
+    if not paths:
+        return None
+    data = await storage.get(paths[-1])
+    if data is None:
+        raise CorruptLedger(f"compaction horizon {paths[-1]} vanished after its listing", paths[-1])
+    frames = decode_frames(data, paths[-1])
+    if len(frames) != 1 or frames[0][0] != FrameKind.HORIZON:
+        raise CorruptLedger(f"not a compaction horizon: {paths[-1]}", paths[-1])
+    try:
+        published = msgspec.msgpack.decode(frames[0][2], type=PublishedHorizon)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise CorruptLedger(f"undecodable compaction horizon {paths[-1]}: {e}", paths[-1]) from e
+    if published.horizon.generation != _generation_of(paths[-1]):
+        raise CorruptLedger(f"compaction horizon {paths[-1]} claims generation {published.horizon.generation}",
+                            paths[-1])
+    return published
+
+
+async def read_kept(storage: Storage, published: PublishedHorizon | None) -> list[KeptRecord]:
+    """The records of a published generation, in offset order."""
+    if published is None:
+        return []
+    data = await storage.get(published.data_path)
+    if data is None:
+        raise CorruptLedger(f"compacted ledger {published.data_path} is missing", published.data_path)
+    records: list[KeptRecord] = []
+    for kind, _, payload in decode_frames(data, published.data_path):
+        if kind != FrameKind.COMPACTED:
+            raise CorruptLedger(f"not a compacted ledger: {published.data_path}", published.data_path)
+        try:
+            records.extend(_records_decoder.decode(payload))
+        except msgspec.DecodeError as e:
+            raise CorruptLedger(f"undecodable compacted ledger {published.data_path}: {e}",
+                                published.data_path) from e
+    if len(records) != published.horizon.records:
+        raise CorruptLedger(f"compacted ledger {published.data_path} holds {len(records)} records, its horizon "
+                            f"says {published.horizon.records}", published.data_path)
+    return records
+
+
+async def iter_entries(storage: Storage, stream: str, start: Position,
+                       end: Position) -> AsyncIterator[tuple[EntryHeader, Position, list[MessageRecord]]]:
+    """Every entry of ``stream`` in ``start..end`` (markers too), decoded, in ledger order."""
+    if end < start:
+        return
+    ledger = await ManagedLedger.open(storage, stream, _READER_CONFIG, writable=False)
+    position = start
+    while True:
+        entries = await ledger.read(position, max_entries=ENTRIES_PER_READ, end=end)
+        if not entries:
+            return
+        for entry in entries:
+            header, messages = decode_entry(entry.records, f"{stream}@{entry.position}")
+            yield header, entry.position, messages
+        last = entries[-1].position
+        if last >= end:
+            return
+        position = Position(last.ledger_id, last.entry_id + 1)
+
+
+def _start_after(horizon: Position | None) -> Position:
+    return Position(0, 0) if horizon is None else Position(horizon.ledger_id, horizon.entry_id + 1)
+
+
+async def compact_partition(storage: Storage, topic: str, partition: int, max_read_position: Position,
+                            aborted: Sequence[AbortedTxn], now_ms: int, *,
+                            delete_retention_ms: int = DEFAULT_DELETE_RETENTION_MS, max_keys: int = DEFAULT_MAX_KEYS,
+                            faults: FaultPoints | None = None) -> CompactionResult:
+    """One compaction of ``topic``/``partition`` up to ``max_read_position`` (the partition's,
+    read just before with its ``aborted`` spans): fold, write the data object, publish the
+    horizon, then delete what it superseded and orphans of crashed compactions. ``Fenced`` if
+    another compaction published this generation first (nothing of this one is then visible)."""
+    faults = faults or FaultPoints()
+    stream = partition_stream(topic, partition)
+    published = await read_published(storage, stream)
+    compactor = Compactor(None if published is None else published.horizon, await read_kept(storage, published),
+                          max_read_position=max_read_position, aborted=aborted, max_keys=max_keys)
+    async for header, position, messages in iter_entries(
+            storage, stream, _start_after(None if published is None else published.horizon.horizon),
+            max_read_position):
+        compactor.add(header, position, messages)
+    result = compactor.finish(now_ms, delete_retention_ms)
+    generation = result.horizon.generation
+    data_path = f"{compacted_prefix(stream)}/data/{generation:020d}-{secrets.token_hex(6)}"
+    frames = [encode_frame(FrameKind.COMPACTED, i, _encoder.encode(result.records[start:start + RECORDS_PER_FRAME]))
+              for i, start in enumerate(range(0, max(1, len(result.records)), RECORDS_PER_FRAME))]
+    await faults.hit("compaction.before_data", generation=generation)
+    await storage.create(data_path, b"".join(frames))
+    await faults.hit("compaction.after_data", generation=generation)
+    horizon = encode_frame(FrameKind.HORIZON, generation, _encoder.encode(PublishedHorizon(result.horizon, data_path)))
+    try:
+        await storage.create(_horizon_path(stream, generation), horizon)
+    except ObjectExists as e:
+        await storage.delete([data_path])
+        raise Fenced(f"{stream}: compaction generation {generation} was published by another compaction") from e
+    await faults.hit("compaction.after_publish", generation=generation)
+    await _delete_unreferenced(storage, stream, result.horizon, data_path)
+    return result
+
+
+async def _delete_unreferenced(storage: Storage, stream: str, published: CompactionHorizon, data_path: str) -> None:
+    """After a publish: older horizons, and the data objects ``collectable`` names."""
+    prefix = compacted_prefix(stream)
+    doomed = [p for p in await storage.list(f"{prefix}/horizons") if _generation_of(p) < published.generation]
+    data: dict[int, list[str]] = {}
+    for path in await storage.list(f"{prefix}/data"):
+        data.setdefault(_generation_of(path), []).append(path)
+    doomed += collectable(published, data_path, data)
+    if doomed:
+        await storage.delete(doomed)
+
+
+async def read_compacted(storage: Storage, topic: str, partition: int, max_read_position: Position,
+                         aborted: Sequence[AbortedTxn], from_offset: int = 0) -> list[dict[str, Any]]:
+    """What a ``read_compacted`` reader from ``from_offset`` reads up to ``max_read_position``:
+    the published generation's records at or after it, then the live ledger's visible keyed
+    messages after the horizon; each ``{"offset", "key", "value"}`` (``value`` None: a tombstone),
+    in offset order. ``CompactionReset`` below a dropped tombstone (``read_plan``)."""
+    stream = partition_stream(topic, partition)
+    for _ in range(3):  # a generation superseded between reading its horizon and its data: again
+        published = await read_published(storage, stream)
+        try:
+            kept = await read_kept(storage, published)
+            break
+        except CorruptLedger:
+            if published is None or published == await read_published(storage, stream):
+                raise
+    else:
+        raise CorruptLedger(f"{stream}: compaction generations kept changing under a reader")
+    horizon = None if published is None else published.horizon
+    plan = read_plan(horizon, kept, from_offset)
+    out = [{"offset": r.offset, "key": r.key, "value": r.value} for r in kept[plan.compacted_from:]]
+    async for header, position, messages in iter_entries(
+            storage, stream, _start_after(None if horizon is None else horizon.horizon), max_read_position):
+        if header.is_marker or hidden_by_abort(aborted, header, position):
+            continue
+        base = header.base_offset if header.base_offset is not None else -1
+        out.extend({"offset": base + i, "key": m.key, "value": m.value or None}
+                   for i, m in enumerate(messages) if m.key is not None and base + i >= plan.live_from_offset)
+    return out
+

@@ -1,0 +1,147 @@
+"""Compaction on the real engine (``Client.compact``, ``Client.read_compacted``): each key's latest
+committed value below the horizon, aborted and open data never in a compacted ledger, original
+offsets, tombstones and their retention, a crash at every step of a compaction, two at once."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import raytxn as rt
+from raytxn.errors import CompactionReset, Fenced
+from raytxn.faults import FaultPoints, InjectedFault
+from raytxn.ids import partition_stream
+from raytxn.ledger.compacted import compacted_prefix, read_published
+from raytxn.ledger.storage import Storage
+from tests.engine import engine_client, new_topic
+
+pytestmark = pytest.mark.ray
+STEPS = ("compaction.before_data", "compaction.after_data", "compaction.after_publish")
+
+
+@pytest.fixture(scope="module")
+def client(ray_session: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[rt.Client]:
+    yield from engine_client(tmp_path_factory)
+
+
+def send(client: rt.Client, topic: str, pairs: list[tuple[str | None, bytes]],
+         txn: rt.Transaction | None = None) -> None:
+    producer = client.create_producer(topic, batching_max_messages=1)
+    for key, value in pairs:
+        producer.send(value, key=key, txn=txn)
+    producer.flush()
+
+
+def state(records: list[dict]) -> dict[str, bytes]:
+    """The fold of a compacted read: the latest value per key, tombstones deleting."""
+    out: dict[str, bytes] = {}
+    for record in records:
+        if record["value"] is None:
+            out.pop(record["key"], None)
+        else:
+            out[record["key"]] = record["value"]
+    return out
+
+
+def storage_of(client: rt.Client) -> Storage:
+    return Storage.from_url(client.config.storage_url, **client.config.storage_options)
+
+
+def test_a_compaction_keeps_the_latest_committed_value_per_key_at_its_offset(client: rt.Client) -> None:
+    topic = new_topic(client)
+    send(client, topic, [("a", b"a1"), ("b", b"b1"), ("a", b"a2"), (None, b"keyless")])  # offsets 0..3
+    aborted = client.new_transaction()
+    send(client, topic, [("a", b"aborted"), ("c", b"aborted")], aborted)              # 4, 5
+    aborted.abort()                                                                   # marker 6
+    committed = client.new_transaction()
+    send(client, topic, [("b", b"b2")], committed)                                    # 7
+    committed.commit()                                                                # marker 8
+    open_txn = client.new_transaction()
+    send(client, topic, [("b", b"open")], open_txn)                                   # 9: open
+    send(client, topic, [("d", b"above")])                                            # 10: above it
+    [row] = client.compact(topic)
+    assert (row["generation"], row["next_offset"], row["records"]) == (1, 9, 2)
+    assert (row["skipped_aborted"], row["skipped_keyless"]) == (2, 1)
+    read = client.read_compacted(topic)
+    assert [(r["offset"], r["key"], r["value"]) for r in read] == [(2, "a", b"a2"), (7, "b", b"b2")]
+    open_txn.commit()
+    assert state(client.read_compacted(topic)) == {"a": b"a2", "b": b"open", "d": b"above"}
+    [second] = client.compact(topic)
+    assert second["generation"] == 2 and second["records"] == 3
+    assert [(r["offset"], r["key"]) for r in client.read_compacted(topic)] == [(2, "a"), (9, "b"), (10, "d")]
+    # a normal subscription still reads the whole log: compaction removes nothing from it
+    consumer = client.subscribe(topic, "whole", initial_position="earliest")
+    values = [consumer.receive(timeout=10).value() for _ in range(7)]
+    assert values == [b"a1", b"b1", b"a2", b"keyless", b"b2", b"open", b"above"]
+
+
+def test_tombstones_stay_for_their_retention_then_a_resuming_reader_is_reset(client: rt.Client) -> None:
+    topic = new_topic(client)
+    send(client, topic, [("a", b"1"), ("b", b"1"), ("b", b"")])  # b deleted at offset 2
+    [row] = client.compact(topic, delete_retention_ms=3_600_000)
+    assert row["tombstones"] == 1
+    assert [(r["key"], r["value"]) for r in client.read_compacted(topic)] == [("a", b"1"), ("b", None)]
+    assert client.read_compacted(topic, from_offset=2)[0]["key"] == "b"  # a reader behind sees the delete
+    [row] = client.compact(topic, delete_retention_ms=0)  # now past it: dropped
+    assert (row["tombstones"], row["dropped_tombstones"]) == (0, 1)
+    assert state(client.read_compacted(topic)) == {"a": b"1"}
+    with pytest.raises(CompactionReset, match="earliest"):
+        client.read_compacted(topic, from_offset=1)  # held b=1, would never see its delete
+    assert client.read_compacted(topic, from_offset=3) == []
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_a_crash_at_any_step_of_a_compaction_loses_nothing(client: rt.Client, step: str) -> None:
+    """An injected fault at each step stands for a crash there: what readers see is one
+    generation or the next, never a mix, and the next compaction cleans up after it."""
+    topic = new_topic(client)
+    send(client, topic, [("a", b"1"), ("b", b"1")])
+    client.compact(topic)
+    send(client, topic, [("a", b"2"), ("c", b"1")])
+    expected = {"a": b"2", "b": b"1", "c": b"1"}
+    faults = FaultPoints()
+    faults.arm(step, "raise")
+    from raytxn.client.compaction import compact_topic
+
+    with pytest.raises(InjectedFault):
+        client.loop.run(compact_topic(client, topic, faults=faults))
+    assert state(client.read_compacted(topic)) == expected
+    stream = partition_stream(topic, 0)
+    published = client.loop.run(read_published(storage_of(client), stream))
+    assert published is not None and published.horizon.generation == (2 if step == "compaction.after_publish" else 1)
+    [row] = client.compact(topic)
+    assert row["generation"] == published.horizon.generation + 1
+    assert state(client.read_compacted(topic)) == expected
+    data = client.loop.run(storage_of(client).list(f"{compacted_prefix(stream)}/data"))
+    horizons = client.loop.run(storage_of(client).list(f"{compacted_prefix(stream)}/horizons"))
+    assert len(data) == 1 and len(horizons) == 1, (data, horizons)  # orphans and superseded ones deleted
+
+
+def test_two_compactions_at_once_publish_one_generation(client: rt.Client) -> None:
+    topic = new_topic(client)
+    send(client, topic, [("a", b"1"), ("a", b"2")])
+    from raytxn.client.compaction import compact_topic
+
+    async def both() -> list[object]:
+        return await asyncio.gather(compact_topic(client, topic), compact_topic(client, topic),
+                                    return_exceptions=True)
+
+    outcomes = client.loop.run(both())
+    won = [o for o in outcomes if isinstance(o, list)]
+    assert len(won) >= 1 and all(isinstance(o, Fenced) for o in outcomes if not isinstance(o, list))
+    assert state(client.read_compacted(topic)) == {"a": b"2"}
+
+
+def test_bad_requests_are_refused(client: rt.Client, tmp_path: Path) -> None:
+    topic = new_topic(client)
+    with pytest.raises(rt.errors.InvalidArgument, match="partition"):
+        client.compact(topic, partition=3)
+    with pytest.raises(rt.errors.TopicNotFound):
+        client.compact("no-such-topic")
+    with pytest.raises(rt.errors.InvalidArgument, match="delete_retention_ms"):
+        client.compact(topic, delete_retention_ms=-1)
+    with pytest.raises(rt.errors.InvalidArgument, match="offset"):
+        client.read_compacted(topic, from_offset=-1)
