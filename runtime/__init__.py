@@ -35,12 +35,13 @@ _EXPORTS = {
     "Transaction": "raytxn.client.transaction",
     "LeaseSet": "raytxn.client.leases",
     "RangeChunk": "raytxn.client.leases",
+    "TableView": "raytxn.client.table_view",
 }
 _SUBMODULES = frozenset({"errors", "ids", "hashing", "config", "auth", "metrics", "faults", "cluster",
                          "protocol", "ledger", "client", "tools", "actors", "connectors"})
 
 __all__ = ["Client", "ConsumerType", "InitialPosition", "LeaseSet", "Message", "MessageBatch", "MessageId",
-           "RangeChunk", "Transaction", "connect", "shutdown"]
+           "RangeChunk", "TableView", "Transaction", "connect", "shutdown"]
 assert sorted(__all__) == sorted(_EXPORTS)
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
     from raytxn.client.consumer import ConsumerType, InitialPosition
     from raytxn.client.leases import LeaseSet, RangeChunk
     from raytxn.client.message import Message, MessageId
+    from raytxn.client.table_view import TableView
     from raytxn.client.transaction import Transaction
 
 

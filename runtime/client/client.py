@@ -30,7 +30,8 @@ from raytxn.client.faults import Faults
 from raytxn.client.leases import LeaseSet, lease_partitions
 from raytxn.client.loop import BackgroundLoop
 from raytxn.client.producer import Producer
-from raytxn.client.rpc import ActorRef
+from raytxn.client.rpc import ActorRef, _forget_supervisor
+from raytxn.client.table_view import TableView
 from raytxn.client.transaction import Transaction
 from raytxn.client.txn_chain import TxnChain
 from raytxn.config import CoordinatorConfig, EngineConfig, parse_duration
@@ -137,6 +138,7 @@ def shutdown(token: str | None = None) -> None:
         except Exception:  # shutting down goes on; the log has why the close failed
             log.debug("closing %s at shutdown failed", client.owner, exc_info=True)
     stop_engine(token if token is not None else os.environ.get("RAYTXN_TOKEN") or None)
+    _forget_supervisor()  # its handle is dead: a later connect's engine has a supervisor of its own
     ray.shutdown()
 
 
@@ -409,6 +411,12 @@ class Client:
         from raytxn.client.compaction import read_compacted_partition
 
         return self.loop.run(read_compacted_partition(self, topic, partition, from_offset))
+
+    def table_view(self, topic: str, poll_interval_s: float = 0.2) -> TableView:
+        """A table of ``topic``'s latest committed value per key: loaded from the compacted
+        view, then kept up to date in the background (``raytxn.client.table_view``): ``get``,
+        iteration, ``listen``, ``refresh()`` and the ``position`` it reflects."""
+        return TableView(self, topic, poll_interval_s)
 
     # --- transactions ------------------------------------------------------------------------
 

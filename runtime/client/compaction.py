@@ -69,4 +69,6 @@ async def read_compacted_partition(client: Client, topic: str, partition: int,
     """A ``read_compacted`` read of one partition from ``from_offset`` to its committed head."""
     _partitions(client, topic, partition)
     plan = await _plan(client, topic, partition)
-    return await read_compacted(_storage(client), topic, partition, plan.max_read, plan.aborted, from_offset)
+    read = await read_compacted(_storage(client), topic, partition, plan.max_read, plan.aborted, from_offset,
+                                plan.first_readable)
+    return read.records

@@ -97,7 +97,10 @@ class ActorRef:
             return
         supervisor = _supervisor()
         if supervisor is not None:
-            self._activation = supervisor.activate.remote(self.name, **self._with_auth({}))
+            try:
+                self._activation = supervisor.activate.remote(self.name, **self._with_auth({}))
+            except Exception:  # noqa: BLE001 - Ray raises a bare Exception for a dead actor's handle
+                _forget_supervisor()  # one of an engine stopped since (looked up again next retry)
 
     def prefetch(self) -> None:
         """Look the actor up in a worker thread and make one call to it, without waiting, so

@@ -29,7 +29,7 @@ import msgspec
 
 from raytxn.errors import CorruptLedger, Fenced
 from raytxn.faults import FaultPoints
-from raytxn.ids import Position, partition_stream
+from raytxn.ids import EARLIEST, Position, partition_stream
 from raytxn.ledger.framing import FrameKind, decode_frames, encode_frame
 from raytxn.ledger.managed import LedgerConfig, ManagedLedger
 from raytxn.ledger.storage import ObjectExists, Storage
@@ -188,12 +188,39 @@ async def _delete_unreferenced(storage: Storage, stream: str, published: Compact
         await storage.delete(doomed)
 
 
+class CompactedRead(msgspec.Struct):
+    """A compacted read: its records (``{"offset", "key", "value"}``, ``value`` None for a
+    tombstone, in offset order) and the live entry to go on from (``read_live``)."""
+
+    records: list[dict[str, Any]]
+    next_position: Position
+    next_offset: int  # the offset of the entry at next_position
+
+
+async def read_live(storage: Storage, stream: str, start: Position, max_read_position: Position,
+                    aborted: Sequence[AbortedTxn], from_offset: int = 0, start_offset: int = 0) -> CompactedRead:
+    """The visible keyed messages of ``stream``'s entries in ``start..max_read_position``
+    (markers, aborted data and keyless messages skipped) at or after ``from_offset``;
+    ``start_offset``: the offset of the entry at ``start``, if known."""
+    records: list[dict[str, Any]] = []
+    next_position, next_offset = start, start_offset
+    async for header, position, messages in iter_entries(storage, stream, start, max_read_position):
+        base = header.base_offset if header.base_offset is not None else -1
+        next_position, next_offset = Position(position.ledger_id, position.entry_id + 1), base + max(1, header.count)
+        if header.is_marker or hidden_by_abort(aborted, header, position):
+            continue
+        records.extend({"offset": base + i, "key": m.key, "value": m.value or None}
+                       for i, m in enumerate(messages) if m.key is not None and base + i >= from_offset)
+    return CompactedRead(records, next_position, next_offset)
+
+
 async def read_compacted(storage: Storage, topic: str, partition: int, max_read_position: Position,
-                         aborted: Sequence[AbortedTxn], from_offset: int = 0) -> list[dict[str, Any]]:
+                         aborted: Sequence[AbortedTxn], from_offset: int = 0,
+                         first_readable: Position = EARLIEST) -> CompactedRead:
     """What a ``read_compacted`` reader from ``from_offset`` reads up to ``max_read_position``:
     the published generation's records at or after it, then the live ledger's visible keyed
-    messages after the horizon; each ``{"offset", "key", "value"}`` (``value`` None: a tombstone),
-    in offset order. ``CompactionReset`` below a dropped tombstone (``read_plan``)."""
+    messages after the horizon (from ``first_readable``, the trim point, when the partition was
+    never compacted). ``CompactionReset`` below a dropped tombstone (``read_plan``)."""
     stream = partition_stream(topic, partition)
     for _ in range(3):  # a generation superseded between reading its horizon and its data: again
         published = await read_published(storage, stream)
@@ -207,13 +234,8 @@ async def read_compacted(storage: Storage, topic: str, partition: int, max_read_
         raise CorruptLedger(f"{stream}: compaction generations kept changing under a reader")
     horizon = None if published is None else published.horizon
     plan = read_plan(horizon, kept, from_offset)
-    out = [{"offset": r.offset, "key": r.key, "value": r.value} for r in kept[plan.compacted_from:]]
-    async for header, position, messages in iter_entries(
-            storage, stream, _start_after(None if horizon is None else horizon.horizon), max_read_position):
-        if header.is_marker or hidden_by_abort(aborted, header, position):
-            continue
-        base = header.base_offset if header.base_offset is not None else -1
-        out.extend({"offset": base + i, "key": m.key, "value": m.value or None}
-                   for i, m in enumerate(messages) if m.key is not None and base + i >= plan.live_from_offset)
-    return out
-
+    compacted = [{"offset": r.offset, "key": r.key, "value": r.value} for r in kept[plan.compacted_from:]]
+    start = max(first_readable, Position(0, 0)) if horizon is None else _start_after(horizon.horizon)
+    live = await read_live(storage, stream, start, max_read_position, aborted, plan.live_from_offset,
+                           0 if horizon is None else horizon.next_offset)
+    return CompactedRead(compacted + live.records, live.next_position, live.next_offset)

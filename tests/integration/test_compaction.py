@@ -16,7 +16,7 @@ from raytxn.faults import FaultPoints, InjectedFault
 from raytxn.ids import partition_stream
 from raytxn.ledger.compacted import compacted_prefix, read_published
 from raytxn.ledger.storage import Storage
-from tests.engine import engine_client, new_topic
+from tests.engine import engine_client, new_topic, wait_for
 
 pytestmark = pytest.mark.ray
 STEPS = ("compaction.before_data", "compaction.after_data", "compaction.after_publish")
@@ -145,3 +145,75 @@ def test_bad_requests_are_refused(client: rt.Client, tmp_path: Path) -> None:
         client.compact(topic, delete_retention_ms=-1)
     with pytest.raises(rt.errors.InvalidArgument, match="offset"):
         client.read_compacted(topic, from_offset=-1)
+
+
+def test_a_deleted_topics_compacted_ledgers_go_with_it(client: rt.Client) -> None:
+    topic = new_topic(client)
+    send(client, topic, [("a", b"old")])
+    client.compact(topic)
+    client.delete_topic(topic)
+    client.create_topic(topic)
+    send(client, topic, [("b", b"new")])
+    assert state(client.read_compacted(topic)) == {"b": b"new"}
+
+
+# --- table views ------------------------------------------------------------------------------
+
+
+def test_a_table_view_loads_the_compacted_view_then_tails_committed_data(client: rt.Client) -> None:
+    topic = new_topic(client, partitions=2)
+    producer = client.create_producer(topic)
+    for key, value in [("a", b"1"), ("b", b"1"), ("a", b"2"), ("c", b"1"), ("c", b"")]:
+        producer.send(value, key=key)
+    client.compact(topic)
+    producer.send(b"1", key="d")  # after the horizon
+    with client.table_view(topic, poll_interval_s=0.05) as view:
+        assert view.items() == {"a": b"2", "b": b"1", "d": b"1"} and len(view) == 3 and "c" not in view
+        heard: list[tuple[str, bytes | None]] = []
+        view.listen(lambda key, value: heard.append((key, value)))
+        aborted = client.new_transaction()
+        producer.send(b"aborted", key="b", txn=aborted)
+        aborted.abort()
+        producer.send(b"", key="b")                # b deleted
+        producer.send(b"3", key="a")
+        txn = client.new_transaction()
+        producer.send(b"open", key="a", txn=txn)
+        view.refresh()
+        assert view.get("a") == b"3" and view.get("b") is None  # the open txn's value not yet
+        txn.commit()
+        view.refresh()  # everything committed before the call: the txn's value is in
+        assert view.get("a") == b"open"
+        assert [h for h in heard if h[0] == "a"] == [("a", b"3"), ("a", b"open")]
+        assert ("b", None) in heard and ("b", b"aborted") not in heard
+        producer.send(b"tail", key="e")
+        wait_for(lambda: view.get("e") == b"tail", what="the background tail applies a new message")
+        position = view.refresh()  # nothing open: it reflects every offset of every partition
+        stats = client.topic_stats(topic)["partition_stats"]
+        assert position == view.position == {p: stats[p]["kafka_offsets"]["high_watermark"] for p in range(2)}
+
+
+def test_a_table_views_listener_hears_the_log_in_order_and_a_raising_one_is_counted(client: rt.Client) -> None:
+    topic = new_topic(client)
+    producer = client.create_producer(topic)
+    with client.table_view(topic, poll_interval_s=0.05) as view:
+        heard: list[tuple[str, bytes | None]] = []
+        view.listen(lambda key, value: heard.append((key, value)))
+        view.listen(lambda key, value: 1 / 0)
+        for i in range(20):
+            producer.send(str(i).encode(), key=f"k{i % 3}")
+        producer.send(b"", key="k0")
+        view.refresh()
+        assert heard == [(f"k{i % 3}", str(i).encode()) for i in range(20)] + [("k0", None)]
+        assert view.listener_errors == 21 and view.items() == {"k1": b"19", "k2": b"17"}
+        existing: list[str] = []
+        view.listen(lambda key, value: existing.append(key), existing=True)
+        assert sorted(existing) == ["k1", "k2"]
+    with pytest.raises(rt.errors.InvalidArgument, match="closed"):
+        view.refresh()
+
+
+def test_bad_table_view_requests_are_refused(client: rt.Client) -> None:
+    with pytest.raises(rt.errors.TopicNotFound):
+        client.table_view("no-such-topic")
+    with pytest.raises(rt.errors.InvalidArgument, match="poll_interval_s"):
+        client.table_view(new_topic(client), poll_interval_s=0)
