@@ -1,9 +1,10 @@
-"""The word count used by the examples and tests: lines in, (word, count) per batch out."""
+"""The word counts used by the examples and tests: lines in, (word, count) per batch out, or running
+totals kept as state."""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 
@@ -14,6 +15,14 @@ def wordcount(df: Any) -> Any:
     words = df.select(F.explode(F.split(F.col("value").cast("string"), " ")).alias("word"))
     counts = words.groupBy("word").count()
     return counts.select(F.col("word").alias("key"), F.col("count").cast("string").alias("value"))
+
+
+def running_wordcount(rows: list[dict[str, Any]], state: Mapping[str, bytes]) -> tuple[list, dict]:
+    """The stateful word count of ``raytxn.connectors.stateful.StatefulPipeline``: each batch
+    emits, and stores as state, the new running total of every word it holds."""
+    counts = Counter(word for row in rows for word in row["value"].decode().split(" "))
+    totals = {word: str(int(state.get(word, b"0")) + n).encode() for word, n in counts.items()}
+    return list(totals.items()), totals
 
 
 def expected_counts(lines: Iterable[str]) -> Counter:

@@ -206,6 +206,7 @@ BENCHMARKS: dict[str, Callable[..., list[dict]]] = {
     "scale": _lazy("raytxn.tools.bench_scale", "bench_scale"),
     "kafka": _lazy("raytxn.tools.bench_kafka", "bench_kafka"),
     "gateways": _lazy("raytxn.tools.bench_gateways", "bench_gateways"),
+    "compaction": _lazy("raytxn.tools.bench_compaction", "bench_compaction"),
     "s3": _lazy("raytxn.tools.bench_s3", "bench_s3"),
     "peers": _lazy("raytxn.tools.bench_peers", "bench_peers"),
 }

@@ -143,3 +143,20 @@ def test_bench_s3_short_takes_each_figure_on_seaweedfs_as_a_ratio_to_file(tmp_pa
         s3_better_by = row["file"] / row["s3"] if row["unit"] == "ms" else row["s3"] / row["file"]
         assert row["s3_over_file"] == pytest.approx(s3_better_by, abs=0.0015)  # rounded figures, as above
     assert missing_figures(rows, stdout) == [], stdout
+
+
+@pytest.mark.extended
+@pytest.mark.slow(seconds=60)
+def test_bench_compaction_short_takes_each_figure_beside_its_floor(tmp_path: Path) -> None:
+    """Compaction beside a sequential read of the same ledger, a table view's load, and the
+    stateful word count beside the same pipeline without state, in one run."""
+    rows, stdout = run_bench("compaction", tmp_path, timeout_s=400)
+    assert [r["case"] for r in rows] == ["compact", "table view ready", "stateful word count"]
+    compact, table, wordcount = rows
+    assert (compact["records"], compact["keys"], len(compact["runs"])) == (100_000, 1_000, 2)
+    assert compact["ratio"] == pytest.approx(compact["records_per_s"] / compact["sequential_read_records_per_s"],
+                                             abs=0.001)
+    assert table["keys"] == 10_000 and 0 < table["seconds"] == min(table["runs"])
+    assert wordcount["ratio"] == pytest.approx(wordcount["records_per_s"] / wordcount["stateless_records_per_s"],
+                                               abs=0.001)
+    assert missing_figures(rows, stdout) == [], stdout

@@ -4,7 +4,6 @@ engine actors crashing at each point of a batch's commit."""
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -13,7 +12,7 @@ import pytest
 import raytxn as rt
 from raytxn.client.rpc import ActorRef
 from raytxn.connectors.stateful import StatefulPipeline
-from raytxn.connectors.wordcount import expected_counts, sample_lines
+from raytxn.connectors.wordcount import expected_counts, running_wordcount, sample_lines
 from raytxn.errors import Fenced, InvalidArgument
 from raytxn.ids import coordinator_actor_name, partition_actor_name
 from tests.engine import engine_client, new_topic
@@ -24,13 +23,6 @@ pytestmark = pytest.mark.ray
 @pytest.fixture(scope="module")
 def client(ray_session: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[rt.Client]:
     yield from engine_client(tmp_path_factory)
-
-
-def running_wordcount(rows: list[dict[str, Any]], state: Mapping[str, bytes]) -> tuple[list, dict]:
-    """Each batch: the words' new totals, as outputs and as state."""
-    counts = Counter(word for row in rows for word in row["value"].decode().split(" "))
-    totals = {word: str(int(state.get(word, b"0")) + n).encode() for word, n in counts.items()}
-    return list(totals.items()), totals
 
 
 def topics(client: rt.Client, lines: list[str]) -> tuple[str, str, str]:
