@@ -30,19 +30,18 @@ from kafka.protocol.producer import AddPartitionsToTxnResponse, ProduceResponse,
 # Kafka's error codes for refusals (Kafka's ``Errors``).
 TOPIC_AUTHORIZATION_FAILED = 29
 GROUP_AUTHORIZATION_FAILED = 30
-CLUSTER_AUTHORIZATION_FAILED = 31
 ILLEGAL_SASL_STATE = 34
 UNSUPPORTED_SASL_MECHANISM = 33
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
 OPERATION_NOT_ATTEMPTED = 55
 SASL_AUTHENTICATION_FAILED = 58
 
-# The refusal counters' names (``served["refused"]``), one per Kafka error a refusal answers.
+# The refusal counters' names (``served["refused"]``), one per Kafka error a refusal answers (no
+# request is answered CLUSTER_AUTHORIZATION_FAILED, so it has none).
 REASONS = {
     SASL_AUTHENTICATION_FAILED: "sasl_authentication_failed",
     TOPIC_AUTHORIZATION_FAILED: "topic_authorization_failed",
     GROUP_AUTHORIZATION_FAILED: "group_authorization_failed",
-    CLUSTER_AUTHORIZATION_FAILED: "cluster_authorization_failed",
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED: "transactional_id_authorization_failed",
     ILLEGAL_SASL_STATE: "illegal_sasl_state",
     UNSUPPORTED_SASL_MECHANISM: "unsupported_sasl_mechanism",

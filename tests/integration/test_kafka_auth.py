@@ -545,4 +545,4 @@ def test_the_gateway_reports_auth_and_its_refusals(gateway: dict[str, Any]) -> N
     assert set(seen["refused"]) <= {"sasl_authentication_failed", "topic_authorization_failed",
                                     "group_authorization_failed", "transactional_id_authorization_failed",
                                     "session_expired", "unauthenticated_closed", "illegal_sasl_state",
-                                    "unsupported_sasl_mechanism", "cluster_authorization_failed"}
+                                    "unsupported_sasl_mechanism"}
