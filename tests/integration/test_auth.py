@@ -212,6 +212,11 @@ def test_cli_secret_tokens_grants_and_refusals(admin: rt.Client, tmp_path: objec
         assert result.exit_code == code, result.output
         return result.output
 
+    def cli_json(*args: str) -> object:
+        # the last line: Ray forwards its workers' log lines (an earlier test's retried Ray Data
+        # task) to this driver's stdout, and CliRunner captures them before the JSON
+        return json.loads(cli(*args, "--json").strip().splitlines()[-1])
+
     made = Path(str(tmp_path)) / "made.key"
     cli("token", "secret", "--output", str(made))
     assert made.stat().st_mode & 0o077 == 0  # only the owner may read a secret
@@ -222,12 +227,12 @@ def test_cli_secret_tokens_grants_and_refusals(admin: rt.Client, tmp_path: objec
     key = Path(str(tmp_path)) / "engine.key"
     key.write_text(SECRET)
     alice = cli("token", "create", "--principal", "alice", "--secret-file", str(key), "--expires-in", "600").strip()
-    assert json.loads(cli("--token", alice, "whoami", "--json"))["principal"] == "alice"
+    assert cli_json("--token", alice, "whoami")["principal"] == "alice"
     assert "NotAuthorized" in cli("--token", alice, "topics", "create", "cli-refused", code=1)
     assert "AuthenticationFailed" in cli("whoami", code=1)  # no token at all
     topic = new_topic(admin, prefix="auth")
     cli("--token", ADMIN, "topics", "grant", topic, "alice", "--actions", "produce")
-    assert json.loads(cli("--token", ADMIN, "topics", "permissions", topic, "--json")) == [
+    assert cli_json("--token", ADMIN, "topics", "permissions", topic) == [
         {"principal": "alice", "actions": ["produce"]}]
     cli("--token", alice, "produce", topic, "from-cli")
     cli("--token", ADMIN, "topics", "revoke", topic, "alice")
