@@ -31,11 +31,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raytxn.client.transaction import UNENDED_STATES
-from raytxn.connectors.batches import BatchHandle, lease_batch
+from raytxn.connectors.batches import BATCH_COLUMNS, BatchHandle, lease_batch
 from raytxn.errors import Fenced, InvalidArgument, RaytxnError
 
 POLL_S = 0.2
-ROW_COLUMNS = ("key", "value", "properties", "event_time", "publish_time", "topic", "partition", "message_id")
 Output = tuple[str | None, bytes]
 Transform = Callable[[list[dict[str, Any]], Mapping[str, bytes]], tuple[Iterable[Output], Mapping[str, bytes | None]]]
 
@@ -146,7 +145,7 @@ class StatefulPipeline:
             return None
         txn = None
         try:
-            rows = handle.read_all(ROW_COLUMNS).to_pylist()
+            rows = handle.read_all(BATCH_COLUMNS).to_pylist()
             view = self._state_view()
             view.refresh()  # every update committed before this batch, its predecessors' too
             txn = self.client.new_transaction(self.txn_timeout_s, transactional_id=self.pipeline_id,

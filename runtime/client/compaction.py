@@ -22,11 +22,14 @@ from raytxn.ledger.storage import Storage
 from raytxn.protocol.compaction import DEFAULT_DELETE_RETENTION_MS
 from raytxn.protocol.lease import RangePlan
 
+FIRST = Position(0, 0)
+
 if TYPE_CHECKING:
     from raytxn.client.client import Client
 
 
-def _storage(client: Client) -> Storage:
+def storage_of(client: Client) -> Storage:
+    """The storage the client's engine runs on, for reading and writing it straight."""
     return Storage.from_url(client.config.storage_url, **client.config.storage_options)
 
 
@@ -39,9 +42,10 @@ def _partitions(client: Client, topic: str, partition: int | None) -> list[int]:
     return [partition]
 
 
-async def _plan(client: Client, topic: str, partition: int) -> RangePlan:
+async def partition_plan(client: Client, topic: str, partition: int, start: Position = FIRST) -> RangePlan:
+    """The partition's ``max_read_position``, trim point and aborted spans from ``start`` on."""
     ref = ActorRef(partition_actor_name(topic, partition), client.token)
-    return await ref.call_async("range_plan", Position(0, 0), deadline_s=client.deadline_s)
+    return await ref.call_async("range_plan", start, deadline_s=client.deadline_s)
 
 
 async def compact_topic(client: Client, topic: str, partition: int | None = None, *,
@@ -49,10 +53,10 @@ async def compact_topic(client: Client, topic: str, partition: int | None = None
                         faults: FaultPoints | None = None) -> list[dict[str, Any]]:
     """Compact every partition of ``topic`` (or one) up to its ``max_read_position`` now; a row
     per partition: the published horizon and what the fold left out."""
-    storage = _storage(client)
+    storage = storage_of(client)
 
     async def one(p: int) -> dict[str, Any]:
-        plan = await _plan(client, topic, p)
+        plan = await partition_plan(client, topic, p)
         result = await compact_partition(storage, topic, p, plan.max_read, plan.aborted, int(time.time() * 1000),
                                          delete_retention_ms=delete_retention_ms, faults=faults)
         h = result.horizon
@@ -68,7 +72,7 @@ async def read_compacted_partition(client: Client, topic: str, partition: int,
                                    from_offset: int = 0) -> list[dict[str, Any]]:
     """A ``read_compacted`` read of one partition from ``from_offset`` to its committed head."""
     _partitions(client, topic, partition)
-    plan = await _plan(client, topic, partition)
-    read = await read_compacted(_storage(client), topic, partition, plan.max_read, plan.aborted, from_offset,
+    plan = await partition_plan(client, topic, partition)
+    read = await read_compacted(storage_of(client), topic, partition, plan.max_read, plan.aborted, from_offset,
                                 plan.first_readable)
     return read.records

@@ -25,6 +25,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from raytxn.client.compaction import partition_plan, storage_of
 from raytxn.errors import InvalidArgument, PositionTrimmed, RaytxnError
 from raytxn.ids import Position, partition_stream
 from raytxn.ledger.compacted import read_compacted, read_live
@@ -54,9 +55,7 @@ class TableView:
         self._refreshing: asyncio.Lock | None = None
         self.listener_errors = 0
         self.tail_errors = 0
-        from raytxn.client.compaction import _storage
-
-        self._storage = _storage(client)
+        self._storage = storage_of(client)
         self._closed = False
         client.loop.run(self._load_all())
         self._tail = client.loop.submit(self._tail_forever())
@@ -137,17 +136,12 @@ class TableView:
                 for listener in self._listeners:
                     self._call(listener, key, value)
 
-    async def _plan(self, partition: int) -> Any:
-        from raytxn.client.compaction import _plan
-
-        return await _plan(self._client, self.topic, partition)
-
     async def _load_all(self) -> None:
         for partition in range(self.partitions):
             await self._load(partition)
 
     async def _load(self, partition: int) -> None:
-        plan = await self._plan(partition)
+        plan = await partition_plan(self._client, self.topic, partition)
         read = await read_compacted(self._storage, self.topic, partition, plan.max_read, plan.aborted, 0,
                                     plan.first_readable)
         latest: dict[str, bytes | None] = {}
@@ -161,7 +155,8 @@ class TableView:
         self._next_position[partition], self._next_offset[partition] = read.next_position, read.next_offset
 
     async def _refresh_partition(self, partition: int) -> None:
-        plan = await self._plan(partition)
+        # the aborted spans from where this view goes on, not from the start: a tail polls often
+        plan = await partition_plan(self._client, self.topic, partition, self._next_position[partition])
         try:
             read = await read_live(self._storage, partition_stream(self.topic, partition),
                                    self._next_position[partition], plan.max_read, plan.aborted,

@@ -41,11 +41,11 @@ from raytxn.protocol.compaction import (
     Compactor,
     KeptRecord,
     collectable,
-    hidden_by_abort,
     read_plan,
 )
+from raytxn.protocol.cursor import next_position
 from raytxn.protocol.entry_format import EntryHeader, MessageRecord, decode_entry
-from raytxn.protocol.txn_buffer import AbortedTxn
+from raytxn.protocol.txn_buffer import AbortedTxn, HiddenSpans
 
 RECORDS_PER_FRAME = 10_000
 ENTRIES_PER_READ = 1000
@@ -130,14 +130,13 @@ async def iter_entries(storage: Storage, stream: str, start: Position,
         for entry in entries:
             header, messages = decode_entry(entry.records, f"{stream}@{entry.position}")
             yield header, entry.position, messages
-        last = entries[-1].position
-        if last >= end:
+        if entries[-1].position >= end:
             return
-        position = Position(last.ledger_id, last.entry_id + 1)
+        position = next_position(entries[-1].position)
 
 
 def _start_after(horizon: Position | None) -> Position:
-    return Position(0, 0) if horizon is None else Position(horizon.ledger_id, horizon.entry_id + 1)
+    return Position(0, 0) if horizon is None else next_position(horizon)
 
 
 async def compact_partition(storage: Storage, topic: str, partition: int, max_read_position: Position,
@@ -203,15 +202,16 @@ async def read_live(storage: Storage, stream: str, start: Position, max_read_pos
     (markers, aborted data and keyless messages skipped) at or after ``from_offset``;
     ``start_offset``: the offset of the entry at ``start``, if known."""
     records: list[dict[str, Any]] = []
-    next_position, next_offset = start, start_offset
+    hidden = HiddenSpans(aborted)
+    after, next_offset = start, start_offset
     async for header, position, messages in iter_entries(storage, stream, start, max_read_position):
         base = header.base_offset if header.base_offset is not None else -1
-        next_position, next_offset = Position(position.ledger_id, position.entry_id + 1), base + max(1, header.count)
-        if header.is_marker or hidden_by_abort(aborted, header, position):
+        after, next_offset = next_position(position), base + max(1, header.count)
+        if header.is_marker or hidden.hides(header.txn, position):
             continue
         records.extend({"offset": base + i, "key": m.key, "value": m.value or None}
                        for i, m in enumerate(messages) if m.key is not None and base + i >= from_offset)
-    return CompactedRead(records, next_position, next_offset)
+    return CompactedRead(records, after, next_offset)
 
 
 async def read_compacted(storage: Storage, topic: str, partition: int, max_read_position: Position,

@@ -39,12 +39,12 @@ import numpy as np
 import pyarrow as pa
 
 from raytxn.errors import CorruptLedger, InvalidArgument, PositionTrimmed, StorageUnavailable
-from raytxn.ids import Position, TxnID, partition_stream
+from raytxn.ids import Position, partition_stream
 from raytxn.ledger.managed import Entry, LedgerConfig, ManagedLedger
 from raytxn.ledger.metadata import read_metadata
 from raytxn.ledger.storage import Storage
 from raytxn.protocol.entry_format import MessageRecord, decode_entry, decode_header
-from raytxn.protocol.txn_buffer import AbortedTxn
+from raytxn.protocol.txn_buffer import AbortedTxn, HiddenSpans
 
 # One ledger read (and one record batch at most) covers this many entries: bounds memory per step.
 DEFAULT_ENTRIES_PER_BATCH = 1000
@@ -75,21 +75,6 @@ def _msgpack_array_header(count: int) -> bytes:
     return b"\xdd" + struct.pack(">I", count)
 
 
-class _HiddenSpans:
-    """The aborted spans by txn, for the per-entry visibility test."""
-
-    def __init__(self, aborted: Sequence[AbortedTxn]) -> None:
-        self._spans: dict[TxnID, list[tuple[Position, Position]]] = {}
-        for entry in aborted:
-            if not isinstance(entry, AbortedTxn) or entry.first_position > entry.marker_position:
-                raise InvalidArgument(f"not an aborted txn span: {entry!r}")
-            self._spans.setdefault(entry.txn, []).append((entry.first_position, entry.marker_position))
-
-    def hides(self, txn: TxnID | None, position: Position) -> bool:
-        spans = self._spans.get(txn) if txn is not None else None
-        return bool(spans) and any(first <= position <= marker for first, marker in spans)
-
-
 class _Visible:
     """The visible entries of one chunk: their positions, publish times and message records."""
 
@@ -108,7 +93,7 @@ class _Visible:
         self.records.extend(entry.records[1:])
 
 
-def _select(entries: list[Entry], hidden: _HiddenSpans, stream: str) -> _Visible:
+def _select(entries: list[Entry], hidden: HiddenSpans, stream: str) -> _Visible:
     visible = _Visible()
     for entry in entries:
         where = f"{stream}@{entry.position}"
@@ -194,7 +179,7 @@ async def iter_range(storage: Storage, topic: str, partition: int, start: Positi
     (inclusive), in append order; see the module docstring for what the caller guarantees."""
     _check_range(start, end, entries_per_batch)
     schema = range_schema(columns)
-    hidden = _HiddenSpans(aborted)
+    hidden = HiddenSpans(aborted)
     stream = partition_stream(topic, partition)
     ledger = await ManagedLedger.open(storage, stream, _READER_CONFIG, writable=False)
     position = start

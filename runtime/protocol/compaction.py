@@ -15,7 +15,8 @@ The rules, each checked here rather than trusted to the caller:
   what the fold sees is final, and no open transactional data can enter a compacted ledger.
 * Aborted writes never enter the key map, whatever their keys (Kafka's cleaner rule; KAFKA-13727,
   KAFKA-8351 and Pulsar #21464 are what happens otherwise): an entry of a transaction whose
-  aborted span covers it is skipped, as ``TransactionBuffer.is_visible`` skips it for readers.
+  aborted span covers it is skipped (``HiddenSpans``), as ``TransactionBuffer.is_visible`` skips it
+  for readers.
   Markers take an offset but hold no records. The txn buffer's aborted set still covers (H, head].
 * Records keep their original offsets and positions: a Kafka client reading a compacted topic sees
   gaps where older values were, which Kafka's own compaction makes legal.
@@ -44,7 +45,7 @@ import msgspec
 from raytxn.errors import CompactionReset, CorruptLedger, InvalidArgument
 from raytxn.ids import EARLIEST, Position
 from raytxn.protocol.entry_format import EntryHeader, MessageRecord
-from raytxn.protocol.txn_buffer import AbortedTxn
+from raytxn.protocol.txn_buffer import AbortedTxn, HiddenSpans
 
 COMPACTION_FORMAT_VERSION = 1
 DEFAULT_DELETE_RETENTION_MS = 24 * 3600 * 1000  # Kafka's delete.retention.ms default
@@ -98,13 +99,6 @@ def is_tombstone_value(value: bytes | None) -> bool:
     return value is None or len(value) == 0
 
 
-def hidden_by_abort(aborted: Sequence[AbortedTxn], header: EntryHeader, position: Position) -> bool:
-    """Is the DATA entry ``header`` at ``position`` aborted data (``TransactionBuffer.is_visible``'s
-    rule below ``max_read_position``, where every txn has ended)?"""
-    return header.txn is not None and any(
-        a.txn == header.txn and a.first_position <= position <= a.marker_position for a in aborted)
-
-
 class Compactor:
     """Phase one of a compaction: the fold of ``previous`` (the published horizon, None for the
     first compaction) and its ``kept`` records with the entries after its horizon, given in ledger
@@ -124,7 +118,7 @@ class Compactor:
         self.previous = previous
         self.max_read_position = max_read_position
         self.max_keys = max_keys
-        self._aborted = list(aborted)
+        self._hidden = HiddenSpans(aborted)
         self._latest: dict[str, KeptRecord] = {}
         for record in kept:
             if record.key in self._latest:
@@ -151,7 +145,7 @@ class Compactor:
             return
         if len(messages) != header.count:
             raise CorruptLedger(f"entry {position} says {header.count} messages, read {len(messages)}")
-        aborted = hidden_by_abort(self._aborted, header, position)
+        aborted = self._hidden.hides(header.txn, position)
         kept = [] if aborted else [
             KeptRecord(header.base_offset + index, position, message.key,
                        None if is_tombstone_value(message.value) else message.value, header.publish_time_ms)

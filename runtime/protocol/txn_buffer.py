@@ -88,6 +88,7 @@ from __future__ import annotations
 import enum
 import itertools
 from collections import OrderedDict
+from collections.abc import Sequence
 
 import msgspec
 
@@ -180,6 +181,23 @@ class AbortedTxn(msgspec.Struct, frozen=True, array_like=True):
     marker_position: Position
     first_offset: int | None = None
     marker_offset: int | None = None
+
+
+class HiddenSpans:
+    """Aborted spans indexed by txn: the per-entry test a reader below ``max_read_position`` needs
+    (``TransactionBuffer.is_visible``'s rule there, where every txn has ended) without scanning
+    every span per entry. Used by the bulk range reader and by compaction."""
+
+    def __init__(self, aborted: Sequence[AbortedTxn]) -> None:
+        self._spans: dict[TxnID, list[tuple[Position, Position]]] = {}
+        for entry in aborted:
+            if not isinstance(entry, AbortedTxn) or entry.first_position > entry.marker_position:
+                raise InvalidArgument(f"not an aborted txn span: {entry!r}")
+            self._spans.setdefault(entry.txn, []).append((entry.first_position, entry.marker_position))
+
+    def hides(self, txn: TxnID | None, position: Position) -> bool:
+        spans = self._spans.get(txn) if txn is not None else None
+        return bool(spans) and any(first <= position <= marker for first, marker in spans)
 
 
 class DedupEntry(msgspec.Struct, frozen=True, array_like=True):

@@ -29,7 +29,7 @@ import ray
 
 import raytxn as rt
 from raytxn.cluster import stop_engine
-from raytxn.ids import NAMESPACE, Position, partition_actor_name
+from raytxn.ids import NAMESPACE, Position
 
 PAYLOAD = b"v" * 100
 
@@ -41,23 +41,17 @@ def _produce(client: rt.Client, topic: str, count: int, keys: int) -> None:
     producer.flush()
 
 
-def _plan(client: rt.Client, topic: str) -> Any:
-    from raytxn.client.rpc import ActorRef
-
-    return ActorRef(partition_actor_name(topic, 0), client.token).call("range_plan", Position(0, 0))
-
-
 def _compact_once(client: rt.Client, count: int, keys: int) -> tuple[float, float]:
     """(compacted records/s, sequentially read records/s) of one fresh partition."""
-    from raytxn.client.compaction import _storage
+    from raytxn.client.compaction import partition_plan, storage_of
     from raytxn.ledger.compacted import compact_partition
     from raytxn.ledger.ranges import read_range_async
 
     topic = f"bench-compact-{time.monotonic_ns()}"
     client.create_topic(topic)
     _produce(client, topic, count, keys)
-    plan = _plan(client, topic)
-    storage = _storage(client)
+    plan = client.loop.run(partition_plan(client, topic, 0))
+    storage = storage_of(client)
 
     async def read() -> list[Any]:
         return await read_range_async(storage, topic, 0, Position(0, 0), plan.max_read, plan.aborted,
@@ -95,7 +89,7 @@ def _stateless_wordcount(rows: list[dict[str, Any]], state: Mapping[str, bytes])
 
 
 def _wordcount_rate(client: rt.Client, lines: list[str], transform: Callable[..., Any], batch: int) -> float:
-    from raytxn.connectors.stateful import StatefulPipeline
+    from raytxn.connectors.stateful import POLL_S, StatefulPipeline
 
     stamp = time.monotonic_ns()
     source, sink, state = (f"bench-wc-{name}-{stamp}" for name in ("src", "sink", "state"))
@@ -112,7 +106,7 @@ def _wordcount_rate(client: rt.Client, lines: list[str], transform: Callable[...
         stats = pipeline.run(until_idle=True)
     finally:
         pipeline.close()
-    elapsed = time.perf_counter() - t0 - 0.2  # the last, empty poll (POLL_S) is not work
+    elapsed = time.perf_counter() - t0 - POLL_S  # the last, empty poll is not work
     assert sum(s.rows_in for s in stats) == len(lines)
     client.delete_topics([source, sink, state])
     return len(lines) / elapsed

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 import raytxn as rt
+from raytxn.client.compaction import storage_of
 from raytxn.errors import CompactionReset, Fenced
 from raytxn.faults import FaultPoints, InjectedFault
 from raytxn.ids import partition_stream
 from raytxn.ledger.compacted import compacted_prefix, read_published
-from raytxn.ledger.storage import Storage
 from tests.engine import engine_client, new_topic, wait_for
 
 pytestmark = pytest.mark.ray
@@ -44,10 +44,6 @@ def state(records: list[dict]) -> dict[str, bytes]:
         else:
             out[record["key"]] = record["value"]
     return out
-
-
-def storage_of(client: rt.Client) -> Storage:
-    return Storage.from_url(client.config.storage_url, **client.config.storage_options)
 
 
 def test_a_compaction_keeps_the_latest_committed_value_per_key_at_its_offset(client: rt.Client) -> None:
