@@ -446,7 +446,10 @@ def test_bad_group_requests_get_kafka_errors_and_change_nothing(client: rt.Clien
     raw = RawKafka(bootstrap)
     protocols = [JoinGroupRequest.JoinGroupRequestProtocol(name="range", metadata=b"m")]
 
-    def join(group_id: str = group, instance: str | None = None, session_ms: int = 6000) -> Any:
+    # The member must outlive every call below (it sends no heartbeat between them), and a CI
+    # machine under load took more than 6 s over them once: the group then expired, and an
+    # unknown member's commit answered ILLEGAL_GENERATION (an unknown group) instead of 25.
+    def join(group_id: str = group, instance: str | None = None, session_ms: int = 120_000) -> Any:
         return raw.call(JoinGroupRequest, 5, group_id=group_id, session_timeout_ms=session_ms,
                         rebalance_timeout_ms=6000, member_id="", group_instance_id=instance,
                         protocol_type="consumer", protocols=protocols)
