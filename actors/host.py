@@ -95,7 +95,8 @@ class ActorHost(AuthTarget):
     # --- the supervisor's calls --------------------------------------------------------------
 
     @guarded(Access.SUPERUSER)
-    async def start(self, kind: str, name: str, args: list[Any]) -> dict[str, Any]:
+    async def start(self, kind: str, name: str, args: list[Any],
+                    kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
         """Host the actor ``name``, built as ``kind(*args)`` (unless it is hosted here and not
         stopped), and return its ``ready`` answer once it has started, with ``hosted_now``:
         whether this call began hosting it."""
@@ -115,7 +116,7 @@ class ActorHost(AuthTarget):
                 raise CannotPlaceActor(f"{self.name} hosts {len(self._hosted)} actors, its most "
                                        "(max_hosted_actors): passivate idle ones or add hosts")
             actor = cls(*args, self._storage_url, self._storage_options, self._configs[kind], self._auth,
-                        storage=self.storage)
+                        storage=self.storage, **(kwargs or {}))
             if actor.actor_name != name:
                 raise InvalidArgument(f"{kind}{tuple(args)} is the actor {actor.actor_name!r}, not {name!r}")
             actor.exit_process = lambda _code, actor=actor: self._drop(actor)

@@ -184,7 +184,8 @@ class Supervisor(ActorShell, FaultTarget):
         config = self.config
         if spec.kind == "partition":
             handle = PartitionActor.options(**self._actor_options(spec.name)).remote(
-                spec.topic, spec.partition, config.storage_url, config.storage_options, config.partition, config.auth)
+                spec.topic, spec.partition, config.storage_url, config.storage_options, config.partition, config.auth,
+                compaction=self._compaction_of(spec.topic))
         else:
             sub = self.catalog.subscriptions[spec.topic][spec.subscription]
             handle = SubscriptionActor.options(**self._actor_options(spec.name)).remote(
@@ -219,11 +220,19 @@ class Supervisor(ActorShell, FaultTarget):
             self._hosts.pop(host, None)  # looked up (or created) again next time
             raise ActorUnavailable(f"{host} is restarting ({type(e).__name__}); retry") from e
 
+    def _compaction_of(self, topic: str) -> tuple[bool, int | None]:
+        """A partition's compaction policy, handed to it at start (so it reads no catalog)."""
+        info = self.catalog.topics.get(topic)
+        return (False, None) if info is None else (info.compacted, info.compaction_threshold_bytes)
+
     async def _start_hosted(self, spec: ActorSpec, host: str) -> dict[str, Any]:
-        args = [spec.topic, spec.partition]
+        args: list[Any] = [spec.topic, spec.partition]
+        kwargs: dict[str, Any] = {}
         if spec.kind == "subscription":
             args += [spec.subscription, self.catalog.subscriptions[spec.topic][spec.subscription].initial_position]
-        return await self._host_call(host, "start", spec.kind, spec.name, args)
+        else:
+            kwargs["compaction"] = self._compaction_of(spec.topic)
+        return await self._host_call(host, "start", spec.kind, spec.name, args, kwargs)
 
     async def _start_actor(self, spec: ActorSpec) -> bool:
         """Start the actor of ``spec`` (unless it serves) in its host, or in a process of its
@@ -320,14 +329,15 @@ class Supervisor(ActorShell, FaultTarget):
 
     @guarded(Access.SUPERUSER)
     async def create_topic(self, name: str, partitions: int = 1, retention_bytes: int | None = None,
-                           retention_s: float | None = None) -> dict[str, Any]:
+                           retention_s: float | None = None, compacted: bool = False,
+                           compaction_threshold_bytes: int | None = None) -> dict[str, Any]:
         """Save the topic ACTIVE, in one catalog write: its partition actors start on first use, so
         there is no step between CREATING and ACTIVE for a crash to interrupt. A retried create of
         a topic still CREATING (left by an earlier version's two-step create) with the same
         partitions and retention finishes it. ``retention_bytes`` / ``retention_s``: keep acked
-        data that long (protocol/retention.py)."""
+        data that long; ``compacted``: keep the latest value of each key (protocol/retention.py)."""
         await self._started()
-        retention = check_retention(retention_bytes, retention_s)
+        retention = check_retention(retention_bytes, retention_s, compacted, compaction_threshold_bytes)
         context = {"kind": "topic", "topic": name}
         async with self._lock:
             entry = self.catalog.topics.get(name)
@@ -344,14 +354,15 @@ class Supervisor(ActorShell, FaultTarget):
     @guarded(Access.SUPERUSER)
     async def create_topics(self, names: list[str], partitions: int = 1, subscriptions: list[str] | None = None,
                             initial_position: str = "earliest", retention_bytes: int | None = None,
-                            retention_s: float | None = None) -> list[dict[str, Any]]:
+                            retention_s: float | None = None, compacted: bool = False,
+                            compaction_threshold_bytes: int | None = None) -> list[dict[str, Any]]:
         """Create many topics, each with ``subscriptions``, in one catalog write whatever their
         number (two with "latest" subscriptions: CREATING, their actors started, see
         ``create_subscription``, then ACTIVE); no other actor starts until used. All or none: one
         invalid or existing name fails the call before anything is written. A retry finishes
         topics still CREATING from a crashed try."""
         await self._started()
-        retention = check_retention(retention_bytes, retention_s)
+        retention = check_retention(retention_bytes, retention_s, compacted, compaction_threshold_bytes)
         subscriptions = list(subscriptions or [])
         async with self._lock:
             unfinished = {name for name in names if (entry := self.catalog.topics.get(name)) is not None

@@ -72,6 +72,11 @@ class MessageTooLarge(RaytxnError):
     """A message (or record) above the configured size limit; nothing was written."""
 
 
+class KeylessMessage(InvalidArgument):
+    """A message without a key sent to a compacted topic (Kafka refuses it as INVALID_RECORD):
+    compaction keeps the latest value per key, and a keyless one has no place there."""
+
+
 class OutOfOrderSequence(RaytxnError):
     """A producer batch reached its partition before the batch it follows (``previous_sequence``
     is neither stored nor being stored there): nothing was written. The producer sends again, in

@@ -163,22 +163,33 @@ class Client:
     # --- admin -------------------------------------------------------------------------------
 
     def create_topic(self, name: str, partitions: int = 1, retention_bytes: int | None = None,
-                     retention_s: float | None = None) -> dict[str, Any]:
+                     retention_s: float | None = None, compacted: bool = False,
+                     compaction_threshold_bytes: int | None = None) -> dict[str, Any]:
         """Create the topic. Data every subscription acked is deleted, unless ``retention_bytes``
         / ``retention_s`` keep it (a partition keeps at least that many bytes, or data younger
         than that; either limit lets older data go); without subscriptions data stays unless one
-        of them is set. A retry after the supervisor died mid-call that finds the topic with
+        of them is set.
+
+        ``compacted``: a compacted topic (Kafka's ``cleanup.policy=compact``) takes only keyed
+        messages (``KeylessMessage`` otherwise), and each partition compacts itself once
+        ``compaction_threshold_bytes`` (64 MiB unless given) of live data lie above its last
+        compaction; retention trims its live ledger only below that horizon, and a
+        ``read_compacted`` read or a table view from the start sees the latest value of every key.
+
+        A retry after the supervisor died mid-call that finds the topic with
         these partitions means the first attempt made it (the supervisor's recovery finishes a
         create it began): success, not ``TopicAlreadyExists``."""
         retries: list[None] = []
         try:
-            return self.supervisor.call("create_topic", name, partitions, retention_bytes, retention_s,
-                                        deadline_s=self.deadline_s, on_retry=lambda: retries.append(None))
+            return self.supervisor.call("create_topic", name, partitions, retention_bytes, retention_s, compacted,
+                                        compaction_threshold_bytes, deadline_s=self.deadline_s,
+                                        on_retry=lambda: retries.append(None))
         except TopicAlreadyExists:
             if not retries:
                 raise
             try:
-                wanted = {"partitions": partitions, "retention_bytes": retention_bytes, "retention_s": retention_s}
+                wanted = {"partitions": partitions, "retention_bytes": retention_bytes, "retention_s": retention_s,
+                          "compacted": compacted}
                 found = self.get_topic(name)
                 made = all(found[key] == value for key, value in wanted.items())
             except TopicNotFound:
@@ -209,7 +220,8 @@ class Client:
 
     def create_topics(self, names: list[str], partitions: int = 1, subscriptions: list[str] | None = None,
                       initial_position: str = "earliest", retention_bytes: int | None = None,
-                      retention_s: float | None = None) -> list[dict[str, Any]]:
+                      retention_s: float | None = None, compacted: bool = False,
+                      compaction_threshold_bytes: int | None = None) -> list[dict[str, Any]]:
         """Create many topics (each with ``subscriptions``) in one catalog write, all or none:
         fast at any number. Their actors start on first use. As ``create_topic``, a retry after
         the supervisor died mid-call that finds every topic made with these partitions means the
@@ -218,7 +230,8 @@ class Client:
         retries: list[None] = []
         try:
             return self.supervisor.call("create_topics", names, partitions, subscriptions, initial_position,
-                                        retention_bytes, retention_s, deadline_s=self.deadline_s,
+                                        retention_bytes, retention_s, compacted, compaction_threshold_bytes,
+                                        deadline_s=self.deadline_s,
                                         on_retry=lambda: retries.append(None))
         except TopicAlreadyExists:
             if not retries:

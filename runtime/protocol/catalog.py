@@ -62,10 +62,14 @@ class TopicInfo(msgspec.Struct, frozen=True):
     # The retention policy (see protocol/retention.py); absent in catalogs written before it.
     retention_bytes: int | None = None
     retention_s: float | None = None
+    # Compaction (protocol/retention.py); absent in catalogs written before it: not compacted.
+    compacted: bool = False
+    compaction_threshold_bytes: int | None = None
 
     @property
     def retention(self) -> RetentionPolicy:
-        return RetentionPolicy(self.retention_bytes, self.retention_s)
+        return RetentionPolicy(self.retention_bytes, self.retention_s, self.compacted,
+                               self.compaction_threshold_bytes)
 
 
 class SubscriptionInfo(msgspec.Struct, frozen=True):
@@ -111,7 +115,7 @@ class Catalog(msgspec.Struct):
                 raise TopicAlreadyExists(f"topic {name!r} is being deleted; create it again once it is gone")
             raise TopicAlreadyExists(f"topic {name!r} exists with {existing.partitions} partitions")
         info = TopicInfo(name, partitions, now_ms, EntryState.CREATING, retention.retention_bytes,
-                         retention.retention_s)
+                         retention.retention_s, retention.compacted, retention.compaction_threshold_bytes)
         return msgspec.structs.replace(self, topics={**self.topics, name: info})
 
     def with_topics(self, names: Sequence[str], partitions: int, now_ms: int,

@@ -128,6 +128,15 @@ def submitted_value_sizes(records: Sequence[object]) -> list[int]:
     raise AssertionError("a batch that failed to decode decoded one record at a time")
 
 
+def first_keyless(records: Sequence[bytes]) -> int | None:
+    """The index of the first message record without a key (None: each has one), for a compacted
+    topic's appends. The records passed ``submitted_value_sizes`` already, so each decodes."""
+    for index, message in enumerate(map(_message_decoder.decode, records)):
+        if message.key is None:
+            return index
+    return None
+
+
 def _check_header(header: EntryHeader, where: str) -> EntryHeader:
     if header.is_marker:
         ok = header.txn is not None and header.count == 0

@@ -18,6 +18,13 @@ The rule is Pulsar's managed-ledger trimming with its per-topic retention policy
   subscription-less topic's data at once, so a consumer subscribing at Earliest afterwards gets
   nothing; here producing first and subscribing later loses nothing unless the topic says so.
 
+A compacted topic (Kafka's ``cleanup.policy=compact``) trims its live ledger only at or below
+its published compaction horizon (``compacted_retention_cut``): the compacted ledger holds the
+latest value of every key there, the live ledger is the only copy above it. Below the horizon the
+rules above still hold (a subscription's unacked backlog stays), except that a compacted topic
+without subscriptions and without limits lets everything below the horizon go: its compacted
+ledger is what a reader from the start reads.
+
 The partition adds the last bound itself (it needs I/O): never past its newest snapshot, which
 recovery replays from. Markers need no rule of their own: a transaction's data precede its
 marker, so a trimmed marker never leaves its transaction's data behind, and an aborted txn's
@@ -32,6 +39,7 @@ import msgspec
 
 from raytxn.errors import InvalidArgument
 from raytxn.ids import Position
+from raytxn.protocol.cursor import next_position
 
 
 class RetentionPolicy(msgspec.Struct, frozen=True):
@@ -39,9 +47,15 @@ class RetentionPolicy(msgspec.Struct, frozen=True):
 
     retention_bytes: int | None = None
     retention_s: float | None = None
+    # Kafka's cleanup.policy=compact: keyed appends only, compacted by the partition once
+    # ``compaction_threshold_bytes`` of live data lie above the horizon (Pulsar's
+    # compaction-threshold), trimmed only below the horizon.
+    compacted: bool = False
+    compaction_threshold_bytes: int | None = None
 
     @property
     def is_set(self) -> bool:
+        """Whether a limit is set (compaction is not a limit)."""
         return self.retention_bytes is not None or self.retention_s is not None
 
 
@@ -49,13 +63,29 @@ NO_RETENTION_POLICY = RetentionPolicy()
 _FIRST = Position(0, 0)  # the first position a ledger can hold: nothing lies below it
 
 
-def check_retention(retention_bytes: object, retention_s: object) -> RetentionPolicy:
-    """The policy, or ``InvalidArgument`` for a limit that is not a non-negative number."""
+DEFAULT_COMPACTION_THRESHOLD_BYTES = 64 << 20
+
+
+def check_retention(retention_bytes: object, retention_s: object, compacted: object = False,
+                    compaction_threshold_bytes: object = None) -> RetentionPolicy:
+    """The policy, or ``InvalidArgument`` for a limit that is not a non-negative number, or a
+    compaction threshold (a positive int) on a topic that is not compacted."""
+    if type(compacted) is not bool:
+        raise InvalidArgument(f"compacted must be a bool, got {compacted!r}")
+    if compaction_threshold_bytes is not None:
+        if not compacted:
+            raise InvalidArgument("compaction_threshold_bytes is for a compacted topic (compacted=True)")
+        if type(compaction_threshold_bytes) is not int or compaction_threshold_bytes < 1:
+            raise InvalidArgument(f"compaction_threshold_bytes must be a positive int or None, "
+                                  f"got {compaction_threshold_bytes!r}")
+    elif compacted:
+        compaction_threshold_bytes = DEFAULT_COMPACTION_THRESHOLD_BYTES
     if retention_bytes is not None and (type(retention_bytes) is not int or retention_bytes < 0):
         raise InvalidArgument(f"retention_bytes must be a non-negative int or None, got {retention_bytes!r}")
     if retention_s is not None and (type(retention_s) not in (int, float) or not 0 <= retention_s < float("inf")):
         raise InvalidArgument(f"retention_s must be a non-negative number of seconds or None, got {retention_s!r}")
-    return RetentionPolicy(retention_bytes, None if retention_s is None else float(retention_s))
+    return RetentionPolicy(retention_bytes, None if retention_s is None else float(retention_s), compacted,
+                           compaction_threshold_bytes)  # type: ignore[arg-type]
 
 
 class StoredObject(msgspec.Struct, frozen=True):
@@ -107,3 +137,25 @@ def retention_cut(trimmed_below: Position, readable_end: Position, marks: Sequen
         cut = max(cut, min(stored.end, bound))
         remaining -= stored.size
     return cut
+
+
+def compacted_retention_cut(trimmed_below: Position, readable_end: Position, marks: Sequence[Position | None],
+                            policy: RetentionPolicy, objects: Sequence[StoredObject], now_ms: int,
+                            horizon: Position | None) -> Position:
+    """``retention_cut`` for a compacted topic whose newest published compaction covers every
+    entry at or before ``horizon`` (None: never compacted, so nothing may go). Never past the
+    horizon; without subscriptions or limits, everything below it may go."""
+    if horizon is None or readable_end.ledger_id < 0:
+        return trimmed_below
+    covered = min(next_position(horizon), readable_end)
+    if not marks and not policy.is_set:
+        cut = covered
+    else:
+        cut = min(retention_cut(trimmed_below, readable_end, marks, policy, objects, now_ms), covered)
+    return max(cut, trimmed_below)
+
+
+def bytes_above(objects: Sequence[StoredObject], horizon: Position | None) -> int:
+    """The stored bytes of the objects holding entries past ``horizon`` (all of them for None):
+    what a compaction now would fold, against the topic's compaction threshold."""
+    return sum(o.size for o in objects if horizon is None or o.end > next_position(horizon))  # end: exclusive

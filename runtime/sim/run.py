@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
+from raytxn.actors.compaction import NOT_COMPACTED
 from raytxn.actors.coordinator import TransactionCoordinator
 from raytxn.actors.partition import PartitionBuffer
 from raytxn.actors.subscription import Subscription
@@ -133,7 +134,8 @@ def build_world(loop: SimLoop, rng: random.Random, trace: Trace, profile: Profil
     for topic in (TOPIC_IN, TOPIC_OUT):
         for p in range(workload.partitions):
             world.add(partition_actor_name(topic, p),
-                      lambda topic=topic, p=p, **seams: PartitionBuffer(topic, p, config=partition_config, **seams))
+                      lambda topic=topic, p=p, **seams: PartitionBuffer(topic, p, config=partition_config,
+                                                                        compaction=NOT_COMPACTED, **seams))
     for topic, name in _subscriptions(workload):
         for p in range(workload.partitions):
             world.add(subscription_actor_name(topic, p, name),
@@ -165,7 +167,8 @@ def _add_doomed_topics(world: World, workload: Workload, partition_config: Parti
         topic = doomed_topic_name(index)
         store.add_topic(topic, 1, [DOOMED_SUB])
         world.add(partition_actor_name(topic, 0),
-                  lambda topic=topic, **seams: PartitionBuffer(topic, 0, config=partition_config, **seams))
+                  lambda topic=topic, **seams: PartitionBuffer(topic, 0, config=partition_config,
+                                                               compaction=NOT_COMPACTED, **seams))
         world.add(subscription_actor_name(topic, 0, DOOMED_SUB),
                   lambda topic=topic, **seams: Subscription(topic, 0, DOOMED_SUB, "earliest",
                                                             config=subscription_config, **seams))

@@ -239,10 +239,15 @@ def topics_create(name: str, partitions: Annotated[int, typer.Option("--partitio
                       help="keep at least this many bytes of acked data per partition")] = None,
                   retention_s: Annotated[float | None, typer.Option(
                       help="keep acked data this many seconds")] = None,
+                  compacted: Annotated[bool, typer.Option(
+                      help="keep the latest value of each key (keyed messages only)")] = False,
+                  compaction_threshold_bytes: Annotated[int | None, typer.Option(
+                      help="a compacted partition compacts once this many live bytes lie above its horizon")] = None,
                   address: Address = "auto") -> None:
     with _client(address) as client:
-        client.create_topic(name, partitions, retention_bytes=retention_bytes, retention_s=retention_s)
-    console.print(f"created {name} with {partitions} partition(s)")
+        client.create_topic(name, partitions, retention_bytes=retention_bytes, retention_s=retention_s,
+                            compacted=compacted, compaction_threshold_bytes=compaction_threshold_bytes)
+    console.print(f"created {name} with {partitions} partition(s){', compacted' if compacted else ''}")
 
 
 @topics_app.command("list")

@@ -68,7 +68,10 @@ def test_topics_produce_consume_and_status(client: rt.Client) -> None:
 
 def test_topics_compact_keeps_each_keys_latest_value(client: rt.Client) -> None:
     topic = f"cli-{uuid.uuid4().hex[:6]}"
-    run("topics", "create", topic)
+    assert "compacted" in run("topics", "create", topic, "--compacted", "--compaction-threshold-bytes", "4096")
+    assert (client.get_topic(topic)["compacted"], client.get_topic(topic)["compaction_threshold_bytes"]) == (True, 4096)
+    result = runner.invoke(app, ["produce", topic, "keyless"])
+    assert result.exit_code == 1 and "KeylessMessage" in result.output
     run_json("produce", topic, "a", "b", "--key", "k")
     run_json("produce", topic, "c", "--key", "other")
     [row] = run_json("topics", "compact", topic, "--delete-retention-ms", "0")

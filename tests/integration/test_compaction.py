@@ -5,6 +5,7 @@ offsets, tombstones and their retention, a crash at every step of a compaction, 
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,8 +15,9 @@ import raytxn as rt
 from raytxn.client.compaction import storage_of
 from raytxn.errors import CompactionReset, Fenced
 from raytxn.faults import FaultPoints, InjectedFault
-from raytxn.ids import partition_stream
+from raytxn.ids import Position, partition_stream
 from raytxn.ledger.compacted import compacted_prefix, read_published
+from raytxn.protocol.retention import DEFAULT_COMPACTION_THRESHOLD_BYTES
 from tests.engine import engine_client, new_topic, wait_for
 
 pytestmark = pytest.mark.ray
@@ -213,3 +215,86 @@ def test_bad_table_view_requests_are_refused(client: rt.Client) -> None:
         client.table_view("no-such-topic")
     with pytest.raises(rt.errors.InvalidArgument, match="poll_interval_s"):
         client.table_view(new_topic(client), poll_interval_s=0)
+
+
+# --- compacted topics: the topic property -----------------------------------------------------
+
+
+def test_a_compacted_topic_refuses_keyless_messages_and_stores_nothing_of_them(client: rt.Client) -> None:
+    from raytxn.errors import KeylessMessage
+    from tests.engine import partition_ref
+
+    topic = f"c-{uuid.uuid4().hex[:8]}"
+    made = client.create_topic(topic, compacted=True)
+    assert made["compacted"] and made["compaction_threshold_bytes"] == DEFAULT_COMPACTION_THRESHOLD_BYTES
+    assert client.get_topic(topic)["compacted"] is True
+    producer = client.create_producer(topic, batching_max_messages=1)
+    with pytest.raises(KeylessMessage, match="no key"):
+        producer.send(b"keyless")
+    producer.close()
+    send(client, topic, [("k", b"v")])
+    assert partition_ref(topic).call("stats")["compaction"]["compacted"] is True
+    assert [(r["offset"], r["key"], r["value"]) for r in client.read_compacted(topic)] == [(0, "k", b"v")]
+    plain = new_topic(client)
+    send(client, plain, [(None, b"keyless is fine here")])
+    assert client.get_topic(plain)["compacted"] is False
+
+
+def test_a_compacted_partition_compacts_itself_and_trims_only_below_its_horizon(client: rt.Client) -> None:
+    from tests.engine import partition_ref
+
+    topic = f"c-{uuid.uuid4().hex[:8]}"
+    client.create_topic(topic, compacted=True, compaction_threshold_bytes=1)
+    ref = partition_ref(topic)
+    send(client, topic, [(f"k{i % 3}", f"v{i}".encode()) for i in range(9)])      # offsets 0..8
+    open_txn = client.new_transaction()
+    send(client, topic, [("k0", b"open")], open_txn)                              # 9: open
+    send(client, topic, [("k9", b"after the open txn")])                          # 10
+    decided = ref.call("apply_retention")
+    compaction = ref.call("stats")["compaction"]
+    assert compaction["compactions"] == 1 and compaction["last_compaction"]["records"] == 3
+    published = asyncio.run(read_published(storage_of(client), partition_stream(topic, 0)))
+    assert published is not None and published.horizon.next_offset == 9          # stops before the open txn
+    # No subscription and no limits: everything the horizon covers goes from the live ledger, not one entry more.
+    horizon = published.horizon.horizon
+    assert decided["trimmed_below"] == str(Position(horizon.ledger_id, horizon.entry_id + 1))
+    assert state(client.read_compacted(topic)) == {"k0": b"v6", "k1": b"v7", "k2": b"v8"}  # 10 waits for 9
+    open_txn.commit()
+    # Asked to trim past everything, the partition stops at the horizon: above it the live ledger is the only copy.
+    assert ref.call("trim", Position(1 << 30, 0)) == decided["trimmed_below"]
+    with client.table_view(topic) as view:
+        assert view.items() == {"k0": b"open", "k1": b"v7", "k2": b"v8", "k9": b"after the open txn"}
+    ref.call("apply_retention")                                                    # past the threshold again
+    assert ref.call("stats")["compaction"]["compactions"] == 2
+    assert [r["offset"] for r in client.read_compacted(topic)] == [7, 8, 9, 10]
+
+
+def test_a_compacted_topics_subscription_keeps_its_backlog_and_a_lower_threshold_waits(client: rt.Client) -> None:
+    from tests.engine import partition_ref
+
+    topic = f"c-{uuid.uuid4().hex[:8]}"
+    client.create_topic(topic, compacted=True, compaction_threshold_bytes=1 << 30)
+    ref = partition_ref(topic)
+    consumer = client.subscribe(topic, "slow", initial_position="earliest")
+    send(client, topic, [("a", b"1"), ("a", b"2"), ("b", b"3")])
+    before = ref.call("stats")["trimmed_below"]
+    assert ref.call("apply_retention")["trimmed_below"] == before                  # under the threshold: no compaction
+    assert ref.call("stats")["compaction"]["compactions"] == 0
+    [row] = client.compact(topic)                                                   # on request
+    assert row["records"] == 2
+    assert ref.call("apply_retention")["trimmed_below"] == before                  # the subscription acked nothing
+    assert [consumer.receive(timeout=10).value() for _ in range(3)] == [b"1", b"2", b"3"]
+    consumer.close()
+
+
+def test_bad_compaction_settings_are_refused_and_create_nothing(client: rt.Client) -> None:
+    from raytxn.errors import InvalidArgument
+
+    topic = f"c-{uuid.uuid4().hex[:8]}"
+    for kwargs in ({"compaction_threshold_bytes": 10}, {"compacted": True, "compaction_threshold_bytes": 0},
+                   {"compacted": True, "compaction_threshold_bytes": "big"}, {"compacted": "yes"}):
+        with pytest.raises(InvalidArgument):
+            client.create_topic(topic, **kwargs)
+        with pytest.raises(InvalidArgument):
+            client.create_topics([topic], **kwargs)
+    assert topic not in {t["name"] for t in client.list_topics()}

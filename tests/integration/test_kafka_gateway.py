@@ -429,3 +429,38 @@ def test_bench_consumer_first_message_is_not_librdkafka_offset_timer(client: rt.
         assert producer.flush(30) == 0
         firsts.append(_kafka_consume(bootstrap, topic, 1, 10)[1])
     assert min(firsts) < 0.45, f"first messages after {firsts} s: the offset query waited for its timer"
+
+
+def test_a_compacted_topic_serves_kafka_clients_its_latest_values_at_their_original_offsets(
+        client: rt.Client, bootstrap: str) -> None:
+    """Kafka's compaction guarantees through the gateway: a consumer from the earliest offset gets
+    the latest value of each key at its original offset (gaps where older values were), then the
+    live log after the horizon; a keyless record is refused as INVALID_RECORD and stored nowhere."""
+    from confluent_kafka import KafkaError, Producer
+
+    from tests.engine import partition_ref
+
+    topic = f"c-{uuid.uuid4().hex[:8]}"
+    client.create_topic(topic, compacted=True, compaction_threshold_bytes=1)
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 0})
+    for i in range(6):                                                  # offsets 0..5: a0 b1 a2 b3 a4 b5
+        producer.produce(topic, key=f"{'ab'[i % 2]}".encode(), value=f"v{i}".encode(), partition=0)
+        producer.flush(30)
+    producer.produce(topic, key=b"c", value=b"", partition=0)           # 6: a tombstone of c
+    producer.flush(30)
+    errors: list[Any] = []
+    plain = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": False, "retries": 0})
+    plain.produce(topic, value=b"keyless", partition=0, on_delivery=lambda err, _msg: errors.append(err))
+    plain.flush(30)
+    assert [e.code() for e in errors] == [KafkaError.INVALID_RECORD]
+    partition_ref(topic).call("apply_retention")                        # past the threshold: compacts, trims
+    assert partition_ref(topic).call("stats")["compaction"]["compactions"] == 1
+    producer.produce(topic, key=b"a", value=b"live", partition=0)       # 7: above the horizon
+    producer.flush(30)
+
+    consumer = ck_consumer(bootstrap, topic, "read_committed")
+    got = poll_values(consumer, 4)
+    consumer.close()
+    assert [(m.offset(), m.key(), m.value()) for m in got] == [
+        (4, b"a", b"v4"), (5, b"b", b"v5"), (6, b"c", b""), (7, b"a", b"live")]
+    assert client.read_compacted(topic)[-1]["offset"] == 7              # the keyless record took no offset

@@ -12,11 +12,14 @@ from raytxn.errors import InvalidArgument
 from raytxn.ids import EARLIEST, Position
 from raytxn.protocol.catalog import Catalog, decode_catalog, encode_catalog
 from raytxn.protocol.retention import (
+    DEFAULT_COMPACTION_THRESHOLD_BYTES,
     NO_RETENTION_POLICY,
     RetentionPolicy,
     StoredObject,
     acked_bound,
+    bytes_above,
     check_retention,
+    compacted_retention_cut,
     retention_cut,
 )
 
@@ -143,3 +146,52 @@ def test_the_catalog_keeps_the_policy() -> None:
     again = decode_catalog(encode_catalog(catalog))
     assert again.topics["kept"].retention == RetentionPolicy(1 << 20, 60.0)
     assert again.topics["plain"].retention == NO_RETENTION_POLICY  # (old catalogs: tests/unit/test_catalog.py)
+
+
+# --- compacted topics --------------------------------------------------------------------------
+
+COMPACTED = RetentionPolicy(compacted=True, compaction_threshold_bytes=1)
+
+
+@given(st.lists(st.one_of(st.none(), st.builds(P, st.integers(0, 3), st.integers(0, 50))), max_size=3),
+       st.one_of(st.none(), st.builds(P, st.integers(0, 3), st.integers(0, 50))),
+       st.sampled_from([COMPACTED, RetentionPolicy(retention_s=0, compacted=True),
+                        RetentionPolicy(retention_bytes=0, compacted=True)]))
+def test_a_compacted_topic_never_trims_past_its_horizon_nor_past_a_plain_topics_cut(
+        marks: list[Position | None], horizon: Position | None, policy: RetentionPolicy) -> None:
+    stored = objects((100, 5000), (100, 5000), (100, 5000), (100, 5000))
+    got = compacted_retention_cut(EARLIEST, END, marks, policy, stored, NOW, horizon)
+    if horizon is None:
+        assert got == EARLIEST                                         # never compacted: nothing goes
+        return
+    assert got <= P(horizon.ledger_id, horizon.entry_id + 1)
+    assert got <= END
+    if marks:  # with subscriptions, the plain rules still bound it
+        assert got <= retention_cut(EARLIEST, END, marks, policy, stored, NOW)
+
+
+def test_a_compacted_topic_without_subscriptions_or_limits_trims_to_its_horizon() -> None:
+    assert compacted_retention_cut(EARLIEST, END, [], COMPACTED, [], NOW, P(2, 19)) == P(2, 20)
+    assert compacted_retention_cut(EARLIEST, END, [], COMPACTED, [], NOW, P(9, 0)) == END   # not past the end
+    assert compacted_retention_cut(P(2, 25), END, [], COMPACTED, [], NOW, P(2, 19)) == P(2, 25)  # never back
+    assert compacted_retention_cut(EARLIEST, END, [P(2, 5)], COMPACTED, [], NOW, P(2, 19)) == P(2, 5)
+    assert compacted_retention_cut(EARLIEST, END, [None], COMPACTED, [], NOW, P(2, 19)) == EARLIEST
+
+
+def test_the_bytes_a_compaction_would_fold_are_those_past_the_horizon() -> None:
+    stored = objects((100, 0), (200, 0), (300, 0))                     # <2,0..9>, <2,10..19>, <2,20..29>
+    assert bytes_above(stored, None) == 600
+    assert bytes_above(stored, P(2, 9)) == 500
+    assert bytes_above(stored, P(2, 15)) == 500                        # the object holding <2,16> still counts
+    assert bytes_above(stored, P(2, 29)) == 0
+
+
+def test_compaction_settings_are_checked() -> None:
+    assert check_retention(None, None, True) == RetentionPolicy(None, None, True, DEFAULT_COMPACTION_THRESHOLD_BYTES)
+    assert check_retention(None, None, True, 5).compaction_threshold_bytes == 5
+    assert not check_retention(None, None).compacted and not check_retention(None, None, True).is_set
+    for args in ((False, 5), (True, 0), (True, -1), (True, 1.5), ("yes", None), (1, None)):
+        with pytest.raises(InvalidArgument):
+            check_retention(None, None, *args)
+    catalog = Catalog().with_topic("t", 1, 0, check_retention(None, None, True, 7))
+    assert decode_catalog(encode_catalog(catalog)).topics["t"].retention.compaction_threshold_bytes == 7
