@@ -190,13 +190,17 @@ class Client:
             try:
                 wanted = {"partitions": partitions, "retention_bytes": retention_bytes, "retention_s": retention_s,
                           "compacted": compacted}
+                if compaction_threshold_bytes is not None:
+                    wanted["compaction_threshold_bytes"] = compaction_threshold_bytes
                 found = self.get_topic(name)
                 made = all(found[key] == value for key, value in wanted.items())
             except TopicNotFound:
                 made = False  # being deleted
             if not made:
                 raise
-            return {"name": name, **wanted}
+            # the answer a first attempt gives: the settings as the supervisor saved them
+            return {"name": name, **{key: found[key] for key in ("partitions", "retention_bytes", "retention_s",
+                                                                 "compacted", "compaction_threshold_bytes")}}
 
     def delete_topic(self, name: str) -> None:
         """Delete the topic. A retry after the supervisor died mid-call that finds no topic means

@@ -104,7 +104,8 @@ def test_supervisor_crash_in_create_topic_leaves_the_whole_topic(client: rt.Clie
     topic = f"create-{uuid.uuid4().hex[:8]}"
     crash_at(client, point, kind="topic", topic=topic)
     assert client.create_topic(topic, 2) == {"name": topic, "partitions": 2, "retention_bytes": None,
-                                             "retention_s": None}
+                                             "retention_s": None, "compacted": False,
+                                             "compaction_threshold_bytes": None}
     assert_crashed(client)
     assert client.get_topic(topic)["partitions"] == 2
     assert [t["name"] for t in client.list_topics()].count(topic) == 1
