@@ -9,12 +9,20 @@ one of these and calls it).
   ``Client.compact`` runs, fed the partition's own ``max_read_position`` and aborted spans: so no
   open or aborted transactional data enters it, and a compaction running elsewhere at the same
   time loses the conditional publish (``Fenced``) harmlessly.
-* It serves Kafka fetches below its live ledger's start from the compacted ledger, each record
-  as a one-record batch at its original offset (``kafka_entries``): gaps where older values
-  were, which Kafka's own compaction makes legal, and a Kafka log start of 0. The newest
-  generation's records are held decoded (one per live key, bounded by the compactor's
-  ``max_keys``) while its horizon stands. A record keeps its key, value and time, not its
-  properties (Kafka headers): the compacted ledger holds no more.
+* It serves Kafka fetches below its live ledger's start from the compacted ledger, in runs of
+  records at their original offsets (``kafka_runs``; the gateway makes each one record batch):
+  gaps where older values were, which Kafka's own compaction makes legal, and a Kafka log start
+  of 0. The known generation's records are held decoded (one per live key, bounded by the
+  compactor's ``max_keys``). A record keeps its key, value and time, not its properties (Kafka
+  headers): the compacted ledger holds no more.
+* It holds the published horizon it knows in memory: only the retention pass, ``trim`` and its
+  own publishes list the horizons again (one list; the object is read only for a generation
+  not known, as one a ``Client.compact`` elsewhere published), and a publish of its own keeps
+  the records it wrote, unread. A horizon known late is an
+  older one, and every use of it is safe then: trims stop lower, a compaction starts sooner,
+  and a Kafka fetch serves the older generation, which with the live ledger above it is still
+  the latest value of every key. A fetch whose generation's records a newer compaction deleted
+  lists again.
 * Its retention trims the live ledger only below the published horizon
   (``protocol.retention.compacted_retention_cut``), so the compacted ledger plus the live one
   always hold the latest committed value of every key.
@@ -25,34 +33,36 @@ from its catalog when it starts it; a partition started without one reads the ca
 
 from __future__ import annotations
 
-import bisect
 import logging
 from typing import Any
 
 from raytxn.actors.retention import read_catalog
-from raytxn.errors import Fenced, KeylessMessage
+from raytxn.errors import CorruptLedger, Fenced, KeylessMessage
 from raytxn.ids import Position
-from raytxn.ledger.compacted import compact_partition, read_kept, read_published
+from raytxn.ledger.compacted import PublishedHorizon, compact_partition, newest_generation, read_kept, read_published
 from raytxn.ledger.storage import Storage
-from raytxn.protocol.compaction import KeptRecord
-from raytxn.protocol.entry_format import EntryHeader, MessageRecord, encode_header, encode_message, first_keyless
-from raytxn.protocol.retention import StoredObject, bytes_above
+from raytxn.protocol.compaction import CompactedRun, KeptRecord, kafka_runs
+from raytxn.protocol.retention import StoredObject, compaction_due
 from raytxn.protocol.txn_buffer import TransactionBuffer
 
 log = logging.getLogger(__name__)
 NOT_COMPACTED: tuple[bool, int | None] = (False, None)  # a plain topic's policy
-COMPACTED_PRODUCER = "raytxn-compacted"  # the producer of a compacted record's one-record batch
+KAFKA_RUN_RECORDS = 1000     # records in one record batch of a compacted Kafka fetch
+KAFKA_RUNS_PER_READ = 10     # record batches in one compacted Kafka fetch of a partition
 
 
 class PartitionCompaction:
-    """The compaction side of one partition: its policy, and its self-compaction."""
+    """The compaction side of one partition: its policy, its known horizon, its self-compaction."""
 
     def __init__(self, storage: Storage, topic: str, partition: int, stream: str,
                  policy: tuple[bool, int | None] | None = None) -> None:
         self.storage, self.topic, self.partition, self.stream = storage, topic, partition, stream
         self._given = policy is not None
         self.compacted, self.threshold_bytes = policy if policy is not None else (False, None)
-        self.info: dict[str, Any] = {"compactions": 0, "compactions_lost": 0, "last_compaction": None}
+        self.info: dict[str, Any] = {"compactions": 0, "compactions_lost": 0, "last_compaction": None,
+                                     "horizon_reads": 0}
+        self._published: PublishedHorizon | None = None
+        self._listed = False  # whether _published was ever read (or set by a publish of this partition)
         self._kept_generation = -1
         self._kept: list[KeptRecord] = []
         self._kept_offsets: list[int] = []
@@ -66,25 +76,33 @@ class PartitionCompaction:
         self.compacted = info is not None and info.compacted
         self.threshold_bytes = info.compaction_threshold_bytes if info is not None else None
 
-    def check_append(self, messages: list[bytes]) -> None:
-        """``KeylessMessage`` for a keyless record on a compacted topic; nothing is written then."""
-        if self.compacted and (index := first_keyless(messages)) is not None:
-            raise KeylessMessage(f"record {index} of the batch has no key, and {self.topic} is compacted")
+    def check_append(self, first_keyless: int | None) -> None:
+        """``KeylessMessage`` for a batch whose record ``first_keyless`` has no key
+        (``entry_format.decode_submitted_batch``) on a compacted topic; nothing is written then."""
+        if self.compacted and first_keyless is not None:
+            raise KeylessMessage(f"record {first_keyless} of the batch has no key, and {self.topic} is compacted")
 
-    async def horizon(self) -> Position | None:
-        """The newest published horizon (None: never compacted)."""
-        published = await read_published(self.storage, self.stream)
-        return None if published is None else published.horizon.horizon
+    async def refresh(self) -> Position | None:
+        """The newest published horizon (None: never compacted), listed now; its object is read
+        only when its generation is not the one known."""
+        generation = await newest_generation(self.storage, self.stream)
+        known = None if self._published is None else self._published.horizon.generation
+        if not self._listed or generation != known:
+            self._published = await read_published(self.storage, self.stream)
+            self.info["horizon_reads"] += 1
+        self._listed = True
+        return self.horizon()
+
+    def horizon(self) -> Position | None:
+        """The published horizon known (None: none known)."""
+        return None if self._published is None else self._published.horizon.horizon
 
     async def compact_if_due(self, objects: list[StoredObject], buffer: TransactionBuffer,
                              now_ms: int) -> Position | None:
-        """Compact when the live bytes above the horizon reached the threshold; the horizon after."""
-        horizon = await self.horizon()
-        if self.threshold_bytes is None or bytes_above(objects, horizon) < self.threshold_bytes:
+        """Compact when ``protocol.retention.compaction_due`` says so; the horizon after."""
+        horizon = await self.refresh()
+        if not compaction_due(objects, horizon, self.threshold_bytes, buffer.max_read_position):
             return horizon
-        max_read = buffer.max_read_position
-        if max_read.ledger_id < 0 or (horizon is not None and max_read <= horizon):
-            return horizon  # nothing readable past it yet: a compaction would publish nothing new
         return await self.compact(buffer, now_ms)
 
     async def compact(self, buffer: TransactionBuffer, now_ms: int) -> Position | None:
@@ -95,32 +113,37 @@ class PartitionCompaction:
             result = await compact_partition(self.storage, self.topic, self.partition, max_read, aborted, now_ms)
         except Fenced:  # a compaction elsewhere published this generation first: its horizon stands
             self.info["compactions_lost"] += 1
-            return await self.horizon()
-        horizon = result.horizon
+            return await self.refresh()
+        await self.refresh()  # this publish (or one after it): one list and one read, once a compaction
+        if self._published is not None and self._published.horizon == result.horizon:
+            self._kept_generation, self._kept = result.horizon.generation, result.records  # no read of them
+            self._kept_offsets = [record.offset for record in result.records]
         self.info["compactions"] += 1
-        self.info["last_compaction"] = {"generation": horizon.generation, "horizon": str(horizon.horizon),
-                                        "records": horizon.records, "time_ms": now_ms}
-        log.debug("compacted %s to %s", self.stream, horizon.horizon)
-        return horizon.horizon
+        self.info["last_compaction"] = {"generation": result.horizon.generation,
+                                        "horizon": str(result.horizon.horizon),
+                                        "records": result.horizon.records, "time_ms": now_ms}
+        log.debug("compacted %s to %s", self.stream, result.horizon.horizon)
+        return result.horizon.horizon
 
-    async def kafka_entries(self, offset: int, below: int, max_entries: int) -> list[tuple[int, list[bytes]]]:
-        """The compacted records at offsets ``offset`` to ``below - 1`` (at most ``max_entries``),
-        each as the records of a one-record entry at its original offset, for a Kafka fetch under
-        the live ledger's start. A tombstone's value is empty, as the gateway stores a null one."""
-        published = await read_published(self.storage, self.stream)
-        if published is None:
-            return []
-        if published.horizon.generation != self._kept_generation:
-            self._kept = await read_kept(self.storage, published)
-            self._kept_offsets = [record.offset for record in self._kept]
-            self._kept_generation = published.horizon.generation
-        first = bisect.bisect_left(self._kept_offsets, offset)
-        entries = []
-        for record in self._kept[first:first + max_entries]:
-            if record.offset >= below:
-                break
-            header = EntryHeader("data", None, COMPACTED_PRODUCER, record.offset, record.offset, 1,
-                                 record.publish_time_ms)
-            message = MessageRecord(record.value or b"", record.key)
-            entries.append((record.offset, [encode_header(header), encode_message(message)]))
-        return entries
+    async def kafka_runs(self, offset: int, below: int) -> list[CompactedRun]:
+        """The compacted records at offsets ``offset`` to ``below - 1``, in runs of at most
+        ``KAFKA_RUN_RECORDS`` (at most ``KAFKA_RUNS_PER_READ`` of them), for a Kafka fetch under
+        the live ledger's start."""
+        if not self._listed:
+            await self.refresh()
+        for _ in range(2):  # again once: a newer compaction deleted the known generation's records
+            if self._published is None:
+                return []
+            if self._published.horizon.generation != self._kept_generation:
+                try:
+                    self._kept = await read_kept(self.storage, self._published)
+                except CorruptLedger:
+                    if await newest_generation(self.storage, self.stream) == self._published.horizon.generation:
+                        raise  # the generation still stands: its records are truly gone
+                    await self.refresh()
+                    continue
+                self._kept_offsets = [record.offset for record in self._kept]
+                self._kept_generation = self._published.horizon.generation
+            return kafka_runs(self._kept, self._kept_offsets, offset, below, KAFKA_RUN_RECORDS,
+                              KAFKA_RUN_RECORDS * KAFKA_RUNS_PER_READ)
+        raise CorruptLedger(f"{self.stream}: the compacted records vanished under two reads", self.stream)

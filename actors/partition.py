@@ -54,8 +54,8 @@ from raytxn.protocol.cursor import next_position
 from raytxn.protocol.entry_format import (
     EntryHeader,
     decode_header,
+    decode_submitted_batch,
     entry_records,
-    submitted_value_sizes,
 )
 from raytxn.protocol.lease import RangeCount, RangePlan
 from raytxn.protocol.packed_records import PackedRecords
@@ -226,11 +226,12 @@ class PartitionBuffer(ProducerStates, PartitionKafka, ActorShell, FaultTarget, T
         await self._started()
         if not messages:
             raise InvalidArgument("empty batch")
-        value_sizes = submitted_value_sizes(messages)  # every record decodes, so no reader meets a bad one
+        # every record decodes (so no reader meets a bad one), once: the sizes and a compacted topic's keys
+        value_sizes, first_keyless = decode_submitted_batch(messages, find_keyless=self.compaction.compacted)
         if max(value_sizes) > self.config.max_message_bytes:
             raise MessageTooLarge(f"message of {max(value_sizes)} bytes exceeds "
                                   f"{self.config.max_message_bytes} on {self.topic}-{self.partition}")
-        self.compaction.check_append(messages)
+        self.compaction.check_append(first_keyless)
         value_bytes = sum(value_sizes)
         header = EntryHeader("data", txn, producer, first_sequence, first_sequence + len(messages) - 1,
                              len(messages), self.clock.now_ms(), producer_epoch=producer_epoch)
@@ -542,7 +543,7 @@ class PartitionBuffer(ProducerStates, PartitionKafka, ActorShell, FaultTarget, T
         bound = acked_bound(marks, self._readable_end())
         below = below if bound is None else min(below, bound)
         if self.compaction.compacted:  # never past the horizon: above it the live ledger is the only copy
-            horizon = await self.compaction.horizon()
+            horizon = await self.compaction.refresh()
             below = min(below, self._ledger.trimmed_below if horizon is None else next_position(horizon))
         return str(await self._trim_to(below))
 

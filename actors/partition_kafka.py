@@ -68,7 +68,9 @@ class PartitionKafka:
         (records[0] the header; markers included, as Kafka sends control batches), up to the last
         stable offset (``committed``, read_committed) or the high watermark; with ``committed``,
         ``aborted`` as ``(txn, first_offset)`` for the aborted txns among them. Waits up to
-        ``max_wait_s`` for data; ``out_of_range`` when ``offset`` is not stored here."""
+        ``max_wait_s`` for data; ``out_of_range`` when ``offset`` is not stored here. A compacted
+        topic's fetch under its live ledger's start has ``compacted`` runs of records
+        (``protocol.compaction.CompactedRun``) instead of entries."""
         await self._started()
         assert self._ledger is not None
         if type(offset) is not int or type(max_entries) is not int or max_entries < 1:
@@ -84,14 +86,13 @@ class PartitionKafka:
             if not await self._advanced.wait(deadline - self.clock.monotonic()):
                 break
         marks = self._kafka_offsets()
-        out: dict[str, Any] = {**marks, "entries": [], "aborted": [], "out_of_range": False}
+        out: dict[str, Any] = {**marks, "entries": [], "compacted": [], "aborted": [], "out_of_range": False}
         if not marks["log_start"] <= offset <= marks["high_watermark"]:
             return {**out, "out_of_range": True}
         live_start = offsets.start_offset(self._ledger.trimmed_below)
         if offset < live_start:  # a compacted topic's (log_start is 0): below the live ledger, its compacted records
-            compacted = await self.compaction.kafka_entries(offset, live_start, max_entries)
-            if compacted:
-                out["entries"] = [(base, PackedRecords.pack(records)) for base, records in compacted]
+            out["compacted"] = await self.compaction.kafka_runs(offset, live_start)
+            if out["compacted"]:
                 return out
             offset = live_start  # only gaps up to the live ledger: read on from there
         end_offset = limit()

@@ -25,7 +25,7 @@ from kafka.protocol.producer import AddPartitionsToTxnResponse, ProduceResponse
 from raytxn.errors import InvalidArgument, RaytxnError, TopicNotFound
 from raytxn.kafka import codecs, mapping, wire
 from raytxn.kafka.peers import PeerView
-from raytxn.kafka.records import EncodedBatches, decode_batches
+from raytxn.kafka.records import EncodedBatches, decode_batches, encode_compacted_run
 from raytxn.kafka.transactions import INVALID_TXN_STATE, KafkaTransactions, TxnState
 from raytxn.protocol.packed_records import PackedRecords
 
@@ -351,9 +351,11 @@ class Broker:
             return data(partition_index=part.partition, error_code=error, high_watermark=-1,
                         last_stable_offset=-1, log_start_offset=-1, aborted_transactions=None,
                         preferred_read_replica=-1, records=b"")
+        encoded = itertools.chain(  # lazily: encoding stops at max_bytes
+            (encode_compacted_run(run) for run in read.get("compacted", ())),  # below a compacted live ledger
+            (self.encoded.batch(topic, part.partition, base, entry) for base, entry in read["entries"]))
         batches, size = [], 0
-        for base, records in read["entries"]:
-            batch = self.encoded.batch(topic, part.partition, base, records)
+        for batch in encoded:
             if batches and size + len(batch) > read["max_bytes"]:
                 break
             batches.append(batch)

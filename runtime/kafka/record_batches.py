@@ -57,14 +57,18 @@ def _put_varints(out: np.ndarray, at: np.ndarray, zigzagged: np.ndarray, widths:
 
 def encode_batch(base_offset: int, source: np.ndarray, layout: PlainLayout, timestamps: np.ndarray, *,
                  producer_id: int = -1, producer_epoch: int = -1, base_sequence: int = -1,
-                 attributes: int = 0) -> bytes:
+                 attributes: int = 0, offset_deltas: np.ndarray | None = None) -> bytes:
     """One record batch at ``base_offset`` of the records whose keys and values ``layout`` locates
     in ``source`` (uint8), with ``timestamps`` (ms, int64) and no headers. Kafka's first record's
-    timestamp is the batch's base timestamp, as its builders write it."""
+    timestamp is the batch's base timestamp, as its builders write it. ``offset_deltas``: each
+    record's offset past ``base_offset``, ascending from 0, with gaps as a compacted log has
+    them (None: 0, 1, 2, ...)."""
     count = len(layout)
     assert count >= 1 and len(timestamps) == count
+    deltas = np.arange(count) if offset_deltas is None else offset_deltas
+    assert len(deltas) == count and deltas[0] == 0 and bool(np.all(np.diff(deltas) > 0))
     base_timestamp = int(timestamps[0])
-    fields = [_zigzag(timestamps - base_timestamp), _zigzag(np.arange(count)),
+    fields = [_zigzag(timestamps - base_timestamp), _zigzag(deltas),
               _zigzag(np.where(layout.has_key, layout.key_lengths, -1))]
     value_field = _zigzag(layout.value_lengths)
     key_bytes = np.where(layout.has_key, layout.key_lengths, 0)
@@ -91,7 +95,7 @@ def encode_batch(base_offset: int, source: np.ndarray, layout: PlainLayout, time
                              axis=1).reshape(-1)
     records = gather(joined, pieces, piece_lengths).tobytes()
     header = bytearray(HEADER.pack(base_offset, HEADER.size - 12 + len(records), 0, 2, 0, attributes,
-                                   count - 1, base_timestamp, int(timestamps.max()), producer_id,
+                                   int(deltas[-1]), base_timestamp, int(timestamps.max()), producer_id,
                                    producer_epoch, base_sequence, count))
     crc = crc32c.crc32c(records, crc32c.crc32c(memoryview(header)[CRC_FROM:]))
     struct.pack_into(">I", header, 17, crc)

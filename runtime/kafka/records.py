@@ -34,6 +34,7 @@ from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchB
 from raytxn.errors import InvalidArgument
 from raytxn.kafka import codecs, record_batches
 from raytxn.kafka.mapping import txn_producer_id
+from raytxn.protocol.compaction import CompactedRun
 from raytxn.protocol.entry_format import (
     EntryHeader,
     MessageRecord,
@@ -44,7 +45,7 @@ from raytxn.protocol.entry_format import (
 )
 from raytxn.protocol.offsets import message_timestamp
 from raytxn.protocol.packed_records import PackedRecords
-from raytxn.protocol.record_layout import encode_plain, keys_are_utf8, plain_layout
+from raytxn.protocol.record_layout import PlainLayout, encode_plain, keys_are_utf8, plain_layout
 
 _CONTROL_KEY = struct.Struct(">hh")    # version 0, type (0 abort, 1 commit)
 _CONTROL_VALUE = struct.Struct(">hi")  # version 0, coordinator epoch
@@ -188,6 +189,23 @@ def _bulk_batch(base_offset: int, header: EntryHeader, records: Sequence[bytes],
         base_offset, source, layout, timestamps, producer_id=producer_id,
         producer_epoch=0 if producer_id >= 0 else -1,
         attributes=record_batches.TRANSACTIONAL if transactional else 0)
+
+
+def encode_compacted_run(run: CompactedRun) -> bytes:
+    """A run of a compacted topic's kept records (``protocol.compaction.kafka_runs``) as one
+    record batch at its first record's offset, the offset deltas leaving the gaps the compaction
+    made, as a compacted Kafka log's batches do."""
+    count = len(run.offsets)
+    key_lengths = np.fromiter(map(len, run.keys), dtype=np.int64, count=count)
+    value_lengths = np.fromiter(map(len, run.values), dtype=np.int64, count=count)
+    key_starts = np.cumsum(key_lengths) - key_lengths
+    value_starts = int(key_lengths.sum()) + np.cumsum(value_lengths) - value_lengths
+    source = np.frombuffer(b"".join(run.keys) + b"".join(run.values), dtype=np.uint8)
+    layout = PlainLayout(value_starts, value_lengths, key_starts, key_lengths, np.ones(count, dtype=bool),
+                         np.zeros(count, dtype=np.int64), np.zeros(count, dtype=bool))
+    offsets = np.asarray(run.offsets, dtype=np.int64)
+    return record_batches.encode_batch(run.offsets[0], source, layout, np.asarray(run.times_ms, dtype=np.int64),
+                                       offset_deltas=offsets - offsets[0])
 
 
 def _built_batch(base_offset: int, records: Sequence[bytes], producer_id: int) -> bytes:

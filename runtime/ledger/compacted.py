@@ -73,6 +73,13 @@ def _generation_of(path: str) -> int:
     return int(path.rsplit("/", 1)[1].split("-", 1)[0])
 
 
+async def newest_generation(storage: Storage, stream: str) -> int | None:
+    """The generation of the newest published horizon of ``stream``, from one listing (None:
+    never compacted)."""
+    paths = await storage.list(f"{compacted_prefix(stream)}/horizons")
+    return _generation_of(paths[-1]) if paths else None
+
+
 async def read_published(storage: Storage, stream: str) -> PublishedHorizon | None:
     """The newest published horizon of ``stream`` (None: never compacted)."""
     paths = await storage.list(f"{compacted_prefix(stream)}/horizons")

@@ -69,6 +69,33 @@ class KeptRecord(msgspec.Struct, frozen=True, array_like=True):
         return self.value is None
 
 
+class CompactedRun(msgspec.Struct, frozen=True, array_like=True):
+    """Kept records in offset order, as a Kafka fetch below a compacted topic's live ledger
+    serves them: one record batch whose offset deltas leave gaps where older values were (legal
+    in Kafka, whose own compaction leaves them). A tombstone's value is empty, as the gateway
+    stores a null one."""
+
+    offsets: list[int]
+    keys: list[bytes]
+    values: list[bytes]
+    times_ms: list[int]
+
+
+def kafka_runs(kept: Sequence[KeptRecord], kept_offsets: Sequence[int], offset: int, below: int,
+               run_records: int, max_records: int) -> list[CompactedRun]:
+    """The kept records at offsets ``offset`` to ``below - 1`` (``kept_offsets``: their offsets,
+    ascending), at most ``max_records``, in runs of at most ``run_records``."""
+    assert run_records >= 1 and max_records >= 1
+    first = bisect.bisect_left(kept_offsets, offset)
+    last = min(bisect.bisect_left(kept_offsets, below), first + max_records)
+    runs = []
+    for start in range(first, last, run_records):
+        chunk = kept[start:min(start + run_records, last)]
+        runs.append(CompactedRun([r.offset for r in chunk], [r.key.encode() for r in chunk],
+                                 [r.value or b"" for r in chunk], [r.publish_time_ms for r in chunk]))
+    return runs
+
+
 class CompactionHorizon(msgspec.Struct, frozen=True):
     """What a compaction publishes, with one conditional write: compacted ledger ``generation``
     covers every entry at or before ``horizon``; ``next_offset`` is the first offset after it

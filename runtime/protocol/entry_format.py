@@ -14,7 +14,7 @@ the ledger's CRC passed, so an undecodable record is a writer bug or tampering, 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import msgspec
 
@@ -114,13 +114,24 @@ def decode_submitted_message(record: object) -> MessageRecord:
         raise InvalidArgument(f"undecodable message record: {e}") from e
 
 
-def submitted_value_sizes(records: Sequence[object]) -> list[int]:
-    """The value size of each message record of a producer batch, every record decoded (so no
-    reader meets a bad one). One pass in C for a well-formed batch; the first bad record raises
-    what ``decode_submitted_message`` says of it."""
+class SubmittedBatch(NamedTuple):
+    """What an append checks of a producer batch, from one decode of its records."""
+
+    value_sizes: list[int]       # each message's value size
+    first_keyless: int | None    # the first message without a key (None: each has one, or not asked)
+
+
+def decode_submitted_batch(records: Sequence[object], find_keyless: bool = False) -> SubmittedBatch:
+    """Every record of a producer batch decoded once (so no reader meets a bad one): the value
+    sizes, and with ``find_keyless`` (a compacted topic's append) the first keyless message. One
+    pass in C for a well-formed batch; the first bad record raises what
+    ``decode_submitted_message`` says of it."""
     try:
         if set(map(type, records)) == {bytes}:  # bytes only, as one at a time: no buffer-likes
-            return [len(message.value) for message in map(_message_decoder.decode, records)]  # type: ignore[arg-type]
+            messages = list(map(_message_decoder.decode, records))  # type: ignore[arg-type]
+            keyless = (next((i for i, m in enumerate(messages) if m.key is None), None)
+                       if find_keyless else None)
+            return SubmittedBatch([len(message.value) for message in messages], keyless)
     except (msgspec.DecodeError, TypeError):
         pass
     for record in records:
@@ -128,13 +139,9 @@ def submitted_value_sizes(records: Sequence[object]) -> list[int]:
     raise AssertionError("a batch that failed to decode decoded one record at a time")
 
 
-def first_keyless(records: Sequence[bytes]) -> int | None:
-    """The index of the first message record without a key (None: each has one), for a compacted
-    topic's appends. The records passed ``submitted_value_sizes`` already, so each decodes."""
-    for index, message in enumerate(map(_message_decoder.decode, records)):
-        if message.key is None:
-            return index
-    return None
+def submitted_value_sizes(records: Sequence[object]) -> list[int]:
+    """The value size of each message record of a producer batch (``decode_submitted_batch``)."""
+    return decode_submitted_batch(records).value_sizes
 
 
 def _check_header(header: EntryHeader, where: str) -> EntryHeader:

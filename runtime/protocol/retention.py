@@ -159,3 +159,14 @@ def bytes_above(objects: Sequence[StoredObject], horizon: Position | None) -> in
     """The stored bytes of the objects holding entries past ``horizon`` (all of them for None):
     what a compaction now would fold, against the topic's compaction threshold."""
     return sum(o.size for o in objects if horizon is None or o.end > next_position(horizon))  # end: exclusive
+
+
+def compaction_due(objects: Sequence[StoredObject], horizon: Position | None, threshold_bytes: int | None,
+                   max_read_position: Position) -> bool:
+    """Whether a compacted partition compacts itself now: its ``threshold_bytes`` (None: never)
+    of stored objects hold entries past the published ``horizon`` (Pulsar's
+    ``compaction-threshold``), and something readable lies past it (else a compaction would
+    publish a generation holding nothing new)."""
+    if threshold_bytes is None or bytes_above(objects, horizon) < threshold_bytes:
+        return False
+    return max_read_position.ledger_id >= 0 and (horizon is None or max_read_position > horizon)

@@ -443,10 +443,10 @@ def test_a_compacted_topic_serves_kafka_clients_its_latest_values_at_their_origi
     topic = f"c-{uuid.uuid4().hex[:8]}"
     client.create_topic(topic, compacted=True, compaction_threshold_bytes=1)
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 0})
-    for i in range(6):                                                  # offsets 0..5: a0 b1 a2 b3 a4 b5
-        producer.produce(topic, key=f"{'ab'[i % 2]}".encode(), value=f"v{i}".encode(), partition=0)
+    for i, key in enumerate("bacaba"):                                  # offsets 0..5: b0 a1 c2 a3 b4 a5
+        producer.produce(topic, key=key.encode(), value=f"v{i}".encode(), partition=0)
         producer.flush(30)
-    producer.produce(topic, key=b"c", value=b"", partition=0)           # 6: a tombstone of c
+    producer.produce(topic, key=b"d", value=b"", partition=0)           # 6: a tombstone of d
     producer.flush(30)
     errors: list[Any] = []
     plain = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": False, "retries": 0})
@@ -459,8 +459,41 @@ def test_a_compacted_topic_serves_kafka_clients_its_latest_values_at_their_origi
     producer.flush(30)
 
     consumer = ck_consumer(bootstrap, topic, "read_committed")
-    got = poll_values(consumer, 4)
+    got = poll_values(consumer, 5)
     consumer.close()
-    assert [(m.offset(), m.key(), m.value()) for m in got] == [
-        (4, b"a", b"v4"), (5, b"b", b"v5"), (6, b"c", b""), (7, b"a", b"live")]
+    assert [(m.offset(), m.key(), m.value()) for m in got] == [  # 2 to 6 in one batch, a gap at 3
+        (2, b"c", b"v2"), (4, b"b", b"v4"), (5, b"a", b"v5"), (6, b"d", b""), (7, b"a", b"live")]
     assert client.read_compacted(topic)[-1]["offset"] == 7              # the keyless record took no offset
+
+
+def test_a_compacted_fetch_follows_a_compaction_published_elsewhere(client: rt.Client, bootstrap: str) -> None:
+    """The partition holds the horizon it knows, and reads a horizon object only for a generation
+    it does not know: a ``Client.compact`` run elsewhere deletes the records of the generation it
+    knows, and its next Kafka fetch below the live ledger lists again and serves the newer one."""
+    from confluent_kafka import Producer
+
+    from tests.engine import partition_ref
+
+    topic = f"c-{uuid.uuid4().hex[:8]}"
+    client.create_topic(topic, compacted=True, compaction_threshold_bytes=1 << 30)  # never compacts itself
+    ref = partition_ref(topic)
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 0})
+
+    def produce(pairs: str, first: int) -> None:
+        for i, key in enumerate(pairs, start=first):
+            producer.produce(topic, key=key.encode(), value=f"v{i}".encode(), partition=0)
+            producer.flush(30)
+
+    produce("abab", 0)                                                   # 0..3
+    client.compact(topic)                                                # generation 1, elsewhere: a2 b3
+    ref.call("apply_retention")                                          # learns it (one read), trims to it
+    produce("ac", 4)                                                     # 4..5
+    client.compact(topic)                                                # generation 2 deletes 1's records
+    reads = ref.call("stats")["compaction"]["horizon_reads"]
+    consumer = ck_consumer(bootstrap, topic, "read_committed")
+    got = poll_values(consumer, 3)
+    consumer.close()
+    assert [(m.offset(), m.key(), m.value()) for m in got] == [(3, b"b", b"v3"), (4, b"a", b"v4"),
+                                                               (5, b"c", b"v5")]
+    compaction = ref.call("stats")["compaction"]
+    assert compaction["horizon_reads"] == reads + 1 and compaction["compactions"] == 0

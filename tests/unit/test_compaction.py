@@ -21,6 +21,7 @@ from raytxn.protocol.compaction import (
     ReadPlan,
     check_publish,
     collectable,
+    kafka_runs,
     read_plan,
 )
 from raytxn.protocol.entry_format import EndAction, EntryHeader, MessageRecord, marker_header
@@ -303,3 +304,18 @@ def test_the_publish_rule_and_the_ledgers_a_crash_leaves() -> None:
     # after publishing generation 2: generation 1's and the loser's, never the one in flight
     assert collectable(second, "d2-won", data) == ["d1", "d2-crashed"]
     assert collectable(None, "", {1: ["d1"]}) == []
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(0, 300), unique=True, max_size=60).map(sorted), st.integers(0, 320),
+       st.integers(0, 320), st.integers(1, 7), st.integers(1, 30))
+def test_kafka_runs_are_the_kept_records_in_range_in_bounded_runs(kept_offsets, offset, below, run_records,
+                                                                  max_records) -> None:
+    kept = [KeptRecord(o, Position(1, o), f"k{o}", None if o % 5 == 0 else b"v%d" % o, 1000 + o)
+            for o in kept_offsets]
+    runs = kafka_runs(kept, kept_offsets, offset, below, run_records, max_records)
+    assert all(1 <= len(run.offsets) <= run_records for run in runs)
+    wanted = [r for r in kept if offset <= r.offset < below][:max_records]
+    assert [o for run in runs for o in run.offsets] == [r.offset for r in wanted]
+    assert [v for run in runs for v in run.values] == [r.value or b"" for r in wanted]  # a tombstone: empty
+    assert [k for run in runs for k in run.keys] == [r.key.encode() for r in wanted]

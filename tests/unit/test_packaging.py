@@ -189,7 +189,7 @@ def test_import_contracts_hold(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("module", "line", "contract"), [
     ("protocol/cursor.py", "import time", "protocol is pure"),
-    ("protocol/txn_buffer.py", "from raytxn.ledger import storage", "protocol is pure"),
+    ("protocol/retention.py", "from raytxn.ledger import storage", "protocol is pure"),
     ("ledger/managed.py", "from raytxn.client import rpc", "ledger does not import"),
     ("client/consumer.py", "from raytxn.actors import partition", "the client imports actors only"),
     ("cluster.py", "from raytxn.connectors import spark", "the engine does not import connectors"),

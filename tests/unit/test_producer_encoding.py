@@ -9,6 +9,7 @@ from raytxn.client.producer import encode_plain
 from raytxn.errors import InvalidArgument
 from raytxn.protocol.entry_format import (
     MessageRecord,
+    decode_submitted_batch,
     decode_submitted_message,
     encode_message,
     submitted_value_sizes,
@@ -33,3 +34,13 @@ def test_a_batch_is_sized_as_its_records_one_at_a_time_and_a_bad_record_fails_it
     with pytest.raises(InvalidArgument) as alone:
         decode_submitted_message(bad)
     assert str(in_batch.value) == str(alone.value)
+
+
+@given(st.lists(st.tuples(st.binary(max_size=50), st.one_of(st.none(), st.text(max_size=5))), min_size=1,
+                max_size=20))
+def test_the_same_decode_finds_a_compacted_topics_first_keyless_record_only_when_asked(
+        drawn: list[tuple[bytes, str | None]]) -> None:
+    records = [encode_message(MessageRecord(value, key)) for value, key in drawn]
+    keyless = next((i for i, (_, key) in enumerate(drawn) if key is None), None)
+    assert decode_submitted_batch(records, find_keyless=True) == ([len(v) for v, _ in drawn], keyless)
+    assert decode_submitted_batch(records).first_keyless is None

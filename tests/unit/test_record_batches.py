@@ -10,10 +10,11 @@ import crc32c
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kafka.record.default_records import DefaultRecordBatchBuilder
+from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
 from raytxn.ids import TxnID
 from raytxn.kafka import codecs, record_batches, records
+from raytxn.protocol.compaction import CompactedRun
 from raytxn.protocol.entry_format import EntryHeader, MessageRecord, encode_entry, encode_message
 from raytxn.protocol.packed_records import PackedRecords
 from raytxn.protocol.record_layout import encode_plain, keys_are_utf8, plain_layout
@@ -202,3 +203,18 @@ def test_fetched_batches_are_encoded_once_and_the_cache_stays_within_its_bytes()
     assert cache.batch("t", 0, 0, entries[0]) == first[0] and cache.misses == 32  # the oldest was let go
     encoded_now = [records.encode_entry(3 * i, entry)[1] for i, entry in enumerate(entries)]
     assert first == encoded_now
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 50), st.text(min_size=1, max_size=20), values,
+                          st.integers(0, 1 << 41)), min_size=1, max_size=40), st.integers(0, 1 << 40))
+def test_a_compacted_run_is_one_batch_with_gaps_that_kafka_pythons_parser_reads_at_the_original_offsets(
+        drawn, first_offset):
+    offsets = list(first_offset + np.cumsum([gap for gap, _, _, _ in drawn]) - drawn[0][0])
+    run = CompactedRun([int(o) for o in offsets], [k.encode() for _, k, _, _ in drawn],
+                       [v for _, _, v, _ in drawn], [t for _, _, _, t in drawn])
+    batch = DefaultRecordBatch(records.encode_compacted_run(run))
+    assert batch.validate_crc() and batch.base_offset == run.offsets[0]
+    assert batch.next_offset == run.offsets[-1] + 1 and batch.max_timestamp == max(run.times_ms)
+    parsed = [(r.offset, r.key, r.value, r.timestamp) for r in batch]
+    assert parsed == list(zip(run.offsets, run.keys, run.values, run.times_ms, strict=True))

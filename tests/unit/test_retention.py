@@ -20,6 +20,7 @@ from raytxn.protocol.retention import (
     bytes_above,
     check_retention,
     compacted_retention_cut,
+    compaction_due,
     retention_cut,
 )
 
@@ -184,6 +185,17 @@ def test_the_bytes_a_compaction_would_fold_are_those_past_the_horizon() -> None:
     assert bytes_above(stored, P(2, 9)) == 500
     assert bytes_above(stored, P(2, 15)) == 500                        # the object holding <2,16> still counts
     assert bytes_above(stored, P(2, 29)) == 0
+
+
+def test_a_compaction_is_due_past_the_threshold_with_something_readable_past_the_horizon() -> None:
+    stored = objects((100, 0), (200, 0), (300, 0))                     # <2,0..9>, <2,10..19>, <2,20..29>
+    assert compaction_due(stored, None, 600, P(2, 29))
+    assert not compaction_due(stored, None, 601, P(2, 29))             # under the threshold
+    assert not compaction_due(stored, None, None, P(2, 29))            # no threshold: never
+    assert compaction_due(stored, P(2, 9), 500, P(2, 29))
+    assert not compaction_due(stored, P(2, 9), 500, P(2, 9))           # nothing readable past the horizon
+    assert not compaction_due(stored, P(2, 9), 500, P(-1, -1))         # nothing readable at all
+    assert not compaction_due(stored, P(2, 19), 500, P(2, 29))         # 300 bytes above it
 
 
 def test_compaction_settings_are_checked() -> None:
