@@ -390,6 +390,9 @@ def test_exactly_once_consume_transform_produce_with_an_aborted_round(client: rt
     later.close()
 
 
+# `make test-extended` runs it (the suite's 30 minutes are spent); the suite keeps the same loop
+# with an aborted round, above, and the engine's own actor kills (tests/chaos).
+@pytest.mark.extended
 def test_exactly_once_under_actor_kills(client: rt.Client, bootstrap: str) -> None:
     """The same loop while the source partition's actor, the group subscription's actor, the
     transaction's coordinator and the sink partition's actor are killed mid-transaction (after

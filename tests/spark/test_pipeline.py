@@ -257,6 +257,7 @@ def test_driver_stopped_replaced_with_no_free_cpu_and_fenced(client: rt.Client, 
     assert total_counts(client, sink, "check") == expected_counts(lines)
 
 
+@pytest.mark.extended  # the suite's 30 minutes are spent; its pipelines run one subscription each
 def test_two_pipelines_on_two_subscriptions_of_one_topic(client: rt.Client, spark) -> None:
     lines = sample_lines(100)
     source, sink = setup_topics(client, lines)
