@@ -249,8 +249,8 @@ def produce_slice(spec: WriteSpec, index: int, attempt: int, rows: Iterable[Any]
             fault(index, attempt, sent)
 
     for row_index, row in enumerate(rows):
-        value = row[spec.value_col]
-        value = value.encode() if isinstance(value, str) else bytes(value)
+        value = row[spec.value_col]  # None: empty, Kafka's null value (a tombstone on a compacted topic)
+        value = b"" if value is None else value.encode() if isinstance(value, str) else bytes(value)
         key = row[spec.key_col] if spec.key_col else None
         key = None if key is None else str(key)
         properties = _properties(row[spec.properties_col]) if spec.properties_col else {}

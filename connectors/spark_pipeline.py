@@ -22,6 +22,17 @@ pipeline resumes where the last commit left off, because the input's cursors mov
 batch commits. Batches are sized by rows
 (``batch_max_messages``), bytes (``batch_max_bytes``) and time (``trigger_interval``: at most
 one batch per interval), or run back to back (``continuous=True``).
+
+Keyed state (``state_topic``, a compacted topic): the transform is called as
+``transform(batch_df, state_df)``, where ``state_df`` (columns key string, value binary) holds
+every key's latest committed value, read by Spark tasks straight from the topic's compacted
+generation and live ledger (``raytxn.client.compaction.CompactedState``), and returns
+``(output_df, updates_df)``. The updates (key, value; a null or empty value deletes the key) are
+written to the state topic in the batch's transaction, beside the output and the input's acks: a
+batch's output, its state change and its input's progress commit together or not at all, the
+exactly-once state of Kafka Streams and Flink. A batch tried again after an abort reads the same
+state, since its aborted updates were never visible. Batches run one at a time
+(``overlap_commits`` is turned off): each one must read the state its predecessor committed.
 """
 
 from __future__ import annotations
@@ -35,7 +46,7 @@ from typing import Any
 from raytxn.client.transaction import UNENDED_STATES
 from raytxn.connectors.batches import BATCH_COLUMNS, BatchHandle, lease_batch
 from raytxn.connectors.spark import task_slots, write
-from raytxn.errors import ConcurrentTransactions, Fenced, RaytxnError
+from raytxn.errors import ConcurrentTransactions, Fenced, InvalidArgument, RaytxnError
 from raytxn.extras import missing_extra
 
 try:
@@ -48,11 +59,13 @@ POLL_CONTINUOUS_S = 0.05
 MAX_BEGIN_ATTEMPTS = 500  # the next txn's begin, retried while the last one's commit request travels
 BEGIN_RETRY_S = 0.002
 
-__all__ = ["BATCH_SCHEMA", "BatchHandle", "BatchStats", "ExactlyOncePipeline", "read_batch"]
+__all__ = ["BATCH_SCHEMA", "STATE_SCHEMA", "BatchHandle", "BatchStats", "ExactlyOncePipeline", "read_batch"]
 
 # The Spark DDL of raytxn.connectors.batches.batch_arrow_schema(); `properties` is a JSON string (see there).
 BATCH_SCHEMA = ("key string, value binary, properties string, event_time long, "
                 "publish_time long, topic string, partition int, message_id string")
+# The Spark DDL of a state topic's DataFrame (``ExactlyOncePipeline.state_topic``).
+STATE_SCHEMA = "key string, value binary"
 
 
 def read_batch(spark: Any, client: Any, topic: str, subscription: str, max_messages: int | None = 1000, *,
@@ -131,6 +144,7 @@ class BatchStats:
     commit_s: float
     txn: str
     attempt: int
+    state_updates: int = 0  # rows written to the state topic (``state_topic`` only)
 
 
 def _writer_id(pipeline_id: str, epoch: int, txn_id: Any) -> str:
@@ -178,12 +192,16 @@ class _Committing:
 
 @dataclass
 class ExactlyOncePipeline:
+    """Exactly-once micro-batches from ``source`` (read through ``subscription``) to ``sink``:
+    each batch's output, its input's acks and, with a ``state_topic``, its keyed state's updates
+    commit in one transaction of the transactional id ``pipeline_id`` (see the module)."""
+
     spark: Any
     client: Any
     source: str
     subscription: str
     sink: str
-    transform: Callable[[Any], Any]
+    transform: Callable[..., Any]  # (df) -> df, or with a state_topic (df, state_df) -> (df, updates_df)
     pipeline_id: str
     batch_max_messages: int | None = 1000  # rows per batch, over all partitions (None: no bound)
     batch_max_bytes: int | None = None     # message bytes per batch (None: no bound)
@@ -198,6 +216,9 @@ class ExactlyOncePipeline:
     # Commit each batch while the next one is leased, read and written (``run`` only; its input
     # chains behind the committing batch's, and it commits after it). False: one at a time.
     overlap_commits: bool = True
+    # A compacted topic holding the pipeline's keyed state (see the module's docstring); the
+    # transform is then ``transform(batch_df, state_df) -> (output_df, updates_df)``.
+    state_topic: str | None = None
     stats: list[BatchStats] = field(default_factory=list)
     # The transactional id's epoch, registered once (fencing every older incarnation) and kept:
     # a retried batch reuses it, as a Kafka producer keeps its epoch after an abortable error.
@@ -206,6 +227,20 @@ class ExactlyOncePipeline:
     epoch: int | None = field(default=None, init=False)
     _workers: concurrent.futures.ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
     _on_committed: Callable[[BatchStats], None] | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.state_topic is None:
+            return
+        if not isinstance(self.state_topic, str) or self.state_topic in (self.source, self.sink):
+            raise InvalidArgument(f"state_topic must be a topic of its own, not the source or the sink; "
+                                  f"got {self.state_topic!r}")
+        if not self.exactly_once:
+            raise InvalidArgument("state_topic needs exactly_once=True: at-least-once batches would count "
+                                  "a retried batch's state change twice")
+        if not self.client.get_topic(self.state_topic).get("compacted"):  # UnknownTopic when absent
+            raise InvalidArgument(f"state_topic {self.state_topic!r} is not compacted: create it with "
+                                  f"create_topic(..., compacted=True)")
+        self.overlap_commits = False  # a batch reads the state its predecessor committed
 
     def _read(self, epoch: int, on_leased: Callable[[BatchHandle], None] | None = None) -> tuple[Any, BatchHandle]:
         return read_batch(self.spark, self.client, self.source, self.subscription, self.batch_max_messages,
@@ -280,7 +315,7 @@ class ExactlyOncePipeline:
             raise
         acked: concurrent.futures.Future[None] | None = None
         try:
-            out = self.transform(df)
+            out, updates = self._transformed(df)
             columns = set(out.columns)
             if "value" not in columns:
                 raise ValueError("the transform's result needs a `value` column")
@@ -293,12 +328,13 @@ class ExactlyOncePipeline:
             rows_out = write(out, self.client, self.sink, txn, key_col="key" if "key" in columns else None,
                              properties_col="properties" if "properties" in columns else None,
                              writer_id=_writer_id(self.pipeline_id, epoch, txn.id), fault=self.write_fault)
+            state_rows = 0 if updates is None else self._write_state(updates, txn, epoch)
             if previous is not None:
                 self._settle(previous, overlapped=True)  # raises when it failed: this batch aborts
             acked.result()
             if self.before_commit is not None:
                 self.before_commit(batch)
-            stats = BatchStats(batch, handle.rows_read(), rows_out, 0.0, 0.0, str(txn.id), 0)
+            stats = BatchStats(batch, handle.rows_read(), rows_out, 0.0, 0.0, str(txn.id), 0, state_rows)
             sent = time.perf_counter()
             if overlap:
                 assert self._workers is not None
@@ -317,6 +353,45 @@ class ExactlyOncePipeline:
                     pass  # it times out instead
             handle.close()
             raise
+
+    def _transformed(self, df: Any) -> tuple[Any, Any]:
+        """The transform's output and, with a state topic, its state updates (else None)."""
+        if self.state_topic is None:
+            return self.transform(df), None
+        result = self.transform(df, self._state_df())
+        if not (isinstance(result, tuple) and len(result) == 2):
+            raise InvalidArgument("with a state_topic the transform returns (output_df, updates_df)")
+        out, updates = result
+        if not {"key", "value"} <= set(updates.columns):
+            raise InvalidArgument(f"the state updates need `key` and `value` columns, got {updates.columns}")
+        return out, updates
+
+    def _state_df(self) -> Any:
+        """The state topic's latest committed value of each key, read by one Spark task per
+        partition straight from storage. Taken after the batch's txn began, so after the last
+        batch's commit returned: its updates are in it (a commit returns once its markers are
+        written)."""
+        from raytxn.client.compaction import compacted_state
+
+        assert self.state_topic is not None
+        states = self.client.loop.run(compacted_state(self.client, self.state_topic))
+
+        def read_states(batches: Any) -> Any:  # runs in Spark's Python workers
+            for batch in batches:
+                for index in batch.column(0).to_pylist():
+                    yield from states[index].read().to_batches()
+
+        return self.spark.range(0, len(states), 1, len(states)).mapInArrow(read_states, STATE_SCHEMA)
+
+    def _write_state(self, updates: Any, txn: Any, epoch: int) -> int:
+        """The batch's state updates into the state topic, in the batch's txn (a null value is
+        written empty: a tombstone, the key's deletion)."""
+        from pyspark.sql import functions as F
+
+        rows = updates.select(F.col("key").cast("string").alias("key"), F.col("value").cast("binary").alias("value"))
+        assert self.state_topic is not None
+        return write(rows, self.client, self.state_topic, txn, key_col="key",
+                     writer_id=_writer_id(self.pipeline_id, epoch, txn.id) + "-state")
 
     def _begin_after(self, previous: _Committing, epoch: int) -> Any:
         """The next txn of the transactional id, begun once ``previous`` is no longer OPEN at the

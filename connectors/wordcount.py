@@ -17,6 +17,19 @@ def wordcount(df: Any) -> Any:
     return counts.select(F.col("word").alias("key"), F.col("count").cast("string").alias("value"))
 
 
+def running_wordcount_spark(df: Any, state: Any) -> tuple[Any, Any]:
+    """The stateful word count of ``ExactlyOncePipeline(state_topic=...)``: each batch emits, and
+    stores as state, the new running total of every word it holds (its count in the batch plus
+    the total the state held)."""
+    from pyspark.sql import functions as F
+
+    batch = wordcount(df)
+    totals = batch.join(state.withColumnRenamed("value", "total"), "key", "left").select(
+        "key", (F.col("value").cast("long") + F.coalesce(F.col("total").cast("string").cast("long"), F.lit(0)))
+        .cast("string").alias("value"))
+    return totals, totals
+
+
 def running_wordcount(rows: list[dict[str, Any]], state: Mapping[str, bytes]) -> tuple[list, dict]:
     """The stateful word count of ``raytxn.connectors.stateful.StatefulPipeline``: each batch
     emits, and stores as state, the new running total of every word it holds."""

@@ -1,4 +1,5 @@
-"""The client side of compaction: ``Client.compact`` and ``Client.read_compacted``.
+"""The client side of compaction: ``Client.compact``, ``Client.read_compacted`` and the
+``CompactedState`` a Spark or Ray task reads a compacted topic's latest values with.
 
 A compaction runs where it is asked (the driver, or any task with the storage's credentials),
 like a range read of the bulk path: it asks each partition actor only for its ``max_read_position``
@@ -13,18 +14,26 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from raytxn.client.rpc import ActorRef
-from raytxn.errors import InvalidArgument
+from raytxn.errors import InvalidArgument, StorageUnavailable
 from raytxn.faults import FaultPoints
 from raytxn.ids import Position, partition_actor_name
 from raytxn.ledger.compacted import compact_partition, read_compacted
 from raytxn.ledger.storage import Storage
 from raytxn.protocol.compaction import DEFAULT_DELETE_RETENTION_MS
 from raytxn.protocol.lease import RangePlan
+from raytxn.protocol.txn_buffer import AbortedTxn
 
 FIRST = Position(0, 0)
 
+READ_ATTEMPTS = 4  # a task's read of the state through a storage outage, as ranges.read_range retries
+READ_RETRY_FIRST_WAIT_S = 0.2
+
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from raytxn.client.client import Client
 
 
@@ -76,3 +85,55 @@ async def read_compacted_partition(client: Client, topic: str, partition: int,
     read = await read_compacted(storage_of(client), topic, partition, plan.max_read, plan.aborted, from_offset,
                                 plan.first_readable)
     return read.records
+
+
+class CompactedState(msgspec.Struct, frozen=True):
+    """One partition of a compacted topic as of ``max_read`` (a committed position: nothing open
+    or aborted at or below it is visible): everything a task needs to read the latest value of
+    each key, the published compacted generation then the live ledger after its horizon, straight
+    from storage. Picklable; holds the storage URL and options it reads from."""
+
+    topic: str
+    partition: int
+    max_read: Position
+    aborted: tuple[AbortedTxn, ...]
+    first_readable: Position
+    storage_url: str
+    storage_options: dict[str, Any] = {}
+
+    def read(self) -> pa.Table:
+        """The partition's live keys and their latest values (deleted keys left out) as an Arrow
+        table (key string, value binary), in no particular order. Not from inside a running
+        event loop."""
+        import pyarrow as pa
+
+        storage = Storage.from_url(self.storage_url, **self.storage_options)
+
+        async def read_retrying() -> list[dict[str, Any]]:
+            for retry in range(READ_ATTEMPTS):
+                try:
+                    read = await read_compacted(storage, self.topic, self.partition, self.max_read, self.aborted,
+                                                0, self.first_readable)
+                    return read.records
+                except StorageUnavailable:
+                    if retry + 1 == READ_ATTEMPTS:
+                        raise  # the last attempt: its outage is the caller's
+                    await asyncio.sleep(READ_RETRY_FIRST_WAIT_S * 2**retry)
+            raise AssertionError("unreachable: the last attempt returns or raises")
+
+        latest: dict[str, bytes | None] = {}
+        for record in asyncio.run(read_retrying()):  # in offset order: the last value of a key wins
+            latest[record["key"]] = record["value"]
+        live = [(key, value) for key, value in latest.items() if value]  # None or b"": a tombstone
+        return pa.table({"key": pa.array([k for k, _ in live], pa.string()),
+                         "value": pa.array([v for _, v in live], pa.binary())})
+
+
+async def compacted_state(client: Client, topic: str) -> list[CompactedState]:
+    """A ``CompactedState`` of every partition of ``topic`` at its committed head now: everything
+    committed before this call is in it (a commit returns once its markers are written)."""
+    partitions = _partitions(client, topic, None)
+    plans = await asyncio.gather(*(partition_plan(client, topic, p) for p in partitions))
+    return [CompactedState(topic, p, plan.max_read, tuple(plan.aborted), plan.first_readable,
+                           client.config.storage_url, dict(client.config.storage_options))
+            for p, plan in zip(partitions, plans, strict=True)]

@@ -20,7 +20,7 @@ import ray
 
 import raytxn as rt
 from raytxn.connectors.spark import ExactlyOncePipeline, read_batch
-from raytxn.connectors.wordcount import expected_counts, sample_lines, total_counts, wordcount
+from raytxn.connectors.wordcount import expected_counts, running_wordcount_spark, sample_lines, total_counts, wordcount
 from raytxn.ids import coordinator_actor_name
 from tests.docs_blocks import PYTHON_PAGES, page_name, program_seconds, uses_spark
 from tests.engine import engine_client
@@ -300,3 +300,111 @@ def test_a_stalled_pipelines_lease_expires_and_its_range_is_committed_once(clien
     # A wrote its batch's counts in its txn before its acknowledge was refused: had it committed,
     # they would be counted twice.
     assert total_counts(client, sink, "check") == expected_counts(lines)
+
+
+def latest_values(client: rt.Client, topic: str) -> dict[str, bytes]:
+    """Each live key's latest committed value, folded from ``read_compacted`` (independent of
+    the pipeline's own state read)."""
+    latest: dict[str, bytes | None] = {}
+    for p in range(client.get_topic(topic)["partitions"]):
+        for record in client.read_compacted(topic, p):
+            latest[record["key"]] = record["value"]
+    return {key: value for key, value in latest.items() if value}
+
+
+def stateful(spark, client: rt.Client, source: str, sink: str, transform, **kwargs) -> ExactlyOncePipeline:
+    state = f"state-{source}"
+    client.create_topic(state, 2, compacted=True)
+    return ExactlyOncePipeline(spark, client, source, "wc", sink, transform, f"st-{source}", batch_max_messages=40,
+                               state_topic=state, **kwargs)
+
+
+def test_keyed_state_keeps_running_totals_exactly_once_across_an_aborted_batch(client: rt.Client, spark) -> None:
+    """Running word totals kept in a compacted state topic: batch 1's first attempt wrote its
+    output and its state updates and then failed before its commit; had its aborted updates been
+    read by its retry, or a batch not read its predecessor's, the totals would be off."""
+    lines = sample_lines(80)
+    source, sink = setup_topics(client, lines)
+    failed: list[int] = []
+
+    def fail_once(batch: int) -> None:
+        if batch == 1 and not failed:
+            failed.append(batch)
+            raise RuntimeError("injected failure before batch 1's commit")
+
+    pipe = stateful(spark, client, source, sink, running_wordcount_spark, before_commit=fail_once)
+    assert pipe.overlap_commits is False  # each batch reads the state its predecessor committed
+    stats = pipe.run(until_idle=True, progress=False)
+    assert failed and sum(s.rows_in for s in stats) == 80 and len(stats) >= 2
+    assert [s.attempt for s in stats if s.attempt] == [1] and all(s.state_updates > 0 for s in stats)
+    expected = {word: str(n).encode() for word, n in expected_counts(lines).items()}
+    assert latest_values(client, pipe.state_topic) == expected
+    assert latest_values(client, sink) == expected  # the output's last total per word, too
+
+
+def test_a_null_state_value_deletes_the_key(client: rt.Client, spark) -> None:
+    from pyspark.sql import functions as F
+
+    lines = sample_lines(60)
+    source, sink = setup_topics(client, lines)
+
+    def totals_forgetting_beta(df, state):
+        totals, _ = running_wordcount_spark(df, state)
+        updates = totals.select("key", F.when(F.col("key") == "beta", F.lit(None)).otherwise(F.col("value"))
+                                .alias("value"))
+        return totals, updates
+
+    pipe = stateful(spark, client, source, sink, totals_forgetting_beta)
+    stats = pipe.run(until_idle=True, progress=False)
+    assert sum(s.rows_in for s in stats) == 60 and len(stats) >= 2
+    expected = {word: str(n).encode() for word, n in expected_counts(lines).items() if word != "beta"}
+    assert latest_values(client, pipe.state_topic) == expected
+    beta = [r for p in range(2) for r in client.read_compacted(pipe.state_topic, p) if r["key"] == "beta"]
+    assert beta and all(r["value"] is None for r in beta)  # written, as tombstones
+
+
+def test_bad_state_settings_are_refused(client: rt.Client, spark) -> None:
+    run = uuid.uuid4().hex[:6]
+    source, sink, plain, state = (f"{name}-{run}" for name in ("src", "out", "plain", "state"))
+    for topic in (source, sink, plain):
+        client.create_topic(topic, 1)
+    client.create_topic(state, 1, compacted=True)
+
+    def make(**kwargs) -> ExactlyOncePipeline:
+        return ExactlyOncePipeline(spark, client, source, "s", sink, running_wordcount_spark, f"bad-{run}", **kwargs)
+
+    for kwargs, message in [({"state_topic": plain}, "not compacted"), ({"state_topic": source}, "of its own"),
+                            ({"state_topic": sink}, "of its own"),
+                            ({"state_topic": state, "exactly_once": False}, "exactly_once")]:
+        with pytest.raises(rt.errors.InvalidArgument, match=message):
+            make(**kwargs)
+    with pytest.raises(rt.errors.TopicNotFound):
+        make(state_topic=f"missing-{run}")
+    assert make(state_topic=state).overlap_commits is False
+    assert make().overlap_commits is True  # no state: commits overlap as before
+
+
+def restarts(client: rt.Client, kind: str, name_part: str = "") -> int:
+    return sum(r["restarts"] for r in client.health()["actors"] if r["kind"] == kind and name_part in r["name"])
+
+
+@pytest.mark.extended  # the suite's keyed-state test aborts a batch; this one crashes actors in its commit
+def test_keyed_state_survives_a_state_partition_crash_and_a_coordinator_crash_during_commit(
+        client: rt.Client, spark) -> None:
+    lines = sample_lines(80)
+    source, sink = setup_topics(client, lines)
+    pipe = stateful(spark, client, source, sink, running_wordcount_spark)
+    coordinators_before = restarts(client, "coordinator")
+    state_before = restarts(client, "partition", pipe.state_topic)
+    client.faults.arm("partition.after_append_before_reply", "crash", topic=pipe.state_topic, times=1)
+    for tc in range(client.config.coordinator.num_coordinators):
+        client.faults.arm("coordinator.after_log_committing", "crash", actor=coordinator_actor_name(tc))
+    stats = pipe.run(until_idle=True, progress=False)
+    assert sum(s.rows_in for s in stats) == 80
+    expected = {word: str(n).encode() for word, n in expected_counts(lines).items()}
+    assert latest_values(client, pipe.state_topic) == expected
+    assert latest_values(client, sink) == expected
+    assert restarts(client, "partition", pipe.state_topic) > state_before, "no state partition crashed"
+    assert restarts(client, "coordinator") > coordinators_before, "no coordinator crashed"
+    for tc in range(client.config.coordinator.num_coordinators):
+        client.faults.disarm("coordinator.after_log_committing", actor=coordinator_actor_name(tc))
