@@ -93,6 +93,10 @@ class Broker:
         self._cache[topic] = (now, count)
         return count
 
+    def forget(self, kafka_topic: str) -> None:
+        """Drop the cached partition count (the topic was created or deleted here)."""
+        self._cache.pop(kafka_topic, None)
+
     async def _partition_error(self, kafka_topic: str, partition: int) -> int:
         """NONE when the partition exists, else the Kafka error code saying why not."""
         try:

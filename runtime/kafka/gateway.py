@@ -68,6 +68,7 @@ from raytxn.kafka.security import (
     refusal_fields,
     tls_context,
 )
+from raytxn.kafka.topic_admin import TopicAdmin, TopicSettings
 from raytxn.kafka.transactions import KafkaTransactions
 from raytxn.kafka.txn_admin import TransactionAdmin
 from raytxn.metrics import kafka_refused
@@ -91,6 +92,13 @@ GROUP_COORDINATOR_APIS = frozenset({11, 12, 13, 14, 8, 28, 15, 42, 47})
 # connection's token here, whatever else the gateway serves meanwhile. This is what keeps one
 # client's rights from ever travelling with another's requests: no ref holds a token of its own.
 _SESSION: contextvars.ContextVar[Session | None] = contextvars.ContextVar("kafka_gateway_session", default=None)
+
+
+def _may_administer() -> bool:
+    """Whether the connection being served may create and delete topics: a superuser's, or any
+    when the engine has auth off (the supervisor checks again)."""
+    session = _SESSION.get()
+    return session is None or not session.auth_on or session.superuser
 
 
 def _connection_token() -> str | None:
@@ -173,6 +181,7 @@ class KafkaGateway:
         self.offsets: GroupOffsets | None = None
         self.admin: GroupAdmin | None = None
         self.txn_admin: TransactionAdmin | None = None
+        self.topic_admin: TopicAdmin | None = None
         self._ticker: asyncio.Task | None = None
         # Connections closed, by why (``wire.CLOSE_REASONS``): each with one log line, no traceback;
         # requests refused, by the Kafka error's name (``security.REASONS``).
@@ -211,6 +220,8 @@ class KafkaGateway:
             self.admin = GroupAdmin(self.groups, self._topic_rows, self._delete_subscription)
             self.txn_admin = TransactionAdmin(len(self._coordinators), self._describe_tids, self.broker.partitions,
                                               self._call, transactions, lambda: int(time.time() * 1000))
+            self.topic_admin = TopicAdmin(self._create_topic, self._delete_topic, self._get_topic,
+                                          self.broker.forget, _may_administer)
             self.authorizer = RequestAuthorizer(self._topic_actions, self.groups.table)
             self._ticker = asyncio.get_running_loop().create_task(self._tick())
             if self.peer_group is not None:
@@ -306,6 +317,17 @@ class KafkaGateway:
     async def _topic_partitions(self, topic: str) -> int:
         info = await self._supervisor.call_async("get_topic", topic, deadline_s=self.call_deadline_s)
         return int(info["partitions"])
+
+    async def _get_topic(self, topic: str) -> dict[str, Any]:
+        return await self._supervisor.call_async("get_topic", topic, deadline_s=self.call_deadline_s)
+
+    async def _create_topic(self, topic: str, partitions: int, settings: TopicSettings) -> Any:
+        return await self._supervisor.call_async(
+            "create_topic", topic, partitions, settings.retention_bytes, settings.retention_s, settings.compacted,
+            settings.compaction_threshold_bytes, deadline_s=self.call_deadline_s)
+
+    async def _delete_topic(self, topic: str) -> Any:
+        return await self._supervisor.call_async("delete_topic", topic, deadline_s=self.call_deadline_s)
 
     async def _topic_names(self) -> list[str]:
         return [t["name"] for t in await self._topic_rows()]
@@ -464,8 +486,9 @@ class KafkaGateway:
             assert fields is not None  # every group API has an error field
             return wire.encode_response(header, **fields)
         broker, groups, offsets, version = self.broker, self.groups, self.offsets, header.api_version
-        admin, txn_admin = self.admin, self.txn_admin
+        admin, txn_admin, topic_admin = self.admin, self.txn_admin, self.topic_admin
         assert groups is not None and offsets is not None and admin is not None and txn_admin is not None
+        assert topic_admin is not None
         seen = f"{header.api_key}/{version}"
         self.versions[seen] = self.versions.get(seen, 0) + 1
         handlers = {3: broker.metadata, 10: broker.find_coordinator, 2: broker.list_offsets,
@@ -474,7 +497,9 @@ class KafkaGateway:
                     8: offsets.offset_commit, 9: offsets.offset_fetch, 25: offsets.add_offsets_to_txn,
                     28: offsets.txn_offset_commit, 16: admin.list_groups, 15: admin.describe_groups,
                     42: admin.delete_groups, 47: offsets.offset_delete, 61: txn_admin.describe_producers,
-                    65: txn_admin.describe_transactions, 66: txn_admin.list_transactions}
+                    65: txn_admin.describe_transactions, 66: txn_admin.list_transactions,
+                    19: topic_admin.create_topics, 20: topic_admin.delete_topics,
+                    32: topic_admin.describe_configs}
         try:
             if header.api_key == 0:
                 fields = await broker.produce(request, version, conn)

@@ -4,7 +4,7 @@ Topics: a Kafka topic name is the raytxn topic of the same name. Kafka allows 1-
 ``[A-Za-z0-9._-]``; raytxn 1-200 of the same alphabet, starting with a letter or digit and without
 ``..`` (names end up in actor names and object keys). A Kafka name outside raytxn's rules gets
 INVALID_TOPIC_EXCEPTION; a valid name of no raytxn topic gets UNKNOWN_TOPIC_OR_PARTITION (the
-gateway does not create topics).
+gateway creates topics only when asked, by CreateTopics: ``topic_admin``).
 
 Producers: an idempotent Kafka producer (producer id and epoch from InitProducerId) writes as the
 raytxn producer ``kafka-<id>-<epoch>``, its per-partition Kafka sequence numbers being raytxn's

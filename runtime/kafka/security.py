@@ -173,7 +173,9 @@ def refusal_fields(api_key: int, request: Any, version: int, code: int, message:
     if api_key == 42:  # DeleteGroups
         return {**base, "results": [DeleteGroupsResponse.DeletableGroupResult(group_id=g, error_code=code)
                                     for g in request.groups_names]}
-    return None
+    from raytxn.kafka import topic_admin  # (it imports mapping, which this module must not)
+
+    return topic_admin.refusal_fields(api_key, request, version, code, message)
 
 
 # --- TLS ---------------------------------------------------------------------------------------

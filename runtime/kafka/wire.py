@@ -15,8 +15,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from kafka.protocol.admin import (
+    CreateTopicsRequest,
+    CreateTopicsResponse,
     DeleteGroupsRequest,
     DeleteGroupsResponse,
+    DeleteTopicsRequest,
+    DeleteTopicsResponse,
+    DescribeConfigsRequest,
+    DescribeConfigsResponse,
     DescribeGroupsRequest,
     DescribeGroupsResponse,
     ListGroupsRequest,
@@ -161,6 +167,11 @@ SERVED: dict[int, Api] = {api.key: api for api in (
     Api(61, DescribeProducersRequest, DescribeProducersResponse, 0, 0),
     Api(65, DescribeTransactionsRequest, DescribeTransactionsResponse, 0, 0),
     Api(66, ListTransactionsRequest, ListTransactionsResponse, 0, 2),
+    # Topic admin (``topic_admin``): CreateTopics 2-7 (Kafka 4's floor; 7 answers a topic id),
+    # DeleteTopics 1-6 (6 may name topics by id, which are not served), DescribeConfigs 1-4.
+    Api(19, CreateTopicsRequest, CreateTopicsResponse, 2, 7),
+    Api(20, DeleteTopicsRequest, DeleteTopicsResponse, 1, 6),
+    Api(32, DescribeConfigsRequest, DescribeConfigsResponse, 1, 4),
     # SASL (the gateway's ``security``): handshake v0 (raw SASL frames follow) and v1
     # (SaslAuthenticate follows), SaslAuthenticate 0-2 (1 adds KIP-368's session lifetime).
     Api(17, SaslHandshakeRequest, SaslHandshakeResponse, 0, 1),

@@ -257,6 +257,34 @@ def test_a_principal_without_permission_is_refused_everywhere_and_nothing_change
     assert refused.get("topic_authorization_failed", 0) >= 3 and refused.get("group_authorization_failed", 0) >= 1
 
 
+def test_only_a_superuser_creates_or_deletes_topics_through_the_gateway(
+        admin: rt.Client, gateway: dict[str, Any], topics: dict[str, str]) -> None:
+    """CreateTopics and DeleteTopics of a principal that is not a superuser are
+    TOPIC_AUTHORIZATION_FAILED and change nothing (raytxn's own client refuses them too); the
+    superuser's succeed. Describing configs needs a login only, as get_topic does."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
+
+    bootstrap, bobs = gateway["bootstrap"], topics["bobs"]
+    as_bob, as_admin = AdminClient(plain(bootstrap, "bob", BOB)), AdminClient(plain(bootstrap, "admin", ADMIN))
+    wanted = f"kbob-new-{uuid.uuid4().hex[:6]}"
+    with pytest.raises(KafkaException) as refused:
+        as_bob.create_topics([NewTopic(wanted, 1, 1)], request_timeout=30)[wanted].result(30)
+    assert refused.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    with pytest.raises(KafkaException) as refused:
+        as_bob.delete_topics([bobs], request_timeout=30)[bobs].result(30)  # even his own topic
+    assert refused.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    names = {t["name"] for t in admin.list_topics()}
+    assert bobs in names and wanted not in names
+    resource = ConfigResource(ResourceType.TOPIC, bobs)
+    assert as_bob.describe_configs([resource], request_timeout=30)[resource].result(30)["cleanup.policy"].value == \
+        "delete"
+    assert as_admin.create_topics([NewTopic(wanted, 2, 1)], request_timeout=30)[wanted].result(30) is None
+    assert admin.get_topic(wanted)["partitions"] == 2
+    assert as_admin.delete_topics([wanted], request_timeout=30)[wanted].result(30) is None
+    assert wanted not in {t["name"] for t in admin.list_topics()}
+
+
 def test_a_transactional_id_belongs_to_its_principal(gateway: dict[str, Any], topics: dict[str, str]) -> None:
     from confluent_kafka import KafkaError, KafkaException, Producer
 

@@ -318,21 +318,125 @@ def test_unknown_topic_metadata_is_unknown_topic_or_partition(peer: Peer) -> Non
 
 # --- the differences, named ---------------------------------------------------------------------
 
-def test_difference_create_topics_is_kafkas_only(peer: Peer) -> None:
-    """Difference 1: Kafka serves CreateTopics; the gateway does not (topics are made with
-    raytxn's own client or CLI, ``raytxn topics create``), and closes the connection, so the
-    admin client's request fails."""
+def wait_until_gone(admin: Any, topic: str, timeout_s: float = 30) -> None:
+    """Kafka deletes a topic asynchronously: its metadata may list it a moment after the answer."""
+    deadline = time.monotonic() + timeout_s
+    while topic in admin.list_topics(timeout=30).topics:
+        assert time.monotonic() < deadline, f"{topic} still listed {timeout_s} s after its deletion"
+        time.sleep(0.2)
+
+
+def create_error(admin: Any, topic: Any, **options: Any) -> Any:
+    """The KafkaError a CreateTopics of ``topic`` (a NewTopic) answered, or None."""
     from confluent_kafka import KafkaException
+
+    try:
+        admin.create_topics([topic], request_timeout=30, **options)[topic.topic].result(30)
+    except KafkaException as e:
+        return e.args[0]
+    return None
+
+
+def test_create_describe_and_delete_topics_with_the_admin_client(peer: Peer) -> None:
+    """confluent-kafka's AdminClient makes a compacted topic with a retention, reads its configs
+    back, is refused an existing name, an unknown config, a bad partition count and a bad
+    replication factor, validates without creating, and deletes."""
+    from confluent_kafka import KafkaError
+    from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
+
+    admin = AdminClient({"bootstrap.servers": peer.bootstrap})
+    topic = f"d-admin-{uuid.uuid4().hex[:8]}"
+    configs = {"cleanup.policy": "compact", "retention.ms": "60000"}
+    assert create_error(admin, NewTopic(topic, 3, 1, config=configs)) is None
+    assert len(admin.list_topics(topic=topic, timeout=30).topics[topic].partitions) == 3
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    described = admin.describe_configs([resource], request_timeout=30)[resource].result(30)
+    assert described["cleanup.policy"].value == "compact" and described["retention.ms"].value == "60000"
+    assert described["retention.bytes"].value == "-1" and described["retention.bytes"].is_default
+    assert create_error(admin, NewTopic(topic, 3, 1)).code() == KafkaError.TOPIC_ALREADY_EXISTS
+    other = f"d-admin-{uuid.uuid4().hex[:8]}"
+    assert create_error(admin, NewTopic(other, 1, 1, config={"no.such.config": "1"})).code() == \
+        KafkaError.INVALID_CONFIG
+    assert create_error(admin, NewTopic(other, 1, 1, config={"retention.ms": "soon"})).code() == \
+        KafkaError.INVALID_CONFIG
+    assert create_error(admin, NewTopic(other, 1, 0)).code() == KafkaError.INVALID_REPLICATION_FACTOR
+    assert create_error(admin, NewTopic(other, 1, 1), validate_only=True) is None
+    assert other not in admin.list_topics(timeout=30).topics  # validated only: not created
+    missing = ConfigResource(ResourceType.TOPIC, other)
+    with pytest.raises(Exception) as unknown:
+        admin.describe_configs([missing], request_timeout=30)[missing].result(30)
+    assert unknown.value.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+    assert admin.delete_topics([topic], request_timeout=30)[topic].result(30) is None
+    wait_until_gone(admin, topic)
+    with pytest.raises(Exception) as gone:
+        admin.delete_topics([topic], request_timeout=30)[topic].result(30)
+    assert gone.value.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+
+
+def test_a_compacted_topic_made_by_create_topics_keeps_keys_only(peer: Peer) -> None:
+    """A topic created with cleanup.policy=compact through the admin client refuses a keyless
+    record (INVALID_RECORD on both: Kafka's compacted log takes keyed records only)."""
+    from confluent_kafka import KafkaError, Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    topic = f"d-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": peer.bootstrap})
-    future = admin.create_topics([NewTopic(topic, 1, 1)], request_timeout=10)[topic]
+    topic = f"d-compact-{uuid.uuid4().hex[:8]}"
+    assert create_error(admin, NewTopic(topic, 1, 1, config={"cleanup.policy": "compact"})) is None
+    delivered: list[Any] = []
+    producer = Producer({"bootstrap.servers": peer.bootstrap, "enable.idempotence": True,
+                         "message.timeout.ms": 20000})
+    producer.produce(topic, key=b"k", value=b"kept", partition=0, on_delivery=lambda e, m: delivered.append(e))
+    assert producer.flush(30) == 0
+    producer.produce(topic, value=b"keyless", partition=0, on_delivery=lambda e, m: delivered.append(e))
+    producer.flush(30)
+    assert delivered[0] is None and delivered[1] is not None
+    assert delivered[1].code() == KafkaError.INVALID_RECORD, delivered[1]
+
+
+def assignment_error(bootstrap: str, topic: str) -> int:
+    """The error code of a CreateTopics of ``topic`` with one partition assigned to broker 1
+    (kafka-python: confluent-kafka refuses an assignment locally in this version)."""
+    from kafka.admin import KafkaAdminClient, NewTopic
+    from kafka.errors import KafkaError as KafkaPythonError
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        admin.create_topics([NewTopic(topic, -1, -1, replica_assignments={0: [1]})])
+    except KafkaPythonError as e:
+        return int(e.errno)
+    finally:
+        admin.close()
+    return 0
+
+
+def test_difference_topic_configs_and_replicas(peer: Peer) -> None:
+    """Difference 1: Kafka takes every topic config it defines, a replication factor up to its
+    brokers and explicit replica assignments. The gateway honours cleanup.policy (delete or
+    compact), retention.ms and retention.bytes, accepts the configs object storage makes moot
+    (min.insync.replicas, segment.*), and refuses what it would not do (compact,delete,
+    min.compaction.lag.ms: INVALID_CONFIG) and replica assignments (INVALID_REPLICA_ASSIGNMENT);
+    any replication factor is taken, since the replicas are the object store's."""
+    from confluent_kafka import KafkaError
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": peer.bootstrap})
+
+    def name() -> str:
+        return f"d-cfg-{uuid.uuid4().hex[:8]}"
+
+    assert create_error(admin, NewTopic(name(), 1, 1, config={"min.insync.replicas": "1",
+                                                              "segment.bytes": "1048576"})) is None
+    both = create_error(admin, NewTopic(name(), 1, 1, config={"cleanup.policy": "compact,delete"}))
+    lag = create_error(admin, NewTopic(name(), 1, 1, config={"min.compaction.lag.ms": "1000"}))
+    assigned = assignment_error(peer.bootstrap, name())
+    replicated = create_error(admin, NewTopic(name(), 1, 3))
     if peer.name == KAFKA:
-        assert future.result(30) is None
+        assert both is None and lag is None and assigned == 0
+        assert replicated.code() == KafkaError.INVALID_REPLICATION_FACTOR  # one broker
     else:
-        with pytest.raises(KafkaException):
-            future.result(30)
+        assert both.code() == KafkaError.INVALID_CONFIG and lag.code() == KafkaError.INVALID_CONFIG
+        assert assigned == KafkaError.INVALID_REPLICA_ASSIGNMENT
+        assert replicated is None
 
 
 def test_difference_internal_topics_are_kafkas_only(peer: Peer) -> None:
@@ -393,18 +497,21 @@ def api_keys(bootstrap: str) -> set[int]:
 
 
 # What a client of the gateway has and a client of Kafka also has: produce, fetch, metadata,
-# offsets, transactions, classic consumer groups and their admin.
-# SASL (17, 36) and the KIP-664 transaction listings (61, 65, 66) are served by both too.
-COMMON_APIS = {0, 1, 2, 3, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 22, 24, 25, 26, 28, 36, 42, 47, 61, 65, 66}
-# Kafka's only: CreateTopics 19, DeleteTopics 20, DescribeConfigs 32, AlterConfigs 33,
-# CreatePartitions 37, DescribeCluster 60, KIP-848's ConsumerGroupHeartbeat 68, share groups 76.
-KAFKA_ONLY_APIS = {19, 20, 32, 33, 37, 60, 68, 76}
+# offsets, transactions, classic consumer groups and their admin, topic admin (CreateTopics 19,
+# DeleteTopics 20, DescribeConfigs 32). SASL (17, 36) and the KIP-664 transaction listings (61,
+# 65, 66) are served by both too.
+COMMON_APIS = {0, 1, 2, 3, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 22, 24, 25, 26, 28, 32, 36, 42, 47,
+               61, 65, 66}
+# Kafka's only: AlterConfigs 33, CreatePartitions 37, DescribeCluster 60, KIP-848's
+# ConsumerGroupHeartbeat 68, share groups 76.
+KAFKA_ONLY_APIS = {33, 37, 60, 68, 76}
 
 
 def test_difference_the_gateway_serves_a_subset_of_kafkas_apis(peer: Peer) -> None:
-    """Difference 4: the gateway serves the client APIs of produce, fetch, transactions and
-    classic groups, and no topic or config admin, nor KIP-848's consumer group protocol
-    (group.protocol=consumer) or share groups."""
+    """Difference 4: the gateway serves the client APIs of produce, fetch, transactions, classic
+    groups and topic admin (create, delete, describe configs), and no config changes or
+    partition additions, nor KIP-848's consumer group protocol (group.protocol=consumer) or
+    share groups."""
     keys = api_keys(peer.bootstrap)
     assert COMMON_APIS <= keys
     if peer.name == KAFKA:

@@ -497,3 +497,65 @@ def test_a_compacted_fetch_follows_a_compaction_published_elsewhere(client: rt.C
                                                                (5, b"c", b"v5")]
     compaction = ref.call("stats")["compaction"]
     assert compaction["horizon_reads"] == reads + 1 and compaction["compactions"] == 0
+
+
+def test_topic_admin_requests_kafka_python_and_raw(client: rt.Client, bootstrap: str) -> None:
+    """kafka-python's KafkaAdminClient creates (compacted, retention), describes and deletes a
+    raytxn topic through the gateway; the raw requests no client library sends are answered with
+    Kafka's codes and change nothing: a name twice in one request, a bad name, bad partition
+    counts, a DeleteTopics v6 by topic id, an unknown config resource type."""
+    from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient, NewTopic
+    from kafka.protocol.admin import CreateTopicsRequest, DeleteTopicsRequest, DescribeConfigsRequest
+
+    from raytxn.kafka import topic_admin, wire
+    from tests.kafka_clients import RawKafka
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    topic = f"admin-{uuid.uuid4().hex[:8]}"
+    admin.create_topics([NewTopic(topic, 2, 1, topic_configs={"cleanup.policy": "compact", "retention.bytes": "5000"})])
+    info = client.get_topic(topic)
+    assert (info["partitions"], info["compacted"], info["retention_bytes"]) == (2, True, 5000)
+    described = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)], config_filter="all")
+    (configs,) = (by_name for by_type in described.values() for by_name in by_type.values())
+    assert configs["cleanup.policy"]["value"] == "compact" and configs["retention.bytes"]["value"] == "5000"
+
+    raw = RawKafka(bootstrap)
+    try:
+        shape = CreateTopicsRequest[5].CreatableTopic
+        again, zero, many = (f"admin-{uuid.uuid4().hex[:8]}" for _ in range(3))
+        answer = raw.call(CreateTopicsRequest, 5, topics=[
+            shape(name=again, num_partitions=1, replication_factor=1, assignments=[], configs=[]),
+            shape(name=again, num_partitions=1, replication_factor=1, assignments=[], configs=[]),
+            shape(name="bad/name", num_partitions=1, replication_factor=1, assignments=[], configs=[]),
+            shape(name=zero, num_partitions=0, replication_factor=1, assignments=[], configs=[]),
+            shape(name=many, num_partitions=100_000, replication_factor=-1, assignments=[], configs=[])],
+            timeout_ms=30000, validate_only=False)
+        assert [(t.name, t.error_code) for t in answer.topics] == [
+            (again, wire.INVALID_REQUEST), (again, wire.INVALID_REQUEST), ("bad/name", wire.INVALID_TOPIC_EXCEPTION),
+            (zero, topic_admin.INVALID_PARTITIONS), (many, topic_admin.INVALID_PARTITIONS)]
+        assert all(t.error_message for t in answer.topics)
+        created = raw.call(CreateTopicsRequest, 7, topics=[shape(name=again, num_partitions=-1, replication_factor=-1,
+                                                                 assignments=[], configs=[])],
+                           timeout_ms=30000, validate_only=False)
+        [row] = created.topics
+        assert (row.error_code, row.num_partitions, row.replication_factor) == (wire.NONE, 1, 1)
+        assert {c.name: c.value for c in row.configs}["cleanup.policy"] == "delete"
+        deleted = raw.call(DeleteTopicsRequest, 6, topics=[DeleteTopicsRequest[6].DeleteTopicState(
+            name=None, topic_id=uuid.uuid4())], timeout_ms=30000)
+        assert [r.error_code for r in deleted.responses] == [topic_admin.UNKNOWN_TOPIC_ID]
+        asked = DescribeConfigsRequest[4].DescribeConfigsResource
+        described = raw.call(DescribeConfigsRequest, 4, resources=[
+            asked(resource_type=topic_admin.BROKER_RESOURCE, resource_name="1", configuration_keys=None),
+            asked(resource_type=99, resource_name="x", configuration_keys=None),
+            asked(resource_type=topic_admin.TOPIC_RESOURCE, resource_name=topic, configuration_keys=["retention.ms"])],
+            include_synonyms=False, include_documentation=False)
+        assert [(r.error_code, [c.name for c in r.configs]) for r in described.results] == [
+            (wire.NONE, []), (wire.INVALID_REQUEST, []), (wire.NONE, ["retention.ms"])]
+    finally:
+        raw.close()
+    names = {t["name"] for t in client.list_topics()}
+    assert again in names and not {zero, many} & names
+    admin.delete_topics([topic, again])
+    names = {t["name"] for t in client.list_topics()}
+    assert not {topic, again} & names
+    admin.close()

@@ -69,8 +69,10 @@ def test_requests_decode_and_unserved_ones_are_refused() -> None:
     header = wire.peek_header(payload)
     assert (header.api_key, header.api_version, header.correlation_id) == (3, 4, 9)
     assert [t.name for t in wire.decode_request(header, payload).topics] == ["orders"]
-    with pytest.raises(wire.Unsupported, match="API key 19"):
-        wire.decode_request(wire.RequestHeader(19, 0, 1), payload)  # CreateTopics
+    with pytest.raises(wire.Unsupported, match="API key 37"):
+        wire.decode_request(wire.RequestHeader(37, 0, 1), payload)  # CreatePartitions
+    with pytest.raises(wire.Unsupported, match="v1 is not served"):
+        wire.decode_request(wire.RequestHeader(19, 1, 1), payload)  # CreateTopics below Kafka 4's floor
     with pytest.raises(wire.Unsupported, match="v9 is not served"):
         wire.decode_request(wire.RequestHeader(8, 9, 1), payload)  # OffsetCommit v9 (KIP-848's)
     with pytest.raises(wire.Unsupported, match="v13 is not served"):
