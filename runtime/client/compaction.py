@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from raytxn.client.rpc import ActorRef
-from raytxn.errors import InvalidArgument, StorageUnavailable
+from raytxn.errors import InvalidArgument, NotAuthorized, StorageUnavailable
 from raytxn.faults import FaultPoints
-from raytxn.ids import Position, partition_actor_name
+from raytxn.ids import PRODUCE, Position, partition_actor_name
 from raytxn.ledger.compacted import compact_partition, read_compacted
 from raytxn.ledger.storage import Storage
 from raytxn.protocol.compaction import DEFAULT_DELETE_RETENTION_MS
@@ -61,8 +61,15 @@ async def compact_topic(client: Client, topic: str, partition: int | None = None
                         delete_retention_ms: int = DEFAULT_DELETE_RETENTION_MS,
                         faults: FaultPoints | None = None) -> list[dict[str, Any]]:
     """Compact every partition of ``topic`` (or one) up to its ``max_read_position`` now; a row
-    per partition: the published horizon and what the fold left out."""
+    per partition: the published horizon and what the fold left out. Needs the topic's produce
+    permission (a compaction rewrites what every reader of the compacted view reads) as well as
+    consume (it reads the partitions' plans)."""
     storage = storage_of(client)
+    partitions = _partitions(client, topic, partition)
+    actions = await client.supervisor.call_async("topic_actions", [topic], deadline_s=client.deadline_s)
+    if PRODUCE not in actions.get(topic, [PRODUCE]):  # (gone since: the plans' calls say so)
+        raise NotAuthorized(f"compacting {topic!r} needs its produce permission; this client's principal has "
+                            f"{', '.join(actions.get(topic, [])) or 'no permission'} there")
 
     async def one(p: int) -> dict[str, Any]:
         plan = await partition_plan(client, topic, p)
@@ -73,7 +80,6 @@ async def compact_topic(client: Client, topic: str, partition: int | None = None
                 "records": h.records, "tombstones": h.tombstones, "skipped_aborted": result.skipped_aborted,
                 "skipped_keyless": result.skipped_keyless, "dropped_tombstones": result.dropped_tombstones}
 
-    partitions = _partitions(client, topic, partition)
     return list(await asyncio.gather(*(one(p) for p in partitions)))
 
 

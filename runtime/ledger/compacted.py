@@ -31,7 +31,7 @@ from raytxn.errors import CorruptLedger, Fenced
 from raytxn.faults import FaultPoints
 from raytxn.ids import EARLIEST, Position, partition_stream
 from raytxn.ledger.framing import FrameKind, decode_frames, encode_frame
-from raytxn.ledger.managed import LedgerConfig, ManagedLedger
+from raytxn.ledger.managed import READER_CONFIG, ManagedLedger
 from raytxn.ledger.storage import ObjectExists, Storage
 from raytxn.protocol.compaction import (
     DEFAULT_DELETE_RETENTION_MS,
@@ -49,7 +49,6 @@ from raytxn.protocol.txn_buffer import AbortedTxn, HiddenSpans
 
 RECORDS_PER_FRAME = 10_000
 ENTRIES_PER_READ = 1000
-_READER_CONFIG = LedgerConfig(cache_bytes=4 << 20)
 _encoder = msgspec.msgpack.Encoder()
 _records_decoder = msgspec.msgpack.Decoder(list[KeptRecord])
 
@@ -128,7 +127,7 @@ async def iter_entries(storage: Storage, stream: str, start: Position,
     """Every entry of ``stream`` in ``start..end`` (markers too), decoded, in ledger order."""
     if end < start:
         return
-    ledger = await ManagedLedger.open(storage, stream, _READER_CONFIG, writable=False)
+    ledger = await ManagedLedger.open(storage, stream, READER_CONFIG, writable=False)
     position = start
     while True:
         entries = await ledger.read(position, max_entries=ENTRIES_PER_READ, end=end)
@@ -153,7 +152,9 @@ async def compact_partition(storage: Storage, topic: str, partition: int, max_re
     """One compaction of ``topic``/``partition`` up to ``max_read_position`` (the partition's,
     read just before with its ``aborted`` spans): fold, write the data object, publish the
     horizon, then delete what it superseded and orphans of crashed compactions. ``Fenced`` if
-    another compaction published this generation first (nothing of this one is then visible)."""
+    another compaction published this generation first (nothing of this one is then visible).
+    When the fold changed nothing (``CompactionResult.publishes``), nothing is written, and the
+    published generation's leftovers are cleaned up."""
     faults = faults or FaultPoints()
     stream = partition_stream(topic, partition)
     published = await read_published(storage, stream)
@@ -164,6 +165,10 @@ async def compact_partition(storage: Storage, topic: str, partition: int, max_re
             max_read_position):
         compactor.add(header, position, messages)
     result = compactor.finish(now_ms, delete_retention_ms)
+    if not result.publishes:  # nothing new: the published generation stands; clean up after it
+        assert published is not None
+        await _delete_unreferenced(storage, stream, published.horizon, published.data_path)
+        return result
     generation = result.horizon.generation
     data_path = f"{compacted_prefix(stream)}/data/{generation:020d}-{secrets.token_hex(6)}"
     frames = [encode_frame(FrameKind.COMPACTED, i, _encoder.encode(result.records[start:start + RECORDS_PER_FRAME]))

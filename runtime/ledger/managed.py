@@ -71,6 +71,10 @@ class LedgerConfig:
     retry_backoff_s: tuple[float, float] = (0.05, 1.0)
 
 
+# A read-only reader (a range read, a compacted read) keeps few decoded objects: it reads each once.
+READER_CONFIG = LedgerConfig(cache_bytes=4 << 20)
+
+
 class Entry(msgspec.Struct, frozen=True):
     """One ledger entry: a batch of records at a position."""
 

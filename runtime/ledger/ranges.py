@@ -40,7 +40,7 @@ import pyarrow as pa
 
 from raytxn.errors import CorruptLedger, InvalidArgument, PositionTrimmed, StorageUnavailable
 from raytxn.ids import Position, partition_stream
-from raytxn.ledger.managed import Entry, LedgerConfig, ManagedLedger
+from raytxn.ledger.managed import READER_CONFIG, Entry, ManagedLedger
 from raytxn.ledger.metadata import read_metadata
 from raytxn.ledger.storage import Storage
 from raytxn.protocol.entry_format import MessageRecord, decode_entry, decode_header
@@ -54,8 +54,6 @@ DEFAULT_ENTRIES_PER_BATCH = 1000
 # obstore's 10 s under load is an outage of seconds, not a lost range.
 READ_ATTEMPTS = 4
 READ_RETRY_FIRST_WAIT_S = 0.5
-# A reader keeps few decoded objects: each chunk is read once.
-_READER_CONFIG = LedgerConfig(cache_bytes=4 << 20)
 
 RANGE_SCHEMA = pa.schema([
     ("key", pa.string()), ("value", pa.binary()), ("properties", pa.string()),
@@ -181,7 +179,7 @@ async def iter_range(storage: Storage, topic: str, partition: int, start: Positi
     schema = range_schema(columns)
     hidden = HiddenSpans(aborted)
     stream = partition_stream(topic, partition)
-    ledger = await ManagedLedger.open(storage, stream, _READER_CONFIG, writable=False)
+    ledger = await ManagedLedger.open(storage, stream, READER_CONFIG, writable=False)
     position = start
     last_read: Position | None = None
     while True:

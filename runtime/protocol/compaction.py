@@ -120,6 +120,10 @@ class CompactionResult(msgspec.Struct, frozen=True):
     skipped_aborted: int
     skipped_keyless: int
     dropped_tombstones: int
+    # False: the fold changed nothing of the published generation (no entry past its horizon up
+    # to max_read_position, no tombstone expired), so there is nothing to publish, and
+    # ``horizon`` is the published one.
+    publishes: bool = True
 
 
 def is_tombstone_value(value: bytes | None) -> bool:
@@ -193,7 +197,10 @@ class Compactor:
     def finish(self, now_ms: int, delete_retention_ms: int = DEFAULT_DELETE_RETENTION_MS) -> CompactionResult:
         """Phase two's input: the records to write (tombstones stamped or dropped) and the
         horizon to publish once they are durable: the last entry added (the previous horizon
-        when none was, so a compaction that only expires tombstones is one too)."""
+        when none was, so a compaction that only expires tombstones is one too). Nothing to
+        publish (``publishes`` False) when nothing changed: a partition whose data past its
+        horizon is all in an open transaction would otherwise publish an empty generation at
+        every check."""
         if delete_retention_ms < 0:
             raise InvalidArgument(f"delete_retention_ms must be >= 0, got {delete_retention_ms}")
         records, dropped = [], 0
@@ -208,6 +215,9 @@ class Compactor:
                 record = msgspec.structs.replace(record, tombstone_since_ms=since)
             records.append(record)
         records.sort(key=lambda r: r.offset)
+        if self.previous is not None and self._last_position == self.previous.horizon and dropped == 0:
+            return CompactionResult(self.previous, records, self.skipped_aborted, self.skipped_keyless, 0,
+                                    publishes=False)
         generation = 1 if self.previous is None else self.previous.generation + 1
         horizon = CompactionHorizon(generation, self._last_position, self._next_offset, len(records),
                                     sum(1 for r in records if r.is_tombstone), dropped_through)

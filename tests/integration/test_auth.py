@@ -102,6 +102,12 @@ def test_produce_and_consume_need_their_permission(admin: rt.Client, alice: rt.C
     with pytest.raises(NotAuthorized):
         bob.create_producer(topic).send(b"bob may not")
     consumer.close()
+    # A compaction rewrites what every reader of the compacted view reads: produce and consume.
+    with pytest.raises(NotAuthorized, match=r"needs its produce permission; .* has consume there"):
+        bob.compact(topic)
+    with pytest.raises(NotAuthorized, match="no consume permission"):
+        alice.compact(topic)
+    assert admin.compact(topic)[0]["generation"] == 1  # neither refused one published anything
 
 
 def test_revoke_takes_effect_at_once_and_survives_restarts(admin: rt.Client, alice: rt.Client) -> None:

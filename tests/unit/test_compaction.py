@@ -123,6 +123,11 @@ class Compactions:
         for index in range(self.horizon_index + 1, top + 1):
             compactor.add(*log.entries[index])
         result = compactor.finish(log.now_ms, retention_ms)
+        if not result.publishes:  # nothing changed: the published generation stands, as it is
+            assert self.published is not None and result.horizon == self.published
+            assert result.records == self.records and result.dropped_tombstones == 0
+            self.results.append((result, log.now_ms, retention_ms))
+            return result
         check_publish(self.published, result.horizon)
         self.published, self.records = result.horizon, result.records
         self.horizon_index = max(self.horizon_index, top)
@@ -232,8 +237,8 @@ def test_tombstones_are_kept_for_their_delete_retention_then_dropped(ops: list[t
                 assert now_ms - old.tombstone_since_ms >= retention_ms
                 assert result.horizon.dropped_tombstones_through >= old.offset
         before = kept
-    if compactions.published is not None:
-        assert compactions.published.generation == len(compactions.results)
+    if compactions.published is not None:  # one generation per compaction that changed something
+        assert compactions.published.generation == sum(result.publishes for result, _, _ in compactions.results)
 
 
 def _plain(log: Log, *pairs: Message) -> None:
@@ -263,6 +268,25 @@ def test_an_example_with_an_aborted_txn_a_tombstone_and_a_reset() -> None:
     assert read_plan(compactions.published, compactions.records, 0).compacted_from == 0
     assert read_plan(compactions.published, compactions.records, 5) == ReadPlan(1, 9)
     assert read_plan(compactions.published, compactions.records, 12) == ReadPlan(3, 12)
+
+
+def test_a_compaction_that_changes_nothing_publishes_nothing() -> None:
+    """Nothing past the horizon (or only an open transaction's data) and no tombstone to expire:
+    no new generation. A tombstone past its retention alone is a change, and publishes."""
+    log, compactions = Log(), Compactions()
+    _plain(log, ("a", b"1"), ("b", b""))
+    first = compactions.compact(log, retention_ms=100)
+    assert first.publishes and first.horizon.generation == 1
+    again = compactions.compact(log, retention_ms=100)
+    assert not again.publishes and again.horizon == first.horizon
+    log.write([("a", b"open")], 0)  # an open txn: past the horizon, not below max_read_position
+    assert not compactions.compact(log, retention_ms=100).publishes
+    log.now_ms += 100  # b's tombstone is past its retention: dropping it is a change
+    expired = compactions.compact(log, retention_ms=100)
+    assert expired.publishes and expired.horizon.generation == 2 and expired.dropped_tombstones == 1
+    log.end(0, commit=True)
+    committed = compactions.compact(log, retention_ms=100)
+    assert committed.publishes and [(r.key, r.value) for r in committed.records] == [("a", b"open")]
 
 
 def test_bad_input_is_refused_and_changes_nothing() -> None:
