@@ -119,3 +119,12 @@ def lease_batch(client: Client, topic: str, subscription: str, holder: str, epoc
     if not leases:
         return BatchHandle(None)
     return BatchHandle(leases, leases.chunks(chunk_entries, min_chunks))
+
+
+def txn_writer_id(pipeline_id: str, epoch: int, txn_id: Any) -> str:
+    """The names of a batch's write producers: one set per txn. A retried Spark or Ray task of
+    the txn re-sends under the same names, so the partitions drop its replays; a batch tried again
+    after an abort writes in a new txn under new names, since its rows' sequence ids would
+    otherwise be taken as replays of the aborted attempt's and dropped (the dedup rule holds after
+    a txn ended)."""
+    return f"{pipeline_id}-e{epoch}-t{txn_id.tc_id}-{txn_id.sequence}"

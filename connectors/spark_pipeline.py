@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raytxn.client.transaction import UNENDED_STATES
-from raytxn.connectors.batches import BATCH_COLUMNS, BatchHandle, lease_batch
+from raytxn.connectors.batches import BATCH_COLUMNS, BatchHandle, lease_batch, txn_writer_id
 from raytxn.connectors.spark import task_slots, write
 from raytxn.errors import ConcurrentTransactions, Fenced, InvalidArgument, RaytxnError
 from raytxn.extras import missing_extra
@@ -145,15 +145,6 @@ class BatchStats:
     txn: str
     attempt: int
     state_updates: int = 0  # rows written to the state topic (``state_topic`` only)
-
-
-def _writer_id(pipeline_id: str, epoch: int, txn_id: Any) -> str:
-    """The names of a batch's write producers: one set per txn. A retried Spark task of the
-    txn re-sends under the same names, so the partitions drop its replays; a batch tried again
-    after an abort writes in a new txn under new names, since its rows' sequence ids would
-    otherwise be taken as replays of the aborted attempt's and dropped (the dedup rule holds after
-    a txn ended)."""
-    return f"{pipeline_id}-e{epoch}-t{txn_id.tc_id}-{txn_id.sequence}"
 
 
 def _timed_commit(txn: Any) -> float:
@@ -327,7 +318,7 @@ class ExactlyOncePipeline:
             acked = handle.acknowledge_async(txn)
             rows_out = write(out, self.client, self.sink, txn, key_col="key" if "key" in columns else None,
                              properties_col="properties" if "properties" in columns else None,
-                             writer_id=_writer_id(self.pipeline_id, epoch, txn.id), fault=self.write_fault)
+                             writer_id=txn_writer_id(self.pipeline_id, epoch, txn.id), fault=self.write_fault)
             state_rows = 0 if updates is None else self._write_state(updates, txn, epoch)
             if previous is not None:
                 self._settle(previous, overlapped=True)  # raises when it failed: this batch aborts
@@ -391,7 +382,7 @@ class ExactlyOncePipeline:
         rows = updates.select(F.col("key").cast("string").alias("key"), F.col("value").cast("binary").alias("value"))
         assert self.state_topic is not None
         return write(rows, self.client, self.state_topic, txn, key_col="key",
-                     writer_id=_writer_id(self.pipeline_id, epoch, txn.id) + "-state")
+                     writer_id=txn_writer_id(self.pipeline_id, epoch, txn.id) + "-state")
 
     def _begin_after(self, previous: _Committing, epoch: int) -> Any:
         """The next txn of the transactional id, begun once ``previous`` is no longer OPEN at the

@@ -30,6 +30,27 @@ def running_wordcount_spark(df: Any, state: Any) -> tuple[Any, Any]:
     return totals, totals
 
 
+def running_wordcount_ray(ds: Any, state: Any) -> tuple[Any, Any]:
+    """The stateful word count of ``raytxn.connectors.ray_data.StatefulDataPipeline``, all in Ray
+    tasks: the batch's words (count 1 each) and the state's totals (count 0) are grouped by word;
+    each word of the batch gets its new running total, emitted and stored as state."""
+    words = ds.flat_map(lambda row: [{"key": w, "n": 1, "total": 0} for w in bytes(row["value"]).decode().split(" ")])
+    known = state.map(lambda row: {"key": row["key"], "n": 0, "total": int(row["value"])})
+
+    def fold(group: Any) -> Any:  # one word's rows, as a pandas DataFrame
+        import pandas as pd
+
+        n = int(group["n"].sum())
+        if n == 0:  # a word of the state only: unchanged
+            return pd.DataFrame({"key": pd.Series([], dtype=object), "value": pd.Series([], dtype=object)})
+        total = int(group["total"].sum()) + n
+        return pd.DataFrame({"key": [group["key"].iloc[0]], "value": [str(total).encode()]})
+
+    # Two shuffle partitions, not Ray Data's default 200: a micro-batch's words are few.
+    totals = words.union(known).groupby("key", num_partitions=2).map_groups(fold, batch_format="pandas").materialize()
+    return totals, totals
+
+
 def running_wordcount(rows: list[dict[str, Any]], state: Mapping[str, bytes]) -> tuple[list, dict]:
     """The stateful word count of ``raytxn.connectors.stateful.StatefulPipeline``: each batch
     emits, and stores as state, the new running total of every word it holds."""

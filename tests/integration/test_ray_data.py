@@ -129,3 +129,54 @@ def test_read_topic_max_messages_and_aborted_ack_reads_again(client: rt.Client) 
     ds, handle = read_topic(client, topic, "sub")
     handle.close()
     assert ds.count() == 0
+
+
+def latest_values(client: rt.Client, topic: str) -> dict[str, bytes]:
+    """Each live key's latest committed value, folded from ``read_compacted`` (independent of
+    the pipeline's own state read)."""
+    latest: dict[str, bytes | None] = {}
+    for p in range(client.get_topic(topic)["partitions"]):
+        for record in client.read_compacted(topic, p):
+            latest[record["key"]] = record["value"]
+    return {key: value for key, value in latest.items() if value}
+
+
+def test_stateful_data_pipeline_keeps_running_totals_exactly_once(client: rt.Client) -> None:
+    """Ray Data's keyed state: running word totals in a compacted state topic, exact across a
+    batch that wrote its output and state updates and then failed before its commit; the state
+    is read by Ray tasks (read_state), and bad settings are refused."""
+    from raytxn.connectors.ray_data import StatefulDataPipeline, read_state
+    from raytxn.connectors.wordcount import expected_counts, running_wordcount_ray, sample_lines
+
+    run = uuid.uuid4().hex[:6]
+    source, sink, state = f"rd-lines-{run}", f"rd-totals-{run}", f"rd-state-{run}"
+    client.create_topic(source, 2)
+    client.create_topic(sink, 2)
+    client.create_topic(state, 2, compacted=True)
+    lines = sample_lines(60)
+    producer = client.create_producer(source, batching_max_messages=5)
+    for i, line in enumerate(lines):
+        producer.send_async(line.encode(), key=str(i))
+    producer.flush()
+    failed: list[int] = []
+
+    def fail_once(batch: int) -> None:
+        if batch == 1 and not failed:
+            failed.append(batch)
+            raise RuntimeError("injected failure before batch 1's commit")
+
+    pipeline = StatefulDataPipeline(client, source, "rd", sink, state, running_wordcount_ray, f"rd-{run}",
+                                    batch_max_messages=30, before_commit=fail_once)
+    stats = pipeline.run(until_idle=True)
+    assert failed and sum(s.rows_in for s in stats) == 60 and len(stats) >= 2
+    assert [s.attempt for s in stats if s.attempt] == [1] and all(s.state_updates for s in stats)
+    expected = {word: str(n).encode() for word, n in expected_counts(lines).items()}
+    assert latest_values(client, state) == expected
+    assert latest_values(client, sink) == expected
+    assert {r["key"]: r["value"] for r in read_state(client, state).take_all()} == expected
+    for bad, message in [((source, sink, source), "of its own"), ((source, sink, sink), "of its own"),
+                         ((source, state, sink), "not compacted")]:
+        with pytest.raises(rt.errors.InvalidArgument, match=message):
+            StatefulDataPipeline(client, bad[0], "rd", bad[1], bad[2], running_wordcount_ray, f"bad-{run}")
+    with pytest.raises(rt.errors.InvalidArgument, match="not a compacted topic"):
+        read_state(client, sink)
