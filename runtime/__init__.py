@@ -27,6 +27,7 @@ _EXPORTS = {
     "Client": "raytxn.client.client",
     "connect": "raytxn.client.client",
     "shutdown": "raytxn.client.client",
+    "CompactedReader": "raytxn.client.reader",
     "ConsumerType": "raytxn.client.consumer",
     "InitialPosition": "raytxn.client.consumer",
     "Message": "raytxn.client.message",
@@ -40,8 +41,8 @@ _EXPORTS = {
 _SUBMODULES = frozenset({"errors", "ids", "hashing", "config", "auth", "metrics", "faults", "cluster",
                          "protocol", "ledger", "client", "tools", "actors", "connectors"})
 
-__all__ = ["Client", "ConsumerType", "InitialPosition", "LeaseSet", "Message", "MessageBatch", "MessageId",
-           "RangeChunk", "TableView", "Transaction", "connect", "shutdown"]
+__all__ = ["Client", "CompactedReader", "ConsumerType", "InitialPosition", "LeaseSet", "Message", "MessageBatch",
+           "MessageId", "RangeChunk", "TableView", "Transaction", "connect", "shutdown"]
 assert sorted(__all__) == sorted(_EXPORTS)
 
 if TYPE_CHECKING:
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
     from raytxn.client.consumer import ConsumerType, InitialPosition
     from raytxn.client.leases import LeaseSet, RangeChunk
     from raytxn.client.message import Message, MessageId
+    from raytxn.client.reader import CompactedReader
     from raytxn.client.table_view import TableView
     from raytxn.client.transaction import Transaction
 

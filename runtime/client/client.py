@@ -30,6 +30,7 @@ from raytxn.client.faults import Faults
 from raytxn.client.leases import LeaseSet, lease_partitions
 from raytxn.client.loop import BackgroundLoop
 from raytxn.client.producer import Producer
+from raytxn.client.reader import CompactedReader
 from raytxn.client.rpc import ActorRef, _forget_supervisor
 from raytxn.client.table_view import TableView
 from raytxn.client.transaction import Transaction
@@ -428,6 +429,14 @@ class Client:
         from raytxn.client.compaction import read_compacted_partition
 
         return self.loop.run(read_compacted_partition(self, topic, partition, from_offset))
+
+    def compacted_reader(self, topic: str, partition: int = 0, from_offset: int = 0,
+                         poll_interval_s: float = 0.2) -> CompactedReader:
+        """A reader of the partition's compacted view from ``from_offset`` that goes on with what
+        commits later (Pulsar's ``readCompacted`` reader, ``raytxn.client.reader``):
+        ``read_next(timeout)``, ``has_message_available()``, ``read_available()``, ``seek`` and
+        its ``position``; no subscription, so it acks nothing and holds no retention back."""
+        return CompactedReader(self, topic, partition, from_offset, poll_interval_s)
 
     def table_view(self, topic: str, poll_interval_s: float = 0.2) -> TableView:
         """A table of ``topic``'s latest committed value per key: loaded from the compacted

@@ -22,7 +22,7 @@ its aborted spans (a ``RangePlan``), which bound and filter what is folded.
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 import msgspec
@@ -123,7 +123,7 @@ async def read_kept(storage: Storage, published: PublishedHorizon | None) -> lis
 
 
 async def iter_entries(storage: Storage, stream: str, start: Position,
-                       end: Position) -> AsyncIterator[tuple[EntryHeader, Position, list[MessageRecord]]]:
+                       end: Position) -> AsyncGenerator[tuple[EntryHeader, Position, list[MessageRecord]], None]:
     """Every entry of ``stream`` in ``start..end`` (markers too), decoded, in ledger order."""
     if end < start:
         return
@@ -209,26 +209,34 @@ class CompactedRead(msgspec.Struct):
 
 
 async def read_live(storage: Storage, stream: str, start: Position, max_read_position: Position,
-                    aborted: Sequence[AbortedTxn], from_offset: int = 0, start_offset: int = 0) -> CompactedRead:
+                    aborted: Sequence[AbortedTxn], from_offset: int = 0, start_offset: int = 0,
+                    max_records: int | None = None) -> CompactedRead:
     """The visible keyed messages of ``stream``'s entries in ``start..max_read_position``
     (markers, aborted data and keyless messages skipped) at or after ``from_offset``;
-    ``start_offset``: the offset of the entry at ``start``, if known."""
+    ``start_offset``: the offset of the entry at ``start``, if known. ``max_records``: stop after
+    the entry that reaches it (a tailing reader's bound; ``next_position`` goes on from there)."""
     records: list[dict[str, Any]] = []
     hidden = HiddenSpans(aborted)
     after, next_offset = start, start_offset
-    async for header, position, messages in iter_entries(storage, stream, start, max_read_position):
-        base = header.base_offset if header.base_offset is not None else -1
-        after, next_offset = next_position(position), base + max(1, header.count)
-        if header.is_marker or hidden.hides(header.txn, position):
-            continue
-        records.extend({"offset": base + i, "key": m.key, "value": m.value or None}
-                       for i, m in enumerate(messages) if m.key is not None and base + i >= from_offset)
+    entries = iter_entries(storage, stream, start, max_read_position)
+    try:
+        async for header, position, messages in entries:
+            base = header.base_offset if header.base_offset is not None else -1
+            after, next_offset = next_position(position), base + max(1, header.count)
+            if header.is_marker or hidden.hides(header.txn, position):
+                continue
+            records.extend({"offset": base + i, "key": m.key, "value": m.value or None}
+                           for i, m in enumerate(messages) if m.key is not None and base + i >= from_offset)
+            if max_records is not None and len(records) >= max_records:
+                break
+    finally:
+        await entries.aclose()
     return CompactedRead(records, after, next_offset)
 
 
 async def read_compacted(storage: Storage, topic: str, partition: int, max_read_position: Position,
                          aborted: Sequence[AbortedTxn], from_offset: int = 0,
-                         first_readable: Position = EARLIEST) -> CompactedRead:
+                         first_readable: Position = EARLIEST, max_live_records: int | None = None) -> CompactedRead:
     """What a ``read_compacted`` reader from ``from_offset`` reads up to ``max_read_position``:
     the published generation's records at or after it, then the live ledger's visible keyed
     messages after the horizon (from ``first_readable``, the trim point, when the partition was
@@ -249,5 +257,5 @@ async def read_compacted(storage: Storage, topic: str, partition: int, max_read_
     compacted = [{"offset": r.offset, "key": r.key, "value": r.value} for r in kept[plan.compacted_from:]]
     start = max(first_readable, Position(0, 0)) if horizon is None else _start_after(horizon.horizon)
     live = await read_live(storage, stream, start, max_read_position, aborted, plan.live_from_offset,
-                           0 if horizon is None else horizon.next_offset)
+                           0 if horizon is None else horizon.next_offset, max_live_records)
     return CompactedRead(compacted + live.records, live.next_position, live.next_offset)

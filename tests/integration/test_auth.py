@@ -108,6 +108,12 @@ def test_produce_and_consume_need_their_permission(admin: rt.Client, alice: rt.C
     with pytest.raises(NotAuthorized, match="no consume permission"):
         alice.compact(topic)
     assert admin.compact(topic)[0]["generation"] == 1  # neither refused one published anything
+    # A compacted read, reader or table view is a read: consume.
+    for read in (alice.read_compacted, alice.compacted_reader, alice.table_view):
+        with pytest.raises(NotAuthorized, match="no consume permission"):
+            read(topic)
+    with bob.compacted_reader(topic) as reader:  # its one message is keyless: no compacted record
+        assert reader.read_available() == [] and reader.position == 0
 
 
 def test_revoke_takes_effect_at_once_and_survives_restarts(admin: rt.Client, alice: rt.Client) -> None:

@@ -300,3 +300,80 @@ def test_bad_compaction_settings_are_refused_and_create_nothing(client: rt.Clien
         with pytest.raises(InvalidArgument):
             client.create_topics([topic], **kwargs)
     assert topic not in {t["name"] for t in client.list_topics()}
+
+
+# --- compacted readers (Client.compacted_reader) ------------------------------------------------
+
+def view(records: list[dict]) -> list[tuple[int, str, bytes | None]]:
+    return [(r["offset"], r["key"], r["value"]) for r in records]
+
+
+def test_a_compacted_reader_reads_the_view_then_what_commits_later(client: rt.Client,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from raytxn.client import reader as reader_module
+    from raytxn.errors import Timeout
+
+    topic = new_topic(client)
+    send(client, topic, [("a", b"a1"), ("b", b"b1"), ("a", b"a2")])               # offsets 0..2
+    client.compact(topic)
+    reader = client.compacted_reader(topic)
+    assert view(reader.read_available()) == [(1, "b", b"b1"), (2, "a", b"a2")]    # a1 compacted away
+    assert reader.position == 3 and not reader.has_message_available()
+    with pytest.raises(Timeout):
+        reader.read_next(timeout=0.3)
+    open_txn, aborted = client.new_transaction(), client.new_transaction()
+    send(client, topic, [("c", b"c1")], open_txn)                                 # 3, open
+    send(client, topic, [("a", b"never")], aborted)                               # 4, aborted
+    aborted.abort()                                                               # marker 5
+    assert not reader.has_message_available()                                     # open data waits
+    open_txn.commit()                                                             # marker 6
+    send(client, topic, [("b", b"")])                                             # 7: b's tombstone
+    assert view([reader.read_next(timeout=10), reader.read_next(timeout=10)]) == [(3, "c", b"c1"), (7, "b", None)]
+    # A new reader from a position goes on there; seek goes back into the compacted view.
+    later = client.compacted_reader(topic, from_offset=reader.position)
+    send(client, topic, [("d", b"d1")])                                           # 8
+    assert view(later.read_available()) == view(reader.read_available()) == [(8, "d", b"d1")]
+    reader.seek(0)
+    monkeypatch.setattr(reader_module, "MAX_RECORDS_PER_POLL", 1)                 # many bounded polls: same records
+    assert [r["offset"] for r in reader] == [1, 2, 3, 7, 8]
+    assert state(client.read_compacted(topic)) == {"a": b"a2", "c": b"c1", "d": b"d1"}
+    later.close()
+    reader.close()
+
+
+def test_a_compacted_reader_behind_retention_goes_on_from_the_compacted_view(client: rt.Client) -> None:
+    """Its next entry trimmed under it (retention follows the horizon, and it holds no
+    subscription): it gets the latest value of each key written at or after its position, what a
+    Kafka consumer behind the log cleaner gets, and never an older one."""
+    from tests.engine import partition_ref
+
+    topic = f"c-{uuid.uuid4().hex[:8]}"
+    client.create_topic(topic, compacted=True, compaction_threshold_bytes=1)
+    send(client, topic, [("k0", b"v0"), ("k1", b"v1")])                           # offsets 0, 1
+    with client.compacted_reader(topic) as reader:
+        assert [r["offset"] for r in reader.read_available()] == [0, 1]
+        send(client, topic, [(f"k{i % 2}", f"v{i}".encode()) for i in range(2, 8)])  # 2..7
+        decided = partition_ref(topic).call("apply_retention")                    # compacts, trims below 8
+        assert decided["trimmed_below"] is not None
+        assert view(reader.read_available()) == [(6, "k0", b"v6"), (7, "k1", b"v7")]
+        send(client, topic, [("k0", b"v8")])
+        assert view([reader.read_next(timeout=10)]) == [(8, "k0", b"v8")]
+
+
+def test_bad_compacted_reader_requests_are_refused(client: rt.Client) -> None:
+    from raytxn.errors import InvalidArgument, TopicNotFound
+
+    topic = new_topic(client)
+    with pytest.raises(TopicNotFound):
+        client.compacted_reader(f"absent-{uuid.uuid4().hex[:8]}")
+    for kwargs in ({"partition": 1}, {"partition": "0"}, {"from_offset": -1}, {"from_offset": 1.5},
+                   {"poll_interval_s": 0}):
+        with pytest.raises(InvalidArgument):
+            client.compacted_reader(topic, **kwargs)
+    reader = client.compacted_reader(topic)
+    for call in (lambda: reader.read_available(0), lambda: reader.seek(-2)):
+        with pytest.raises(InvalidArgument):
+            call()
+    reader.close()
+    with pytest.raises(InvalidArgument, match="closed"):
+        reader.read_next(timeout=1)
