@@ -135,6 +135,24 @@ def _abandon(begun: concurrent.futures.Future[Any]) -> None:
         pass  # it never began, or it times out instead
 
 
+def _persisted(out: Any, updates: Any, cached: list[Any]) -> tuple[Any, Any]:
+    """``out`` and ``updates`` persisted (in executor memory, spilling to disk) before their two
+    writes. Each write is a Spark job of its own, and the two usually share their plan (a running
+    count emits and stores the same totals): unpersisted, the second job would read the batch's
+    input and the whole state again and redo the shuffle. A block lost with an executor is
+    recomputed from the lineage, which reads the same leased ranges and the same state."""
+    from pyspark import StorageLevel
+
+    for frame in (out,) if updates is out else (out, updates):
+        cached.append(frame.persist(StorageLevel.MEMORY_AND_DISK))
+    return out, updates
+
+
+def _unpersist(cached: list[Any]) -> None:
+    while cached:
+        cached.pop().unpersist(blocking=False)
+
+
 @dataclass
 class BatchStats:
     batch: int
@@ -305,6 +323,7 @@ class ExactlyOncePipeline:
             handle.close()
             raise
         acked: concurrent.futures.Future[None] | None = None
+        cached: list[Any] = []  # DataFrames persisted for this batch's writes, unpersisted after them
         try:
             out, updates = self._transformed(df)
             columns = set(out.columns)
@@ -316,10 +335,13 @@ class ExactlyOncePipeline:
             # txn's timeout bounds a stall (an acked lease waits for its txn). A chained range's
             # ack is held by its subscription until ``previous`` ended.
             acked = handle.acknowledge_async(txn)
+            if updates is not None:  # two writes of one plan: compute it once (see _persisted)
+                out, updates = _persisted(out, updates, cached)
             rows_out = write(out, self.client, self.sink, txn, key_col="key" if "key" in columns else None,
                              properties_col="properties" if "properties" in columns else None,
                              writer_id=txn_writer_id(self.pipeline_id, epoch, txn.id), fault=self.write_fault)
             state_rows = 0 if updates is None else self._write_state(updates, txn, epoch)
+            _unpersist(cached)
             if previous is not None:
                 self._settle(previous, overlapped=True)  # raises when it failed: this batch aborts
             acked.result()
@@ -335,6 +357,7 @@ class ExactlyOncePipeline:
             handle.close()  # (the acked leases end with the txn; closing releases none of them)
             return committing
         except BaseException:
+            _unpersist(cached)
             if acked is not None:  # an ack still under way would reach its subscription after the abort
                 concurrent.futures.wait([acked], timeout=self.client.deadline_s)
             if txn.state in UNENDED_STATES:

@@ -4,6 +4,10 @@ the same run: exactly-once word count rows/s next to
 * the same transform from a cached DataFrame of the same rows, written to parquet, batch by batch
   (the Spark-only ceiling: no messaging at all);
 * the same pipeline at-least-once (plain sends and acks, no transaction);
+* beside it, the stateful word count (running totals kept in a compacted state topic,
+  ``ExactlyOncePipeline(state_topic=)``: each batch reads the whole state and writes its updates
+  in its transaction, one batch at a time) over the same rows; issue 58's target is at least
+  0.7 of the stateless exactly-once pipeline;
 
 the driver's CPU seconds per batch at two batch sizes (it plans and commits, so it must not grow
 with the rows), and exactly-once scaling over 1, 2, 4 and 8 partitions. Rates are rows over the
@@ -25,7 +29,7 @@ import ray
 import raytxn as rt
 from raytxn.client.rpc import ActorRef
 from raytxn.cluster import stop_engine
-from raytxn.connectors.wordcount import sample_lines, wordcount
+from raytxn.connectors.wordcount import running_wordcount_spark, sample_lines, wordcount
 from raytxn.ids import partition_actor_name, subscription_actor_name
 
 PARTITIONS = 4
@@ -56,6 +60,8 @@ def spark_rows(rows_total: int, batch: int, results: dict[str, dict], scaling: d
     eo = results["exactly-once"]
     ratios = {"bench": "spark_pipeline", "mode": "ratios",
               "eo_over_alo": round(eo["rows_per_s"] / results["at-least-once"]["rows_per_s"], 3)}
+    if "stateful" in results:
+        ratios["stateful_over_eo"] = round(results["stateful"]["rows_per_s"] / eo["rows_per_s"], 3)
     if "spark-only" in results:
         ratios["eo_over_spark_only"] = round(eo["rows_per_s"] / results["spark-only"]["rows_per_s"], 3)
     if small_batch is not None and "driver_cpu_s_per_batch" in eo:
@@ -99,14 +105,21 @@ class _Runner:
         from raytxn.connectors import spark as sc
 
         source, sink = self.topics(partitions)
-        pipeline = sc.ExactlyOncePipeline(self.spark, self.client, source, "bench", sink, wordcount,
+        state = None
+        if mode == "stateful":
+            state = f"bench-state-{source}"
+            self.client.create_topic(state, 2, compacted=True)
+            for p in range(2):
+                ActorRef(partition_actor_name(state, p), self.client.token).call("ready")
+        pipeline = sc.ExactlyOncePipeline(self.spark, self.client, source, "bench", sink,
+                                          running_wordcount_spark if state else wordcount,
                                           f"bench-{source}", batch_max_messages=batch,
-                                          exactly_once=mode == "exactly-once")
+                                          exactly_once=mode != "at-least-once", state_topic=state)
         cpu, start = time.process_time(), time.perf_counter()
         stats = pipeline.run(until_idle=True, progress=False)
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu
         assert sum(s.rows_in for s in stats) == len(self.lines), "the pipeline lost or repeated rows"
-        for topic in (source, sink):  # its actors would hold memory and CPU through the later runs
+        for topic in (source, sink, *([state] if state else [])):  # their actors would hold memory and CPU
             self.client.delete_topic(topic)
         # Timed over its batches, as the ceiling is: the wall time also holds the run's last poll,
         # which waits (POLL_S) to find the input drained, and which a running pipeline never ends
@@ -158,6 +171,7 @@ def bench_spark_pipeline(short: bool = False, progress: Callable[[str], None] = 
                 keep_best("spark-only", runner.spark_only(batch, out_dir))
                 keep_best("at-least-once", runner.pipeline("at-least-once", batch))
                 keep_best("exactly-once", runner.pipeline("exactly-once", batch))
+                keep_best("stateful", runner.pipeline("stateful", batch))
         small = runner.pipeline("exactly-once", batch // 4)
         progress(f"  small batches  {small}")
         scaling = {}

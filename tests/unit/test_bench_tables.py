@@ -45,7 +45,8 @@ def _coordinator() -> list[dict]:
 def _spark() -> list[dict]:
     runs = {"spark-only": bench_spark.run_figures([1000, 1000, 500], [0.3, 0.4, 0.2], 1.0),
             "at-least-once": bench_spark.run_figures([1000, 1000, 500], [0.8, 1.1, 0.4], 2.5, 0.25),
-            "exactly-once": bench_spark.run_figures([1000, 1000, 500], [0.9, 1.3, 0.5], 3.0, 0.5)}
+            "exactly-once": bench_spark.run_figures([1000, 1000, 500], [0.9, 1.3, 0.5], 3.0, 0.5),
+            "stateful": bench_spark.run_figures([1000, 1000, 500], [1.2, 1.5, 0.7], 3.6, 0.6)}
     scaling = {p: bench_spark.run_figures([2500], [1.0 + p / 10], 1.5 + p / 10, 0.2) for p in (1, 2)}
     small = bench_spark.run_figures([250] * 10, [0.3] * 10, 3.5, 1.5)
     return bench_spark.spark_rows(2500, 1000, runs, scaling, (250, small))
