@@ -1,7 +1,12 @@
-"""The exactly-once word count under failures: a Spark task that fails midway, an executor killed,
+"""Exactly-once Spark pipelines under failures: a Spark task that fails midway, an executor killed,
 and a driver killed mid-batch and restarted (the restart fences the dead driver's transaction).
-The final counts are identical to the plain-Python count.
-Run: .venv/bin/python examples/spark_eos_failures.py
+The jobs (``--job``):
+- ``wordcount`` (the default): each batch's word counts; their sum is the plain-Python count;
+- ``running``: running totals kept as keyed state in a compacted topic; the state's and the
+  output's last total of each word are the plain-Python count;
+- ``dedup``: a per-key dedup window kept as state; each event id passes exactly as often as the
+  plain-Python rule lets it (once, and again after a window of silence).
+Run: .venv/bin/python examples/spark_eos_failures.py [--job running|dedup]
 """
 
 from __future__ import annotations
@@ -12,15 +17,28 @@ import signal
 import subprocess
 import sys
 import uuid
+from collections import Counter
 
 import ray
 
 import raytxn as rt
 from raytxn.connectors import spark as sc
-from raytxn.connectors.wordcount import expected_counts, sample_lines, total_counts, wordcount
+from raytxn.connectors.dedup import dedup_window_spark, expected_dedup, sample_events
+from raytxn.connectors.wordcount import expected_counts, running_wordcount_spark, sample_lines, total_counts, wordcount
+
+JOBS = ("wordcount", "running", "dedup")
+WINDOW_MS = 20_000  # the dedup window
 
 
-def driver(address: str, pipeline_id: str, source: str, sink: str, pause: float) -> int:
+def pipeline_args(job: str, sink: str) -> dict:
+    """The job's transform, and its state topic when it keeps state."""
+    if job == "wordcount":
+        return {"transform": wordcount}
+    transform = running_wordcount_spark if job == "running" else dedup_window_spark(WINDOW_MS)
+    return {"transform": transform, "state_topic": f"{sink}-state"}
+
+
+def driver(address: str, job: str, pipeline_id: str, source: str, sink: str, pause: float) -> int:
     """One driver process: runs the pipeline until its input is drained."""
     ray.init(address=address, namespace=f"driver-{os.getpid()}", logging_level="ERROR")
     client = rt.connect(address=address)
@@ -32,23 +50,32 @@ def driver(address: str, pipeline_id: str, source: str, sink: str, pause: float)
 
         time.sleep(pause)
 
-    sc.ExactlyOncePipeline(spark, client, source, "wc", sink, wordcount, pipeline_id, batch_max_messages=50,
-                           before_commit=before_commit).run(until_idle=True, progress=False)
+    sc.ExactlyOncePipeline(spark, client, source, "wc", sink, pipeline_id=pipeline_id, batch_max_messages=50,
+                           before_commit=before_commit, **pipeline_args(job, sink)).run(until_idle=True,
+                                                                                        progress=False)
     print("DONE", flush=True)
     return 0
 
 
-def main() -> None:
+def main(job: str) -> None:
     client = rt.connect()
     address = ray.get_runtime_context().gcs_address
     run = uuid.uuid4().hex[:6]
-    source, sink = f"eos-lines-{run}", f"eos-counts-{run}"
+    source, sink = f"eos-{job}-in-{run}", f"eos-{job}-out-{run}"
     client.create_topic(source, 2)
     client.create_topic(sink, 2)
+    if job != "wordcount":
+        client.create_topic(f"{sink}-state", 2, compacted=True)
     lines = sample_lines(400)
-    producer = client.create_producer(source)
+    events = sample_events(400, WINDOW_MS)
+    # Entries of 10 messages: a batch is cut at entry boundaries (an entry is never split), so the
+    # 50-message batches come out near 50 and the faults below hit batches in the middle of the run.
+    producer = client.create_producer(source, batching_max_messages=10)
     for i, line in enumerate(lines):
-        producer.send_async(line.encode(), key=str(i))
+        if job == "dedup":  # an event id as the key (it picks the partition), its time as event time
+            producer.send_async(f"event {events[i][0]}".encode(), key=events[i][0], event_time=events[i][1])
+        else:
+            producer.send_async(line.encode(), key=str(i))
     producer.flush()
     pipeline_id = f"eos-{run}"
 
@@ -69,14 +96,15 @@ def main() -> None:
                     print(f"killed Spark executor {actor['name']}")
                     break
 
-    pipeline = sc.ExactlyOncePipeline(spark, client, source, "wc", sink, wordcount, pipeline_id, batch_max_messages=50,
-                                      write_fault=fail_once, before_commit=kill_executor)
+    pipeline = sc.ExactlyOncePipeline(spark, client, source, "wc", sink, pipeline_id=pipeline_id,
+                                      batch_max_messages=50, write_fault=fail_once, before_commit=kill_executor,
+                                      **pipeline_args(job, sink))
     stats = pipeline.run(max_batches=3, progress=False)
     print(f"phase 1: {len(stats)} batches committed despite task failures and an executor kill")
     sc.stop_spark()
 
     # 2. A driver process killed mid-batch, then a new one with the same pipeline id.
-    argv = [sys.executable, __file__, "--driver", address, pipeline_id, source, sink]
+    argv = [sys.executable, __file__, "--job", job, "--driver", address, pipeline_id, source, sink]
     first = subprocess.Popen([*argv, "2"], stdout=subprocess.PIPE, text=True)
     assert first.stdout is not None
     for line in first.stdout:
@@ -88,18 +116,43 @@ def main() -> None:
     second = subprocess.run([*argv, "0"], capture_output=True, text=True)
     print(f"restarted driver: {second.stdout.strip().splitlines()[-1] if second.stdout else second.returncode}")
 
-    totals = total_counts(client, sink, "verify")
-    print(f"{sum(totals.values())} words counted; identical to the plain-Python count: "
-          f"{totals == expected_counts(lines)}")
+    print(verdict(client, job, sink, lines, events))
     client.close()
     rt.shutdown()
 
 
+def verdict(client: rt.Client, job: str, sink: str, lines: list[str], events: list[tuple[str, int]]) -> str:
+    """The job's result beside the same computation in plain Python."""
+    if job == "wordcount":
+        totals = total_counts(client, sink, "verify")
+        return (f"{sum(totals.values())} words counted; identical to the plain-Python count: "
+                f"{totals == expected_counts(lines)}")
+    expected = expected_counts(lines)
+    if job == "running":
+        with client.table_view(f"{sink}-state") as state, client.table_view(sink) as output:
+            stored = {word: int(state.get(word)) for word in state}
+            emitted = {word: int(output.get(word)) for word in output}
+        return (f"{sum(stored.values())} words in the running totals; state identical to the plain-Python "
+                f"count: {stored == expected}; last output identical: {emitted == expected}")
+    consumer = client.subscribe(sink, "verify", initial_position=rt.InitialPosition.Earliest)
+    passed: Counter = Counter()
+    try:
+        while True:
+            passed[consumer.receive(timeout=3.0).key()] += 1
+    except rt.errors.Timeout:
+        pass
+    finally:
+        consumer.close()
+    return (f"{sum(passed.values())} of {len(events)} events passed the dedup window; identical to the "
+            f"plain-Python rule: {passed == expected_dedup(events, WINDOW_MS)}")
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
+    parser.add_argument("--job", choices=JOBS, default="wordcount")
     parser.add_argument("--driver", nargs=5, metavar=("ADDRESS", "PIPELINE", "SOURCE", "SINK", "PAUSE"))
     args = parser.parse_args()
     if args.driver:
         address, pipeline_id, source, sink, pause = args.driver
-        sys.exit(driver(address, pipeline_id, source, sink, float(pause)))
-    main()
+        sys.exit(driver(address, args.job, pipeline_id, source, sink, float(pause)))
+    main(args.job)

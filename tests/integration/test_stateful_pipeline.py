@@ -4,6 +4,7 @@ engine actors crashing at each point of a batch's commit."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 
 import raytxn as rt
 from raytxn.client.rpc import ActorRef
+from raytxn.connectors.dedup import dedup_window, expected_dedup, sample_events
 from raytxn.connectors.stateful import StatefulPipeline
 from raytxn.connectors.wordcount import expected_counts, running_wordcount, sample_lines
 from raytxn.errors import Fenced, InvalidArgument
@@ -173,6 +175,40 @@ def test_a_dedup_by_key_passes_each_event_once(client: rt.Client) -> None:
     assert sorted(passed) == sorted({f"e{i}" for i in range(17)})
     with pytest.raises(rt.errors.Timeout):
         consumer.receive(timeout=1)
+
+
+def test_a_dedup_window_passes_what_the_plain_rule_passes_across_a_failed_batch(client: rt.Client) -> None:
+    """``raytxn.connectors.dedup.dedup_window``: repeats within the window dropped, repeats three
+    windows later passed again, ids a window old forgotten; batch 1 fails after sending its
+    output and seen ids, and its retry must not take its own aborted marks for earlier events."""
+    window_ms = 20_000
+    events = sample_events(200, window_ms)
+    source, sink, state = new_topic(client, 2, "ev"), new_topic(client, 2, "uniq"), new_topic(client, 2, "seen")
+    producer = client.create_producer(source, batching_max_messages=5)
+    for key, event_time in events:
+        producer.send_async(key.encode(), key=key, event_time=event_time)
+    producer.flush()
+    failed: list[int] = []
+
+    def fail_once(batch: int) -> None:
+        if batch == 1 and not failed:
+            failed.append(batch)
+            raise RuntimeError("injected: before the commit")
+
+    pipeline = StatefulPipeline(client, source, "dd", sink, state, dedup_window(window_ms), "dedup-window",
+                                batch_max_messages=30, before_commit=fail_once)
+    try:
+        pipeline.run(until_idle=True)
+        forgotten_or_kept = dict(pipeline.state)
+    finally:
+        pipeline.close()
+    consumer = client.subscribe(sink, "check", initial_position="earliest")
+    passed: Counter = Counter()
+    with pytest.raises(rt.errors.Timeout):
+        while True:
+            passed[consumer.receive(timeout=3).key()] += 1
+    assert failed and passed == expected_dedup(events, window_ms) and max(passed.values()) > 1
+    assert 0 < len(forgotten_or_kept) < len({key for key, _ in events}) // 2
 
 
 def test_bad_pipelines_and_transforms_are_refused(client: rt.Client) -> None:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import pytest
 import ray
 
 import raytxn as rt
+from raytxn.connectors.dedup import dedup_window_spark, expected_dedup, sample_events
 from raytxn.connectors.spark import ExactlyOncePipeline, read_batch
 from raytxn.connectors.wordcount import expected_counts, running_wordcount_spark, sample_lines, total_counts, wordcount
 from raytxn.ids import coordinator_actor_name
@@ -361,6 +363,59 @@ def test_a_null_state_value_deletes_the_key(client: rt.Client, spark) -> None:
     assert latest_values(client, pipe.state_topic) == expected
     beta = [r for p in range(2) for r in client.read_compacted(pipe.state_topic, p) if r["key"] == "beta"]
     assert beta and all(r["value"] is None for r in beta)  # written, as tombstones
+
+
+def send_events(client: rt.Client, topic: str, events: list[tuple[str, int]]) -> None:
+    producer = client.create_producer(topic, batching_max_messages=5)
+    for key, event_time in events:
+        producer.send_async(f"payload of {key} at {event_time}".encode(), key=key, event_time=event_time)
+    producer.flush()
+
+
+def test_a_dedup_window_passes_each_event_once_across_an_aborted_batch(client: rt.Client, spark) -> None:
+    """The per-key dedup window (``raytxn.connectors.dedup``): repeats within the window dropped,
+    repeats three windows later passed again, exactly as the plain-Python rule says, though batch 1
+    wrote its output and its seen ids and then aborted (had its retry read them, its events would
+    be dropped as their own duplicates); ids not seen for a window are forgotten (tombstones)."""
+    window_ms = 20_000
+    events = sample_events(240, window_ms)
+    run = uuid.uuid4().hex[:6]
+    source, sink = f"events-{run}", f"unique-{run}"
+    client.create_topic(source, 2)
+    client.create_topic(sink, 2)
+    send_events(client, source, events)
+    failed: list[int] = []
+
+    def fail_once(batch: int) -> None:
+        if batch == 1 and not failed:
+            failed.append(batch)
+            raise RuntimeError("injected failure before batch 1's commit")
+
+    pipe = stateful(spark, client, source, sink, dedup_window_spark(window_ms), before_commit=fail_once)
+    stats = pipe.run(until_idle=True, progress=False)
+    assert failed and sum(s.rows_in for s in stats) == len(events) and len(stats) >= 3
+    passed = total_keys(client, sink)
+    expected = expected_dedup(events, window_ms)
+    assert passed == expected and sum(expected.values()) < len(events) and max(expected.values()) > 1
+    state = latest_values(client, pipe.state_topic)
+    last_seen = {key: event_time for key, event_time in events}  # each id's last occurrence
+    assert all(int(value.split(b",")[0]) == last_seen[key] for key, value in state.items())
+    assert 0 < len(state) < len(last_seen) // 2, "ids a window old were not forgotten"
+    tombstones = [r for p in range(2) for r in client.read_compacted(pipe.state_topic, p) if r["value"] is None]
+    assert tombstones, "forgotten ids leave tombstones in the state topic"
+
+
+def total_keys(client: rt.Client, topic: str) -> Counter:
+    consumer = client.subscribe(topic, "check", initial_position=rt.InitialPosition.Earliest)
+    keys: Counter = Counter()
+    try:
+        while True:
+            try:
+                keys[consumer.receive(timeout=3.0).key()] += 1
+            except rt.errors.Timeout:
+                return keys
+    finally:
+        consumer.close()
 
 
 def test_bad_state_settings_are_refused(client: rt.Client, spark) -> None:
