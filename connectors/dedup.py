@@ -24,7 +24,9 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-__all__ = ["dedup_window", "dedup_window_spark", "expected_dedup", "sample_events"]
+from raytxn.errors import InvalidArgument
+
+__all__ = ["dedup_window", "dedup_window_spark", "expected_dedup", "passed_keys", "sample_events"]
 
 
 def _is_new(event_time: int, last_seen: int | None, window_ms: int) -> bool:
@@ -58,6 +60,23 @@ def sample_events(n: int, window_ms: int, start_ms: int = 1_700_000_000_000) -> 
     return [(key, start_ms + i * step) for i, key in enumerate(keys)]
 
 
+def passed_keys(client: Any, topic: str, subscription: str, idle_s: float = 3.0) -> Counter:
+    """How many times each key is in ``topic``'s committed messages, read from the start (the
+    dedup's output, to set beside ``expected_dedup``)."""
+    import raytxn as rt
+
+    consumer = client.subscribe(topic, subscription, initial_position=rt.InitialPosition.Earliest)
+    keys: Counter = Counter()
+    try:
+        while True:
+            try:
+                keys[consumer.receive(timeout=idle_s).key()] += 1
+            except rt.errors.Timeout:
+                return keys
+    finally:
+        consumer.close()
+
+
 def _decode(value: bytes) -> tuple[int, int]:
     last, partition = value.decode().split(",")
     return int(last), int(partition)
@@ -67,7 +86,7 @@ def dedup_window(window_ms: int) -> Callable[[list[dict[str, Any]], Mapping[str,
                                              tuple[list[tuple[str, bytes]], dict[str, bytes | None]]]:
     """The transform of a ``StatefulPipeline``: passes the batch's rows that are not repeats."""
     if window_ms <= 0:
-        raise ValueError(f"window_ms must be positive, got {window_ms}")
+        raise InvalidArgument(f"window_ms must be positive, got {window_ms}")
 
     def transform(rows: list[dict[str, Any]], state: Mapping[str, bytes]) -> tuple[list, dict]:
         last: dict[str, tuple[int, int]] = {}
@@ -95,7 +114,7 @@ def dedup_window_spark(window_ms: int) -> Callable[[Any, Any], tuple[Any, Any]]:
     """The transform of ``ExactlyOncePipeline(state_topic=)``: ``(batch_df, state_df) ->
     (passed rows (key, value), state updates (key, value; null forgets the key))``."""
     if window_ms <= 0:
-        raise ValueError(f"window_ms must be positive, got {window_ms}")
+        raise InvalidArgument(f"window_ms must be positive, got {window_ms}")
 
     def transform(df: Any, state: Any) -> tuple[Any, Any]:
         from pyspark.sql import Window

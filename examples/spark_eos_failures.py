@@ -17,13 +17,12 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections import Counter
 
 import ray
 
 import raytxn as rt
 from raytxn.connectors import spark as sc
-from raytxn.connectors.dedup import dedup_window_spark, expected_dedup, sample_events
+from raytxn.connectors.dedup import dedup_window_spark, expected_dedup, passed_keys, sample_events
 from raytxn.connectors.wordcount import expected_counts, running_wordcount_spark, sample_lines, total_counts, wordcount
 
 JOBS = ("wordcount", "running", "dedup")
@@ -134,15 +133,7 @@ def verdict(client: rt.Client, job: str, sink: str, lines: list[str], events: li
             emitted = {word: int(output.get(word)) for word in output}
         return (f"{sum(stored.values())} words in the running totals; state identical to the plain-Python "
                 f"count: {stored == expected}; last output identical: {emitted == expected}")
-    consumer = client.subscribe(sink, "verify", initial_position=rt.InitialPosition.Earliest)
-    passed: Counter = Counter()
-    try:
-        while True:
-            passed[consumer.receive(timeout=3.0).key()] += 1
-    except rt.errors.Timeout:
-        pass
-    finally:
-        consumer.close()
+    passed = passed_keys(client, sink, "verify")
     return (f"{sum(passed.values())} of {len(events)} events passed the dedup window; identical to the "
             f"plain-Python rule: {passed == expected_dedup(events, WINDOW_MS)}")
 

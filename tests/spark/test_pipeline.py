@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import pytest
 import ray
 
 import raytxn as rt
-from raytxn.connectors.dedup import dedup_window_spark, expected_dedup, sample_events
+from raytxn.connectors.dedup import dedup_window_spark, expected_dedup, passed_keys, sample_events
 from raytxn.connectors.spark import ExactlyOncePipeline, read_batch
 from raytxn.connectors.wordcount import expected_counts, running_wordcount_spark, sample_lines, total_counts, wordcount
 from raytxn.ids import coordinator_actor_name
@@ -394,7 +393,7 @@ def test_a_dedup_window_passes_each_event_once_across_an_aborted_batch(client: r
     pipe = stateful(spark, client, source, sink, dedup_window_spark(window_ms), before_commit=fail_once)
     stats = pipe.run(until_idle=True, progress=False)
     assert failed and sum(s.rows_in for s in stats) == len(events) and len(stats) >= 3
-    passed = total_keys(client, sink)
+    passed = passed_keys(client, sink, "check")
     expected = expected_dedup(events, window_ms)
     assert passed == expected and sum(expected.values()) < len(events) and max(expected.values()) > 1
     state = latest_values(client, pipe.state_topic)
@@ -404,18 +403,6 @@ def test_a_dedup_window_passes_each_event_once_across_an_aborted_batch(client: r
     tombstones = [r for p in range(2) for r in client.read_compacted(pipe.state_topic, p) if r["value"] is None]
     assert tombstones, "forgotten ids leave tombstones in the state topic"
 
-
-def total_keys(client: rt.Client, topic: str) -> Counter:
-    consumer = client.subscribe(topic, "check", initial_position=rt.InitialPosition.Earliest)
-    keys: Counter = Counter()
-    try:
-        while True:
-            try:
-                keys[consumer.receive(timeout=3.0).key()] += 1
-            except rt.errors.Timeout:
-                return keys
-    finally:
-        consumer.close()
 
 
 def test_bad_state_settings_are_refused(client: rt.Client, spark) -> None:
