@@ -41,7 +41,8 @@ from raytxn.errors import CorruptLedger, Fenced, KeylessMessage
 from raytxn.ids import Position
 from raytxn.ledger.compacted import PublishedHorizon, compact_partition, newest_generation, read_kept, read_published
 from raytxn.ledger.storage import Storage
-from raytxn.protocol.compaction import CompactedRun, KeptRecord, kafka_runs
+from raytxn.protocol.compaction import CompactedEntry, CompactedRun, KeptRecord, compacted_entries, kafka_runs
+from raytxn.protocol.cursor import next_position
 from raytxn.protocol.retention import StoredObject, compaction_due
 from raytxn.protocol.txn_buffer import TransactionBuffer
 
@@ -129,11 +130,33 @@ class PartitionCompaction:
         """The compacted records at offsets ``offset`` to ``below - 1``, in runs of at most
         ``KAFKA_RUN_RECORDS`` (at most ``KAFKA_RUNS_PER_READ`` of them), for a Kafka fetch under
         the live ledger's start."""
+        if not await self._load_kept():
+            return []
+        return kafka_runs(self._kept, self._kept_offsets, offset, below, KAFKA_RUN_RECORDS,
+                          KAFKA_RUN_RECORDS * KAFKA_RUNS_PER_READ)
+
+    async def entries(self, start: Position, max_entries: int) -> tuple[list[CompactedEntry], Position] | None:
+        """A ``read_compacted`` subscription's read from ``start``: the kept records of up to
+        ``max_entries`` entries at or after it, and where its next read goes (past the horizon
+        once these are the last: the live ledger from there). None when no published horizon
+        covers ``start``: the live ledger is then where it reads."""
+        if not await self._load_kept():
+            return None
+        assert self._published is not None
+        horizon = self._published.horizon.horizon
+        if start > horizon:
+            return None
+        found = compacted_entries(self._kept, start, max_entries)
+        last_of_view = not found or found[-1].position >= self._kept[-1].position
+        return found, next_position(horizon) if last_of_view else next_position(found[-1].position)
+
+    async def _load_kept(self) -> bool:
+        """The published generation's records held decoded (False: never compacted)."""
         if not self._listed:
             await self.refresh()
         for _ in range(2):  # again once: a newer compaction deleted the known generation's records
             if self._published is None:
-                return []
+                return False
             if self._published.horizon.generation != self._kept_generation:
                 try:
                     self._kept = await read_kept(self.storage, self._published)
@@ -144,6 +167,5 @@ class PartitionCompaction:
                     continue
                 self._kept_offsets = [record.offset for record in self._kept]
                 self._kept_generation = self._published.horizon.generation
-            return kafka_runs(self._kept, self._kept_offsets, offset, below, KAFKA_RUN_RECORDS,
-                              KAFKA_RUN_RECORDS * KAFKA_RUNS_PER_READ)
+            return True
         raise CorruptLedger(f"{self.stream}: the compacted records vanished under two reads", self.stream)

@@ -50,6 +50,7 @@ from raytxn.ledger import Entry, ManagedLedger
 from raytxn.ledger.snapshots import join_segments, newest_complete, obsolete_segments, split_snapshot
 from raytxn.ledger.storage import ObjectExists, Storage
 from raytxn.metrics import PartitionMetrics
+from raytxn.protocol.compaction import compacted_entry_records
 from raytxn.protocol.cursor import next_position
 from raytxn.protocol.entry_format import (
     EntryHeader,
@@ -350,13 +351,28 @@ class PartitionBuffer(ProducerStates, PartitionKafka, ActorShell, FaultTarget, T
     # --- reads -----------------------------------------------------------------------------
 
     @guarded(Access.CONSUME)
-    async def read(self, start: Position, max_entries: int = 100, max_wait_s: float = 0.0) -> dict[str, Any]:
+    async def read(self, start: Position, max_entries: int = 100, max_wait_s: float = 0.0,
+                   compacted: bool = False) -> dict[str, Any]:
         """Visible entries at or after ``start`` as ``(position, records)`` (records[0] is the
         encoded header; the records packed, ``PackedRecords``: two buffers to pickle, not one
-        ``bytes`` per message), and ``next``: where to continue. Waits up to ``max_wait_s``."""
+        ``bytes`` per message), and ``next``: where to continue. Waits up to ``max_wait_s``.
+
+        ``compacted`` (a ``read_compacted`` subscription's read): at or below a compacted topic's
+        published horizon the entries come from the compacted ledger, each holding only its
+        kept records, and ``kept`` gives per entry its message count and the indexes they had (Pulsar's compacted
+        read: below the horizon the compacted ledger, above it the live one). The horizon
+        used is the newest this partition knows, and the live ledger is never trimmed past it,
+        so a read that goes on at ``next`` finds either newer compacted records or live ones."""
         await self._started()
         assert self._ledger is not None
         max_entries = min(max_entries, self.config.max_read_entries)
+        if compacted and self.compaction.compacted and max_entries > 0:
+            view = await self.compaction.entries(start, max_entries)
+            if view is not None:
+                found, nxt = view
+                return {"entries": [(e.position, PackedRecords.pack(compacted_entry_records(e))) for e in found],
+                        "kept": [(e.count, e.indexes) for e in found], "next": nxt,
+                        "max_read": self.buffer.max_read_position}
         start = max(start, self._ledger.trimmed_below)
         deadline = self.clock.monotonic() + max_wait_s
         while self.buffer.max_read_position < start and self.clock.monotonic() < deadline:

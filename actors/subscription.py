@@ -194,12 +194,16 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
     # --- consumers -------------------------------------------------------------------------
 
     @guarded(Access.CONSUME)
-    async def subscribe(self, consumer_id: str, consumer_name: str, consumer_type: str) -> dict[str, Any]:
+    async def subscribe(self, consumer_id: str, consumer_name: str, consumer_type: str,
+                        read_compacted: bool = False) -> dict[str, Any]:
         """Attach a consumer (again: a no-op); ``NotAllowed`` when the subscription's type or an
-        exclusive consumer refuses it."""
+        exclusive consumer refuses it. ``read_compacted``: see ``SubscriptionState.add_consumer``."""
         await self._started()
+        if type(read_compacted) is not bool:
+            raise InvalidArgument(f"read_compacted must be a bool, got {read_compacted!r}")
         async with self._lock:
-            self.state.add_consumer(consumer_id, consumer_name, consumer_type, self.clock.monotonic())
+            self.state.add_consumer(consumer_id, consumer_name, consumer_type, self.clock.monotonic(),
+                                    read_compacted)
         self._changed()
         return {"generation": self._generation()}
 
@@ -445,23 +449,25 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
             if not state.wants_read(self._read_ahead()):
                 await self._wakeup.wait(1.0)
                 continue
-            start, generation = state.read_position, state.generation
+            start, generation, compacted = state.read_position, state.generation, state.read_compacted
             try:
-                reply = await self._read_unless_rewound(start, generation)
+                reply = await self._read_unless_rewound(start, generation, compacted)
             except Exception:  # the partition is restarting: try again shortly
                 log.warning("read of %s-%s failed", self.topic, self.partition, exc_info=True)
                 await asyncio.sleep(0.2)
                 continue
-            if reply is None or generation != state.generation:
-                continue
-            state.on_read(start, reply["entries"], reply["next"], reply["max_read"])
+            if reply is None or generation != state.generation or compacted != state.read_compacted:
+                continue  # (the last: it read the way the consumers no longer read)
+            state.on_read(start, reply["entries"], reply["next"], reply["max_read"], reply.get("kept"))
             self._dispatch()
 
-    async def _read_unless_rewound(self, start: Position, generation: int) -> dict[str, Any] | None:
+    async def _read_unless_rewound(self, start: Position, generation: int,
+                                   compacted: bool) -> dict[str, Any] | None:
         """A (long-polling) partition read from ``start``; None when a rewind below ``start`` or a
         seek made it pointless before it returned."""
         size = self.state.read_size(self._read_ahead(), self.config.read_batch_entries)
-        read = asyncio.ensure_future(self._partition.call_async("read", start, size, self.config.read_wait_s))
+        read = asyncio.ensure_future(self._partition.call_async("read", start, size, self.config.read_wait_s,
+                                                                compacted))
         while True:
             woken = self._wakeup.future()
             done, _ = await asyncio.wait({read, woken}, return_when=asyncio.FIRST_COMPLETED)

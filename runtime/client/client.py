@@ -351,12 +351,26 @@ class Client:
     def subscribe(self, topic: str, subscription: str, consumer_type: ConsumerType | str = ConsumerType.Exclusive,
                   initial_position: InitialPosition | str = InitialPosition.Latest, consumer_name: str | None = None,
                   receiver_queue_size: int | None = None, ack_timeout_s: float | None = None,
-                  negative_ack_redelivery_delay_s: float = 1.0, receiver_queue_bytes: int | None = None) -> Consumer:
+                  negative_ack_redelivery_delay_s: float = 1.0, receiver_queue_bytes: int | None = None,
+                  read_compacted: bool = False) -> Consumer:
         """A consumer of ``subscription`` on every partition of ``topic``; the subscription is
         created (at ``initial_position``) unless it exists. ``NotAllowed`` when its type refuses
         another consumer (Exclusive, or a consumer of another type attached). The receive queue
         of each partition holds up to ``receiver_queue_size`` messages and about
-        ``receiver_queue_bytes`` (None: the client's ``SubscriptionConfig``)."""
+        ``receiver_queue_bytes`` (None: the client's ``SubscriptionConfig``).
+
+        ``read_compacted`` (Pulsar's ``readCompacted``, for a compacted topic): below the
+        compaction horizon the consumer receives the compacted view, the latest committed value
+        of each key (tombstones as empty values) with its original message id, and above it
+        every message. What compaction folded away counts as consumed by the subscription. As in
+        Pulsar, only an Exclusive or Failover consumer may ask for it."""
+        if type(read_compacted) is not bool:
+            raise InvalidArgument(f"read_compacted must be a bool, got {read_compacted!r}")
+        if read_compacted and str(consumer_type) not in (ConsumerType.Exclusive, ConsumerType.Failover):
+            raise InvalidArgument(f"read_compacted needs an Exclusive or Failover consumer, not {consumer_type}")
+        if read_compacted and not self.get_topic(topic).get("compacted"):
+            raise InvalidArgument(f"read_compacted reads a compacted topic's compacted view; {topic!r} is not "
+                                  "compacted (create it with compacted=True)")
         try:
             position = InitialPosition(initial_position)
         except ValueError:
@@ -368,7 +382,8 @@ class Client:
         info = self.supervisor.call("create_subscription", topic, subscription, str(position),
                                     deadline_s=self.deadline_s)
         consumer = Consumer(self, topic, subscription, info["partitions"], consumer_type, consumer_name,
-                            queue_size, ack_timeout_s, negative_ack_redelivery_delay_s, queue_bytes)
+                            queue_size, ack_timeout_s, negative_ack_redelivery_delay_s, queue_bytes,
+                            read_compacted=read_compacted)
         self._consumers.append(consumer)
         return consumer
 

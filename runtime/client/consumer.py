@@ -151,7 +151,7 @@ class Consumer:
                  consumer_type: ConsumerType | str = ConsumerType.Exclusive, consumer_name: str | None = None,
                  receiver_queue_size: int = RECEIVER_QUEUE_SIZE, ack_timeout_s: float | None = None,
                  negative_ack_redelivery_delay_s: float = 1.0,
-                 receiver_queue_bytes: int = RECEIVER_QUEUE_BYTES) -> None:
+                 receiver_queue_bytes: int = RECEIVER_QUEUE_BYTES, read_compacted: bool = False) -> None:
         check_receiver_queue(receiver_queue_size, receiver_queue_bytes)
         if ack_timeout_s is not None and ack_timeout_s <= 0:
             raise InvalidArgument(f"ack_timeout_s must be > 0 or None, got {ack_timeout_s!r}")
@@ -169,6 +169,7 @@ class Consumer:
         self.receiver_queue_size = receiver_queue_size
         self.receiver_queue_bytes = receiver_queue_bytes
         self.ack_timeout_s = ack_timeout_s
+        self.read_compacted = read_compacted
         self.negative_ack_redelivery_delay_s = negative_ack_redelivery_delay_s
         self._feeds = [_Feed(p, ActorRef(subscription_actor_name(topic, p, subscription), client.token))
                        for p in range(partitions)]
@@ -719,7 +720,8 @@ class Consumer:
 
     async def _attach(self, feed: _Feed) -> None:
         reply = await feed.ref.call_async("subscribe", self.consumer_id, self.consumer_name,
-                                          str(self.consumer_type), deadline_s=self._client.deadline_s)
+                                          str(self.consumer_type), self.read_compacted,
+                                          deadline_s=self._client.deadline_s)
         with self._cond:
             self._move_to_generation_locked(feed, tuple(reply["generation"]))
 

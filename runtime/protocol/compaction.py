@@ -44,12 +44,13 @@ import msgspec
 
 from raytxn.errors import CompactionReset, CorruptLedger, InvalidArgument
 from raytxn.ids import EARLIEST, Position
-from raytxn.protocol.entry_format import EntryHeader, MessageRecord
+from raytxn.protocol.entry_format import EntryHeader, MessageRecord, encode_header, encode_message
 from raytxn.protocol.txn_buffer import AbortedTxn, HiddenSpans
 
 COMPACTION_FORMAT_VERSION = 1
 DEFAULT_DELETE_RETENTION_MS = 24 * 3600 * 1000  # Kafka's delete.retention.ms default
 DEFAULT_MAX_KEYS = 10_000_000
+COMPACTED_PRODUCER = "(compacted)"  # the producer a compacted read's entry headers name
 
 
 class KeptRecord(msgspec.Struct, frozen=True, array_like=True):
@@ -63,6 +64,11 @@ class KeptRecord(msgspec.Struct, frozen=True, array_like=True):
     value: bytes | None
     publish_time_ms: int
     tombstone_since_ms: int | None = None
+    # Its index in its entry and the entry's message count: a ``read_compacted`` subscription
+    # acks by (position, index, count), as it would the live message. -1 and 0 in records folded
+    # before they were kept (``compacted_entries`` then numbers an entry's kept records itself).
+    batch_index: int = -1
+    batch_size: int = 0
 
     @property
     def is_tombstone(self) -> bool:
@@ -94,6 +100,49 @@ def kafka_runs(kept: Sequence[KeptRecord], kept_offsets: Sequence[int], offset: 
         runs.append(CompactedRun([r.offset for r in chunk], [r.key.encode() for r in chunk],
                                  [r.value or b"" for r in chunk], [r.publish_time_ms for r in chunk]))
     return runs
+
+
+class CompactedEntry(msgspec.Struct, frozen=True, array_like=True):
+    """The kept records of one original entry, as a ``read_compacted`` subscription reads them:
+    at the entry's ``position``, with its message ``count`` and the ``indexes`` of the records
+    kept (ascending); every other index of the entry was folded away, so the subscription takes
+    it as consumed."""
+
+    position: Position
+    count: int
+    indexes: list[int]
+    records: list[KeptRecord]
+
+
+def compacted_entries(kept: Sequence[KeptRecord], start: Position, max_entries: int) -> list[CompactedEntry]:
+    """The kept records (``kept``: one generation's, in offset order, which is position order) at
+    or after ``start``, grouped by entry, at most ``max_entries`` entries."""
+    assert max_entries >= 1
+    first = bisect.bisect_left(kept, start, key=lambda r: r.position)
+    entries: list[CompactedEntry] = []
+    i = first
+    while i < len(kept) and len(entries) < max_entries:
+        position = kept[i].position
+        j = i
+        while j < len(kept) and kept[j].position == position:
+            j += 1
+        group = list(kept[i:j])
+        if all(r.batch_index >= 0 and r.batch_size > r.batch_index for r in group):
+            entries.append(CompactedEntry(position, group[0].batch_size, [r.batch_index for r in group], group))
+        else:  # folded before records kept their index: the kept ones are the entry
+            entries.append(CompactedEntry(position, len(group), list(range(len(group))), group))
+        i = j
+    return entries
+
+
+def compacted_entry_records(entry: CompactedEntry) -> list[bytes]:
+    """``entry`` as a partition read sends it: a DATA header of the kept messages, then those
+    (the read's ``kept`` says the entry's count and where each one was in it). A tombstone is an
+    empty value; properties are not kept by a compaction."""
+    first, kept = entry.records[0], len(entry.records)
+    header = EntryHeader("data", None, COMPACTED_PRODUCER, 0, kept - 1, kept, first.publish_time_ms,
+                         base_offset=first.offset)
+    return [encode_header(header), *(encode_message(MessageRecord(r.value or b"", r.key)) for r in entry.records)]
 
 
 class CompactionHorizon(msgspec.Struct, frozen=True):
@@ -179,7 +228,8 @@ class Compactor:
         aborted = self._hidden.hides(header.txn, position)
         kept = [] if aborted else [
             KeptRecord(header.base_offset + index, position, message.key,
-                       None if is_tombstone_value(message.value) else message.value, header.publish_time_ms)
+                       None if is_tombstone_value(message.value) else message.value, header.publish_time_ms,
+                       batch_index=index, batch_size=header.count)
             for index, message in enumerate(messages) if message.key is not None]
         new_keys = {record.key for record in kept} - self._latest.keys()
         if len(self._latest) + len(new_keys) > self.max_keys:

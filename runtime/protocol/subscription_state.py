@@ -205,6 +205,9 @@ class SubscriptionState:
         # Where each pending txn's first ``MetadataRecord`` is in the log: such a record acks
         # nothing, so the log index cannot tell when it may go; ``trim_point`` stops before it.
         self._metadata_logged: dict[TxnID, Position] = {}
+        # Whether reads go to the compacted view below the horizon: as its consumers asked
+        # (``add_consumer``); volatile, since every consumer subscribes again after a restart.
+        self.read_compacted = False
 
     # --- delivery ----------------------------------------------------------------------------
 
@@ -243,10 +246,13 @@ class SubscriptionState:
         return max(1, min(max_entries, int(room / self._messages_per_entry)))
 
     def on_read(self, start: Position, entries: Sequence[tuple[Position, Sequence[bytes]]],
-                next_read: Position, max_read: Position) -> int:
+                next_read: Position, max_read: Position,
+                kept: Sequence[tuple[int, Sequence[int]]] | None = None) -> int:
         """A partition read from ``start``: ack the gaps, queue the deliverable messages, move on
         to ``next_read`` (unless a rewind went below ``start`` meanwhile). Returns how many
-        messages were queued."""
+        messages were queued. ``kept`` (a compacted read's): per entry, its message count and the
+        indexes its records had; its other indexes were folded away by compaction, so they are
+        acked too."""
         self.max_read = max(self.max_read, max_read)
         # (The switch is test-only, off in production: it brings back bug 1149ba3 for the simulator.)
         if self.read_position < start and not testing_bugs.REINTRODUCED["consumer_swap_loss"]:
@@ -259,24 +265,52 @@ class SubscriptionState:
         for gap_start, gap_end in gaps:
             self.cursor.ack_range(gap_start, gap_end)
         queued = 0
-        for position, records in entries:
+        for n, (position, records) in enumerate(entries):
             header = decode_entry_header(records, str(position))
             self._messages_per_entry = 0.9 * self._messages_per_entry + 0.1 * header.count
             if not header.count:
+                continue
+            if kept is not None:
+                count, indexes = kept[n]
+                queued += self._offer_compacted(position, count, header.publish_time_ms, records, indexes)
                 continue
             indexes = self.deliverable_indexes(position, header.count, list(range(header.count)))
             if not indexes:
                 continue
             if len(indexes) == header.count:  # (a partition sends them packed: kept as they came)
-                kept = records if isinstance(records, PackedRecords) else list(records)
+                held = records if isinstance(records, PackedRecords) else list(records)
             else:  # keep only what is queued: a re-read batch may be mostly acked
-                kept = [None] * (header.count + 1)
+                held = [None] * (header.count + 1)
                 for index in indexes:
-                    kept[index + 1] = records[index + 1]
-            queued += self.dispatcher.offer_entry(position, header.count, header.publish_time_ms, kept, indexes)
+                    held[index + 1] = records[index + 1]
+            queued += self.dispatcher.offer_entry(position, header.count, header.publish_time_ms, held, indexes)
         if self.read_position == start:
             self.read_position = max(start, next_read)
         return queued
+
+    def _offer_compacted(self, position: Position, count: int, publish_time_ms: int, records: Sequence[bytes],
+                         kept_indexes: Sequence[int]) -> int:
+        """Queue a compacted entry's kept records (``records[k + 1]`` had index
+        ``kept_indexes[k]``) and ack its indexes compaction folded away."""
+        ordered = list(kept_indexes) == sorted(set(kept_indexes))
+        if len(records) != len(kept_indexes) + 1 or not kept_indexes or not ordered \
+                or kept_indexes[0] < 0 or kept_indexes[-1] >= count:
+            raise CorruptLedger(f"compacted entry {position}: indexes {list(kept_indexes)[:8]} for {count} messages "
+                                f"and {len(records) - 1} records", str(position))
+        if self.cursor.is_acked(position):
+            return 0
+        held: list[bytes | None] = [None] * (count + 1)
+        # A folded index a txn holds stays with the txn: its commit acks it, and after its abort
+        # the re-read (the abort rewinds) acks it here.
+        for index in sorted(set(range(count)).difference(kept_indexes)):
+            if not self.pending.holds_any or self.pending.held_by(position, index) is None:
+                self.cursor.ack(position, index, count)
+        for k, index in enumerate(kept_indexes):
+            held[index + 1] = records[k + 1]
+        indexes = self.deliverable_indexes(position, count, list(kept_indexes))
+        if not indexes:
+            return 0
+        return self.dispatcher.offer_entry(position, count, publish_time_ms, held, indexes)
 
     def rewind(self, position: Position, note_given_back: bool = True) -> None:
         """Messages from ``position`` on may be deliverable again: read from there next.
@@ -348,11 +382,26 @@ class SubscriptionState:
 
     # --- consumers ---------------------------------------------------------------------------
 
-    def add_consumer(self, consumer_id: str, name: str, consumer_type: ConsumerType | str, now: float) -> None:
+    def add_consumer(self, consumer_id: str, name: str, consumer_type: ConsumerType | str, now: float,
+                     read_compacted: bool = False) -> None:
+        """Attach a consumer. ``read_compacted`` (Pulsar's ``readCompacted``): below a compacted
+        topic's horizon it reads the compacted view, the latest value of each key. As in Pulsar,
+        only for an Exclusive or Failover subscription (one reader at a time), and every consumer
+        attached at once agrees on it."""
         if self.leases.current is not None:
             raise NotAllowed(f"lease {self.leases.current.lease_id} is outstanding: consumers and leases do "
                              "not mix on one subscription")
+        if read_compacted and str(consumer_type) not in (ConsumerType.Exclusive, ConsumerType.Failover):
+            raise InvalidArgument(f"read_compacted needs an Exclusive or Failover consumer, not {consumer_type}")
+        others = [c for c in self.dispatcher.consumer_ids() if c != consumer_id]
+        if others and read_compacted != self.read_compacted:
+            raise NotAllowed(f"the consumers attached read {'the compacted view' if self.read_compacted else 'all'}"
+                             f" of the topic; this one asks for read_compacted={read_compacted}")
         self._rewind_to(self.dispatcher.add_consumer(consumer_id, name, consumer_type, now))
+        if read_compacted != self.read_compacted:
+            self.read_compacted = read_compacted
+            # What is queued was read the other way: read again (nothing delivered yet, no consumer).
+            self.rewind(self.cursor.acked_below, note_given_back=False)
 
     def remove_consumer(self, consumer_id: str) -> None:
         self._rewind_to(self.dispatcher.remove_consumer(consumer_id))

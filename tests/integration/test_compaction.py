@@ -377,3 +377,106 @@ def test_bad_compacted_reader_requests_are_refused(client: rt.Client) -> None:
     reader.close()
     with pytest.raises(InvalidArgument, match="closed"):
         reader.read_next(timeout=1)
+
+
+# --- read_compacted subscriptions (Pulsar's readCompacted consumers) ------------------------------
+
+def test_a_read_compacted_subscription_gets_each_keys_latest_value_then_the_live_tail(client: rt.Client) -> None:
+    """Below the horizon the consumer gets the compacted view at the original message ids (a
+    batch's folded messages count as consumed), above it every message; unacked ones come
+    back to the next consumer, acked ones (and what compaction folded) never do."""
+    from raytxn.client.rpc import ActorRef
+    from raytxn.errors import Timeout
+    from raytxn.ids import subscription_actor_name
+    from tests.engine import nothing_more, receive_all
+
+    topic = f"c-{uuid.uuid4().hex[:8]}"
+    client.create_topic(topic, compacted=True)
+    batched = client.create_producer(topic, batching_max_messages=3, batching_max_delay_ms=1000)
+    for key, value in [("a", b"a1"), ("b", b"b1"), ("a", b"a2")]:                 # one entry of 3
+        batched.send_async(value, key=key)
+    batched.flush()
+    aborted = client.new_transaction()
+    send(client, topic, [("c", b"aborted")], aborted)
+    aborted.abort()
+    send(client, topic, [("b", b"")])                                             # b's tombstone
+    client.compact(topic)
+    send(client, topic, [("a", b"a3")])                                           # above the horizon
+    whole = client.subscribe(topic, "whole", initial_position="earliest")
+    ids = {m.value(): m.message_id() for m in receive_all(whole, 5)}
+    assert set(ids) == {b"a1", b"b1", b"a2", b"", b"a3"}
+    assert [ids[v].position for v in (b"a1", b"b1")] == [ids[b"a2"].position] * 2 and ids[b"a2"].batch_index == 2
+
+    consumer = client.subscribe(topic, "rc", initial_position="earliest", read_compacted=True)
+    got = receive_all(consumer, 3)
+    assert [(m.key(), m.value()) for m in got] == [("a", b"a2"), ("b", b""), ("a", b"a3")]
+    assert [m.message_id() for m in got] == [ids[b"a2"], ids[b""], ids[b"a3"]]
+    assert nothing_more(consumer)
+    consumer.acknowledge(got[0])
+    consumer.close()
+    again = client.subscribe(topic, "rc", read_compacted=True)
+    assert [m.value() for m in receive_all(again, 2)] == [b"", b"a3"]             # a2 acked, a1 and b1 folded
+    for message in (got[1], got[2]):
+        again.acknowledge(message)
+    send(client, topic, [("d", b"d1")])
+    last = again.receive(timeout=10)
+    assert last.value() == b"d1"
+    again.acknowledge_async(last).result(timeout=10)
+    stats = ActorRef(subscription_actor_name(topic, 0, "rc")).call("stats")
+    assert (stats["backlog_entries"], stats["partially_acked_batches"]) == (0, 0)  # the batch's folded a1, b1 too
+    again.close()
+    final = client.subscribe(topic, "rc", read_compacted=True)
+    with pytest.raises(Timeout):
+        final.receive(timeout=0.5)
+    final.close()
+    whole.close()
+
+
+def test_a_read_compacted_subscription_created_after_retention_sees_every_key(client: rt.Client) -> None:
+    """Retention trimmed the live ledger below the horizon: a plain subscription created now at
+    earliest sees what is left, a read_compacted one the latest value of every key."""
+    from raytxn.client.rpc import ActorRef
+    from raytxn.ids import subscription_actor_name
+    from tests.engine import nothing_more, partition_ref, receive_all, restart_actor
+
+    topic = f"c-{uuid.uuid4().hex[:8]}"
+    client.create_topic(topic, compacted=True, compaction_threshold_bytes=1)
+    send(client, topic, [(f"k{i % 4}", f"v{i}".encode()) for i in range(12)])    # offsets 0..11
+    decided = partition_ref(topic).call("apply_retention")                        # compacts, trims all below 12
+    assert decided["trimmed_below"] != "0:0"
+    send(client, topic, [("k0", b"live")])
+    plain = client.subscribe(topic, "plain", initial_position="earliest")
+    assert [m.value() for m in receive_all(plain, 1)] == [b"live"] and nothing_more(plain)
+    plain.close()
+    consumer = client.subscribe(topic, "view", initial_position="earliest", read_compacted=True,
+                                consumer_type="Failover")
+    first = receive_all(consumer, 2)
+    assert [(m.key(), m.value()) for m in first] == [("k0", b"v8"), ("k1", b"v9")]
+    for message in first:
+        consumer.acknowledge_async(message).result(timeout=10)  # at the subscription
+    name = subscription_actor_name(topic, 0, "view")
+    ActorRef(name).call("persist_cursor")  # plain acks reach storage with the cursor (else redelivered)
+    restart_actor(name)  # it recovers, and the consumer subscribes again
+    rest = receive_all(consumer, 3, timeout=30)
+    assert [(m.key(), m.value()) for m in rest] == [("k2", b"v10"), ("k3", b"v11"), ("k0", b"live")]
+    consumer.close()
+
+
+def test_bad_read_compacted_requests_are_refused(client: rt.Client) -> None:
+    from raytxn.errors import InvalidArgument, NotAllowed
+
+    plain = new_topic(client)
+    with pytest.raises(InvalidArgument, match="not compacted"):
+        client.subscribe(plain, "s", read_compacted=True)
+    topic = f"c-{uuid.uuid4().hex[:8]}"
+    client.create_topic(topic, compacted=True)
+    for kwargs in ({"consumer_type": "Shared"}, {"consumer_type": "Key_Shared"}):
+        with pytest.raises(InvalidArgument, match="Exclusive or Failover"):
+            client.subscribe(topic, "s", read_compacted=True, **kwargs)
+    with pytest.raises(InvalidArgument):
+        client.subscribe(topic, "s", read_compacted=1)  # type: ignore[arg-type]
+    first = client.subscribe(topic, "f", consumer_type="Failover", read_compacted=True)
+    with pytest.raises(NotAllowed, match="read_compacted=False"):
+        client.subscribe(topic, "f", consumer_type="Failover")
+    first.close()
+    client.subscribe(topic, "f", consumer_type="Failover").close()  # alone, it may read either way

@@ -21,6 +21,8 @@ from raytxn.protocol.compaction import (
     ReadPlan,
     check_publish,
     collectable,
+    compacted_entries,
+    compacted_entry_records,
     kafka_runs,
     read_plan,
 )
@@ -343,3 +345,70 @@ def test_kafka_runs_are_the_kept_records_in_range_in_bounded_runs(kept_offsets, 
     assert [o for run in runs for o in run.offsets] == [r.offset for r in wanted]
     assert [v for run in runs for v in run.values] == [r.value or b"" for r in wanted]  # a tombstone: empty
     assert [k for run in runs for k in run.keys] == [r.key.encode() for r in wanted]
+
+
+# --- a read_compacted subscription (SubscriptionState fed compacted_entries) --------------------
+
+def _compacted_subscription_read(records: list[KeptRecord], horizon: Position, sizes: list[int],
+                                 ack_every: int) -> tuple[list[tuple[Position, int, str, bytes]], Position]:
+    """Read the compacted view as the partition serves it (``compacted_entries`` in reads of
+    ``sizes`` entries), deliver everything to one Exclusive consumer and ack every
+    ``ack_every``-th message, then the rest: what it received and where the cursor ends."""
+    from raytxn.protocol.cursor import Cursor, next_position
+    from raytxn.protocol.entry_format import decode_message
+    from raytxn.protocol.packed_records import PackedRecords
+    from raytxn.protocol.subscription_state import SubscriptionState
+
+    state = SubscriptionState(0, Cursor())
+    state.add_consumer("c", "c", "Exclusive", 0.0, read_compacted=True)
+    received: list[tuple[Position, int, str, bytes]] = []
+    acks: list[tuple[Position, int, int]] = []
+    for size in sizes * 1000:  # bounded: each read moves on by at least one entry
+        start = state.read_position
+        if start > horizon:
+            break
+        found = compacted_entries(records, start, size)
+        nxt = next_position(horizon) if not found or found[-1].position >= records[-1].position \
+            else next_position(found[-1].position)
+        state.on_read(start, [(e.position, PackedRecords.pack(compacted_entry_records(e))) for e in found],
+                      nxt, horizon, [(e.count, e.indexes) for e in found])
+        state.dispatcher.want("c", 1000)
+        state.dispatch()
+        for ledger_id, entry_id, batch_size, _ms, indexes, _counts, packed in state.take_entries("c"):
+            for k, index in enumerate(indexes):
+                message = decode_message(packed.record(k))
+                received.append((Position(ledger_id, entry_id), index, message.key, message.value))
+                acks.append((Position(ledger_id, entry_id), index, batch_size))
+    state.ack(acks[::ack_every])
+    state.ack(acks)
+    return received, state.cursor.acked_below
+
+
+@settings(max_examples=300, deadline=None)
+@given(operations, st.lists(st.integers(1, 4), min_size=1, max_size=3), st.integers(1, 3))
+def test_a_read_compacted_subscription_receives_the_view_at_its_ids_and_its_acks_pass_the_horizon(
+        ops: list[tuple], sizes: list[int], ack_every: int) -> None:
+    log, compactions = run([*ops, ("compact", 1_000_000)])
+    published = compactions.published
+    if published is None or not compactions.records:
+        return
+    received, acked_below = _compacted_subscription_read(compactions.records, published.horizon, sizes, ack_every)
+    by_offset = {(h.base_offset + i): (p, i, m) for h, p, ms in log.entries for i, m in enumerate(ms)}
+    expected = []
+    for record in compactions.records:
+        position, index, message = by_offset[record.offset]  # the original message, at its original id
+        expected.append((position, index, message.key, message.value))
+    assert received == expected
+    assert acked_below > published.horizon  # the folded messages count as consumed, and nothing is left
+
+
+def test_compacted_entries_group_an_entrys_kept_records_and_number_old_ones_themselves() -> None:
+    kept = [KeptRecord(0, Position(0, 0), "a", b"1", 0, batch_index=0, batch_size=3),
+            KeptRecord(2, Position(0, 0), "b", b"2", 0, batch_index=2, batch_size=3),
+            KeptRecord(5, Position(0, 3), "c", None, 0, batch_index=1, batch_size=2),
+            KeptRecord(7, Position(0, 5), "d", b"4", 0), KeptRecord(8, Position(0, 5), "e", b"5", 0)]
+    entries = compacted_entries(kept, Position(0, 0), 10)
+    assert [(e.position, e.count, e.indexes) for e in entries] == [
+        (Position(0, 0), 3, [0, 2]), (Position(0, 3), 2, [1]), (Position(0, 5), 2, [0, 1])]
+    assert [e.position for e in compacted_entries(kept, Position(0, 1), 1)] == [Position(0, 3)]
+    assert compacted_entries(kept, Position(0, 6), 5) == []
