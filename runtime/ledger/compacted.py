@@ -21,6 +21,7 @@ its aborted spans (a ``RangePlan``), which bound and filter what is folded.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any
@@ -49,6 +50,10 @@ from raytxn.protocol.txn_buffer import AbortedTxn, HiddenSpans
 
 RECORDS_PER_FRAME = 10_000
 ENTRIES_PER_READ = 1000
+# Records decoded (and folded) between two turns of the event loop: a partition compacting
+# itself runs the fold in its own process, and its appends and reads wait for each turn. A read
+# of ENTRIES_PER_READ batch entries can hold a million records, all decoded between two awaits.
+YIELD_EVERY_RECORDS = 2000
 _encoder = msgspec.msgpack.Encoder()
 _records_decoder = msgspec.msgpack.Decoder(list[KeptRecord])
 
@@ -129,6 +134,7 @@ async def iter_entries(storage: Storage, stream: str, start: Position,
         return
     ledger = await ManagedLedger.open(storage, stream, READER_CONFIG, writable=False)
     position = start
+    since_yield = 0
     while True:
         entries = await ledger.read(position, max_entries=ENTRIES_PER_READ, end=end)
         if not entries:
@@ -136,6 +142,10 @@ async def iter_entries(storage: Storage, stream: str, start: Position,
         for entry in entries:
             header, messages = decode_entry(entry.records, f"{stream}@{entry.position}")
             yield header, entry.position, messages
+            since_yield += len(messages) + 1
+            if since_yield >= YIELD_EVERY_RECORDS:  # a compaction in a partition's process shares its loop
+                since_yield = 0
+                await asyncio.sleep(0)
         if entries[-1].position >= end:
             return
         position = next_position(entries[-1].position)

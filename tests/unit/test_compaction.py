@@ -412,3 +412,50 @@ def test_compacted_entries_group_an_entrys_kept_records_and_number_old_ones_them
         (Position(0, 0), 3, [0, 2]), (Position(0, 3), 2, [1]), (Position(0, 5), 2, [0, 1])]
     assert [e.position for e in compacted_entries(kept, Position(0, 1), 1)] == [Position(0, 3)]
     assert compacted_entries(kept, Position(0, 6), 5) == []
+
+
+def test_a_compaction_read_turns_the_event_loop_every_few_thousand_records() -> None:
+    """A partition compacts itself in its own process: its appends wait for the loop to turn.
+    Entries of 50 messages, 200 of them, come back from storage in one read; the loop must
+    still turn every ``YIELD_EVERY_RECORDS`` or so, not once per read."""
+    import asyncio
+    import uuid
+
+    from raytxn.ids import partition_stream
+    from raytxn.ledger.compacted import YIELD_EVERY_RECORDS, iter_entries
+    from raytxn.ledger.managed import ManagedLedger
+    from raytxn.ledger.storage import Storage
+    from raytxn.protocol.entry_format import encode_entry
+
+    async def run() -> list[int]:
+        storage = Storage.from_url(f"memory://compaction-turns-{uuid.uuid4().hex}")
+        stream = partition_stream("t", 0)
+        ledger = await ManagedLedger.open(storage, stream)
+        queued = [ledger.enqueue(encode_entry(EntryHeader("data", None, "p", 50 * n, 50 * n + 49, 50, 0,
+                                                          base_offset=50 * n),
+                                              [MessageRecord(b"v", f"k{i}") for i in range(50)]))
+                  for n in range(200)]
+        for entry in queued:
+            await ledger.durable(entry)
+        assert len(await ledger.stored_objects()) <= 2  # (so one storage read returns them all)
+        read, gaps, last = 0, [], 0
+        stop = asyncio.Event()
+
+        async def ticker() -> None:
+            nonlocal last
+            while not stop.is_set():
+                gaps.append(read - last)
+                last = read
+                await asyncio.sleep(0)
+
+        task = asyncio.ensure_future(ticker())
+        async for _header, _position, messages in iter_entries(storage, stream, Position(0, 0), Position(0, 199)):
+            read += len(messages) + 1
+        stop.set()
+        await task
+        gaps.append(read - last)  # what was read since the last turn
+        assert read == 200 * 51
+        return gaps
+
+    gaps = asyncio.run(run())
+    assert max(gaps) <= YIELD_EVERY_RECORDS + 51
