@@ -180,7 +180,7 @@ class TransactionCoordinator(TransactionalIdViews, ActorShell, FaultTarget):
         for state in (TxnState.COMMITTING, TxnState.ABORTING):
             for meta in self.state.txns_in(state):
                 self._drive(meta.txn)
-        self._timer_task = asyncio.get_running_loop().create_task(self._timer())
+        self._timer_task = self._background(self._timer(), "timer")
         if self._entries_since_compaction >= self.config.compact_after_entries:
             self._maybe_compact(force=True)
 

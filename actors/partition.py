@@ -42,6 +42,7 @@ from raytxn.actors.retention import topic_and_marks
 from raytxn.actors.shell import ActorRefs, ActorShell, Clock, ray_actor_options, replay
 from raytxn.actors.topic_permissions import TopicPermissions
 from raytxn.auth import Access, AuthConfig, Authorizer, guarded
+from raytxn.client.rpc import retriable
 from raytxn.config import PartitionConfig
 from raytxn.errors import CorruptLedger, InvalidArgument, MessageTooLarge, OutOfOrderSequence, PositionTrimmed
 from raytxn.faults import FaultPoints, FaultTarget
@@ -158,9 +159,9 @@ class PartitionBuffer(ProducerStates, PartitionKafka, ActorShell, FaultTarget, T
         self.info.update(incarnation=ledger.incarnation, replayed_entries=replayed,
                          recovered_from_snapshot=snapshot_id)
         self.metrics.max_read_lag(self.buffer.lag_entries)
-        loop = asyncio.get_running_loop()
-        self._timers = [loop.create_task(self._snapshot_timer()), loop.create_task(self._dangling_timer()),
-                        loop.create_task(self._retention_timer())]
+        self._timers = [self._background(self._snapshot_timer(), "snapshot timer"),
+                        self._background(self._dangling_timer(), "dangling-txn timer"),
+                        self._background(self._retention_timer(), "retention timer")]
 
     async def _newest_snapshot(self) -> tuple[int, list[bytes]] | None:
         """The newest complete snapshot's id and segments, or None. A segment that vanishes
@@ -345,8 +346,13 @@ class PartitionBuffer(ProducerStates, PartitionKafka, ActorShell, FaultTarget, T
     async def _dangling_timer(self) -> None:
         while True:
             await asyncio.sleep(self.config.dangling_check_s)
-            for tc_id in self.buffer.ongoing_coordinators():
-                await self._write_markers(self.buffer.prepare_dangling(tc_id, self.buffer.low_watermark(tc_id)))
+            try:
+                for tc_id in self.buffer.ongoing_coordinators():
+                    await self._write_markers(self.buffer.prepare_dangling(tc_id, self.buffer.low_watermark(tc_id)))
+            except Exception as error:
+                if not retriable(error):
+                    raise  # (a failed write already stopped this incarnation; anything else is a bug)
+                log.warning("dangling-txn check of %s failed; the next one tries again", self.stream, exc_info=True)
 
     # --- reads -----------------------------------------------------------------------------
 

@@ -54,7 +54,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, ClassVar, TypeVar
 
 import ray
@@ -223,6 +223,24 @@ class ActorShell(AuthTarget):
                     self.actor_name, exit_after_s, cause)
             asyncio.get_running_loop().call_later(exit_after_s, self.exit_process, EXIT_CODE)
         return self._stopped.with_traceback(None)
+
+    def _background(self, coro: Coroutine[Any, Any, None], what: str) -> asyncio.Task:
+        """A loop of this incarnation (its reads, its timers). One that ends with an error stops
+        the incarnation, so Ray restarts the actor and it recovers from its ledgers: it never
+        serves on without the loop (a subscription whose read loop died answered every call and
+        delivered nothing). Loops catch what they retry themselves (a storage hiccup); what
+        reaches here is a bug or corrupt data."""
+        task = asyncio.get_running_loop().create_task(coro)
+        task.add_done_callback(lambda done: self._background_ended(done, what))
+        return task
+
+    def _background_ended(self, task: asyncio.Task, what: str) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        error = task.exception()
+        assert error is not None
+        self.info.setdefault("failed_loops", []).append(f"{what}: {error!r}")
+        self._stop(error, self._unavailable(error), self.STOP_EXIT_S)
 
     # --- idleness and passivation ----------------------------------------------------------
 

@@ -163,9 +163,9 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
             await self._persist()  # fixes where "latest" was, for every later incarnation
         self.info.update(incarnation=ledger.incarnation, replayed_records=replayed)
         self._pending_ack_changed()
-        loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._read_loop()), loop.create_task(self._maintenance_loop()),
-                       loop.create_task(self._stale_txn_loop())]
+        self._tasks = [self._background(self._read_loop(), "read loop"),
+                       self._background(self._maintenance_loop(), "maintenance loop"),
+                       self._background(self._stale_txn_loop(), "stale-txn loop")]
 
     @guarded(Access.PUBLIC)
     async def ready(self) -> dict[str, Any]:

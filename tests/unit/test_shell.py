@@ -235,6 +235,38 @@ def test_each_actor_stops_when_its_ledger_write_is_fenced(make: Callable) -> Non
     run(main())
 
 
+def test_a_loop_that_fails_stops_the_incarnation_and_a_cancelled_one_does_not(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A subscription whose read loop met corrupt data answered every call and delivered nothing,
+    for ever. Now the incarnation stops (calls get ActorUnavailable, the process ends, Ray
+    restarts it); a loop cancelled at passivation stops nothing."""
+    from raytxn.protocol.subscription_state import SubscriptionState
+
+    async def main() -> None:
+        url = memory_url()
+        part = PartitionBuffer("t", 0, url)
+        sub = Subscription("t", 0, "s", "earliest", url, actor_refs=lambda _name, _token: LocalRef(part))
+        exits: list[int] = []
+        sub.exit_process = exits.append
+        await sub.ready()
+        sub._tasks[2].cancel()  # the stale-txn loop, as a passivation ends it
+        await asyncio.sleep(0.05)
+        assert await sub.ready() and exits == []
+
+        def corrupt(*_args: Any, **_kwargs: Any) -> int:
+            raise CorruptLedger("an entry no reader can take", "t/0")
+
+        monkeypatch.setattr(SubscriptionState, "on_read", corrupt)
+        await sub.subscribe("c", "c", "Exclusive")
+        await part.append("p", 0, [encode_message(MessageRecord(b"m"))])
+        await asyncio.sleep(ActorShell.STOP_EXIT_S + 0.3)
+        assert exits == [EXIT_CODE]
+        assert isinstance(await outcome(sub.fetch("c", 1)), ActorUnavailable)
+        assert "read loop" in sub.info["failed_loops"][0]
+
+    run(main())
+
+
 # --- replay ----------------------------------------------------------------------------------
 
 
