@@ -38,7 +38,7 @@ _EXPORTS = {
     "RangeChunk": "raytxn.client.leases",
     "TableView": "raytxn.client.table_view",
 }
-_SUBMODULES = frozenset({"errors", "ids", "hashing", "config", "auth", "metrics", "faults", "cluster",
+_SUBMODULES = frozenset({"aio", "errors", "ids", "hashing", "config", "auth", "metrics", "faults", "cluster",
                          "protocol", "ledger", "client", "tools", "actors", "connectors"})
 
 __all__ = ["Client", "CompactedReader", "ConsumerType", "InitialPosition", "LeaseSet", "Message", "MessageBatch",

@@ -51,6 +51,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -183,6 +184,9 @@ class Consumer:
         # fast path takes it without the condition's Python-level enter and exit.
         self._queue_lock = threading.Lock()
         self._cond = threading.Condition(self._queue_lock)
+        # Called once (under the lock) when messages are queued or the consumer closes: how an
+        # asyncio receive (raytxn.aio) waits without a thread blocked on ``_cond``.
+        self._watchers: list[Callable[[], None]] = []
         self._acks_lock = threading.Lock()      # guards everything below
         self._ack_groups: dict[tuple[int, Transaction | None, bool], _AckGroup] = {}
         self._held: dict[tuple[Transaction, int, Position], HeldBatch] = {}  # (txn, partition, entry)
@@ -212,6 +216,11 @@ class Consumer:
         if self.ack_timeout_s is not None:
             self._track_received([message])
         return message
+
+    def _wake_watchers_locked(self) -> None:
+        watchers, self._watchers = self._watchers, []
+        for watcher in watchers:
+            watcher()
 
     def _wait_and_pop_locked(self, timeout: float | None) -> Message:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -675,6 +684,7 @@ class Consumer:
                 return
             self._closed = True
             self._cond.notify_all()
+            self._wake_watchers_locked()
         if self._client.loop.loop.is_running():
             try:
                 self._client.loop.run(self._shutdown(), timeout=30)
@@ -807,6 +817,7 @@ class Consumer:
             feed.queued += count
             self._queued += count
             self._cond.notify_all()
+            self._wake_watchers_locked()
 
     def _flush_later(self, delay: float) -> None:
         asyncio.get_running_loop().call_later(delay, self._flush)

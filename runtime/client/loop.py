@@ -9,6 +9,8 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from raytxn.errors import NotAllowed
+
 T = TypeVar("T")
 
 
@@ -19,6 +21,9 @@ class BackgroundLoop:
         self._thread.start()
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        if not self.loop.is_running():  # stopped: the call would wait for ever
+            coro.close()
+            raise NotAllowed("the client is closed")
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:

@@ -75,7 +75,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import _base as futures_base
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -317,6 +317,7 @@ class Producer:
         # partition, and the pending byte count.
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)  # notified when pending messages complete
+        self._room_watchers: list[Callable[[], None]] = []  # called once when pending messages complete
         self._pending_messages = 0
         self._pending_bytes = 0
         self._open: dict[tuple[int, Transaction | None], _Batch] = {}
@@ -614,6 +615,16 @@ class Producer:
                 self._open[batch.key] = batch
                 tails.append(batch)
 
+    def _room_or_watch(self, size: int, watcher: Callable[[], None]) -> bool:
+        """Whether one more message of ``size`` bytes fits now; if not, ``watcher`` is called once
+        pending messages complete (raytxn.aio waits for room so, not blocked on ``_room``)."""
+        with self._lock:
+            if self._pending_messages > 0 and (self._pending_messages + 1 > self.max_pending_messages
+                                               or self._pending_bytes + size > self.max_pending_bytes):
+                self._room_watchers.append(watcher)
+                return False
+            return True
+
     def _wait_for_room(self, count: int, size: int) -> None:
         """Under the lock: block while ``count`` more messages of ``size`` bytes would pass the
         limits (never while nothing is pending: one message, or call, larger than them goes)."""
@@ -864,6 +875,9 @@ class Producer:
             self._pending_messages -= len(batch.records)
             self._pending_bytes -= batch.size
             self._room.notify_all()
+            watchers, self._room_watchers = self._room_watchers, []
+        for watcher in watchers:  # (raytxn.aio's sends waiting for room)
+            watcher()
         batch.durable.set()
 
     def _complete(self, batch: _Batch, result: Any) -> None:
