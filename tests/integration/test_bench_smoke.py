@@ -61,10 +61,11 @@ def test_bench_commit_short_measures_the_engine_beside_the_same_path_on_bare_act
     rows, stdout = run_bench("commit", tmp_path)
     assert [(r["begin"], r["commit_answer"]) for r in rows] == [("chained", "applied"), ("lazy", "applied"),
                                                                  ("chained", "logged")]
-    chained, lazy, _ = rows
+    _, lazy, _ = rows
     # a lazy txn's floor puts its begin too, a durable step more than the chained floor's three
+    # (counted, not timed: the two floors are measured at different times, and on a loaded machine
+    # the lazy floor's p50 once came in under the chained one's, 20.6 ms against 35.5)
     assert lazy["floor_puts_per_txn"] == 4.0
-    assert lazy["floor_p50_ms"] > chained["floor_p50_ms"]
     for row in rows:
         if row is not lazy:  # the send's, COMMITTING's and the marker's (after the answer, when answered once logged)
             assert row["floor_puts_per_txn"] == 3.0
