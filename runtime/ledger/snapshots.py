@@ -100,26 +100,30 @@ def obsolete_segments(listing: Iterable[str]) -> list[str]:
     return [name for sid in sorted(by_id) if sid < newest for name in by_id[sid]]
 
 
-def join_segments(segments: Sequence[bytes], snapshot_id: int | None = None, where: str = "") -> bytes:
+def join_segments(segments: Sequence[bytes], snapshot_id: int | None = None, where: str = "",
+                  names: Sequence[str] | None = None) -> bytes:
     """The snapshot bytes from its segments in index order, verifying framing, CRC, ids, indexes
-    and count. Raises ``CorruptLedger`` (naming ``where``) on any damage."""
+    and count. Raises ``CorruptLedger`` on any damage, naming the segment's object when ``names``
+    (the segments' paths, in the same order) are given, else ``where``."""
     if not segments:
         raise CorruptLedger(f"snapshot {where} has no segments", where)
     payloads = []
     for position, data in enumerate(segments):
+        name = names[position] if names is not None else where
+        label = f"snapshot segment {name}" if names is not None else f"snapshot segment {position} of {where}"
         if len(data) < SEGMENT_OVERHEAD:
-            raise CorruptLedger(f"snapshot segment {position} of {where} truncated", where)
+            raise CorruptLedger(f"{label} truncated", name)
         magic, sid, index, total, length = _HEAD.unpack_from(data)
         (crc,) = _CRC.unpack_from(data, _HEAD.size)
         payload = data[SEGMENT_OVERHEAD:]
         if magic != MAGIC or length != len(payload):
-            raise CorruptLedger(f"snapshot segment {position} of {where}: bad magic or length", where)
+            raise CorruptLedger(f"{label}: bad magic or length", name)
         if crc32c.crc32c(payload, crc32c.crc32c(data[:_HEAD.size])) != crc:
-            raise CorruptLedger(f"snapshot segment {position} of {where}: checksum mismatch", where)
+            raise CorruptLedger(f"{label}: checksum mismatch", name)
         if snapshot_id is None:
             snapshot_id = sid
         if sid != snapshot_id or index != position or total != len(segments):
-            raise CorruptLedger(f"snapshot segment {position} of {where} is segment {index}/{total} of snapshot "
-                                f"{sid}, expected {position}/{len(segments)} of {snapshot_id}", where)
+            raise CorruptLedger(f"{label} is segment {index}/{total} of snapshot {sid}, expected "
+                                f"{position}/{len(segments)} of {snapshot_id}", name)
         payloads.append(payload)
     return b"".join(payloads)
