@@ -537,7 +537,8 @@ class PartitionBuffer(ProducerStates, PartitionKafka, ActorShell, FaultTarget, T
             last = snapshot.last_position
             snapshot_id = (last.ledger_id << 32 | last.entry_id) if last != EARLIEST else 0
             data = _encoder.encode(snapshot)
-            for name, segment in split_snapshot(data, snapshot_id, self.config.snapshot_segment_bytes):
+            for name, segment in split_snapshot(data, snapshot_id, self.config.snapshot_segment_bytes,
+                                                version=self.storage.write_format):
                 try:
                     await self.storage.create(f"{self.snapshot_prefix}/{name}", segment)
                 except ObjectExists:

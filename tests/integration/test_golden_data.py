@@ -29,6 +29,8 @@ from raytxn.errors import CorruptLedger, Fenced
 from raytxn.ids import Position, TxnID, partition_actor_name, partition_stream, subscription_actor_name
 from raytxn.ledger import ManagedLedger
 from raytxn.ledger.compacted import read_kept, read_published
+from raytxn.ledger.formats import DEFAULT_WRITE_FORMAT
+from raytxn.ledger.framing import MAGIC, decode_frames
 from raytxn.ledger.metadata import meta_prefix, read_metadata
 from raytxn.ledger.snapshots import join_segments, newest_complete
 from raytxn.ledger.storage import Storage
@@ -185,6 +187,27 @@ def test_reads_what_the_release_wrote(opened: tuple[rt.Client, dict[str, Any], P
             client.new_transaction(timeout=30, transactional_id=tid, epoch=epoch - 1)
         client.new_transaction(timeout=30, transactional_id=tid, epoch=epoch).abort()
         assert client.register_transactional_id(tid) == epoch + 1
+
+    # The store now holds this release's frames beside the old release's, and every frame reads.
+    before, after = frame_versions(fixture_store(manifest)), frame_versions(store)
+    assert after.get(DEFAULT_WRITE_FORMAT, 0) > 0, after
+    assert set(before) <= set(after), (before, after)
+
+
+def fixture_store(manifest: dict[str, Any]) -> Path:
+    return GOLDEN / manifest["release"] / "store"
+
+
+def frame_versions(store: Path) -> dict[int, int]:
+    """How many framed objects (all but snapshot segments) carry each version byte; each is
+    decoded whole on the way (``CorruptLedger`` otherwise)."""
+    found: dict[int, int] = {}
+    for path in store.rglob("*"):
+        data = path.read_bytes() if path.is_file() else b""
+        if data[:2] == MAGIC and "snapshots" not in path.parts:
+            decode_frames(data, path.as_posix())
+            found[data[3]] = found.get(data[3], 0) + 1
+    return found
 
 
 # --- damage is named, never misread --------------------------------------------------------
