@@ -116,6 +116,7 @@ def expected_messages(manifest: dict[str, Any], where: str, outcomes: tuple[str,
     return [[row["id"], row["key"], row["value"]] for row in manifest["messages"][where] if row["outcome"] in outcomes]
 
 
+@pytest.mark.slow(seconds=40)
 def test_reads_what_the_release_wrote(opened: tuple[rt.Client, dict[str, Any], Path]) -> None:
     client, manifest, store = opened
     txns = manifest["txns"]
