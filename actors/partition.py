@@ -143,8 +143,11 @@ class PartitionBuffer(ProducerStates, PartitionKafka, ActorShell, FaultTarget, T
         start = Position(0, 0)
         found = await self._newest_snapshot()
         if found is not None:
-            snapshot_id, blobs = found
-            snapshot = _snapshot_decoder.decode(join_segments(blobs, snapshot_id, where=self.snapshot_prefix))
+            snapshot_id, names, blobs = found
+            try:
+                snapshot = _snapshot_decoder.decode(join_segments(blobs, snapshot_id, self.snapshot_prefix, names))
+            except msgspec.DecodeError as e:  # the segments' CRCs held: a writer bug or tampering
+                raise CorruptLedger(f"undecodable snapshot {names[0]}...: {e}", names[0]) from e
             self.buffer = TransactionBuffer.from_snapshot(snapshot)
             last = snapshot.last_position
             start = Position(last.ledger_id, last.entry_id + 1) if last != EARLIEST else start
@@ -163,8 +166,8 @@ class PartitionBuffer(ProducerStates, PartitionKafka, ActorShell, FaultTarget, T
                         self._background(self._dangling_timer(), "dangling-txn timer"),
                         self._background(self._retention_timer(), "retention timer")]
 
-    async def _newest_snapshot(self) -> tuple[int, list[bytes]] | None:
-        """The newest complete snapshot's id and segments, or None. A segment that vanishes
+    async def _newest_snapshot(self) -> tuple[int, list[str], list[bytes]] | None:
+        """The newest complete snapshot's id, its segments' names and their bytes, or None. A segment that vanishes
         between the listing and its read was deleted as obsolete by a writer that has just
         completed a newer snapshot (the previous incarnation, still running as a zombie), so the
         listing is taken again; the same snapshot vanishing twice in a row is corruption."""
@@ -181,7 +184,7 @@ class PartitionBuffer(ProducerStates, PartitionKafka, ActorShell, FaultTarget, T
                     break
                 blobs.append(data)
             else:
-                return snapshot_id, blobs
+                return snapshot_id, names, blobs
             if vanished == name:
                 break
             vanished = name
@@ -534,7 +537,8 @@ class PartitionBuffer(ProducerStates, PartitionKafka, ActorShell, FaultTarget, T
             last = snapshot.last_position
             snapshot_id = (last.ledger_id << 32 | last.entry_id) if last != EARLIEST else 0
             data = _encoder.encode(snapshot)
-            for name, segment in split_snapshot(data, snapshot_id, self.config.snapshot_segment_bytes):
+            for name, segment in split_snapshot(data, snapshot_id, self.config.snapshot_segment_bytes,
+                                                version=self.storage.write_format):
                 try:
                     await self.storage.create(f"{self.snapshot_prefix}/{name}", segment)
                 except ObjectExists:

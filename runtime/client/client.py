@@ -39,6 +39,7 @@ from raytxn.config import CoordinatorConfig, EngineConfig, parse_duration
 from raytxn.errors import InvalidArgument, TopicAlreadyExists, TopicNotFound, TransactionNotFound
 from raytxn.gc_freeze import freeze_startup_objects
 from raytxn.ids import NAMESPACE, SUPERVISOR_NAME, TxnID, parse_txn_id, partition_actor_name
+from raytxn.ledger.formats import DEFAULT_WRITE_FORMAT, WRITE_FORMAT_OPTION, check_write_format
 from raytxn.ledger.storage import DEFAULT_URL
 from raytxn.protocol.compaction import DEFAULT_DELETE_RETENTION_MS
 from raytxn.protocol.coordinator_rules import check_timeout_ms
@@ -66,12 +67,12 @@ def connect(storage: str | None = None, address: str | None = None, *, owner: st
     no token, it acts as the first superuser); a bad token fails here with ``AuthenticationFailed``."""
     token = token if token is not None else os.environ.get("RAYTXN_TOKEN") or None
     auth_secret = auth_secret if auth_secret is not None else os.environ.get("RAYTXN_AUTH_SECRET") or None
+    engine = _engine_config(storage, storage_options or {}, config, auth_secret)  # bad options: before Ray
     started_ray = False
     if not ray.is_initialized():
         ray.init(address=address, namespace=NAMESPACE, include_dashboard=False, logging_level=logging.WARNING,
                  configure_logging=True)
         started_ray = address is None
-    engine = _engine_config(storage, storage_options or {}, config, auth_secret)
     if token is None and auth_secret is not None:
         # Whoever holds the secret can mint any token: act as the first superuser.
         from raytxn.auth import create_token
@@ -110,6 +111,9 @@ def _engine_config(storage: str | None, storage_options: dict[str, Any], overrid
         else:
             raise InvalidArgument(f"unknown config option {key!r}")
     engine.coordinator = coordinator
+    # Checked here too, not only where actors open the storage: a format this release cannot
+    # write is refused before anything starts.
+    check_write_format(engine.storage_options.get(WRITE_FORMAT_OPTION, DEFAULT_WRITE_FORMAT))
     return engine
 
 

@@ -181,12 +181,14 @@ async def compact_partition(storage: Storage, topic: str, partition: int, max_re
         return result
     generation = result.horizon.generation
     data_path = f"{compacted_prefix(stream)}/data/{generation:020d}-{secrets.token_hex(6)}"
-    frames = [encode_frame(FrameKind.COMPACTED, i, _encoder.encode(result.records[start:start + RECORDS_PER_FRAME]))
+    frames = [encode_frame(FrameKind.COMPACTED, i, _encoder.encode(result.records[start:start + RECORDS_PER_FRAME]),
+                           version=storage.write_format)
               for i, start in enumerate(range(0, max(1, len(result.records)), RECORDS_PER_FRAME))]
     await faults.hit("compaction.before_data", generation=generation)
     await storage.create(data_path, b"".join(frames))
     await faults.hit("compaction.after_data", generation=generation)
-    horizon = encode_frame(FrameKind.HORIZON, generation, _encoder.encode(PublishedHorizon(result.horizon, data_path)))
+    horizon = encode_frame(FrameKind.HORIZON, generation, _encoder.encode(PublishedHorizon(result.horizon, data_path)),
+                           version=storage.write_format)
     try:
         await storage.create(_horizon_path(stream, generation), horizon)
     except ObjectExists as e:

@@ -107,7 +107,7 @@ async def compare_and_set(storage: Storage, stream: str, new: StreamMetadata, *,
     healthy writer (found by the simulator). A failed cleanup of old versions is left to the next
     update: it changes nothing that readers see."""
     path = meta_path(stream, new.version)
-    data = encode_frame(FrameKind.META, new.version, _encoder.encode(new))
+    data = encode_frame(FrameKind.META, new.version, _encoder.encode(new), version=storage.write_format)
     delay = retry_backoff_s[0] if retry_backoff_s else 0.0
     while True:
         try:

@@ -105,11 +105,16 @@ def start(storage: Annotated[str, typer.Option("--storage", help="storage URL")]
           auth_secret_file: Annotated[Path | None, typer.Option(
               "--auth-secret-file", help="turn auth on: the secret tokens are signed with")] = None,
           superuser: Annotated[list[str] | None, typer.Option(
-              "--superuser", help="a superuser principal (repeat; default admin)")] = None) -> None:
+              "--superuser", help="a superuser principal (repeat; default admin)")] = None,
+          write_format: Annotated[int | None, typer.Option(
+              "--write-format", help="the storage format to write (default: the previous release's newest; "
+                                     "see Formats and upgrades)")] = None) -> None:
     """Start a local Ray cluster (if none runs) and the raytxn engine on it."""
     import ray
 
     config: dict[str, Any] = {}
+    if write_format is not None:
+        config["storage_options"] = {"write_format": write_format}
     if auth_secret_file is not None:
         config["auth_secret"] = _read_secret(auth_secret_file)
     if superuser:
