@@ -125,6 +125,7 @@ class PartitionBuffer(ProducerStates, PartitionKafka, ActorShell, FaultTarget, T
         self._snapshotting: asyncio.Task | None = None
         self._timers: list[asyncio.Task] = []
         self._trim_lock = asyncio.Lock()
+        self._pin_pending = False  # a trim whose first kept entry is not yet an offset index point (see _pin_log_start)
         self.compaction = PartitionCompaction(self.storage, topic, partition, self.stream, compaction)
         self.info: dict[str, Any] = {"topic": topic, "partition": partition, "snapshots_written": 0,
                                      "appends": 0, "duplicates": 0, "out_of_order": 0, "markers": 0,
@@ -157,6 +158,7 @@ class PartitionBuffer(ProducerStates, PartitionKafka, ActorShell, FaultTarget, T
 
         replayed = await replay(ledger, apply, start)
         self.buffer.prune_aborted(ledger.trimmed_below)
+        await self._pin_log_start()  # the snapshot may predate the last trim's pin
         for tc_id in self.buffer.ongoing_coordinators():
             await self._write_markers(self.buffer.prepare_dangling(tc_id, self.buffer.low_watermark(tc_id)))
         self.info.update(incarnation=ledger.incarnation, replayed_entries=replayed,
@@ -621,6 +623,8 @@ class PartitionBuffer(ProducerStates, PartitionKafka, ActorShell, FaultTarget, T
         async with self._trim_lock:
             cut = min(cut, self._readable_end())
             if cut <= self._ledger.trimmed_below:
+                if self._pin_pending:  # the last trim's pin failed (a storage fault): again now
+                    self._changed_since_snapshot |= await self._pin_log_start()
                 return self._ledger.trimmed_below
             covered = await self._snapshot_covers()
             if covered < cut:
@@ -629,9 +633,32 @@ class PartitionBuffer(ProducerStates, PartitionKafka, ActorShell, FaultTarget, T
             trimmed = await self._write(self._ledger.trim(min(cut, covered)))
             pruned = self.buffer.prune_aborted(trimmed)
             self._changed_since_snapshot |= pruned > 0  # the next snapshot is smaller
+            self._pin_pending = True
+            self._changed_since_snapshot |= await self._pin_log_start()
             self.info["trims"] += 1
             self.info["aborted_pruned"] += pruned
             return trimmed
+
+    async def _pin_log_start(self) -> bool:
+        """Make the first entry kept after the trim point a point of the Kafka offset index, at
+        the base offset it carries (``OffsetIndex.pin``): retention trims at any entry, and the
+        entries between the trim point and the next point were otherwise out of reach by offset
+        (a Kafka group committed there resumed past them). One entry read; nothing when the entry
+        is not applied yet (the index then has no point left, and its apply makes one) or is from
+        before offsets (it carries none)."""
+        assert self._ledger is not None
+        try:
+            first = await self._ledger.read(self._ledger.trimmed_below, max_entries=1)
+        except PositionTrimmed:  # a newer trim overtook this read: that trim pins its own start
+            return False
+        self._pin_pending = False
+        if not first:
+            return False
+        header = decode_header(first[0].records[0], f"{self.stream}@{first[0].position}")
+        offsets = self.buffer.offsets
+        if header.base_offset is None or header.base_offset >= offsets.next_offset:
+            return False
+        return offsets.pin(first[0].position, header.base_offset)
 
     async def _snapshot_covers(self) -> Position:
         """The newest complete snapshot holds the state of every entry below this."""
