@@ -28,11 +28,12 @@ from typing import Any
 
 import msgspec
 
-from raytxn.errors import CorruptLedger, Fenced
+from raytxn.errors import CorruptLedger, Fenced, PositionTrimmed
 from raytxn.faults import FaultPoints
 from raytxn.ids import EARLIEST, Position, partition_stream
 from raytxn.ledger.framing import FrameKind, decode_frames, encode_frame
 from raytxn.ledger.managed import READER_CONFIG, ManagedLedger
+from raytxn.ledger.metadata import raise_if_trimmed
 from raytxn.ledger.storage import ObjectExists, Storage
 from raytxn.protocol.compaction import (
     DEFAULT_DELETE_RETENTION_MS,
@@ -49,6 +50,7 @@ from raytxn.protocol.entry_format import EntryHeader, MessageRecord, decode_entr
 from raytxn.protocol.txn_buffer import AbortedTxn, HiddenSpans
 
 RECORDS_PER_FRAME = 10_000
+READ_ATTEMPTS = 3  # a compacted read's, while newer generations keep superseding the one it read
 ENTRIES_PER_READ = 1000
 # Records decoded (and folded) between two turns of the event loop: a partition compacting
 # itself runs the fold in its own process, and its appends and reads wait for each turn. A read
@@ -92,16 +94,20 @@ async def read_published(storage: Storage, stream: str) -> PublishedHorizon | No
     data = await storage.get(paths[-1])
     if data is None:
         raise CorruptLedger(f"compaction horizon {paths[-1]} vanished after its listing", paths[-1])
-    frames = decode_frames(data, paths[-1])
+    return decode_published(data, paths[-1])
+
+
+def decode_published(data: bytes, path: str) -> PublishedHorizon:
+    """The horizon object at ``path`` holding ``data``."""
+    frames = decode_frames(data, path)
     if len(frames) != 1 or frames[0][0] != FrameKind.HORIZON:
-        raise CorruptLedger(f"not a compaction horizon: {paths[-1]}", paths[-1])
+        raise CorruptLedger(f"not a compaction horizon: {path}", path)
     try:
         published = msgspec.msgpack.decode(frames[0][2], type=PublishedHorizon)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
-        raise CorruptLedger(f"undecodable compaction horizon {paths[-1]}: {e}", paths[-1]) from e
-    if published.horizon.generation != _generation_of(paths[-1]):
-        raise CorruptLedger(f"compaction horizon {paths[-1]} claims generation {published.horizon.generation}",
-                            paths[-1])
+        raise CorruptLedger(f"undecodable compaction horizon {path}: {e}", path) from e
+    if published.horizon.generation != _generation_of(path):
+        raise CorruptLedger(f"compaction horizon {path} claims generation {published.horizon.generation}", path)
     return published
 
 
@@ -112,6 +118,11 @@ async def read_kept(storage: Storage, published: PublishedHorizon | None) -> lis
     data = await storage.get(published.data_path)
     if data is None:
         raise CorruptLedger(f"compacted ledger {published.data_path} is missing", published.data_path)
+    return decode_kept(data, published)
+
+
+def decode_kept(data: bytes, published: PublishedHorizon) -> list[KeptRecord]:
+    """The records of ``published``'s data object, which holds ``data``."""
     records: list[KeptRecord] = []
     for kind, _, payload in decode_frames(data, published.data_path):
         if kind != FrameKind.COMPACTED:
@@ -129,14 +140,20 @@ async def read_kept(storage: Storage, published: PublishedHorizon | None) -> lis
 
 async def iter_entries(storage: Storage, stream: str, start: Position,
                        end: Position) -> AsyncGenerator[tuple[EntryHeader, Position, list[MessageRecord]], None]:
-    """Every entry of ``stream`` in ``start..end`` (markers too), decoded, in ledger order."""
+    """Every entry of ``stream`` in ``start..end`` (markers too), decoded, in ledger order.
+    ``PositionTrimmed`` when retention trimmed what it reads, also while it reads (an object
+    listed, then deleted before its get)."""
     if end < start:
         return
     ledger = await ManagedLedger.open(storage, stream, READER_CONFIG, writable=False)
     position = start
     since_yield = 0
     while True:
-        entries = await ledger.read(position, max_entries=ENTRIES_PER_READ, end=end)
+        try:
+            entries = await ledger.read(position, max_entries=ENTRIES_PER_READ, end=end)
+        except CorruptLedger:
+            await raise_if_trimmed(storage, stream, position)  # a trim overtook this read: not corruption
+            raise
         if not entries:
             return
         for entry in entries:
@@ -170,10 +187,17 @@ async def compact_partition(storage: Storage, topic: str, partition: int, max_re
     published = await read_published(storage, stream)
     compactor = Compactor(None if published is None else published.horizon, await read_kept(storage, published),
                           max_read_position=max_read_position, aborted=aborted, max_keys=max_keys)
-    async for header, position, messages in iter_entries(
-            storage, stream, _start_after(None if published is None else published.horizon.horizon),
-            max_read_position):
-        compactor.add(header, position, messages)
+    try:
+        async for header, position, messages in iter_entries(
+                storage, stream, _start_after(None if published is None else published.horizon.horizon),
+                max_read_position):
+            compactor.add(header, position, messages)
+    except PositionTrimmed as trimmed:  # retention trims only below a published horizon: a newer one?
+        newer = await read_published(storage, stream)
+        if newer is None or (published is not None and newer.horizon.generation <= published.horizon.generation):
+            raise
+        raise Fenced(f"{stream}: another compaction published generation {newer.horizon.generation} and retention "
+                     "trimmed below it while this one read") from trimmed
     result = compactor.finish(now_ms, delete_retention_ms)
     if not result.publishes:  # nothing new: the published generation stands; clean up after it
         assert published is not None
@@ -252,20 +276,26 @@ async def read_compacted(storage: Storage, topic: str, partition: int, max_read_
     messages after the horizon (from ``first_readable``, the trim point, when the partition was
     never compacted). ``CompactionReset`` below a dropped tombstone (``read_plan``)."""
     stream = partition_stream(topic, partition)
-    for _ in range(3):  # a generation superseded between reading its horizon and its data: again
+    # Again when a newer generation superseded the one read: between reading its horizon and its
+    # data (which the newer one's compaction deleted), or its live tail (which retention trimmed).
+    for _ in range(READ_ATTEMPTS):
         published = await read_published(storage, stream)
         try:
             kept = await read_kept(storage, published)
-            break
         except CorruptLedger:
             if published is None or published == await read_published(storage, stream):
                 raise
-    else:
-        raise CorruptLedger(f"{stream}: compaction generations kept changing under a reader")
-    horizon = None if published is None else published.horizon
-    plan = read_plan(horizon, kept, from_offset)
-    compacted = [{"offset": r.offset, "key": r.key, "value": r.value} for r in kept[plan.compacted_from:]]
-    start = max(first_readable, Position(0, 0)) if horizon is None else _start_after(horizon.horizon)
-    live = await read_live(storage, stream, start, max_read_position, aborted, plan.live_from_offset,
-                           0 if horizon is None else horizon.next_offset, max_live_records)
-    return CompactedRead(compacted + live.records, live.next_position, live.next_offset)
+            continue
+        horizon = None if published is None else published.horizon
+        plan = read_plan(horizon, kept, from_offset)
+        compacted = [{"offset": r.offset, "key": r.key, "value": r.value} for r in kept[plan.compacted_from:]]
+        start = max(first_readable, Position(0, 0)) if horizon is None else _start_after(horizon.horizon)
+        try:
+            live = await read_live(storage, stream, start, max_read_position, aborted, plan.live_from_offset,
+                                   0 if horizon is None else horizon.next_offset, max_live_records)
+        except PositionTrimmed:
+            if published == await read_published(storage, stream):
+                raise
+            continue
+        return CompactedRead(compacted + live.records, live.next_position, live.next_offset)
+    raise CorruptLedger(f"{stream}: compaction generations kept changing under a reader")
