@@ -179,13 +179,21 @@ async def compact_partition(storage: Storage, topic: str, partition: int, max_re
     """One compaction of ``topic``/``partition`` up to ``max_read_position`` (the partition's,
     read just before with its ``aborted`` spans): fold, write the data object, publish the
     horizon, then delete what it superseded and orphans of crashed compactions. ``Fenced`` if
-    another compaction published this generation first (nothing of this one is then visible).
+    another compaction published this generation first, or a newer one while this one read
+    (whose compaction deleted the records this one started from, or whose retention trimmed
+    what it was reading): nothing of this one is then visible.
     When the fold changed nothing (``CompactionResult.publishes``), nothing is written, and the
     published generation's leftovers are cleaned up."""
     faults = faults or FaultPoints()
     stream = partition_stream(topic, partition)
     published = await read_published(storage, stream)
-    compactor = Compactor(None if published is None else published.horizon, await read_kept(storage, published),
+    try:
+        kept = await read_kept(storage, published)
+    except CorruptLedger as missing:  # its records deleted by the compaction that superseded it?
+        await _raise_if_superseded(storage, stream, published, "it deleted the records this one started from",
+                                   missing)
+        raise
+    compactor = Compactor(None if published is None else published.horizon, kept,
                           max_read_position=max_read_position, aborted=aborted, max_keys=max_keys)
     try:
         async for header, position, messages in iter_entries(
@@ -193,11 +201,9 @@ async def compact_partition(storage: Storage, topic: str, partition: int, max_re
                 max_read_position):
             compactor.add(header, position, messages)
     except PositionTrimmed as trimmed:  # retention trims only below a published horizon: a newer one?
-        newer = await read_published(storage, stream)
-        if newer is None or (published is not None and newer.horizon.generation <= published.horizon.generation):
-            raise
-        raise Fenced(f"{stream}: another compaction published generation {newer.horizon.generation} and retention "
-                     "trimmed below it while this one read") from trimmed
+        await _raise_if_superseded(storage, stream, published, "retention trimmed below it while this one read",
+                                   trimmed)
+        raise
     result = compactor.finish(now_ms, delete_retention_ms)
     if not result.publishes:  # nothing new: the published generation stands; clean up after it
         assert published is not None
@@ -219,6 +225,17 @@ async def compact_partition(storage: Storage, topic: str, partition: int, max_re
     await faults.hit("compaction.after_publish", generation=generation)
     await _delete_unreferenced(storage, stream, result.horizon, data_path)
     return result
+
+
+async def _raise_if_superseded(storage: Storage, stream: str, published: PublishedHorizon | None, what: str,
+                                error: Exception) -> None:
+    """``Fenced`` when a generation newer than ``published`` (the one a compaction started from)
+    was published since: the compaction lost the race, and ``error`` (``what`` the newer one's
+    compaction or the retention after it did under it) is no corruption."""
+    newer = await read_published(storage, stream)
+    if newer is not None and (published is None or newer.horizon.generation > published.horizon.generation):
+        raise Fenced(f"{stream}: another compaction published generation {newer.horizon.generation} meanwhile "
+                     f"({what}): this one lost the race") from error
 
 
 async def _delete_unreferenced(storage: Storage, stream: str, published: CompactionHorizon, data_path: str) -> None:

@@ -1,6 +1,5 @@
-"""A trim that overtakes a read of a compacted topic's live ledger (found by the simulator's
-compaction profile, ``raytxn.sim.compaction``: a table's refresh failed with "missing ledger
-object").
+"""Compactions and compacted reads overtaken by another compaction (found by the simulator's
+compaction profile, ``raytxn.sim.compaction``).
 
 Retention trims a compacted partition's live ledger below its published horizon, and a reader
 of the live ledger (``read_live``: a table view's tail, a compacted reader, a compaction's fold)
@@ -8,7 +7,9 @@ lists the ledger's objects before it gets them. A trim between the two deletes a
 reader then misses: that is the trim overtaking the read (``PositionTrimmed``, on which a table
 view reloads from the compacted view), not corruption. And when a newer generation was published
 meanwhile (a trim never passes the horizon), a compaction lost the race (``Fenced``), and a
-``read_compacted`` reads again from that generation."""
+``read_compacted`` reads again from that generation. So does a compaction whose starting
+generation's records the compaction of a newer one deleted before it read them: it raised
+"compacted ledger ... is missing" (``CorruptLedger``) to ``Client.compact``."""
 
 from __future__ import annotations
 
@@ -39,14 +40,15 @@ async def _partition(storage: Storage) -> ManagedLedger:
     return ledger
 
 
-def _before_first_entry_read(storage: Storage, hook: Callable[[], Awaitable[None]]) -> None:
-    """Run ``hook`` once, when a reader first gets a ledger object (after it listed them)."""
+def _before_first_entry_read(storage: Storage, hook: Callable[[], Awaitable[None]], objects: str = "/ledgers/") -> None:
+    """Run ``hook`` once, when a reader first gets a ledger object (after it listed them), or
+    another object whose path holds ``objects``."""
     get = storage.get
     armed = True
 
     async def hooked(path: str) -> bytes | None:
         nonlocal armed
-        if armed and "/ledgers/" in path:
+        if armed and objects in path:
             armed = False
             await hook()
         return await get(path)
@@ -78,6 +80,18 @@ def test_a_compaction_overtaken_by_a_newer_generation_and_its_trim_lost_the_race
 
         _before_first_entry_read(storage, publish_and_trim)
         with pytest.raises(Fenced, match="published generation 1"):
+            await compact_partition(storage, "t", 0, Position(0, ENTRIES - 1), [], 0)
+
+    _run(test)
+
+
+def test_a_compaction_whose_generation_a_newer_one_deleted_under_it_lost_the_race() -> None:
+    async def test(storage: Storage) -> None:
+        await _partition(storage)
+        await compact_partition(storage, "t", 0, Position(0, 2), [], 0)  # generation 1
+        _before_first_entry_read(storage, lambda: compact_partition(storage, "t", 0, Position(0, 4), [], 0),
+                                 objects="/compacted/data/")  # generation 2, which deletes 1's records
+        with pytest.raises(Fenced, match="published generation 2"):
             await compact_partition(storage, "t", 0, Position(0, ENTRIES - 1), [], 0)
 
     _run(test)
