@@ -50,7 +50,7 @@ from raytxn.protocol.entry_format import EntryHeader, MessageRecord, decode_entr
 from raytxn.protocol.txn_buffer import AbortedTxn, HiddenSpans
 
 RECORDS_PER_FRAME = 10_000
-READ_ATTEMPTS = 3  # a compacted read's, while newer generations keep superseding the one it read
+READ_ATTEMPTS = 3  # a compacted read's, while newer generations keep superseding what it read
 ENTRIES_PER_READ = 1000
 # Records decoded (and folded) between two turns of the event loop: a partition compacting
 # itself runs the fold in its own process, and its appends and reads wait for each turn. A read
@@ -88,13 +88,19 @@ async def newest_generation(storage: Storage, stream: str) -> int | None:
 
 async def read_published(storage: Storage, stream: str) -> PublishedHorizon | None:
     """The newest published horizon of ``stream`` (None: never compacted)."""
-    paths = await storage.list(f"{compacted_prefix(stream)}/horizons")
-    if not paths:
-        return None
-    data = await storage.get(paths[-1])
-    if data is None:
-        raise CorruptLedger(f"compaction horizon {paths[-1]} vanished after its listing", paths[-1])
-    return decode_published(data, paths[-1])
+    for _ in range(READ_ATTEMPTS):
+        paths = await storage.list(f"{compacted_prefix(stream)}/horizons")
+        if not paths:
+            return None
+        data = await storage.get(paths[-1])
+        if data is not None:
+            return decode_published(data, paths[-1])
+        # Gone since the listing: a newer generation's compaction deleted it (it deletes the older
+        # horizons once it published), unless no newer one is listed now.
+        newest = await storage.list(f"{compacted_prefix(stream)}/horizons")
+        if not newest or _generation_of(newest[-1]) <= _generation_of(paths[-1]):
+            break
+    raise CorruptLedger(f"compaction horizon {paths[-1]} vanished after its listing", paths[-1])
 
 
 def decode_published(data: bytes, path: str) -> PublishedHorizon:

@@ -7,9 +7,10 @@ lists the ledger's objects before it gets them. A trim between the two deletes a
 reader then misses: that is the trim overtaking the read (``PositionTrimmed``, on which a table
 view reloads from the compacted view), not corruption. And when a newer generation was published
 meanwhile (a trim never passes the horizon), a compaction lost the race (``Fenced``), and a
-``read_compacted`` reads again from that generation. So does a compaction whose starting
+``read_compacted`` reads again from that generation. A newer generation also deletes the older
+one's horizon object: a reader that listed it reads the newer one. And a compaction whose starting
 generation's records the compaction of a newer one deleted before it read them: it raised
-"compacted ledger ... is missing" (``CorruptLedger``) to ``Client.compact``."""
+"compacted ledger ... is missing" (``CorruptLedger``) to ``Client.compact``, lost the race too."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import pytest
 
 from raytxn.errors import Fenced, PositionTrimmed
 from raytxn.ids import Position, partition_stream
-from raytxn.ledger.compacted import compact_partition, read_compacted, read_live
+from raytxn.ledger.compacted import compact_partition, read_compacted, read_live, read_published
 from raytxn.ledger.managed import ManagedLedger
 from raytxn.ledger.storage import Storage
 from raytxn.protocol.entry_format import EntryHeader, MessageRecord, encode_entry
@@ -93,6 +94,18 @@ def test_a_compaction_whose_generation_a_newer_one_deleted_under_it_lost_the_rac
                                  objects="/compacted/data/")  # generation 2, which deletes 1's records
         with pytest.raises(Fenced, match="published generation 2"):
             await compact_partition(storage, "t", 0, Position(0, ENTRIES - 1), [], 0)
+
+    _run(test)
+
+
+def test_a_horizon_deleted_between_its_listing_and_its_read_is_a_newer_generation_to_read() -> None:
+    async def test(storage: Storage) -> None:
+        await _partition(storage)
+        await compact_partition(storage, "t", 0, Position(0, 2), [], 0)  # generation 1
+        _before_first_entry_read(storage, lambda: compact_partition(storage, "t", 0, Position(0, 4), [], 0),
+                                 objects="/compacted/horizons/")  # generation 2, which deletes 1's horizon
+        published = await read_published(storage, partition_stream("t", 0))
+        assert published is not None and published.horizon.generation == 2
 
     _run(test)
 
