@@ -187,12 +187,19 @@ async def compact_partition(storage: Storage, topic: str, partition: int, max_re
     horizon, then delete what it superseded and orphans of crashed compactions. ``Fenced`` if
     another compaction published this generation first, or a newer one while this one read
     (whose compaction deleted the records this one started from, or whose retention trimmed
-    what it was reading): nothing of this one is then visible.
+    what it was reading), or one past ``max_read_position`` (read before that publish): nothing
+    of this one is then visible.
     When the fold changed nothing (``CompactionResult.publishes``), nothing is written, and the
     published generation's leftovers are cleaned up."""
     faults = faults or FaultPoints()
     stream = partition_stream(topic, partition)
     published = await read_published(storage, stream)
+    if published is not None and published.horizon.horizon > max_read_position:
+        # The partition's max_read_position was read before another compaction (its own, or one
+        # from a newer plan) published past it: nothing this one could fold is new.
+        raise Fenced(f"{stream}: another compaction published generation {published.horizon.generation} up to "
+                     f"{published.horizon.horizon}, past this one's max_read_position {max_read_position}: this one "
+                     "lost the race")
     try:
         kept = await read_kept(storage, published)
     except CorruptLedger as missing:  # its records deleted by the compaction that superseded it?

@@ -8,9 +8,10 @@ reader then misses: that is the trim overtaking the read (``PositionTrimmed``, o
 view reloads from the compacted view), not corruption. And when a newer generation was published
 meanwhile (a trim never passes the horizon), a compaction lost the race (``Fenced``), and a
 ``read_compacted`` reads again from that generation. A newer generation also deletes the older
-one's horizon object: a reader that listed it reads the newer one. And a compaction whose starting
-generation's records the compaction of a newer one deleted before it read them: it raised
-"compacted ledger ... is missing" (``CorruptLedger``) to ``Client.compact``, lost the race too."""
+one's horizon object: a reader that listed it reads the newer one. A compaction from a plan
+older than the published horizon lost the race, as does one whose starting
+generation's records the compaction of a newer one deleted before it read them: both raised
+``CorruptLedger`` to ``Client.compact``."""
 
 from __future__ import annotations
 
@@ -94,6 +95,18 @@ def test_a_compaction_whose_generation_a_newer_one_deleted_under_it_lost_the_rac
                                  objects="/compacted/data/")  # generation 2, which deletes 1's records
         with pytest.raises(Fenced, match="published generation 2"):
             await compact_partition(storage, "t", 0, Position(0, ENTRIES - 1), [], 0)
+
+    _run(test)
+
+
+def test_a_compaction_from_a_plan_older_than_the_published_horizon_lost_the_race() -> None:
+    """Its partition's max_read_position, read before another compaction published a horizon past
+    it (the partition's own, or one run from another plan)."""
+    async def test(storage: Storage) -> None:
+        await _partition(storage)
+        await compact_partition(storage, "t", 0, Position(0, 4), [], 0)
+        with pytest.raises(Fenced, match="past this one's max_read_position"):
+            await compact_partition(storage, "t", 0, Position(0, 2), [], 0)
 
     _run(test)
 
