@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -66,6 +66,15 @@ class PublishedHorizon(msgspec.Struct, frozen=True):
 
     horizon: CompactionHorizon
     data_path: str
+
+
+def _random_nonce() -> str:
+    return secrets.token_hex(6)
+
+
+# Names a compaction's data object apart from those of racing compactions of the same generation.
+# A seam: the simulator numbers them instead (raytxn.sim.compacted), so a seed replays byte for byte.
+data_nonce: Callable[[], str] = _random_nonce
 
 
 def compacted_prefix(stream: str) -> str:
@@ -224,7 +233,7 @@ async def compact_partition(storage: Storage, topic: str, partition: int, max_re
         await _delete_unreferenced(storage, stream, published.horizon, published.data_path)
         return result
     generation = result.horizon.generation
-    data_path = f"{compacted_prefix(stream)}/data/{generation:020d}-{secrets.token_hex(6)}"
+    data_path = f"{compacted_prefix(stream)}/data/{generation:020d}-{data_nonce()}"
     frames = [encode_frame(FrameKind.COMPACTED, i, _encoder.encode(result.records[start:start + RECORDS_PER_FRAME]))
               for i, start in enumerate(range(0, max(1, len(result.records)), RECORDS_PER_FRAME))]
     await faults.hit("compaction.before_data", generation=generation)

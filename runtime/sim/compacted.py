@@ -19,6 +19,9 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import msgspec
@@ -29,6 +32,7 @@ from raytxn.actors.subscription import Subscription
 from raytxn.client.table_view import TableState
 from raytxn.config import PartitionConfig, SubscriptionConfig
 from raytxn.ids import Position, partition_actor_name, partition_stream, subscription_actor_name
+from raytxn.ledger import compacted as compacted_ledger
 from raytxn.ledger.compacted import PublishedHorizon, compacted_prefix, decode_kept, decode_published
 from raytxn.ledger.framing import FrameKind, encode_frame
 from raytxn.ledger.metadata import StreamMetadata, meta_path
@@ -83,6 +87,11 @@ class SimTable(TableState):
             return await ref.call_async("range_plan", start, deadline_s=PLAN_DEADLINE_S)
 
         super().__init__(topic, partitions, world.storage, plan)
+        self.loads = 0  # partition loads from the compacted view: the first ones, and those after a trim
+
+    async def _load(self, partition: int) -> None:
+        self.loads += 1
+        await super()._load(partition)
 
 
 @dataclass(frozen=True)
@@ -145,3 +154,26 @@ def compactions(world: World, topic: str, partitions: int) -> dict[str, int]:
             for name in totals:
                 totals[name] += compaction.info[name]
     return totals
+
+
+@contextmanager
+def numbered_nonces() -> Iterator[None]:
+    """Compactions name their data objects 000000000000, 000000000001, ... in the block, not by
+    random numbers (``raytxn.ledger.compacted.data_nonce``): the paths reach the trace."""
+    numbers = itertools.count()
+    saved = compacted_ledger.data_nonce
+    compacted_ledger.data_nonce = lambda: f"{next(numbers):012x}"
+    try:
+        yield
+    finally:
+        compacted_ledger.data_nonce = saved
+
+
+def one_of_each(found: list[str], limit: int = 5) -> list[str]:
+    """At most ``limit`` of the violations ``found`` ("kind: what"), the first of each kind
+    first: a run's verdict names every kind of check that failed."""
+    firsts: dict[str, str] = {}
+    for violation in found:
+        firsts.setdefault(violation.split(":", 1)[0], violation)
+    rest = [violation for violation in found if violation not in firsts.values()]
+    return [*firsts.values(), *rest][:limit]

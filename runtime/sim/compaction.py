@@ -65,7 +65,7 @@ from raytxn.ledger.compacted import compact_partition, read_compacted
 from raytxn.protocol.compaction import DEFAULT_DELETE_RETENTION_MS
 from raytxn.protocol.cursor import next_position
 from raytxn.protocol.entry_format import MessageRecord, decode_message, encode_message
-from raytxn.sim.compacted import CompactedTopic, Generation, Generations, SimTable
+from raytxn.sim.compacted import CompactedTopic, Generation, Generations, SimTable, compactions
 from raytxn.sim.pipelined import ClientProcess
 from raytxn.tools.history import FinalState, History, Received, SendOk
 
@@ -93,6 +93,7 @@ SHORT_RETENTION = 0.25       # per outside compaction: a delete retention of 0-1
 TABLE_POLL_S = 0.3
 MAX_FETCH, FETCH_WAIT_S = 16, 0.2
 LOAD_ATTEMPTS = 100
+MAX_FOUND = 50               # violations of the generations listed at most
 
 
 def kv_topic(partitions: int) -> CompactedTopic:
@@ -143,6 +144,14 @@ class CompactionRun:
         self.generations = Generations(d.world, KV, self.partitions)
         self._writers_running = 0
         self._last_read = 0.0
+        self._table_loads = 0
+
+    def stats(self) -> dict[str, int]:
+        """What the run did (for tests and the command's summary)."""
+        return {**self.counts, "generations": len(self.generations.published), "table_views": len(self.table_views),
+                "table_loads": self._table_loads, "fenced_txns": len(self.fenced),
+                "tombstones": sum(1 for write in self.writes.values() if not write.value),
+                **compactions(self.d.world, KV, self.partitions)}
 
     def jobs(self) -> list[Any]:
         d = self.d
@@ -343,7 +352,7 @@ class CompactionRun:
             self.counts["outside_storage"] += 1
             return False
         except Exception as error:  # noqa: BLE001 - the verdict: a compaction may only lose a race
-            self.errors.append(f"outside compaction of {KV}-{partition}: {error!r}")
+            self.errors.append(f"compactor: outside compaction of {KV}-{partition}: {error!r}")
             return False
         self.counts["outside_published" if result.publishes else "outside_unchanged"] += 1
         return True
@@ -414,6 +423,7 @@ class CompactionRun:
                 self._table_error("refresh", error)
                 continue
             self.table_views += [(p, *table.partition_view(p)) for p in range(self.partitions)]
+            self._table_loads = table.loads
 
     async def _load(self, table: SimTable) -> None:
         for _ in range(LOAD_ATTEMPTS):
@@ -430,7 +440,7 @@ class CompactionRun:
         again); any other error is the verdict (a table view's ``refresh()`` would raise it)."""
         self.d.counts.error(error)
         if not retriable(error):
-            self.errors.append(f"table {what}: {error!r}")
+            self.errors.append(f"table: {what} failed: {error!r}")
 
     # --- the end -------------------------------------------------------------------------------
 
@@ -448,7 +458,7 @@ class CompactionRun:
                 read = await read_compacted(d.world.storage, KV, partition, plan.max_read, plan.aborted, 0,
                                             plan.first_readable)
             except RaytxnError as error:  # no fault is on now: the verdict
-                self.errors.append(f"final view (read_compacted): partition {partition}: {error!r}")
+                self.errors.append(f"final view: read_compacted of partition {partition} failed: {error!r}")
                 continue
             folded: dict[str, bytes | None] = {}
             for record in read.records:
@@ -459,7 +469,7 @@ class CompactionRun:
         try:
             await table.load_async()
         except RaytxnError as error:
-            self.errors.append(f"final view (a new table): {error!r}")
+            self.errors.append(f"final view: a new table failed to load: {error!r}")
             return
         self.final_views += [("a new table", p, *table.partition_view(p)) for p in range(self.partitions)]
 
@@ -529,7 +539,7 @@ class CompactionRun:
             name = f"generation {generation.number} of {KV}-{p} (horizon {h}, published at t={generation.t:.3f})"
             records = self.generations.records(generation)
             if records is None:
-                found.append(f"{name}: its data object {generation.published.data_path} was never written")
+                found.append(f"lost: {name}: its data object {generation.published.data_path} was never written")
                 continue
             latest = self._latest(committed[p], h)
             kept_keys = set()
@@ -540,23 +550,25 @@ class CompactionRun:
                 if uid is None:
                     sent = stored.get((p, mid))
                     txn = self.txn_of.get(sent or "")
-                    found.append(f"{name}: holds {record.key}={record.value!r} at {mid}, not a committed message "
+                    found.append(f"uncommitted: {name}: holds {record.key}={record.value!r} at {mid}, not a committed "
+                                 "message "
                                  f"(sent as {sent}, in txn {txn}: {outcomes.get(txn, 'unknown')})")
                 elif self.writes[uid].key != record.key or self.writes[uid].value != (record.value or b""):
-                    found.append(f"{name}: holds {record.key}={record.value!r} at {mid}, where {uid} stands")
+                    found.append(f"uncommitted: {name}: holds {record.key}={record.value!r} at {mid}, "
+                                 f"where {uid} stands")
                 elif record.position > h:
-                    found.append(f"{name}: holds {uid} at {mid}, past its horizon")
+                    found.append(f"past horizon: {name}: holds {uid} at {mid}")
                 elif latest[record.key][0] != mid:
-                    found.append(f"{name}: holds {uid} for {record.key}, whose latest committed message at or "
+                    found.append(f"stale: {name}: holds {uid} for {record.key}, whose latest committed message at or "
                                  f"below the horizon is {latest[record.key][1].uid}")
             lost = sorted(uid for key, (_, write) in latest.items() if write.value and key not in kept_keys
                           for uid in [write.uid])
             if lost:
-                found.append(f"{name}: lacks the latest committed values {lost[:5]} of their keys")
+                found.append(f"lost: {name}: lacks the latest committed values {lost[:5]} of their keys")
             if generation.max_read is not None and h > generation.max_read:
-                found.append(f"{name}: horizon past the partition's max_read_position {generation.max_read}")
+                found.append(f"max_read: {name}: horizon past the partition's max_read_position {generation.max_read}")
             found += self._open_at_publish(name, generation, txn_positions)
-            if len(found) >= 5:
+            if len(found) >= MAX_FOUND:
                 break
         return found
 
@@ -565,8 +577,8 @@ class CompactionRun:
         """Txns with data at or below the horizon that could not have ended by the publish."""
         for (p, txn), first in sorted(txn_positions.items(), key=lambda item: item[1]):
             if p == generation.partition and first <= generation.horizon and self.may_end_from[txn] > generation.t:
-                return [f"{name}: txn {txn} had data at {first}, and could end at t={self.may_end_from[txn]:.3f} "
-                        "at the earliest: the horizon passed an open txn"]
+                return [f"open txn: {name}: txn {txn} had data at {first}, and could end at "
+                        f"t={self.may_end_from[txn]:.3f} at the earliest: the horizon passed an open txn"]
         return []
 
     def _txn_positions(self, history: History) -> dict[tuple[int, TxnID], Position]:

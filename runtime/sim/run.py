@@ -41,7 +41,7 @@ from raytxn.errors import InvalidArgument
 from raytxn.ids import SUPERVISOR_NAME, coordinator_actor_name, partition_actor_name, subscription_actor_name
 from raytxn.metrics import not_recorded
 from raytxn.sim import stateful
-from raytxn.sim.compacted import CompactedTopic, add_compacted_topics
+from raytxn.sim.compacted import CompactedTopic, add_compacted_topics, numbered_nonces, one_of_each
 from raytxn.sim.compaction import KV, SUB_AUDIT, CompactionRun, kv_topic
 from raytxn.sim.compaction import uid_of as kv_uid_of
 from raytxn.sim.driver import SUB_PIPE, SUB_VERIFY, TOPIC_IN, TOPIC_OUT, Driver, Workload
@@ -95,6 +95,7 @@ class SeedResult:
     # had them (the early-answer profile; a crashed incarnation's count is lost with it).
     answered_at_log: int = 0
     reintroduced: tuple[str, ...] = ()  # the historical bugs switched on for the run (testing_bugs)
+    workload_stats: dict[str, int] = field(default_factory=dict)  # what a workload of its own did
 
     @property
     def ok(self) -> bool:
@@ -203,6 +204,10 @@ class _Extras:
         return [*(self.compaction.jobs() if self.compaction else []),
                 *(self.keyed_state.jobs() if self.keyed_state else [])]
 
+    def stats(self) -> dict[str, int]:
+        return {**(self.compaction.stats() if self.compaction else {}),
+                **(self.keyed_state.stats() if self.keyed_state else {})}
+
 
 async def _scenario(world: World, driver: Driver, profile: Profile, workload: Workload, extras: _Extras) -> None:
     loop = world.loop
@@ -304,7 +309,7 @@ def run_seed(seed: int, profile_name: str = "default", workload: Workload | None
     extras = _Extras(CompactionRun(driver) if workload.compaction else None,
                      stateful.StatefulRun(driver) if workload.stateful else None)
     failure: str | None = None
-    with _quiet_logs(), _fewer_collections(), not_recorded():
+    with _quiet_logs(), _fewer_collections(), not_recorded(), numbered_nonces():
         try:
             loop.run_until_complete(asyncio.wait_for(_scenario(world, driver, profile, workload, extras),
                                                      MAX_VIRTUAL_S))
@@ -345,10 +350,10 @@ def run_seed(seed: int, profile_name: str = "default", workload: Workload | None
             failure = f"leases: {'; '.join(broken_leases)}"
         elif extras.compaction is not None and (broken_compaction := extras.compaction.violations(
                 history, report.txn_outcomes)):
-            failure = f"compaction: {'; '.join(broken_compaction[:5])}"
+            failure = f"compaction: {'; '.join(one_of_each(broken_compaction))}"
         elif extras.keyed_state is not None and (broken_state := extras.keyed_state.violations(
                 history, report.txn_outcomes)):
-            failure = f"stateful: {'; '.join(broken_state[:5])}"
+            failure = f"stateful: {'; '.join(one_of_each(broken_state))}"
     if failure is None and workload.pipelined_producers and (
             broken_pipeline := pipelined_violations(history, TOPIC_OUT, SUB_VERIFY, driver.pipelined_acked,
                                                    driver.pipelined_failed)):
@@ -367,7 +372,7 @@ def run_seed(seed: int, profile_name: str = "default", workload: Workload | None
                       check=None if extra_check is None else check_spec(extra_check), chained=counts.chained,
                       released=counts.released, answered_at_log=_answered_at_log(world, workload),
                       txns_started=driver.txns_started, fault_kinds=dict(sorted(world.gate.counts.items())),
-                      reintroduced=active())
+                      reintroduced=active(), workload_stats=extras.stats())
 
 
 def _answered_at_log(world: World, workload: Workload) -> int:

@@ -51,7 +51,7 @@ from raytxn.hashing import partition_for
 from raytxn.ids import TxnID, partition_actor_name, subscription_actor_name
 from raytxn.ledger.ranges import read_range_async
 from raytxn.protocol.entry_format import MessageRecord, encode_message
-from raytxn.sim.compacted import CompactedTopic, SimTable
+from raytxn.sim.compacted import CompactedTopic, Generations, SimTable
 from raytxn.sim.pipelined import ClientProcess
 from raytxn.tools.checker import COMMITTED, UNDECIDED
 from raytxn.tools.history import FinalState, History, SendOk
@@ -68,10 +68,10 @@ THRESHOLD_BYTES = 500
 MAX_ENTRIES = (1, 2)                        # per lease
 LEASE_TIMEOUT_S = 1.0
 IDLE_S = 0.05
-CRASH = 0.15                                # per batch: the incarnation dies at one of CRASH_POINTS
+CRASH = 0.3                                 # per batch: the incarnation dies at one of CRASH_POINTS
 CRASH_POINTS = ("leased", "read", "state_read", "begun", "registered", "outputs_sent", "state_sent", "acked",
                 "commit_sent", "committed")
-ZOMBIE = 0.08                               # per batch: the successor starts mid-batch
+ZOMBIE = 0.12                               # per batch: the successor starts mid-batch
 AT_ONCE = 0.5                               # per crash: the successor starts at once
 RESTART_S = (0.01, 0.5)
 READ_ATTEMPTS = 5
@@ -130,6 +130,14 @@ class StatefulRun:
     _current: asyncio.Task | None = None
     _incarnations: int = 0
     _last_work: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.generations = Generations(self.d.world, STATE, self.partitions)
+
+    def stats(self) -> dict[str, int]:
+        """What the run did (for tests and the command's summary)."""
+        return {**self.counts, "batches": len(self.batches), "incarnations": self._incarnations,
+                "generations": len(self.generations.published)}
 
     def jobs(self) -> list[Any]:
         return [self.seed_inputs(), self.pipeline()]
@@ -205,7 +213,7 @@ class StatefulRun:
             mids.sort()
         found += self._version_violations(committed, consumed, undecided_keys)
         found += self._state_violations(consumed, undecided_keys)
-        found += self._output_violations(history, committed)
+        found += output_violations(history, committed)
         for batch in committed:
             fenced, issued = batch.fenced_at, batch.commit_issued
             if fenced is not None and issued is not None and issued > fenced:
@@ -230,7 +238,7 @@ class StatefulRun:
                     found.append(f"version: batch {batch.txn} read {key} as {batch.read[key]}, {where} the committed "
                                  f"inputs of the key before the batch: {expected}")
                     break
-        return found[:3]
+        return found
 
     def _state_violations(self, consumed: dict[str, list[MessageId]], undecided: set[str]) -> list[str]:
         if self.final_state is None:
@@ -249,38 +257,40 @@ class StatefulRun:
                 found.append(f"state: {key} went through {through}, its last committed input is {_place(mids[-1])}")
         return found
 
-    def _output_violations(self, history: History, committed: list[Batch]) -> list[str]:
-        outputs: Counter[str] = Counter()
-        drained_inputs: set[str] = set()
-        stored_inputs: list[str] = []
-        for event in history.events:
-            if isinstance(event, FinalState) and event.subscription == SUB_OUTPUT:
-                outputs.update(message.msg_uid.removeprefix("o:") for message in event.messages)
-            elif isinstance(event, FinalState) and event.subscription == SUB_INPUT:
-                drained_inputs.update(message.msg_uid for message in event.messages)
-            elif isinstance(event, SendOk) and event.message_id.topic == SRC:
-                stored_inputs.append(event.msg_uid)
-        done = {uid for batch in committed for uid, _, _ in batch.inputs}
-        found = []
-        wrong = sorted(uid for uid in done | set(outputs) if outputs[uid] != (uid in done))
-        if wrong:
-            found.append(f"output: inputs whose outputs the sink holds a wrong number of times: "
-                         f"{[(uid, outputs[uid]) for uid in wrong[:5]]}")
-        lost = [uid for uid in stored_inputs if uid not in done and uid not in drained_inputs]
-        if lost:
-            found.append(f"lost: {len(lost)} inputs neither consumed by a committed batch nor left in the drain of "
-                         f"{SUB_INPUT}: {lost[:5]}")
-        return found
-
     async def finish(self) -> None:
         """The state as a new table loads it at the end."""
         table = SimTable(self.d.world, STATE, self.partitions)
         try:
             await table.load_async()
         except RaytxnError as error:  # no fault is on now: the verdict
-            self.errors.append(f"state: the final table failed to load: {error!r}")
+            self.errors.append(f"table: the final table failed to load: {error!r}")
             return
         self.final_state = table.items()
+
+
+def output_violations(history: History, committed: list[Batch]) -> list[str]:
+    """**output** and **lost** of the module docstring (``committed``: the committed batches)."""
+    outputs: Counter[str] = Counter()
+    drained_inputs: set[str] = set()
+    stored_inputs: list[str] = []
+    for event in history.events:
+        if isinstance(event, FinalState) and event.subscription == SUB_OUTPUT:
+            outputs.update(message.msg_uid.removeprefix("o:") for message in event.messages)
+        elif isinstance(event, FinalState) and event.subscription == SUB_INPUT:
+            drained_inputs.update(message.msg_uid for message in event.messages)
+        elif isinstance(event, SendOk) and event.message_id.topic == SRC:
+            stored_inputs.append(event.msg_uid)
+    done = {uid for batch in committed for uid, _, _ in batch.inputs}
+    found = []
+    wrong = sorted(uid for uid in done | set(outputs) if outputs[uid] != (uid in done))
+    if wrong:
+        found.append(f"output: inputs whose outputs the sink holds a wrong number of times: "
+                     f"{[(uid, outputs[uid]) for uid in wrong[:5]]}")
+    lost = [uid for uid in stored_inputs if uid not in done and uid not in drained_inputs]
+    if lost:
+        found.append(f"lost: {len(lost)} inputs neither consumed by a committed batch nor left in the drain of "
+                     f"{SUB_INPUT}: {lost[:5]}")
+    return found
 
 
 class _Incarnation:
@@ -330,7 +340,7 @@ class _Incarnation:
     def _table_error(self, what: str, error: RaytxnError) -> None:
         self.d.counts.error(error)
         if not retriable(error):
-            self.pipeline.errors.append(f"state table {what}: {error!r}")
+            self.pipeline.errors.append(f"table: {what} failed: {error!r}")
 
     def _point(self, name: str, crash_at: str | None, zombie_at: str | None) -> None:
         if name == crash_at:
@@ -377,7 +387,7 @@ class _Incarnation:
         except Exception as error:  # noqa: BLE001 - fenced, or the last txn still open (a crash left it)
             self._refused("new_txn", error)
             if not isinstance(error, ConcurrentTransactions | Fenced):
-                self.pipeline.errors.append(f"new_txn {self.consumer}: {error!r}")
+                self.pipeline.errors.append(f"error: new_txn {self.consumer}: {error!r}")
             await self._release(leases)
             return False
         machine = d._machine(txn)
