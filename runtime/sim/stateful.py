@@ -75,6 +75,7 @@ ZOMBIE = 0.12                               # per batch: the successor starts mi
 AT_ONCE = 0.5                               # per crash: the successor starts at once
 RESTART_S = (0.01, 0.5)
 READ_ATTEMPTS = 5
+LOAD_ATTEMPTS = 200
 MAX_INCARNATIONS = 200
 
 
@@ -122,7 +123,7 @@ class StatefulRun:
     d: Driver
     batches: list[Batch] = field(default_factory=list)
     keys: dict[str, str] = field(default_factory=dict)       # input uid -> key
-    registered_at: list[tuple[int, float]] = field(default_factory=list)  # (epoch, when its register was issued)
+    registered_at: list[tuple[int, float]] = field(default_factory=list)  # (incarnation, when it registered)
     errors: list[str] = field(default_factory=list)
     counts: Counter[str] = field(default_factory=Counter)
     final_state: dict[str, bytes] | None = None
@@ -307,12 +308,18 @@ class _Incarnation:
 
     async def run(self) -> None:
         d = self.d
-        self.pipeline.registered_at.append((self.incarnation, d.now()))
         self.epoch = await d._register(self.coordinators, PIPELINE)
+        # From here on the older epochs are fenced: a commit of theirs asked for later must fail
+        # (one asked for before may land first, and the registration waits for it to end).
+        self.pipeline.registered_at.append((self.incarnation, d.now()))
         self.consumer = f"{PIPELINE}.e{self.epoch}"
         d._trace("pipeline_start", self.incarnation, self.epoch)
-        while not await self._load():
+        for _ in range(LOAD_ATTEMPTS):
+            if await self._load():
+                break
             await asyncio.sleep(IDLE_S)
+        else:
+            raise RuntimeError(f"{self.consumer}: the state table did not load in {LOAD_ATTEMPTS} attempts")
         while not self.fenced and not self.pipeline.done():
             crash_at = d.rng.choice(CRASH_POINTS) if d.rng.random() < CRASH and d.quiet_since is None else None
             zombie_at = (d.rng.choice(CRASH_POINTS[:-1]) if crash_at is None and not self.zombie
@@ -446,7 +453,7 @@ class _Incarnation:
         self._point("committed", crash_at, zombie_at)
 
     def _fenced_at(self) -> float | None:
-        """When an incarnation after this one began to register, if one did."""
+        """When an incarnation after this one registered, if one did."""
         later = [t for incarnation, t in self.pipeline.registered_at if incarnation > self.incarnation]
         return min(later) if later else None
 
