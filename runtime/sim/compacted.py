@@ -52,6 +52,9 @@ class CompactedTopic:
     partitions: int
     subscriptions: tuple[str, ...]
     threshold_bytes: int
+    # Subscriptions the catalog does not name, so they hold no retention back: ``read_compacted``
+    # ones, which read the compacted view below the horizon, and nothing above it is trimmed.
+    uncatalogued: tuple[str, ...] = ()
 
 
 def add_compacted_topics(world: World, topics: list[CompactedTopic], partition_config: PartitionConfig,
@@ -65,7 +68,7 @@ def add_compacted_topics(world: World, topics: list[CompactedTopic], partition_c
             world.add(partition_actor_name(topic.name, p),
                       lambda name=topic.name, p=p, policy=policy, **seams: PartitionBuffer(
                           name, p, config=config, compaction=policy, **seams))
-            for sub in topic.subscriptions:
+            for sub in (*topic.subscriptions, *topic.uncatalogued):
                 world.add(subscription_actor_name(topic.name, p, sub),
                           lambda name=topic.name, p=p, sub=sub, **seams: Subscription(
                               name, p, sub, "earliest", config=subscription_config, **seams))

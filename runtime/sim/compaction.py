@@ -72,7 +72,7 @@ from raytxn.tools.history import FinalState, History, Received, SendOk
 if TYPE_CHECKING:
     from raytxn.sim.driver import Driver
 
-KV, SUB_AUDIT = "kv", "audit"
+KV, SUB_AUDIT, SUB_COMPACTED = "kv", "audit", "rc"
 THRESHOLD_BYTES = 700        # a partition compacts itself once this much lies above its horizon
 KEYS = 10
 TOMBSTONE = 0.2              # per record: a tombstone
@@ -91,13 +91,15 @@ COMPACTOR_CRASH = 0.3        # per outside compaction: its process dies at a ran
 COMPACTOR_CRASH_AFTER_S = (0.0, 0.03)
 SHORT_RETENTION = 0.25       # per outside compaction: a delete retention of 0-1 s (tombstones dropped)
 TABLE_POLL_S = 0.3
+COMPACTED_JOIN_S = (2.0, 6.0)  # when the read_compacted consumer subscribes: after compactions, mostly
 MAX_FETCH, FETCH_WAIT_S = 16, 0.2
+MAX_READS = 100_000          # fetches of a reader, at most
 LOAD_ATTEMPTS = 100
 MAX_FOUND = 50               # violations of the generations listed at most
 
 
 def kv_topic(partitions: int) -> CompactedTopic:
-    return CompactedTopic(KV, partitions, (SUB_AUDIT,), THRESHOLD_BYTES)
+    return CompactedTopic(KV, partitions, (SUB_AUDIT,), THRESHOLD_BYTES, uncatalogued=(SUB_COMPACTED,))
 
 
 def uid_of(record: bytes) -> str:
@@ -116,6 +118,7 @@ class Write:
 
 
 Mid = tuple[int, int, int]  # (ledger_id, entry_id, batch_index): a message's place in its partition
+END = Position(2**62, 0)    # after every position
 
 
 def _mid(message_id: Any) -> Mid:
@@ -140,6 +143,8 @@ class CompactionRun:
         self.errors: list[str] = []
         self.table_views: list[tuple[int, Position, dict[str, bytes]]] = []
         self.final_views: list[tuple[str, int, Position, dict[str, bytes]]] = []
+        # what the read_compacted consumer received: (partition, place, key, value, when)
+        self.compacted_reads: list[tuple[int, Mid, str | None, bytes, float]] = []
         self.counts: Counter[str] = Counter()
         self.generations = Generations(d.world, KV, self.partitions)
         self._writers_running = 0
@@ -151,14 +156,26 @@ class CompactionRun:
         return {**self.counts, "generations": len(self.generations.published), "table_views": len(self.table_views),
                 "table_loads": self._table_loads, "fenced_txns": len(self.fenced),
                 "tombstones": sum(1 for write in self.writes.values() if not write.value),
+                "compacted_view_reads": self._compacted_view_reads(),
                 **compactions(self.d.world, KV, self.partitions)}
+
+    def _compacted_view_reads(self) -> int:
+        """The read_compacted consumer's messages at or below a horizon published before it got
+        them: served from a compacted generation (or from the live ledger by a partition that had
+        not heard of it yet)."""
+        published = sorted((g.t, g.partition, g.horizon) for g in self.generations.published)
+        count = 0
+        for p, mid, _, _, t in self.compacted_reads:
+            horizons = [h for when, q, h in published if q == p and when <= t]
+            count += bool(horizons) and Position(mid[0], mid[1]) <= max(horizons)
+        return count
 
     def jobs(self) -> list[Any]:
         d = self.d
         writers = [self._writer(self.txn_writer(i)) for i in range(d.w.tid_producers)]
         writers += [self._writer(self.plain_writer(i)) for i in range(PLAIN_WRITERS)]
         self._writers_running = len(writers)
-        return [*writers, self.outside_compactor(), self.auditor(), self.table_reader()]
+        return [*writers, self.outside_compactor(), self.auditor(), self.table_reader(), self.compacted_reader()]
 
     async def _writer(self, job: Any) -> None:
         try:
@@ -360,14 +377,26 @@ class CompactionRun:
     # --- readers -------------------------------------------------------------------------------
 
     async def auditor(self) -> None:
+        """The audit subscription: every committed message, noted in the history, acked at once."""
+        self.d.history.subscribe("auditor", SUB_AUDIT, KV, self.d.now(), from_earliest=True)
+        await self._read(SUB_AUDIT, "auditor", "Shared")
+
+    async def compacted_reader(self) -> None:
+        """A ``read_compacted`` subscription's consumer, joining late (after compactions, mostly):
+        the compacted view below the horizon, then the live ledger; then it reads what is left."""
+        await asyncio.sleep(self.d.rng.uniform(*COMPACTED_JOIN_S))
+        await self._read(SUB_COMPACTED, "compacted-reader", "Exclusive", read_compacted=True)
+
+    async def _read(self, subscription: str, consumer: str, consumer_type: str, read_compacted: bool = False) -> None:
+        """A consumer of ``subscription`` on every partition, fetching in turn and acking what it
+        got, until the readers are done; then until its partitions are empty."""
         d = self.d
-        consumer = "auditor"
-        refs = [d._ref(subscription_actor_name(KV, p, SUB_AUDIT)) for p in range(self.partitions)]
+        audit = subscription == SUB_AUDIT
+        refs = [d._ref(subscription_actor_name(KV, p, subscription)) for p in range(self.partitions)]
         for ref in refs:
-            await ref.call_async("subscribe", consumer, consumer, "Shared", deadline_s=None)
-        d.history.subscribe(consumer, SUB_AUDIT, KV, d.now(), from_earliest=True)
-        polls = 0
-        while not self._readers_done():
+            await ref.call_async("subscribe", consumer, consumer, consumer_type, read_compacted, deadline_s=None)
+        polls = empty = 0
+        while polls < MAX_READS and (not self._readers_done() or (not audit and empty < 3 * self.partitions)):
             partition = polls % self.partitions
             polls += 1
             try:
@@ -378,31 +407,41 @@ class CompactionRun:
                 d.counts.error(error)
                 continue
             if not reply["registered"]:
-                await refs[partition].call_async("subscribe", consumer, consumer, "Shared", deadline_s=None)
-                d.history.reset(consumer, SUB_AUDIT, d.now())
+                await refs[partition].call_async("subscribe", consumer, consumer, consumer_type, read_compacted,
+                                                 deadline_s=None)
+                if audit:
+                    d.history.reset(consumer, SUB_AUDIT, d.now())
                 continue
+            empty = 0 if reply["messages"] else empty + 1
             if not reply["messages"]:
-                d.history.receive_timeout(consumer, SUB_AUDIT, d.now(), topic=KV)
+                if audit:
+                    d.history.receive_timeout(consumer, SUB_AUDIT, d.now(), topic=KV)
                 continue
-            await self._audit(refs[partition], consumer, partition, reply["messages"])
+            await self._take(refs[partition], consumer, partition, reply["messages"], audit)
         for ref in refs:
             await ref.call_async("close_consumer", consumer, deadline_s=None)
 
-    async def _audit(self, ref: Any, consumer: str, partition: int, wire: list) -> None:
-        """Note what a fetch brought, and ack it (plainly: the cursor moves, retention follows)."""
+    async def _take(self, ref: Any, consumer: str, partition: int, wire: list, audit: bool) -> None:
+        """Note what a fetch brought (the audit's in the history), and ack it plainly (the cursor
+        moves, and retention follows the audit's)."""
         d = self.d
         acks, runs = [], []
         for ledger_id, entry_id, batch_size, _ms, indexes, counts, records in wire:
             for k, batch_index in enumerate(indexes):
                 mid = MessageId(KV, partition, ledger_id, entry_id, batch_index)
-                d.history.receive(consumer, SUB_AUDIT, KV, partition, mid, uid_of(records[k]),
-                                  counts[k] if counts else 0, d.now())
-                d.history.ack(consumer, SUB_AUDIT, mid, None, d.now())
+                if audit:
+                    d.history.receive(consumer, SUB_AUDIT, KV, partition, mid, uid_of(records[k]),
+                                      counts[k] if counts else 0, d.now())
+                    d.history.ack(consumer, SUB_AUDIT, mid, None, d.now())
+                else:  # a compacted entry's records keep no properties: known by their place
+                    message = decode_message(records[k])
+                    self.compacted_reads.append((partition, _mid(mid), message.key, message.value, d.now()))
                 if batch_size > 1:
                     runs.append((ledger_id, entry_id, batch_size, batch_index, batch_index))
                 else:
                     acks.append((Position(ledger_id, entry_id), batch_index, batch_size))
-        self._last_read = d.now()
+        if audit:
+            self._last_read = d.now()
         d._requests += 1
         try:
             await ref.call_async("ack", consumer, acks, False, None, deadline_s=d.call_deadline_s,
@@ -487,10 +526,37 @@ class CompactionRun:
         for what, p, below, held in self.final_views:
             if (wrong := _differs(held, self._fold(committed[p], below))) is not None:
                 found.append(f"final view ({what}): partition {p} below {below}: {wrong}")
+        found += self._compacted_read_violations(committed)
         visible = {uid for messages in committed.values() for uid in messages.values()}
         shown = sorted(uid for uid in visible if self.txn_of.get(uid) in self.fenced)
         if shown:
             found.append(f"fencing: values of fenced txns are visible: {shown[:5]}")
+        return found
+
+    def _compacted_read_violations(self, committed: dict[int, dict[Mid, str]]) -> list[str]:
+        """The read_compacted consumer got committed messages only, and ends with the latest value
+        of every key whose latest committed message is a value. A key whose latest is a tombstone
+        it may still hold an older value of, if tombstones were dropped: it lagged past their
+        delete retention (Kafka's ``delete.retention.ms`` rule), and missed the delete."""
+        found = []
+        got: dict[int, dict[Mid, str]] = defaultdict(dict)
+        for p, mid, key, value, _ in self.compacted_reads:
+            uid = committed[p].get(mid)
+            if uid is None or (self.writes[uid].key, self.writes[uid].value) != (key, value):
+                found.append(f"compacted reader: partition {p}: got {key}={value!r} at {mid}, where the committed "
+                             f"message is {uid}")
+                break
+            got[p][mid] = uid
+        dropped = {g.partition for g in self.generations.published
+                   if g.published.horizon.dropped_tombstones_through >= 0}
+        for p in range(self.partitions):
+            expected = self._fold(committed[p], END)
+            held = self._fold(got[p], END)
+            wrong = sorted(key for key in expected.keys() | held.keys() if held.get(key) != expected.get(key)
+                           and (key in expected or p not in dropped))
+            if wrong:
+                found.append(f"compacted reader: partition {p}: "
+                             f"{'; '.join(f'{k}: {held.get(k)!r}, not {expected.get(k)!r}' for k in wrong[:4])}")
         return found
 
     def _committed(self, history: History) -> dict[int, dict[Mid, str]]:

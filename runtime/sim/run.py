@@ -275,7 +275,8 @@ def _check_actor_invariants(world: World, workload: Workload) -> None:
             ongoing = world.actor(partition_actor_name(topic, p)).buffer.ongoing_coordinators()
             if ongoing:
                 raise Failure(f"liveness: partition {topic}-{p} still has ongoing txns of coordinators {ongoing}")
-    for topic, name in [*_subscriptions(workload), *((t.name, sub) for t in compacted for sub in t.subscriptions)]:
+    for topic, name in [*_subscriptions(workload),
+                        *((t.name, sub) for t in compacted for sub in (*t.subscriptions, *t.uncatalogued))]:
         for p in range(workload.partitions):
             state = world.actor(subscription_actor_name(topic, p, name)).state
             state.pending.check_invariants()

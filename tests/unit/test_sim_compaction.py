@@ -3,8 +3,9 @@ keyed txn writers (committed, aborted, left open, fenced) and plain writers rese
 itself while compactions from outside race it, under default's faults. It runs, it is
 deterministic, it does what it says (self-compactions, outside compactions published, lost and
 crashed, tombstones, fenced txns, late resends answered as duplicates, table reloads after
-trims), and each of its checks catches the bug it is there for: a classic bug of compaction
-brought back with ``raytxn.testing_bugs``, or one patched into the engine here."""
+trims, a read_compacted consumer served from the compacted view), and each of its checks catches
+the bug it is there for: a classic bug of compaction brought back with ``raytxn.testing_bugs``,
+or one patched into the engine here."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import msgspec
 import pytest
 
 from raytxn import testing_bugs
-from raytxn.protocol.compaction import DEFAULT_DELETE_RETENTION_MS, Compactor, KeptRecord
+from raytxn.actors import compaction as partition_compaction
+from raytxn.protocol.compaction import DEFAULT_DELETE_RETENTION_MS, Compactor, KeptRecord, compacted_entries
 from raytxn.sim.compacted import one_of_each
 from raytxn.sim.run import SeedResult, run_seed
 from raytxn.testing_bugs import reintroduced
@@ -65,6 +67,7 @@ def test_the_profile_compacts_under_faults_and_every_check_passes() -> None:
     assert done["outside_lost"] + done["outside_crashed"] > 0, done  # races lost, compactors dead mid-way
     assert done["generations"] > done["compactions"]  # some published by the outside compactor
     assert done["table_loads"] > 2 * len(results)  # each table loads both partitions, then again after trims
+    assert done["compacted_view_reads"] > 0, done
     assert run_seed(0, "compaction").digest == results[0].digest
 
 
@@ -108,6 +111,20 @@ def test_a_compaction_losing_a_key_is_caught(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(Compactor, "finish", lose_a_key)
     found = _first_failure(range(3))
     assert found is not None and found.failure is not None and "lost: generation " in found.failure, found
+
+
+def test_a_compacted_read_skipping_an_entry_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read_compacted subscription must end with the latest value of every key (seed 3 of 0-5
+    meets a read whose first entry holds one)."""
+    entries = compacted_entries
+
+    def skipping_the_first(kept, start, max_entries):  # type: ignore[no-untyped-def]
+        found = entries(kept, start, max_entries + 1)
+        return found[1:] if len(found) > 1 else found
+
+    monkeypatch.setattr(partition_compaction, "compacted_entries", skipping_the_first)
+    found = _first_failure(range(3, 6))
+    assert found is not None and found.failure is not None and "compacted reader: partition " in found.failure, found
 
 
 def test_a_verdict_names_the_first_violation_of_each_kind_first() -> None:
