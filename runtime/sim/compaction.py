@@ -22,7 +22,7 @@ compacts a random partition now and then, sometimes with a delete retention shor
 tombstones, in a client process that dies at a random step of it now and then. And the nemesis
 crashes partitions (leaving zombies) while either runs.
 
-Two readers:
+Three readers:
 
 - the ``audit`` subscription, a plain consumer acking as it reads (its persisted cursor holds
   retention back, so nothing is trimmed before it read it): with its final drain this is the
@@ -31,7 +31,10 @@ Two readers:
   twice (dedup held);
 - a table (``SimTable``, the real table view's core): loads the compacted view, then tails the
   committed data, loading again after a trim; after each refresh it notes what it holds of each
-  partition, and up to where.
+  partition, and up to where;
+- a ``read_compacted`` subscription's consumer (``rc``, not in the catalog: it holds no
+  retention back, and needs none), joining late: the compacted view below the horizon (the
+  partition's compacted reads), then the live ledger.
 
 ``violations`` checks, on top of the checker:
 
@@ -44,6 +47,9 @@ Two readers:
 - every state the table noted, and a read of each partition at the end (``read_compacted`` after
   one more compaction: the compacted view, then the live tail): the fold of the committed history
   up to there (the latest value of each key; a tombstone removes its key);
+- the ``read_compacted`` consumer got committed messages only (at their places, with their keys
+  and values), and ends with the latest value of each key whose latest committed message is a
+  value;
 - no value of a fenced txn is visible anywhere;
 - the outside compactor met no error but a lost race (``Fenced``) or a storage outage.
 """

@@ -247,11 +247,13 @@ class Driver:
 
     async def end(self, txn: TxnID, machine: TxnStateMachine, commit: bool, coordinators: CoordinatorClient,
                   epoch: int | None = None, tid: str | None = None,
-                  chain: tuple[list, list] | None = None, release: bool = False) -> TxnID | None:
+                  chain: tuple[list, list] | None = None, release: bool = False,
+                  applied: bool = False) -> TxnID | None:
         """Commit (unless the client's state machine says it cannot) or abort, as
         ``Transaction.commit``/``abort`` do, and record the outcome. With ``chain`` (partitions,
         subscriptions) a commit is ``commit_and_begin``: returns the next txn it began, if any.
-        With ``release`` the abort is ``release_unused``, as a client's unused chained txn's."""
+        With ``release`` the abort is ``release_unused``, as a client's unused chained txn's; with
+        ``applied`` a commit is answered once applied (``Transaction.commit(until_applied=True)``)."""
         if commit and machine.state is not TxnClientState.OPEN:
             commit = False  # ABORT_ONLY or TIMED_OUT: the client aborts instead
         issued = self.now()
@@ -270,8 +272,9 @@ class Driver:
                 state = await coordinators.ref(txn.tc_id).call_async("release_unused", txn, coordinators.owner,
                                                                      deadline_s=coordinators.deadline_s)
             else:
+                applying = (applied,) if applied else ()  # (as CoordinatorClient.end_txn sends it: only when set)
                 state = await coordinators.ref(txn.tc_id).call_async("end_txn", txn, action, coordinators.owner, epoch,
-                                                                     tid, deadline_s=coordinators.deadline_s)
+                                                                     tid, *applying, deadline_s=coordinators.deadline_s)
         except (TransactionTimedOut, InvalidTxnState) as error:
             # Timed out, or ended the other way already: the coordinator's answer names it (any
             # other state conflict leaves the outcome to the checker).

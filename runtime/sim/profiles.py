@@ -130,9 +130,11 @@ PROFILES: dict[str, Profile] = {
     # (stateful.py). Checked: each key's state counts its committed inputs exactly, every
     # committed batch read the state as of exactly the inputs before it, the output holds each
     # input once. 480 inputs make about 100 batches; the fault window is twice default's, so that a
-    # third of them run in it.
+    # third of them run in it. The coordinators answer commits once logged (early-answer's
+    # setting), and the pipeline's own commits, as StatefulPipeline's, ask to be answered once
+    # applied: its next batch reads what they wrote.
     "stateful": Profile(_DEFAULT_STORAGE, _DEFAULT_NETWORK, _DEFAULT_CRASHES, fault_window_s=6.0,
-                        workload=Workload(pipeline=False, stateful=True, inputs=480)),
+                        workload=Workload(pipeline=False, stateful=True, inputs=480, commit_answer="logged")),
 }
 
 # ``--faults all``: each seed runs one of the faulty profiles in turn (seed modulo their number),

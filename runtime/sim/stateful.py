@@ -440,15 +440,16 @@ class _Incarnation:
             batch.commit_issued = d.now()
         if crash_at == "commit_sent":  # the process dies with its end call on its way
             issued = d.now()
-            ending = d.world.loop.create_task(d.end(txn, machine, commit, self.coordinators, self.epoch, PIPELINE))
+            ending = d.world.loop.create_task(d.end(txn, machine, commit, self.coordinators, self.epoch, PIPELINE,
+                                                    applied=True))
             await asyncio.sleep(d.rng.uniform(0.0, 0.01))
             if not ending.done():  # what it asked for may or may not have reached the coordinator
                 record = d.history.txn_commit if commit else d.history.txn_abort
                 record(txn, "unknown", d.now(), issued_at=issued)
                 raise _Crash("commit_sent")
             await ending  # answered before the crash could land
-        else:
-            await d.end(txn, machine, commit, self.coordinators, self.epoch, PIPELINE)
+        else:  # answered once applied, as StatefulPipeline's commit(until_applied=True): the next batch reads it
+            await d.end(txn, machine, commit, self.coordinators, self.epoch, PIPELINE, applied=True)
         batch.fenced_at = self._fenced_at()
         self._point("committed", crash_at, zombie_at)
 
