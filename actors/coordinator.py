@@ -345,11 +345,12 @@ class TransactionCoordinator(TransactionalIdViews, ActorShell, FaultTarget):
 
     @guarded(Access.AUTHENTICATED)
     async def end_txn(self, txn: TxnID, action: EndAction, owner: str, epoch: int | None = None,
-                      transactional_id: str | None = None, caller: str | None = None) -> str:
+                      transactional_id: str | None = None, applied: bool = False, caller: str | None = None) -> str:
         """Commit or abort; returns the final state (COMMITTED or ABORTED) once every participant
-        has it (a commit once it is logged, with ``commit_answer="logged"``). Idempotent for the
-        same action; ``Fenced`` for a stale epoch of ``transactional_id``."""
-        state, _ = await self._end_txn(txn, action, owner, epoch, caller, transactional_id)
+        has it (a commit once it is logged, with ``commit_answer="logged"``, unless ``applied``:
+        a caller about to read what it committed). Idempotent for the same action; ``Fenced`` for
+        a stale epoch of ``transactional_id``."""
+        state, _ = await self._end_txn(txn, action, owner, epoch, caller, transactional_id, applied=applied)
         return state
 
     @guarded(Access.AUTHENTICATED)
@@ -387,7 +388,8 @@ class TransactionCoordinator(TransactionalIdViews, ActorShell, FaultTarget):
 
     async def _end_txn(self, txn: TxnID, action: EndAction, owner: str, epoch: int | None,
                        caller: str | None, transactional_id: str | None = None,
-                       begin_next: tuple[int, list, list] | None = None) -> tuple[str, TxnID | None]:
+                       begin_next: tuple[int, list, list] | None = None,
+                       applied: bool = False) -> tuple[str, TxnID | None]:
         requested = self.clock.monotonic()
         next_txn = None
         async with self._lock(txn):
@@ -403,7 +405,7 @@ class TransactionCoordinator(TransactionalIdViews, ActorShell, FaultTarget):
             elif result.finished:
                 return str(result.state), None
         self._drive(txn)
-        if action is EndAction.COMMIT and self._answers_at_log(txn):
+        if action is EndAction.COMMIT and not applied and self._answers_at_log(txn):
             self.info["commits_answered_at_log"] += 1
             committed = True
         else:

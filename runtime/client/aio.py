@@ -159,10 +159,10 @@ class AsyncTransaction:
     def state(self) -> TxnClientState:
         return self.sync.state
 
-    async def commit(self) -> None:
+    async def commit(self, until_applied: bool = False) -> None:
         """``Transaction.commit``: raises as it does. Cancelled, the commit still runs to its end;
         ``state`` then says how it ended."""
-        await self._client._blocking(self.sync.commit)
+        await self._client._blocking(self.sync.commit, until_applied)
 
     async def abort(self) -> None:
         await self._client._blocking(self.sync.abort)

@@ -18,7 +18,7 @@ import asyncio
 
 import msgspec
 
-from raytxn.errors import CorruptLedger, Fenced, StorageUnavailable
+from raytxn.errors import CorruptLedger, Fenced, PositionTrimmed, StorageUnavailable
 from raytxn.ids import Position
 from raytxn.ledger.framing import FrameKind, decode_frames, encode_frame
 from raytxn.ledger.storage import ObjectExists, Storage
@@ -74,6 +74,15 @@ async def read_metadata(storage: Storage, stream: str) -> StreamMetadata | None:
     if data is None:  # deleted between list and get: a newer version exists, read again
         return await read_metadata(storage, stream)
     return decode_metadata(data, newest)
+
+
+async def raise_if_trimmed(storage: Storage, stream: str, position: Position) -> None:
+    """An object vanished under a reader that listed it: ``PositionTrimmed`` when retention
+    trimmed ``position`` meanwhile (the reader's ledger metadata was older than the trim), else
+    nothing (the caller's ``CorruptLedger`` stands)."""
+    meta = await read_metadata(storage, stream)
+    if meta is not None and position < meta.trimmed_below:
+        raise PositionTrimmed(f"{stream}: {position} was trimmed while reading (trim point {meta.trimmed_below})")
 
 
 def decode_metadata(data: bytes, path: str) -> StreamMetadata:

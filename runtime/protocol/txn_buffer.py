@@ -92,6 +92,7 @@ from collections.abc import Sequence
 
 import msgspec
 
+from raytxn import testing_bugs
 from raytxn.errors import (
     CorruptLedger,
     Fenced,
@@ -657,7 +658,7 @@ class TransactionBuffer:
             applied_entries=self._applied_entries,
             ongoing=list(self._ongoing.values()),
             aborted=list(self._aborted.values()),
-            dedup=list(self._dedup.values()),
+            dedup=[] if testing_bugs.REINTRODUCED["snapshot_without_dedup"] else list(self._dedup.values()),
             low_watermarks=dict(sorted(self._low_watermarks.items())),
             offsets=self.offsets.snapshot(),
         )
