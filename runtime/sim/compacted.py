@@ -34,6 +34,7 @@ from raytxn.config import PartitionConfig, SubscriptionConfig
 from raytxn.ids import Position, partition_actor_name, partition_stream, subscription_actor_name
 from raytxn.ledger import compacted as compacted_ledger
 from raytxn.ledger.compacted import PublishedHorizon, compacted_prefix, decode_kept, decode_published
+from raytxn.ledger.formats import DEFAULT_WRITE_FORMAT
 from raytxn.ledger.framing import FrameKind, encode_frame
 from raytxn.ledger.metadata import StreamMetadata, meta_path
 from raytxn.protocol.catalog import CATALOG_KEY, CATALOG_STREAM, Catalog, encode_catalog
@@ -77,7 +78,7 @@ def add_compacted_topics(world: World, topics: list[CompactedTopic], partition_c
                                       subscriptions=list(topic.subscriptions)).with_topics_active([topic.name])
     meta = StreamMetadata(version=1, incarnation=1, properties={CATALOG_KEY: encode_catalog(catalog)})
     world.storage.place(meta_path(CATALOG_STREAM, 1),
-                        encode_frame(FrameKind.META, 1, msgspec.msgpack.encode(meta)))
+                        encode_frame(FrameKind.META, 1, msgspec.msgpack.encode(meta), DEFAULT_WRITE_FORMAT))
 
 
 class SimTable(TableState):
