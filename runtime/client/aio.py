@@ -15,16 +15,20 @@ batching, retries, fencing, errors and state machines. What it adds is how a cal
   and the caller awaits it. They are shielded: a cancelled ``commit`` still ends the txn one way
   or the other, and the txn's ``state`` says which (a cancelled ``receive`` takes nothing: a
   message is popped only by a receive that returns it).
+
+The bulk path has its forms too (``raytxn.client.aio_bulk``): leases, table views and compacted
+readers, each awaiting the sync object's own machinery.
 """
 
 from __future__ import annotations
 
+import _thread
 import asyncio
 import concurrent.futures
 import functools
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Callable, Generator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from raytxn.client.batch import MessageBatch
 from raytxn.client.client import Client
@@ -33,15 +37,28 @@ from raytxn.client.consumer import Consumer
 from raytxn.client.message import Message, MessageId
 from raytxn.client.producer import Producer
 from raytxn.client.transaction import Transaction, TxnClientState
-from raytxn.errors import InvalidArgument, NotAllowed, Timeout
+from raytxn.errors import InvalidArgument, NotAllowed, Timeout, TransactionAlreadyAborted
+from raytxn.ids import TxnID
+
+if TYPE_CHECKING:
+    from raytxn.client.aio_bulk import AsyncCompactedReader, AsyncLeaseSet, AsyncTableView
 
 T = TypeVar("T")
 WORKER_THREADS = 8  # blocking implementations in flight at once per client (commits, admin calls)
+# A send or receive that needs no wait (room in the producer, a message queued) returns without
+# suspending; every this many in a row, it lets the loop turn once, so that a loop consuming a
+# deep queue or filling a large producer never holds the loop for a long stretch.
+YIELD_EVERY = 128
 
 
 def _wake(future: asyncio.Future) -> None:
     if not future.done():
         future.set_result(None)
+
+
+def _retrieved(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()  # marks it retrieved: whoever awaits it still gets it
 
 
 def _watcher(loop: asyncio.AbstractEventLoop) -> tuple[asyncio.Future, Callable[[], None]]:
@@ -55,11 +72,40 @@ def _watcher(loop: asyncio.AbstractEventLoop) -> tuple[asyncio.Future, Callable[
     return future, wake
 
 
+def _in_a_thread(fn: Callable[[], T], on_abandoned: Callable[[T], None] | None = None) -> asyncio.Future[T]:
+    """``fn()`` in a thread of its own, started without waiting for it to run (``threading.Thread``
+    waits: see ``AsyncClient._on_worker``): a future of the caller's loop. For the calls that
+    cannot use the client's workers: connecting (no client yet) and closing (it stops the client
+    loop, which hands calls to the workers). A result nobody waits for any more (the caller was
+    cancelled) goes to ``on_abandoned``."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(outcome: T | None, error: BaseException | None) -> None:
+        if future.cancelled():
+            if error is None and on_abandoned is not None:
+                on_abandoned(outcome)  # type: ignore[arg-type]
+        elif error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(outcome)  # type: ignore[arg-type]
+
+    def run() -> None:
+        try:
+            outcome, error = fn(), None
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            outcome, error = None, e
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(settle, outcome, error)
+
+    _thread.start_new_thread(run, ())
+    return future
+
+
 async def connect(storage: str | None = None, address: str | None = None, **options: Any) -> AsyncClient:
     """``raytxn.connect``, awaited: connecting may start Ray and the engine, which takes seconds."""
-    loop = asyncio.get_running_loop()
-    client = await loop.run_in_executor(None, functools.partial(connect_sync, storage, address, **options))
-    return AsyncClient(client)
+    connecting = _in_a_thread(functools.partial(connect_sync, storage, address, **options), Client.close)
+    return AsyncClient(await connecting)
 
 
 class AsyncClient:
@@ -69,11 +115,30 @@ class AsyncClient:
         self.sync = client
         self.workers = concurrent.futures.ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="raytxn-aio")
 
+    def _on_worker(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> asyncio.Future[T]:
+        """``fn(*args, **kwargs)`` started on a worker thread: a future of the caller's loop. The
+        client loop hands it to the pool, not the caller's loop: the pool starts its threads as
+        calls come, and a thread's start waits until it runs, which on a busy machine took the
+        caller's loop 0.7 s. Its outcome counts as retrieved, so one that nobody awaits (its
+        caller was cancelled) is not reported as an error never retrieved."""
+        call = functools.partial(fn, *args, **kwargs)
+
+        async def on_worker() -> T:
+            return await asyncio.get_running_loop().run_in_executor(self.workers, call)
+
+        future = asyncio.wrap_future(self.sync.loop.submit(on_worker()))
+        future.add_done_callback(_retrieved)
+        return future
+
     async def _blocking(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``fn(*args, **kwargs)`` on a worker thread, awaited, shielded from the caller's
         cancellation (the call runs to its end: see the module docstring)."""
-        loop = asyncio.get_running_loop()
-        return await asyncio.shield(loop.run_in_executor(self.workers, functools.partial(fn, *args, **kwargs)))
+        return await asyncio.shield(self._on_worker(fn, *args, **kwargs))
+
+    async def _offload(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)`` on a worker thread, awaited: for reads, which change nothing, so
+        a cancelled caller just stops waiting (the thread finishes the read and drops it)."""
+        return await self._on_worker(fn, *args, **kwargs)
 
     # --- admin ---------------------------------------------------------------------------
 
@@ -121,8 +186,41 @@ class AsyncClient:
         if it raises (the error then goes on)."""
         return _TransactionScope(self, timeout, transactional_id, epoch)
 
+    # --- the bulk path, compaction (raytxn.client.aio_bulk) ------------------------------------
+
+    async def lease_ranges(self, topic: str, subscription: str, holder: str, epoch: int = 0,
+                           **options: Any) -> AsyncLeaseSet:
+        """``Client.lease_ranges`` (the same options), awaited on the client loop."""
+        from raytxn.client.aio_bulk import AsyncLeaseSet
+
+        leases = await asyncio.wrap_future(self.sync.lease_ranges_async(topic, subscription, holder, epoch,
+                                                                        **options))
+        return AsyncLeaseSet(self, leases)
+
+    async def table_view(self, topic: str, poll_interval_s: float = 0.2) -> AsyncTableView:
+        """``Client.table_view``: loaded (from the compacted view, then the tail) on a worker."""
+        from raytxn.client.aio_bulk import AsyncTableView
+
+        return AsyncTableView(self, await self._blocking(self.sync.table_view, topic, poll_interval_s))
+
+    async def compacted_reader(self, topic: str, partition: int = 0, from_offset: int = 0,
+                               poll_interval_s: float = 0.2) -> AsyncCompactedReader:
+        """``Client.compacted_reader``: its first look made on a worker."""
+        from raytxn.client.aio_bulk import AsyncCompactedReader
+
+        reader = await self._blocking(self.sync.compacted_reader, topic, partition, from_offset, poll_interval_s)
+        return AsyncCompactedReader(self, reader)
+
+    async def compact(self, topic: str, partition: int | None = None, **options: Any) -> list[dict[str, Any]]:
+        """``Client.compact`` on a worker (it reads and writes storage in bulk)."""
+        return await self._blocking(self.sync.compact, topic, partition, **options)
+
+    async def read_compacted(self, topic: str, partition: int = 0, from_offset: int = 0) -> list[dict[str, Any]]:
+        return await self._offload(self.sync.read_compacted, topic, partition, from_offset)
+
     async def close(self) -> None:
-        await self._blocking(self.sync.close)
+        """``Client.close`` (producers flushed, consumers closed), awaited; then the workers end."""
+        await asyncio.shield(_in_a_thread(self.sync.close))
         self.workers.shutdown(wait=False)
 
     async def __aenter__(self) -> AsyncClient:
@@ -145,27 +243,60 @@ def _subscribed(client: Client, topic: str, subscription: str, options: dict[str
 
 class AsyncTransaction:
     """A ``Transaction`` awaited; ``sync`` is the transaction itself (pass it as ``txn=`` to the
-    async producers and consumers, or its ``sync`` to the sync ones)."""
+    async producers and consumers, or its ``sync`` to the sync ones).
+
+    Its end runs on a worker, shielded: a commit or abort whose caller was cancelled still ends
+    the transaction one way or the other, and the next ``commit`` or ``abort`` first waits for
+    that end, then says how it went (``commit`` returns once committed and raises
+    ``TransactionAlreadyAborted``, chained to why, once aborted; ``abort`` the reverse), as
+    ``state`` does at any time."""
 
     def __init__(self, client: AsyncClient, txn: Transaction) -> None:
         self._client = client
         self.sync = txn
+        self._ending: asyncio.Future[None] | None = None  # the last commit or abort, on a worker
+        self._end_error: BaseException | None = None  # what the first end that failed raised
 
     @property
-    def id(self) -> Any:
-        return self.sync.id
+    def id(self) -> TxnID | None:
+        """Its id at the coordinator, None until it began: a lazy transaction begins with its
+        first send or ack (``await begin()`` begins it now). Reading it never waits."""
+        return self.sync.id if self.sync.began else None
+
+    async def begin(self) -> TxnID:
+        """Begin it at a coordinator now, if its first send or ack has not; its id."""
+        if self.sync.began:
+            return self.sync.id
+        return await asyncio.wrap_future(self._client.sync.loop.submit(self.sync._begun()))
 
     @property
     def state(self) -> TxnClientState:
         return self.sync.state
 
     async def commit(self) -> None:
-        """``Transaction.commit``: raises as it does. Cancelled, the commit still runs to its end;
-        ``state`` then says how it ended."""
-        await self._client._blocking(self.sync.commit)
+        """``Transaction.commit``: raises as it does (see the class docstring for a commit whose
+        caller was cancelled)."""
+        await self._end(self.sync.commit)
 
     async def abort(self) -> None:
-        await self._client._blocking(self.sync.abort)
+        await self._end(self.sync.abort)
+
+    async def _end(self, end: Callable[[], None]) -> None:
+        previous = self._ending
+        if previous is not None and not previous.done():
+            await asyncio.wait([previous])  # (never raises; cancelling this waiter leaves it running)
+        ending = self._ending = self._client._on_worker(end)
+        ending.add_done_callback(self._note_failure)
+        try:
+            await asyncio.shield(ending)
+        except TransactionAlreadyAborted as e:
+            if self._end_error is not None and e is not self._end_error and e.__cause__ is None:
+                raise e from self._end_error  # says why: the end that did abort it
+            raise
+
+    def _note_failure(self, ending: asyncio.Future[None]) -> None:
+        if self._end_error is None and not ending.cancelled() and ending.exception() is not None:
+            self._end_error = ending.exception()
 
 
 class _TransactionScope:
@@ -190,27 +321,54 @@ def _sync_txn(txn: AsyncTransaction | Transaction | None) -> Transaction | None:
     return txn.sync if isinstance(txn, AsyncTransaction) else txn
 
 
+class SendFuture:
+    """What ``AsyncProducer.send_nowait`` returns: await it for the message's ``MessageId``, once
+    it is durable. The producer's own future (``future``, a ``concurrent.futures.Future``) is
+    wrapped for the caller's loop only when awaited: a producer that sends thousands and awaits
+    ``flush`` (or the last one) makes no asyncio future per message. ``done()`` never waits."""
+
+    __slots__ = ("future",)
+
+    def __init__(self, future: concurrent.futures.Future[MessageId]) -> None:
+        self.future = future
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def __await__(self) -> Generator[Any, None, MessageId]:
+        return asyncio.wrap_future(self.future).__await__()
+
+
 class AsyncProducer:
     """A ``Producer`` awaited; ``sync`` is the producer itself."""
 
     def __init__(self, client: AsyncClient, producer: Producer) -> None:
         self._client = client
         self.sync = producer
+        self._without_turn = 0  # sends since the loop last turned (YIELD_EVERY)
 
     async def send(self, value: bytes, key: str | None = None, properties: dict[str, str] | None = None,
                    event_time: int | None = None, txn: AsyncTransaction | Transaction | None = None) -> MessageId:
-        """Send and await durability; the message's id."""
+        """Send and await durability; the message's id. Cancelled while it awaits, the message
+        is still sent (a message handed to the producer is not taken back, as with Kafka's)."""
         return await (await self.send_nowait(value, key, properties, event_time, txn))
 
     async def send_nowait(self, value: bytes, key: str | None = None, properties: dict[str, str] | None = None,
                           event_time: int | None = None,
-                          txn: AsyncTransaction | Transaction | None = None) -> asyncio.Future[MessageId]:
+                          txn: AsyncTransaction | Transaction | None = None) -> SendFuture:
         """Queue the message (awaiting room while the producer is at its pending limits, where the
-        sync ``send_async`` would block its thread); returns a future of its id, resolved once it
-        is durable."""
-        await self._room(len(value) if isinstance(value, bytes | bytearray | memoryview) else 0)
-        future = self.sync.send_async(value, key, properties, event_time, _sync_txn(txn))
-        return asyncio.wrap_future(future)
+        sync ``send_async`` would block its thread); returns an awaitable of its id, resolved once
+        it is durable."""
+        size = len(value) if isinstance(value, bytes | bytearray | memoryview) else 0
+        if not self.sync._room_or_watch(size, None):
+            await self._room(size)
+            self._without_turn = 0
+        else:
+            self._without_turn += 1
+            if self._without_turn >= YIELD_EVERY:
+                self._without_turn = 0
+                await asyncio.sleep(0)
+        return SendFuture(self.sync.send_async(value, key, properties, event_time, _sync_txn(txn)))
 
     async def _room(self, size: int) -> None:
         loop = asyncio.get_running_loop()
@@ -219,12 +377,13 @@ class AsyncProducer:
             waiter, wake = _watcher(loop)
             if self.sync._room_or_watch(size, wake):
                 return
-            left = deadline - time.monotonic()
             try:
-                await asyncio.wait_for(waiter, max(0.0, left))
+                await asyncio.wait_for(waiter, max(0.0, deadline - time.monotonic()))
             except TimeoutError:
                 if time.monotonic() >= deadline:
                     return  # send_async raises ProducerQueueFull, as the sync producer does
+            finally:
+                self.sync._unwatch_room(wake)
 
     async def flush(self, txn: AsyncTransaction | Transaction | None = None) -> None:
         """Await everything queued so far (in ``txn`` only, if given) being durable."""
@@ -238,6 +397,13 @@ class AsyncProducer:
         await self._client._blocking(self.sync.close)
 
 
+async def _settled(future: concurrent.futures.Future[T]) -> T:
+    """Await a future of the client loop that other callers may share (acks of one entry in one
+    txn share one): a cancelled caller stops waiting, the work goes on and its outcome stays
+    the transaction's (``Transaction.track``)."""
+    return await asyncio.shield(asyncio.wrap_future(future))
+
+
 class AsyncConsumer:
     """A ``Consumer`` awaited; ``sync`` is the consumer itself. ``async for message in consumer``
     receives until the consumer closes."""
@@ -245,6 +411,7 @@ class AsyncConsumer:
     def __init__(self, client: AsyncClient, consumer: Consumer) -> None:
         self._client = client
         self.sync = consumer
+        self._without_turn = 0  # receives since the loop last turned (YIELD_EVERY)
 
     async def _wait_queued(self, deadline: float | None) -> bool:
         """Wait until a message is queued (True) or ``deadline`` passes (False)."""
@@ -255,25 +422,38 @@ class AsyncConsumer:
                 consumer._check_open()
                 if consumer._queued:
                     return True
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
                 waiter, wake = _watcher(loop)
                 consumer._watchers.append(wake)
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                return False
             try:
                 await asyncio.wait_for(waiter, left)
             except TimeoutError:
                 return False
+            finally:
+                consumer._unwatch(wake)  # (called already when a message came: then a no-op)
 
     async def receive(self, timeout: float | None = None) -> Message:
         """The next message; waits up to ``timeout`` seconds (None: for ever), then ``Timeout``.
         Cancelled while waiting, it takes nothing."""
+        consumer = self.sync
+        if consumer._queued and not consumer._closed:  # the common case under load: no watcher
+            self._without_turn += 1
+            if self._without_turn >= YIELD_EVERY:
+                self._without_turn = 0
+                await asyncio.sleep(0)
+            try:
+                return consumer.receive(timeout=0)
+            except Timeout:
+                pass  # another receive took it first
+        self._without_turn = 0
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             if not await self._wait_queued(deadline):
-                raise Timeout(f"no message on {self.sync.topic}/{self.sync.subscription} within {timeout}s")
+                raise Timeout(f"no message on {consumer.topic}/{consumer.subscription} within {timeout}s")
             try:
-                return self.sync.receive(timeout=0)  # pops without waiting
+                return consumer.receive(timeout=0)  # pops without waiting
             except Timeout:
                 continue  # another receive took it first
 
@@ -288,16 +468,22 @@ class AsyncConsumer:
     async def acknowledge(self, message: Message | MessageId,
                           txn: AsyncTransaction | Transaction | None = None) -> None:
         """Ack; a plain ack returns at once (grouped, sent within milliseconds), one in a txn once
-        it is in the subscription's pending-ack log (raising as ``Consumer.acknowledge`` does)."""
+        it is in the subscription's pending-ack log (raising as ``Consumer.acknowledge`` does).
+        Cancelled while it awaits, the ack goes on: the txn's commit waits for it, and aborts if
+        it failed."""
         sync_txn = _sync_txn(txn)
         if sync_txn is None:
             self.sync.acknowledge(message)
         else:
-            await asyncio.wrap_future(self.sync.acknowledge_async(message, sync_txn))
+            await _settled(self.sync.acknowledge_async(message, sync_txn))
 
     async def acknowledge_cumulative(self, message: Message | MessageId,
                                      txn: AsyncTransaction | Transaction | None = None) -> None:
-        await asyncio.wrap_future(self.sync.acknowledge_cumulative_async(message, _sync_txn(txn)))
+        await _settled(self.sync.acknowledge_cumulative_async(message, _sync_txn(txn)))
+
+    async def acknowledge_batch(self, batch: MessageBatch, txn: AsyncTransaction | Transaction | None = None) -> None:
+        """``MessageBatch.ack``, awaited: every message of a ``receive_batch``'s batch."""
+        await _settled(batch.ack_async(_sync_txn(txn)))
 
     def negative_acknowledge(self, message: Message | MessageId) -> None:
         self.sync.negative_acknowledge(message)

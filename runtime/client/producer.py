@@ -615,15 +615,23 @@ class Producer:
                 self._open[batch.key] = batch
                 tails.append(batch)
 
-    def _room_or_watch(self, size: int, watcher: Callable[[], None]) -> bool:
-        """Whether one more message of ``size`` bytes fits now; if not, ``watcher`` is called once
-        pending messages complete (raytxn.aio waits for room so, not blocked on ``_room``)."""
+    def _room_or_watch(self, size: int, watcher: Callable[[], None] | None) -> bool:
+        """Whether one more message of ``size`` bytes fits now; if not, ``watcher`` (when given)
+        is called once pending messages complete (raytxn.aio waits for room so, not blocked on
+        ``_room``; a waiter that gives up takes its watcher back with ``_unwatch_room``)."""
         with self._lock:
             if self._pending_messages > 0 and (self._pending_messages + 1 > self.max_pending_messages
                                                or self._pending_bytes + size > self.max_pending_bytes):
-                self._room_watchers.append(watcher)
+                if watcher is not None:
+                    self._room_watchers.append(watcher)
                 return False
             return True
+
+    def _unwatch_room(self, watcher: Callable[[], None]) -> None:
+        """Forget ``watcher`` if it was not called yet: the list stays as long as the waits."""
+        with self._lock:
+            if watcher in self._room_watchers:
+                self._room_watchers.remove(watcher)
 
     def _wait_for_room(self, count: int, size: int) -> None:
         """Under the lock: block while ``count`` more messages of ``size`` bytes would pass the

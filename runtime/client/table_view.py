@@ -20,6 +20,7 @@ compacted view; its listeners then hear the keys whose values changed meanwhile.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -98,6 +99,12 @@ class TableView:
         """Apply everything committed before this call; returns ``position`` then."""
         self._check_open()
         return self._client.loop.run(self._refresh(), timeout_s)
+
+    def refresh_async(self) -> concurrent.futures.Future[dict[int, int]]:
+        """``refresh`` without waiting: a future of ``position`` once everything committed before
+        this call is applied."""
+        self._check_open()
+        return self._client.loop.submit(self._refresh())
 
     def close(self) -> None:
         self._closed = True
