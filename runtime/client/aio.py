@@ -27,7 +27,7 @@ import asyncio
 import concurrent.futures
 import functools
 import time
-from collections.abc import AsyncIterator, Callable, Generator
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from raytxn.client.batch import MessageBatch
@@ -35,9 +35,9 @@ from raytxn.client.client import Client
 from raytxn.client.client import connect as connect_sync
 from raytxn.client.consumer import Consumer
 from raytxn.client.message import Message, MessageId
-from raytxn.client.producer import Producer
+from raytxn.client.producer import Producer, SendFuture
 from raytxn.client.transaction import Transaction, TxnClientState
-from raytxn.errors import InvalidArgument, NotAllowed, Timeout, TransactionAlreadyAborted
+from raytxn.errors import InvalidArgument, NotAllowed, ProducerQueueFull, Timeout, TransactionAlreadyAborted
 from raytxn.ids import TxnID
 
 if TYPE_CHECKING:
@@ -321,24 +321,6 @@ def _sync_txn(txn: AsyncTransaction | Transaction | None) -> Transaction | None:
     return txn.sync if isinstance(txn, AsyncTransaction) else txn
 
 
-class SendFuture:
-    """What ``AsyncProducer.send_nowait`` returns: await it for the message's ``MessageId``, once
-    it is durable. The producer's own future (``future``, a ``concurrent.futures.Future``) is
-    wrapped for the caller's loop only when awaited: a producer that sends thousands and awaits
-    ``flush`` (or the last one) makes no asyncio future per message. ``done()`` never waits."""
-
-    __slots__ = ("future",)
-
-    def __init__(self, future: concurrent.futures.Future[MessageId]) -> None:
-        self.future = future
-
-    def done(self) -> bool:
-        return self.future.done()
-
-    def __await__(self) -> Generator[Any, None, MessageId]:
-        return asyncio.wrap_future(self.future).__await__()
-
-
 class AsyncProducer:
     """A ``Producer`` awaited; ``sync`` is the producer itself."""
 
@@ -357,31 +339,44 @@ class AsyncProducer:
                           event_time: int | None = None,
                           txn: AsyncTransaction | Transaction | None = None) -> SendFuture:
         """Queue the message (awaiting room while the producer is at its pending limits, where the
-        sync ``send_async`` would block its thread); returns an awaitable of its id, resolved once
-        it is durable."""
-        size = len(value) if isinstance(value, bytes | bytearray | memoryview) else 0
-        if not self.sync._room_or_watch(size, None):
-            await self._room(size)
+        sync ``send_async`` would block its thread); returns the producer's future of its id, which
+        is awaitable: resolved once the message is durable."""
+        sync_txn = txn.sync if isinstance(txn, AsyncTransaction) else txn
+        future = self.sync._send_if_room(value, key, properties, event_time, sync_txn)
+        if future is None:  # full: nothing was queued
+            size = len(value) if isinstance(value, bytes | bytearray | memoryview) else 0
+            while future is None:
+                if not await self._room(size):
+                    producer = self.sync
+                    error = ProducerQueueFull(
+                        f"producer {producer.producer_name}: {producer.pending[0]} messages still pending after "
+                        f"{producer.send_timeout_s}s (max_pending_messages {producer.max_pending_messages}, "
+                        f"max_pending_bytes {producer.max_pending_bytes})")
+                    if sync_txn is not None:
+                        sync_txn.fail(error)  # as the sync send's: its earlier sends never commit without it
+                    raise error
+                future = self.sync._send_if_room(value, key, properties, event_time, sync_txn)
             self._without_turn = 0
         else:
             self._without_turn += 1
             if self._without_turn >= YIELD_EVERY:
                 self._without_turn = 0
                 await asyncio.sleep(0)
-        return SendFuture(self.sync.send_async(value, key, properties, event_time, _sync_txn(txn)))
+        return future
 
-    async def _room(self, size: int) -> None:
+    async def _room(self, size: int) -> bool:
+        """Wait until one more message of ``size`` bytes fits (True), or ``send_timeout_s`` passed."""
         loop = asyncio.get_running_loop()
         deadline = time.monotonic() + self.sync.send_timeout_s
         while True:
             waiter, wake = _watcher(loop)
             if self.sync._room_or_watch(size, wake):
-                return
+                return True
             try:
                 await asyncio.wait_for(waiter, max(0.0, deadline - time.monotonic()))
             except TimeoutError:
                 if time.monotonic() >= deadline:
-                    return  # send_async raises ProducerQueueFull, as the sync producer does
+                    return False
             finally:
                 self.sync._unwatch_room(wake)
 
@@ -397,11 +392,23 @@ class AsyncProducer:
         await self._client._blocking(self.sync.close)
 
 
-async def _settled(future: concurrent.futures.Future[T]) -> T:
-    """Await a future of the client loop that other callers may share (acks of one entry in one
-    txn share one): a cancelled caller stops waiting, the work goes on and its outcome stays
-    the transaction's (``Transaction.track``)."""
-    return await asyncio.shield(asyncio.wrap_future(future))
+def _settled(future: concurrent.futures.Future[T]) -> asyncio.Future[T]:
+    """A future of the client loop that other callers may share (acks of one entry in one txn
+    share one), to await on the caller's loop: a cancelled caller stops waiting, the work goes on
+    and its outcome stays the transaction's (``Transaction.track``)."""
+    return asyncio.shield(asyncio.wrap_future(future))
+
+
+class _Done:
+    """An awaitable that is done already (a plain ack's): awaiting it costs no coroutine."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return iter(())  # type: ignore[return-value]  # (await takes any iterator: no generator to make)
+
+
+_DONE = _Done()
 
 
 class AsyncConsumer:
@@ -438,7 +445,7 @@ class AsyncConsumer:
         """The next message; waits up to ``timeout`` seconds (None: for ever), then ``Timeout``.
         Cancelled while waiting, it takes nothing."""
         consumer = self.sync
-        if consumer._queued and not consumer._closed:  # the common case under load: no watcher
+        if consumer._queued:  # the common case under load: no watcher (receive(0) checks it is open)
             self._without_turn += 1
             if self._without_turn >= YIELD_EVERY:
                 self._without_turn = 0
@@ -465,17 +472,19 @@ class AsyncConsumer:
         await self._wait_queued(time.monotonic() + timeout_s)
         return self.sync.receive_batch(max_messages, timeout_s=0)
 
-    async def acknowledge(self, message: Message | MessageId,
-                          txn: AsyncTransaction | Transaction | None = None) -> None:
-        """Ack; a plain ack returns at once (grouped, sent within milliseconds), one in a txn once
-        it is in the subscription's pending-ack log (raising as ``Consumer.acknowledge`` does).
-        Cancelled while it awaits, the ack goes on: the txn's commit waits for it, and aborts if
-        it failed."""
-        sync_txn = _sync_txn(txn)
-        if sync_txn is None:
+    def acknowledge(self, message: Message | MessageId,
+                    txn: AsyncTransaction | Transaction | None = None) -> Awaitable[None]:
+        """Ack, made at the call; await what it returns. A plain ack is done at once (grouped,
+        sent within milliseconds); one in a txn once it is in the subscription's pending-ack log
+        (raising as ``Consumer.acknowledge`` does). A caller cancelled while it awaits stops
+        waiting; the ack goes on, and the txn's commit waits for it (aborting if it failed).
+
+        Not a coroutine: a plain ack is a call that never waits, and a coroutine of its own was a
+        quarter of an awaited receive-and-ack's cost per message."""
+        if txn is None:
             self.sync.acknowledge(message)
-        else:
-            await _settled(self.sync.acknowledge_async(message, sync_txn))
+            return _DONE
+        return _settled(self.sync.acknowledge_async(message, _sync_txn(txn)))
 
     async def acknowledge_cumulative(self, message: Message | MessageId,
                                      txn: AsyncTransaction | Transaction | None = None) -> None:
