@@ -27,7 +27,7 @@ import asyncio
 import concurrent.futures
 import functools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from raytxn.client.batch import MessageBatch
@@ -399,16 +399,13 @@ def _settled(future: concurrent.futures.Future[T]) -> asyncio.Future[T]:
     return asyncio.shield(asyncio.wrap_future(future))
 
 
-class _Done:
-    """An awaitable that is done already (a plain ack's): awaiting it costs no coroutine."""
-
-    __slots__ = ()
-
-    def __await__(self) -> Generator[Any, None, None]:
-        return iter(())  # type: ignore[return-value]  # (await takes any iterator: no generator to make)
-
-
-_DONE = _Done()
+def _done() -> asyncio.Future[None]:
+    """A future that is done already: what a plain ack returns. Awaiting a done future runs no
+    Python code (an awaitable of our own ran its ``__await__``, as much as the ack itself), and
+    never touches its loop, so one serves every await."""
+    future = asyncio.get_running_loop().create_future()
+    future.set_result(None)
+    return future
 
 
 class AsyncConsumer:
@@ -419,15 +416,16 @@ class AsyncConsumer:
         self._client = client
         self.sync = consumer
         self._without_turn = 0  # receives since the loop last turned (YIELD_EVERY)
+        self._acked: asyncio.Future[None] | None = None  # done: what every plain ack returns
 
-    async def _wait_queued(self, deadline: float | None) -> bool:
-        """Wait until a message is queued (True) or ``deadline`` passes (False)."""
+    async def _wait_queued(self, deadline: float | None, count: int = 1) -> bool:
+        """Wait until ``count`` messages are queued (True) or ``deadline`` passes (False)."""
         consumer = self.sync
         loop = asyncio.get_running_loop()
         while True:
             with consumer._cond:
                 consumer._check_open()
-                if consumer._queued:
+                if consumer._queued >= count:
                     return True
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
@@ -472,6 +470,29 @@ class AsyncConsumer:
         await self._wait_queued(time.monotonic() + timeout_s)
         return self.sync.receive_batch(max_messages, timeout_s=0)
 
+    async def batch_receive(self, max_messages: int = 100, timeout: float = 0.1) -> list[Message]:
+        """``Consumer.batch_receive``: up to ``max_messages`` messages, once that many are queued
+        or ``timeout`` seconds passed (then possibly none). One await for many messages: where a
+        loop's work per message is small, the await per ``receive`` is a share of it that this
+        spreads over the batch."""
+        if type(max_messages) is not int or max_messages < 1:
+            raise InvalidArgument(f"max_messages must be an int >= 1, got {max_messages!r}")
+        if self.sync._queued < max_messages:
+            await self._wait_queued(time.monotonic() + timeout, max_messages)
+        else:
+            await asyncio.sleep(0)  # (one turn of the loop a batch: a full queue never holds it)
+        return self.sync.batch_receive(max_messages, timeout=0)
+
+    async def seek(self, target: MessageId | int) -> None:
+        """``Consumer.seek`` (a message id, or a publish time in ms), on a worker."""
+        await self._client._blocking(self.sync.seek, target)
+
+    async def unsubscribe(self) -> None:
+        await self._client._blocking(self.sync.unsubscribe)
+
+    async def stats(self) -> list[dict[str, Any]]:
+        return await self._client._offload(self.sync.stats)
+
     def acknowledge(self, message: Message | MessageId,
                     txn: AsyncTransaction | Transaction | None = None) -> Awaitable[None]:
         """Ack, made at the call; await what it returns. A plain ack is done at once (grouped,
@@ -483,7 +504,10 @@ class AsyncConsumer:
         quarter of an awaited receive-and-ack's cost per message."""
         if txn is None:
             self.sync.acknowledge(message)
-            return _DONE
+            done = self._acked
+            if done is None:
+                done = self._acked = _done()
+            return done
         return _settled(self.sync.acknowledge_async(message, _sync_txn(txn)))
 
     async def acknowledge_cumulative(self, message: Message | MessageId,

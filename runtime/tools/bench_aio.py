@@ -4,7 +4,9 @@
   interleaved rounds (which goes first alternates): produce (``send_async`` per message then
   ``flush``, against ``await send_nowait`` then ``await flush``, each onto the same topic) and
   consume (``receive`` + plain ``acknowledge`` per message, against their awaited forms, each from
-  a new subscription of the same topic, so both read the same messages). Target: async/sync >= 0.9.
+  a new subscription of the same topic, so both read the same messages; and ``batch_receive`` of
+  100 + an ack each, sync and awaited). Target: async/sync >= 0.9. Each figure comes with the
+  calling thread's CPU per message, which a busy machine disturbs less than the wall's rates.
 * A Ray Serve replica's latency for a trivial request (a handle call of a method returning at
   once) while its consumer waits on an empty topic (``await receive(timeout=5)`` in a loop), as a
   ratio to the same replica's latency with no consumer running, in interleaved rounds. Target:
@@ -38,6 +40,9 @@ PAYLOAD = b"x" * 100
 WAIT_RECEIVE_S = 5.0  # the waiting consumer's receive timeout
 SYNC_RECEIVE_S = 0.2  # the reference's sync receive: short, so the run stays short
 QUIET = {"log_level": "WARNING", "enable_access_log": False}  # not a line per request on the driver's output
+OPERATIONS = ("produce", "consume", "batch")
+WAYS = tuple(f"{operation}-{way}" for operation in OPERATIONS for way in ("sync", "async"))
+BATCH = 100  # batch_receive's max_messages
 SIZES = {True: {"rounds": 2, "messages": 5_000, "samples": 30},
          False: {"rounds": 5, "messages": 200_000, "samples": 300}}
 
@@ -66,46 +71,87 @@ def bench_aio(short: bool = False, progress: Callable[[str], None] = print, roun
 # --- throughput --------------------------------------------------------------------------------
 
 
-def _produce_sync(client: rt.Client, topic: str, count: int) -> float:
+class _Timed:
+    """A run's clock: msgs/s over the wall, and the calling thread's CPU per message (the API's
+    own cost, which a busy machine's scheduling disturbs far less than the wall)."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.wall, self.cpu = time.perf_counter(), time.thread_time()
+
+    def done(self) -> tuple[float, float]:
+        wall, cpu = time.perf_counter() - self.wall, time.thread_time() - self.cpu
+        return self.count / wall, cpu / self.count * 1e6
+
+
+def _produce_sync(client: rt.Client, topic: str, count: int) -> tuple[float, float]:
     producer = client.create_producer(topic)
-    started = time.perf_counter()
+    timed = _Timed(count)
     for _ in range(count):
         producer.send_async(PAYLOAD)
     producer.flush()
-    seconds = time.perf_counter() - started
+    figures = timed.done()
     producer.close()
-    return count / seconds
+    return figures
 
 
-async def _produce_async(client: aio.AsyncClient, topic: str, count: int) -> float:
+async def _produce_async(client: aio.AsyncClient, topic: str, count: int) -> tuple[float, float]:
     producer = await client.create_producer(topic)
-    started = time.perf_counter()
+    timed = _Timed(count)
     for _ in range(count):
         await producer.send_nowait(PAYLOAD)
     await producer.flush()
-    seconds = time.perf_counter() - started
+    figures = timed.done()
     await producer.close()
-    return count / seconds
+    return figures
 
 
-def _consume_sync(client: rt.Client, topic: str, subscription: str, count: int) -> float:
+def _consume_sync(client: rt.Client, topic: str, subscription: str, count: int) -> tuple[float, float]:
     consumer = client.subscribe(topic, subscription, initial_position="earliest")
-    started = time.perf_counter()
+    timed = _Timed(count)
     for _ in range(count):
         consumer.acknowledge(consumer.receive(timeout=30))
-    seconds = time.perf_counter() - started
+    figures = timed.done()
     consumer.close()
-    return count / seconds
+    return figures
 
 
-async def _consume_async(client: aio.AsyncClient, topic: str, subscription: str, count: int) -> float:
+async def _consume_async(client: aio.AsyncClient, topic: str, subscription: str,
+                         count: int) -> tuple[float, float]:
     consumer = await client.subscribe(topic, subscription, initial_position="earliest")
-    started = time.perf_counter()
+    timed = _Timed(count)
     for _ in range(count):
         await consumer.acknowledge(await consumer.receive(timeout=30))
-    seconds = time.perf_counter() - started
+    figures = timed.done()
     await consumer.close()
-    return count / seconds
+    return figures
+
+
+def _batches_sync(client: rt.Client, topic: str, subscription: str, count: int) -> tuple[float, float]:
+    consumer = client.subscribe(topic, subscription, initial_position="earliest")
+    timed = _Timed(count)
+    done = 0
+    while done < count:
+        for message in consumer.batch_receive(BATCH, timeout=30):
+            consumer.acknowledge(message)
+            done += 1
+    figures = timed.done()
+    consumer.close()
+    return figures
+
+
+async def _batches_async(client: aio.AsyncClient, topic: str, subscription: str,
+                         count: int) -> tuple[float, float]:
+    consumer = await client.subscribe(topic, subscription, initial_position="earliest")
+    timed = _Timed(count)
+    done = 0
+    while done < count:
+        for message in await consumer.batch_receive(BATCH, timeout=30):
+            consumer.acknowledge(message)  # a plain ack is made at the call
+            done += 1
+    figures = timed.done()
+    await consumer.close()
+    return figures
 
 
 def _throughput(client: rt.Client, count: int, rounds: int, progress: Callable[[str], None]) -> list[dict]:
@@ -120,23 +166,27 @@ def _throughput(client: rt.Client, count: int, rounds: int, progress: Callable[[
     asyncio.run(_produce_async(async_client, produced, count))
     _consume_sync(client, consumed, "warm-sync", count)
     asyncio.run(_consume_async(async_client, consumed, "warm-async", count))
-    rates: dict[str, list[float]] = {"produce-sync": [], "produce-async": [], "consume-sync": [],
-                                     "consume-async": []}
+    asyncio.run(_batches_async(async_client, consumed, "warm-batches", count))
+    rates: dict[str, list[float]] = {way: [] for way in WAYS}
+    cpu: dict[str, list[float]] = {way: [] for way in WAYS}
+    runs = {"produce-sync": lambda _: _produce_sync(client, produced, count),
+            "produce-async": lambda _: asyncio.run(_produce_async(async_client, produced, count)),
+            "consume-sync": lambda name: _consume_sync(client, consumed, name, count),
+            "consume-async": lambda name: asyncio.run(_consume_async(async_client, consumed, name, count)),
+            "batch-sync": lambda name: _batches_sync(client, consumed, name, count),
+            "batch-async": lambda name: asyncio.run(_batches_async(async_client, consumed, name, count))}
     for round_ in range(rounds):
-        ways = ("sync", "async") if round_ % 2 == 0 else ("async", "sync")
-        for way in ways:
-            rates[f"produce-{way}"].append(_produce_sync(client, produced, count) if way == "sync" else
-                                           asyncio.run(_produce_async(async_client, produced, count)))
-        for way in ways:
-            subscription = f"{way}-{round_}"
-            rates[f"consume-{way}"].append(
-                _consume_sync(client, consumed, subscription, count) if way == "sync" else
-                asyncio.run(_consume_async(async_client, consumed, subscription, count)))
-        progress("  round {}: produce sync {:.0f}, async {:.0f}; consume sync {:.0f}, async {:.0f} msgs/s".format(
-            round_ + 1, *(rates[k][-1] for k in ("produce-sync", "produce-async", "consume-sync", "consume-async"))))
+        for operation in OPERATIONS:
+            for way in (("sync", "async") if round_ % 2 == 0 else ("async", "sync")):
+                rate, us = runs[f"{operation}-{way}"](f"{operation}-{way}-{round_}")
+                rates[f"{operation}-{way}"].append(rate)
+                cpu[f"{operation}-{way}"].append(us)
+        progress(f"  round {round_ + 1}: " + "; ".join(
+            f"{operation} sync {rates[f'{operation}-sync'][-1]:.0f}, async {rates[f'{operation}-async'][-1]:.0f}"
+            for operation in OPERATIONS) + " msgs/s")
     async_client.workers.shutdown(wait=False)
     client.delete_topics([produced, consumed])
-    rows = throughput_rows(count, rates)
+    rows = throughput_rows(count, rates, cpu)
     for row in rows:
         if "ratio" in row:
             progress(f"  {row['case']}: best rounds {row['ratio']:.2f}, median of rounds "
@@ -144,22 +194,27 @@ def _throughput(client: rt.Client, count: int, rounds: int, progress: Callable[[
     return rows
 
 
-def throughput_rows(count: int, rates: dict[str, list[float]]) -> list[dict]:
-    """A row per way (its best round) and an async/sync ratio row per operation. ``rates``: msgs/s
-    of every round of "produce-sync", "produce-async", "consume-sync", "consume-async"."""
+def throughput_rows(count: int, rates: dict[str, list[float]], cpu: dict[str, list[float]]) -> list[dict]:
+    """A row per way (its best round; the calling thread's CPU per message, least of the rounds)
+    and an async/sync ratio row per operation (of throughput; of the caller's CPU per message).
+    ``rates``: msgs/s of every round of each of ``WAYS``; ``cpu``: us a message of each round."""
     cases = {"produce-sync": "produce: send_async per message, then flush",
              "produce-async": "produce: await send_nowait per message, then await flush",
              "consume-sync": "consume: receive + acknowledge per message",
-             "consume-async": "consume: await receive + await acknowledge per message"}
+             "consume-async": "consume: await receive + await acknowledge per message",
+             "batch-sync": f"batch: batch_receive({BATCH}) + acknowledge each",
+             "batch-async": f"batch: await batch_receive({BATCH}) + acknowledge each"}
     rows: list[dict] = [{"bench": "aio", "case": case, "messages": count, "rounds": len(rates[way]),
-                         "msgs_per_s": round(max(rates[way]), 1), "all_rounds": [round(r, 1) for r in rates[way]]}
+                         "msgs_per_s": round(max(rates[way]), 1), "all_rounds": [round(r, 1) for r in rates[way]],
+                         "caller_us_per_msg": round(min(cpu[way]), 3)}
                         for way, case in cases.items()]
-    for operation in ("produce", "consume"):
+    for operation in OPERATIONS:
         sync, async_ = rates[f"{operation}-sync"], rates[f"{operation}-async"]
         per_round = [a / s for a, s in zip(async_, sync, strict=True)]
         rows.append({"bench": "aio", "case": f"{operation}: async/sync throughput ratio",
                      "ratio": round(max(async_) / max(sync), 3),
-                     "median_round_ratio": round(statistics.median(per_round), 3), "target": ">= 0.9"})
+                     "median_round_ratio": round(statistics.median(per_round), 3), "target": ">= 0.9",
+                     "caller_cpu_ratio": round(min(cpu[f"{operation}-async"]) / min(cpu[f"{operation}-sync"]), 3)})
     return rows
 
 

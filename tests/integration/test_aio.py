@@ -229,6 +229,30 @@ def test_a_full_producer_awaits_room_and_a_transactional_id_fences_its_zombie(cl
     run_checked(body)
 
 
+def test_batch_receive_seek_and_unsubscribe_await(client: rt.Client) -> None:
+    async def body() -> None:
+        ac = aio.AsyncClient(client)
+        topic = topic_name()
+        await ac.create_topic(topic)
+        producer = await ac.create_producer(topic)
+        ids = [await producer.send(f"m{i}".encode()) for i in range(10)]
+        consumer = await ac.subscribe(topic, "s", initial_position="earliest")
+        first = await consumer.batch_receive(4, timeout=10)  # four are there (or come): no need to wait longer
+        rest = await consumer.batch_receive(100, timeout=0.5)  # fewer than 100 by the timeout: what there is
+        assert [m.value() for m in first + rest] == [f"m{i}".encode() for i in range(10)]
+        assert await consumer.batch_receive(5, timeout=0.2) == []
+        await consumer.seek(ids[7])  # from the 8th again
+        assert [(await consumer.receive(timeout=10)).value() for _ in range(3)] == [b"m7", b"m8", b"m9"]
+        assert [row["subscription"] for row in await consumer.stats()] == ["s"]
+        assert (await ac.get_topic(topic))["subscriptions"] == ["s"]
+        await consumer.unsubscribe()
+        assert (await ac.get_topic(topic))["subscriptions"] == []
+        await producer.close()
+        ac.workers.shutdown(wait=False)
+
+    run_checked(body)
+
+
 # --- cancellation: no half-state ----------------------------------------------------------------
 
 
