@@ -448,10 +448,13 @@ class AsyncConsumer:
             if self._without_turn >= YIELD_EVERY:
                 self._without_turn = 0
                 await asyncio.sleep(0)
-            try:
-                return consumer.receive(timeout=0)
-            except Timeout:
-                pass  # another receive took it first
+            # Consumer.receive's pop, inline: a call layer less on the path every message takes
+            with consumer._queue_lock:
+                message = consumer._pop_locked() if consumer._queued and not consumer._closed else None
+            if message is not None:
+                if consumer.ack_timeout_s is not None:
+                    consumer._track_received([message])
+                return message
         self._without_turn = 0
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -503,7 +506,7 @@ class AsyncConsumer:
         Not a coroutine: a plain ack is a call that never waits, and a coroutine of its own was a
         quarter of an awaited receive-and-ack's cost per message."""
         if txn is None:
-            self.sync.acknowledge(message)
+            self.sync._ack_plain(message)  # Consumer.acknowledge's plain path, a call layer less
             done = self._acked
             if done is None:
                 done = self._acked = _done()
