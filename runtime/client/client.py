@@ -17,7 +17,7 @@ import os
 import time
 import uuid
 import weakref
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from dataclasses import fields, replace
 from typing import Any
 
@@ -118,6 +118,13 @@ def _engine_config(storage: str | None, storage_options: dict[str, Any], overrid
 
 
 _COORDINATOR_OPTIONS = frozenset(field.name for field in fields(CoordinatorConfig))
+
+
+def _initial_position(initial_position: InitialPosition | str) -> InitialPosition:
+    try:
+        return InitialPosition(initial_position)
+    except ValueError:
+        raise InvalidArgument(f"initial_position must be latest or earliest, got {initial_position!r}") from None
 
 
 def _timeout_ms(timeout: float) -> int:
@@ -395,12 +402,8 @@ class Client:
                             initial_position: InitialPosition | str = InitialPosition.Latest) -> dict[str, Any]:
         """Create ``subscription`` on every partition of ``topic`` at ``initial_position`` (a no-op
         when it exists), without attaching anything; returns the topic's facts."""
-        try:
-            position = InitialPosition(initial_position)
-        except ValueError:
-            raise InvalidArgument(f"initial_position must be latest or earliest, got {initial_position!r}") from None
-        return self.supervisor.call("create_subscription", topic, subscription, str(position),
-                                    deadline_s=self.deadline_s)
+        return self.supervisor.call("create_subscription", topic, subscription,
+                                    str(_initial_position(initial_position)), deadline_s=self.deadline_s)
 
     def lease_ranges(self, topic: str, subscription: str, holder: str, epoch: int = 0, *,
                      max_entries: int = 10_000, max_messages: int | None = None, max_bytes: int | None = None,
@@ -416,16 +419,39 @@ class Client:
         each partition's range. Partitions with
         nothing readable, or another holder's lease standing, are left out. A subscription with
         consumers attached refuses leases (``NotAllowed``)."""
+        return self.loop.run(self._lease(topic, subscription, holder, epoch, max_entries, max_messages, max_bytes,
+                                         timeout_s, initial_position))
+
+    def lease_ranges_async(self, topic: str, subscription: str, holder: str, epoch: int = 0, *,
+                           max_entries: int = 10_000, max_messages: int | None = None,
+                           max_bytes: int | None = None, timeout_s: float = 60.0,
+                           initial_position: InitialPosition | str = InitialPosition.Earliest,
+                           ) -> concurrent.futures.Future[LeaseSet]:
+        """``lease_ranges`` without waiting: a future of the ``LeaseSet`` (bad bounds raise here,
+        before anything is asked)."""
+        return self.loop.submit(self._lease(topic, subscription, holder, epoch, max_entries, max_messages,
+                                            max_bytes, timeout_s, initial_position))
+
+    def _lease(self, topic: str, subscription: str, holder: str, epoch: int, max_entries: int,
+               max_messages: int | None, max_bytes: int | None, timeout_s: float,
+               initial_position: InitialPosition | str) -> Coroutine[Any, Any, LeaseSet]:
+        """The leasing, checked at once (before the subscription is created), run on the loop."""
         for bound in (max_messages, max_bytes):  # checked before the subscription is created
             if bound is not None and (type(bound) is not int or bound < 1):
                 raise InvalidArgument(f"max_messages and max_bytes must be positive ints, got {bound!r}")
         if type(max_entries) is not int or max_entries < 1 or not 0 < timeout_s:
             raise InvalidArgument(f"max_entries must be a positive int and timeout_s > 0, got {max_entries!r}, "
                                   f"{timeout_s!r}")
-        partitions = self.create_subscription(topic, subscription, initial_position)["partitions"]
-        leases = self.loop.run(lease_partitions(self, topic, subscription, partitions, holder, epoch, max_entries,
-                                                max_messages, max_bytes, timeout_s))
-        return LeaseSet(self, topic, subscription, holder, epoch, leases)
+        position = _initial_position(initial_position)
+
+        async def lease() -> LeaseSet:
+            facts = await self.supervisor.call_async("create_subscription", topic, subscription, str(position),
+                                                     deadline_s=self.deadline_s)
+            leases = await lease_partitions(self, topic, subscription, facts["partitions"], holder, epoch,
+                                            max_entries, max_messages, max_bytes, timeout_s)
+            return LeaseSet(self, topic, subscription, holder, epoch, leases)
+
+        return lease()
 
     # --- compaction --------------------------------------------------------------------------
 

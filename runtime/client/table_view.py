@@ -20,6 +20,7 @@ compacted view; its listeners then hear the keys whose values changed meanwhile.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Iterator
@@ -180,6 +181,12 @@ class TableView(TableState):
         """Apply everything committed before this call; returns ``position`` then."""
         self._check_open()
         return self._client.loop.run(self.refresh_async(), timeout_s)
+
+    def refresh_future(self) -> concurrent.futures.Future[dict[int, int]]:
+        """``refresh`` without waiting: a future of ``position`` once everything committed before
+        this call is applied (what ``raytxn.aio``'s table view awaits)."""
+        self._check_open()
+        return self._client.loop.submit(self.refresh_async())
 
     def close(self) -> None:
         self._closed = True

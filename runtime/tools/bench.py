@@ -209,13 +209,14 @@ BENCHMARKS: dict[str, Callable[..., list[dict]]] = {
     "compaction": _lazy("raytxn.tools.bench_compaction", "bench_compaction"),
     "s3": _lazy("raytxn.tools.bench_s3", "bench_s3"),
     "peers": _lazy("raytxn.tools.bench_peers", "bench_peers"),
+    "aio": _lazy("raytxn.tools.bench_aio", "bench_aio"),
 }
 
 
 # The extras a benchmark needs beyond `bench` (which every run needs, for the chart): `raytxn bench`
 # checks them before it starts, so a missing one is named at once, not after minutes of others.
 BENCH_EXTRAS: dict[str, tuple[str, ...]] = {"spark": ("spark",), "kafka": ("kafka",), "gateways": ("kafka",),
-                                            "peers": ("kafka", "spark")}
+                                            "peers": ("kafka", "spark"), "aio": ("serve",)}
 
 
 def required_extras(names: list[str]) -> list[str]:
@@ -227,6 +228,7 @@ def required_extras(names: list[str]) -> list[str]:
 SIZE_OPTIONS: dict[str, tuple[str, ...]] = {
     "peers": ("rounds", "messages", "seconds", "samples", "eos_messages", "spark", "spark_rows", "spark_batch",
               "kafka_bootstrap"),
+    "aio": ("rounds", "messages", "samples"),
 }
 
 

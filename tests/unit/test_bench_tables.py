@@ -15,6 +15,7 @@ from rich.console import Console
 
 from raytxn.tools import (
     bench,
+    bench_aio,
     bench_auth,
     bench_ceiling,
     bench_commit,
@@ -73,6 +74,18 @@ def _auth() -> list[dict]:
 
 
 ROWS: dict[str, Callable[[], list[dict]]] = {
+    "aio": lambda: [*bench_aio.throughput_rows(5_000, {"produce-sync": [200_000.5, 210_000.25],
+                                                       "produce-async": [190_000.25, 205_000.75],
+                                                       "consume-sync": [300_000.5, 290_000.25],
+                                                       "consume-async": [280_000.75, 285_000.5],
+                                                       "batch-sync": [400_000.5, 410_000.25],
+                                                       "batch-async": [395_000.75, 405_000.5]},
+                                               {"produce-sync": [1.25, 1.5], "produce-async": [1.5, 1.75],
+                                                "consume-sync": [2.0, 1.75], "consume-async": [2.25, 2.5],
+                                                "batch-sync": [1.5, 1.25], "batch-async": [1.375, 1.5]}),
+                    *bench_aio.serve_rows(30, {"idle": [[1.25, 1.5, 2.0], [1.0, 1.75, 3.5]],
+                                               "waiting": [[1.5, 1.75, 2.25], [1.25, 2.0, 4.0]],
+                                               "sync": [[50.5, 100.25, 199.75]]})],
     "ledger": _ledger,
     "coordinator": _coordinator,
     "produce": lambda: [bench_produce.produce_row(4, 50_000, {"plain": [90_000.4, 95_000.6],
