@@ -72,6 +72,7 @@ from raytxn.auth import Access, AuthConfig, Authorizer, guarded
 from raytxn.client.rpc import ActorRef
 from raytxn.config import CoordinatorConfig
 from raytxn.errors import (
+    InvalidArgument,
     NotAllowed,
     ParticipantEndFailed,
     RaytxnError,
@@ -619,6 +620,7 @@ class TransactionCoordinator(TransactionalIdViews, ActorShell, FaultTarget):
             now = self.clock.now_ms()
             if now >= next_report_ms:
                 self.metrics.slow_txns(self.state.count_older_than(now, self.config.slow_txn_threshold_ms))
+                self.metrics.open_txns(self.state.live_count())
                 next_report_ms = now + int(self.config.slow_txn_report_s * 1000)
             due_ms = next_report_ms
             for txn, refused_ms in list(self._stalled_at.items()):
@@ -736,6 +738,17 @@ class TransactionCoordinator(TransactionalIdViews, ActorShell, FaultTarget):
         await self._answered_ends_logged()
         now = self.clock.now_ms()
         return [describe_txn(meta, now) for meta in self.state.older_than(now, older_than_ms, limit)]
+
+    @guarded(Access.SUPERUSER)
+    async def recent_outcomes(self, limit: int = 100) -> list[dict[str, Any]]:
+        """How the ``limit`` transactions that finished last here ended (COMMITTED, ABORTED,
+        TIMED_OUT, FENCED), the latest first, from the outcomes the coordinator remembers."""
+        await self._started()
+        if type(limit) is not int or limit < 1:
+            raise InvalidArgument(f"limit must be a positive integer, got {limit!r}")
+        await self._answered_ends_logged()
+        return [{"txn": str(TxnID(self.tc_id, sequence)), "tc_id": self.tc_id, "sequence": sequence,
+                 "outcome": str(outcome)} for sequence, outcome in self.state.recent(limit)]
 
     @guarded(Access.SUPERUSER)
     async def admin_abort(self, txn: TxnID) -> str:
