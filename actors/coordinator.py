@@ -51,6 +51,7 @@ last such entry.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Iterable
 from typing import Any
@@ -261,7 +262,7 @@ class TransactionCoordinator(TransactionalIdViews, ActorShell, FaultTarget):
             self._check_tid_principal(transactional_id, caller)
         timeout_ms = self.config.default_timeout_ms if timeout_ms is None else timeout_ms
         key = ("tid", transactional_id) if transactional_id is not None else None
-        async with self._lock(key) if key else _nullcontext():
+        async with self._lock(key) if key else contextlib.nullcontext():
             await self._writable()
             if transactional_id is not None:
                 repeated = self.state.repeated_new_txn(transactional_id, epoch, owner)
@@ -741,8 +742,7 @@ class TransactionCoordinator(TransactionalIdViews, ActorShell, FaultTarget):
 
     @guarded(Access.SUPERUSER)
     async def recent_outcomes(self, limit: int = 100) -> list[dict[str, Any]]:
-        """How the ``limit`` transactions that finished last here ended (COMMITTED, ABORTED,
-        TIMED_OUT, FENCED), the latest first, from the outcomes the coordinator remembers."""
+        """How the ``limit`` transactions that finished last here ended, the latest first."""
         await self._started()
         if type(limit) is not int or limit < 1:
             raise InvalidArgument(f"limit must be a positive integer, got {limit!r}")
@@ -774,15 +774,6 @@ class TransactionCoordinator(TransactionalIdViews, ActorShell, FaultTarget):
         stats["slow_txn_threshold_ms"] = self.config.slow_txn_threshold_ms
         stats["slow_txns"] = self.state.count_older_than(self.clock.now_ms(), self.config.slow_txn_threshold_ms)
         return stats
-
-
-
-class _nullcontext:
-    async def __aenter__(self) -> None:
-        return None
-
-    async def __aexit__(self, *exc: object) -> None:
-        return None
 
 
 def _timer_delay_s(due_ms: int, now_ms: int) -> float:

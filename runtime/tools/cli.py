@@ -255,8 +255,10 @@ def console_command(ctx: typer.Context,
     grafana` writes Grafana dashboards of the engine's metrics."""
     if ctx.invoked_subcommand is not None:
         return
-    try:
-        from raytxn.console.app import start_console
+    from raytxn.console.app import start_console
+
+    try:  # its error before anything starts, as `raytxn kafka` does
+        require_extra("console")
     except MissingExtra as e:
         console.print(str(e), style="red", markup=False)
         raise typer.Exit(2) from None
