@@ -161,6 +161,7 @@ def test_hanging_transactions_through_the_client_api(client: rt.Client) -> None:
         client.abort_transaction(young.id)
 
 
+@pytest.mark.slow(seconds=15)
 def test_browse_recent_backlog_and_the_console_commands(client: rt.Client) -> None:
     import socket
     import urllib.request

@@ -31,7 +31,7 @@ from tests.console_flows import (
 )
 from tests.engine import engine_client, restart_actor
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow(seconds=60)]
+pytestmark = [pytest.mark.ray, pytest.mark.slow(seconds=8)]  # 8 tests, about 65 s with the engine's start
 
 SECRET = new_secret()
 ADMIN = create_token(SECRET, "admin")

@@ -26,7 +26,7 @@ from raytxn.tools.testing import start_participant
 from tests.engine import engine_client, health_row, restart_actor, wait_for
 from tests.prometheus import Scrape, select, wait_for_metrics
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow(seconds=50)]
+pytestmark = [pytest.mark.ray, pytest.mark.slow(seconds=25)]  # 2 tests, about 50 s with the engine's start
 
 IDLE_S = 2.0
 
