@@ -51,6 +51,7 @@ last such entry.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Iterable
 from typing import Any
@@ -72,6 +73,7 @@ from raytxn.auth import Access, AuthConfig, Authorizer, guarded
 from raytxn.client.rpc import ActorRef
 from raytxn.config import CoordinatorConfig
 from raytxn.errors import (
+    InvalidArgument,
     NotAllowed,
     ParticipantEndFailed,
     RaytxnError,
@@ -260,7 +262,7 @@ class TransactionCoordinator(TransactionalIdViews, ActorShell, FaultTarget):
             self._check_tid_principal(transactional_id, caller)
         timeout_ms = self.config.default_timeout_ms if timeout_ms is None else timeout_ms
         key = ("tid", transactional_id) if transactional_id is not None else None
-        async with self._lock(key) if key else _nullcontext():
+        async with self._lock(key) if key else contextlib.nullcontext():
             await self._writable()
             if transactional_id is not None:
                 repeated = self.state.repeated_new_txn(transactional_id, epoch, owner)
@@ -619,6 +621,7 @@ class TransactionCoordinator(TransactionalIdViews, ActorShell, FaultTarget):
             now = self.clock.now_ms()
             if now >= next_report_ms:
                 self.metrics.slow_txns(self.state.count_older_than(now, self.config.slow_txn_threshold_ms))
+                self.metrics.open_txns(self.state.live_count())
                 next_report_ms = now + int(self.config.slow_txn_report_s * 1000)
             due_ms = next_report_ms
             for txn, refused_ms in list(self._stalled_at.items()):
@@ -738,6 +741,16 @@ class TransactionCoordinator(TransactionalIdViews, ActorShell, FaultTarget):
         return [describe_txn(meta, now) for meta in self.state.older_than(now, older_than_ms, limit)]
 
     @guarded(Access.SUPERUSER)
+    async def recent_outcomes(self, limit: int = 100) -> list[dict[str, Any]]:
+        """How the ``limit`` transactions that finished last here ended, the latest first."""
+        await self._started()
+        if type(limit) is not int or limit < 1:
+            raise InvalidArgument(f"limit must be a positive integer, got {limit!r}")
+        await self._answered_ends_logged()
+        return [{"txn": str(TxnID(self.tc_id, sequence)), "tc_id": self.tc_id, "sequence": sequence,
+                 "outcome": str(outcome)} for sequence, outcome in self.state.recent(limit)]
+
+    @guarded(Access.SUPERUSER)
     async def admin_abort(self, txn: TxnID) -> str:
         """Abort a transaction whoever owns it (operators; with auth on, superusers only)."""
         await self._started()
@@ -761,15 +774,6 @@ class TransactionCoordinator(TransactionalIdViews, ActorShell, FaultTarget):
         stats["slow_txn_threshold_ms"] = self.config.slow_txn_threshold_ms
         stats["slow_txns"] = self.state.count_older_than(self.clock.now_ms(), self.config.slow_txn_threshold_ms)
         return stats
-
-
-
-class _nullcontext:
-    async def __aenter__(self) -> None:
-        return None
-
-    async def __aexit__(self, *exc: object) -> None:
-        return None
 
 
 def _timer_delay_s(due_ms: int, now_ms: int) -> float:

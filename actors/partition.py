@@ -36,6 +36,7 @@ import ray
 
 from raytxn import testing_bugs
 from raytxn.actors.compaction import PartitionCompaction
+from raytxn.actors.partition_browse import PartitionBrowse
 from raytxn.actors.partition_kafka import PartitionKafka
 from raytxn.actors.partition_producers import ProducerStates
 from raytxn.actors.retention import topic_and_marks
@@ -96,7 +97,7 @@ SNAPSHOT_LIST_ATTEMPTS = 8
 _encoder = msgspec.msgpack.Encoder()
 
 
-class PartitionBuffer(ProducerStates, PartitionKafka, ActorShell, FaultTarget, TopicPermissions):
+class PartitionBuffer(ProducerStates, PartitionKafka, PartitionBrowse, ActorShell, FaultTarget, TopicPermissions):
     actor_kind = "partition"
 
     def __init__(self, topic: str, partition: int, storage_url: str | None = None,
@@ -129,7 +130,7 @@ class PartitionBuffer(ProducerStates, PartitionKafka, ActorShell, FaultTarget, T
         self.compaction = PartitionCompaction(self.storage, topic, partition, self.stream, compaction)
         self.info: dict[str, Any] = {"topic": topic, "partition": partition, "snapshots_written": 0,
                                      "appends": 0, "duplicates": 0, "out_of_order": 0, "markers": 0,
-                                     "bytes_in": 0,
+                                     "bytes_in": 0, "messages_in": 0, "kafka_messages_out": 0,
                                      "trims": 0, "aborted_pruned": 0}
         self.metrics = PartitionMetrics(topic, partition)
 
@@ -272,6 +273,7 @@ class PartitionBuffer(ProducerStates, PartitionKafka, ActorShell, FaultTarget, T
             raise
         self.info["appends"] += 1
         self.info["bytes_in"] += value_bytes
+        self.info["messages_in"] += len(messages)
         self.metrics.appended(len(messages), sum(map(len, messages)))
         await self._notify()
         await self.faults.hit("partition.after_append_before_reply", txn=txn, producer=producer)
@@ -671,7 +673,9 @@ class PartitionBuffer(ProducerStates, PartitionKafka, ActorShell, FaultTarget, T
     # --- introspection and faults ----------------------------------------------------------
 
     @guarded(Access.AUTHENTICATED)
-    async def stats(self) -> dict[str, Any]:
+    async def stats(self, storage: bool = False) -> dict[str, Any]:
+        """The buffer's and ledger's state and counters; ``storage``: also ``storage_bytes``, the
+        bytes of the partition's ledger objects in the store (one listing)."""
         await self._started()
         assert self._ledger is not None
         buffer_stats = msgspec.structs.asdict(self.buffer.stats(self.clock.now_ms()))
@@ -682,6 +686,8 @@ class PartitionBuffer(ProducerStates, PartitionKafka, ActorShell, FaultTarget, T
         stats["trimmed_below"] = str(self._ledger.trimmed_below)
         stats["compaction"] = {"compacted": self.compaction.compacted, **self.compaction.info}
         stats["kafka_offsets"] = self._kafka_offsets()
+        if storage:  # one listing of the ledger objects: asked for by the console's stats refresh, not on every call
+            stats["storage_bytes"] = sum(chunk.size for chunk in await self._ledger.stored_objects())
         return stats
 
 

@@ -38,7 +38,14 @@ from raytxn.client.txn_chain import TxnChain
 from raytxn.config import CoordinatorConfig, EngineConfig, parse_duration
 from raytxn.errors import InvalidArgument, TopicAlreadyExists, TopicNotFound, TransactionNotFound
 from raytxn.gc_freeze import freeze_startup_objects
-from raytxn.ids import NAMESPACE, SUPERVISOR_NAME, TxnID, parse_txn_id, partition_actor_name
+from raytxn.ids import (
+    NAMESPACE,
+    SUPERVISOR_NAME,
+    TxnID,
+    parse_txn_id,
+    partition_actor_name,
+    subscription_actor_name,
+)
 from raytxn.ledger.formats import DEFAULT_WRITE_FORMAT, WRITE_FORMAT_OPTION, check_write_format
 from raytxn.ledger.storage import DEFAULT_URL
 from raytxn.protocol.compaction import DEFAULT_DELETE_RETENTION_MS
@@ -289,6 +296,28 @@ class Client:
                       for p in range(info["partitions"])]
         return {**info, "partition_stats": partitions}
 
+    def subscription_stats(self, topic: str, subscription: str, backlog: bool = True) -> list[dict[str, Any]]:
+        """Each partition's stats of ``subscription`` (cursor, consumers, leases, pending acks);
+        with ``backlog``, ``backlog_messages``: the messages it has still to consume, markers
+        and aborted messages not counted (``backlog_exact`` False: a lower bound, the count
+        stopped after a bounded read)."""
+        partitions = self.get_topic(topic)["partitions"]
+        return [{"partition": p, **ActorRef(subscription_actor_name(topic, p, subscription), self.token).call(
+            "stats", backlog=backlog, deadline_s=self.deadline_s)} for p in range(partitions)]
+
+    def browse(self, topic: str, partition: int = 0, offset: int | None = None,
+               max_messages: int = 50) -> dict[str, Any]:
+        """A page of a partition's messages from Kafka offset ``offset`` (None: the last
+        ``max_messages``), each ``committed``, ``aborted`` or ``pending`` (its txn still open) with
+        its txn id, and the txns' COMMIT/ABORT markers as rows of their own (``kind``), with
+        the log start offset and high watermark to page within. Needs consume permission on
+        the topic (or a superuser)."""
+        partitions = self.get_topic(topic)["partitions"]
+        if type(partition) is not int or not 0 <= partition < partitions:
+            raise InvalidArgument(f"{topic!r} has partitions 0..{partitions - 1}, not {partition!r}")
+        return ActorRef(partition_actor_name(topic, partition), self.token).call(
+            "browse", offset, max_messages, deadline_s=self.deadline_s)
+
     def whoami(self) -> dict[str, Any]:
         """This client's principal (None with auth off) and whether it is a superuser."""
         return self.supervisor.call("whoami", deadline_s=self.deadline_s)
@@ -325,6 +354,14 @@ class Client:
         if type(limit) is not int or limit < 1:
             raise InvalidArgument(f"limit must be a positive integer, got {limit!r}")
         return self.coordinators.list_txns(older_than_ms, limit)
+
+    def recent_transactions(self, limit: int = 100) -> list[dict[str, Any]]:
+        """Superusers: how the transactions that finished last ended (COMMITTED, ABORTED,
+        TIMED_OUT, FENCED), up to ``limit`` per coordinator, the latest of each first."""
+        if type(limit) is not int or limit < 1:
+            raise InvalidArgument(f"limit must be a positive integer, got {limit!r}")
+        return [row for tc_id in range(self.coordinators.num_coordinators)
+                for row in self.coordinators.ref(tc_id).call("recent_outcomes", limit, deadline_s=self.deadline_s)]
 
     def describe_transaction(self, txn: TxnID | str) -> dict[str, Any]:
         """One transaction as ``list_transactions`` shows it, or its outcome once it ended

@@ -25,6 +25,7 @@ Contract for the caller (the coordinator actor):
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections import OrderedDict, deque
 from collections.abc import Container, Iterable
 from typing import Any
@@ -144,6 +145,14 @@ class CoordinatorState:
     def live_txns(self) -> list[TxnMeta]:
         """Every transaction not ended yet, in sequence order."""
         return list(self._live.values())
+
+    def live_count(self) -> int:
+        """How many transactions have not ended yet."""
+        return len(self._live)
+
+    def recent(self, limit: int) -> list[tuple[int, Outcome]]:
+        """(sequence, outcome) of the ``limit`` transactions that finished last, the latest first."""
+        return list(itertools.islice(reversed(self._outcomes.items()), limit))
 
     def older_than(self, now_ms: int, min_age_ms: int = 0, limit: int | None = None) -> list[TxnMeta]:
         """Live transactions begun ``min_age_ms`` or more before ``now_ms``, the oldest first, at

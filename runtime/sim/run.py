@@ -121,8 +121,9 @@ def _configs() -> tuple[CoordinatorConfig, PartitionConfig, SubscriptionConfig]:
     partition = PartitionConfig(snapshot_every_txns=8, snapshot_interval_s=1.0, dangling_check_s=0.5)
     # Reads long-poll 0.5 s here, not the default 5 s: more reads per simulated second, more
     # interleavings with crashes and rewinds (and the recorded seeds keep their schedules).
+    # No backlog gauge (the simulator records no metrics): its partition reads would change the schedules.
     subscription = SubscriptionConfig(cursor_snapshot_interval_s=0.2, trim_interval_s=0.5, read_wait_s=0.5,
-                                      stale_txn_check_s=0.5)
+                                      stale_txn_check_s=0.5, backlog_metric_interval_s=None)
     return coordinator, partition, subscription
 
 

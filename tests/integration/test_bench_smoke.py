@@ -188,3 +188,20 @@ def test_bench_aio_short_takes_each_async_figure_beside_the_sync_one_in_the_same
     assert serve["p50_ratio"] == pytest.approx(waiting["p50_ms"] / idle["p50_ms"], abs=0.001)
     assert held["p50_ms"] >= 150  # a loop held by a 0.2 s receive: what the target guards against
     assert missing_figures(rows, stdout) == [], stdout
+
+
+@pytest.mark.extended
+@pytest.mark.slow(seconds=90)
+def test_bench_console_short_loads_every_page_beside_its_floor(tmp_path: Path) -> None:
+    """Every page of the console, loaded over HTTP beside the engine calls it makes, with 200
+    topics and 20 open transactions: each well within the console's 1 s."""
+    rows, stdout = run_bench("console", tmp_path, timeout_s=600)
+    assert [row["page"] for row in rows][:2] == ["topics", "topics, last page"] and len(rows) == 8
+    for row in rows:
+        assert row["topics"] == 200 and row["open_txns"] == 20 and row["loads"] == 5
+        assert 0 < row["floor_p50_ms"] and row["vs_floor"] == pytest.approx(row["p50_ms"] / row["floor_p50_ms"],
+                                                                           rel=0.05)
+        assert row["under_1s"] and row["bytes"] > 1000
+    # the catalog, the health rows, the 2 coordinators, and the live actors' stats and backlogs
+    assert rows[0]["snapshot_calls"] > 4 and rows[0]["snapshot_s"] > 0
+    assert missing_figures(rows, stdout) == [], stdout
