@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from raytxn.errors import InvalidArgument, NotAllowed, TopicAlreadyExists, TopicNotFound
+from raytxn.errors import CorruptLedger, InvalidArgument, NotAllowed, TopicAlreadyExists, TopicNotFound
 from raytxn.ids import check_actions, check_name, check_principal
 from raytxn.protocol.retention import NO_RETENTION_POLICY, RetentionPolicy
 
@@ -266,4 +266,12 @@ def encode_catalog(catalog: Catalog) -> bytes:
 
 
 def decode_catalog(data: bytes | None) -> Catalog:
-    return Catalog() if data is None else _decoder.decode(data)
+    """The catalog stored as the supervisor stream's property; ``CorruptLedger`` naming it when the
+    bytes (which passed their frame's checksum, so a bug wrote them or a newer release did) are not
+    a catalog this release reads, instead of msgspec's error from deep in a start."""
+    if data is None:
+        return Catalog()
+    try:
+        return _decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise CorruptLedger(f"the catalog ({len(data)} bytes) is not one this release reads: {e}", "catalog") from e

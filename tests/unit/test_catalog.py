@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from raytxn.errors import InvalidArgument, NotAllowed, TopicAlreadyExists, TopicNotFound
+from raytxn.errors import CorruptLedger, InvalidArgument, NotAllowed, TopicAlreadyExists, TopicNotFound
 from raytxn.protocol.catalog import (
     VALID_PREVIOUS_STATES,
     Catalog,
@@ -152,3 +152,12 @@ def test_bulk_delete_marks_then_removes_with_subscriptions_and_permissions() -> 
     gone = deleting.without_topics(["a", "b", "already-gone"])
     assert set(gone.topics) == {"keep"} and set(gone.subscriptions) == {"keep"} and "a" not in gone.permissions
     assert gone.permissions_version == deleting.permissions_version + 1
+
+
+@pytest.mark.parametrize("stored", [b"\xc1", b"not msgpack at all", encode_catalog(Catalog())[:-1],
+                                    msgspec.msgpack.encode({"topics": 5})])
+def test_bytes_that_are_not_a_catalog_are_a_corrupt_ledger_naming_it(stored: bytes) -> None:
+    with pytest.raises(CorruptLedger, match="catalog") as caught:
+        decode_catalog(stored)
+    assert caught.value.path == "catalog"
+
