@@ -25,6 +25,7 @@ import asyncio
 import contextvars
 import ipaddress
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -296,7 +297,7 @@ class KafkaGateway:
                 log.exception("consumer group tick failed")
 
     def address(self) -> dict[str, Any]:
-        return {"host": self.advertised_host, "port": self.port, "node_id": self.node_id,
+        return {"host": self.advertised_host, "port": self.port, "node_id": self.node_id, "pid": os.getpid(),
                 "bootstrap": f"{self.advertised_host}:{self.port}", "auth": self.auth_on,
                 "tls": self._tls is not None, "mtls": self._tls is not None and self._tls[2] is not None,
                 "warning": self.warning, **self.served, "refused": dict(self.served["refused"])}

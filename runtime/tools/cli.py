@@ -509,8 +509,9 @@ def bench_command(
     short: Annotated[bool, typer.Option("--short", help="small sizes, for a CI smoke run")] = False,
     out: Annotated[Path, typer.Option("--out", help="JSON file to write")] = Path("bench-results/bench.json"),
     sizes: Annotated[list[str] | None, typer.Option(
-        "--size", help="KEY=VALUE, a size option of the one benchmark run (bench peers: "
-                       f"{', '.join(bench.SIZE_OPTIONS['peers'])}); repeat for more")] = None,
+        "--size", help="KEY=VALUE, a size option of the one benchmark run ("
+                       + "; ".join(f"bench {name}: {', '.join(keys)}" for name, keys in bench.SIZE_OPTIONS.items())
+                       + "); repeat for more")] = None,
 ) -> None:
     """Run benchmarks, print their tables (every figure of every row), write JSON and a chart."""
     names = names or list(bench.BENCHMARKS)
