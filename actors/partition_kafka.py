@@ -46,6 +46,7 @@ class PartitionKafka:
     compaction: PartitionCompaction
     config: PartitionConfig
     stream: str
+    info: dict[str, Any]
     _advanced: Signal
 
     def _kafka_offsets(self) -> dict[str, int]:
@@ -73,6 +74,7 @@ class PartitionKafka:
         (``protocol.compaction.CompactedRun``) instead of entries."""
         await self._started()
         assert self._ledger is not None
+        self.info["kafka_reads"] += 1  # a gateway's reads (its fetches and watches), in stats
         if type(offset) is not int or type(max_entries) is not int or max_entries < 1:
             raise InvalidArgument(f"kafka_read takes an int offset and max_entries >= 1, got {offset!r}, "
                                   f"{max_entries!r}")
