@@ -256,11 +256,15 @@ def gateway_rows(count: int, runs: dict[str, dict[str, list[Run]]]) -> list[dict
                      "two_gateways_runs": [round(r.msgs_per_s) for r in sides["two"]]})
         for setup in SETUPS:
             run = best[setup]
+            ours = sum(run.cpu_s.get(kind, 0.0) for kind in ("gateways", "engine", "clients"))
             cpu_rows.append({"bench": "gateways_cpu", "op": op, "gateways": SETUPS.index(setup) + 1,
                              "msgs_per_s": round(run.msgs_per_s, 1), "wall_s": round(run.wall_s, 3),
                              "first_message_share": round(run.first_message_s / run.wall_s, 3),
                              **{f"{kind}_cpu_s": run.cpu_s.get(kind, 0.0)
                                 for kind in ("gateways", "engine", "clients", "others")},
+                             # CPU of the run's own processes per message, and the gateways' part of it
+                             "cpu_us_per_message": round(1e6 * ours / (run.msgs_per_s * run.wall_s), 2),
+                             "gateways_share": round(run.cpu_s.get("gateways", 0.0) / ours, 3) if ours else 0.0,
                              "cores_busy": round(run.busy, 3), "load_1m": round(run.load, 2)})
     return rows + cpu_rows
 
