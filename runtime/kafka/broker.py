@@ -360,7 +360,7 @@ class Broker:
         if read is None:
             try:
                 read = await self._call(topic, part.partition, "kafka_read", part.fetch_offset, FETCH_ENTRIES,
-                                        committed, wait_s)
+                                        committed, wait_s, max(1, part.partition_max_bytes))
             except RaytxnError as e:
                 return {"error": mapping.error_code(e)}
             if self.idle is not None:
