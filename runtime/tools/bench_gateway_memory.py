@@ -79,9 +79,10 @@ class Sampler(threading.Thread):
         self._done = threading.Event()
 
     def sample(self) -> None:
-        memory = self.process.memory_info()
+        memory = self.process.memory_full_info()  # rss, and uss: the pages only this process holds
         self.samples.append({"t_s": round(time.monotonic() - self.t0, 3), "rss_mib": round(memory.rss / 2**20, 2),
-                             "fds": self.process.num_fds(), "consumed": self.consumed})
+                             "uss_mib": round(memory.uss / 2**20, 2), "fds": self.process.num_fds(),
+                             "consumed": self.consumed})
 
     def run(self) -> None:
         while not self._done.wait(self.every_s):
@@ -135,14 +136,18 @@ def slope_per_minute(samples: list[dict[str, float]], key: str) -> float:
     return 0.0 if var == 0 else sum((t - mean_t) * (y - mean_y) for t, y in zip(ts, ys, strict=True)) / var
 
 
+def _mean(samples: list[dict[str, float]], key: str, when: Callable[[float], bool]) -> float:
+    picked = [s[key] for s in samples if when(s["t_s"])]
+    return sum(picked) / len(picked)
+
+
 def memory_row(samples: list[dict[str, float]], warmup_s: float, window_s: float, consumed: int, seconds: float,
                fill: int, fetch_cache: dict[str, int], series: str) -> dict[str, Any]:
     """The row of one run: ``samples`` (every sample of the run) judged after ``warmup_s``."""
     steady = [s for s in samples if s["t_s"] >= warmup_s] or samples[-1:]
     end = steady[-1]["t_s"]
-    first = [s["rss_mib"] for s in steady if s["t_s"] < steady[0]["t_s"] + window_s]
-    last = [s["rss_mib"] for s in steady if s["t_s"] > end - window_s]
-    first_mean, last_mean = sum(first) / len(first), sum(last) / len(last)
+    first_mean = _mean(steady, "rss_mib", lambda t: t < steady[0]["t_s"] + window_s)
+    last_mean = _mean(steady, "rss_mib", lambda t: t > end - window_s)
     slope = slope_per_minute(steady, "rss_mib")
     return {"bench": "gateway_memory", "messages": consumed, "fill": fill, "warmup_s": warmup_s,
             "seconds": round(seconds, 1),
@@ -150,6 +155,10 @@ def memory_row(samples: list[dict[str, float]], warmup_s: float, window_s: float
             "rss_start_mib": samples[0]["rss_mib"], "rss_first_window_mib": round(first_mean, 1),
             "rss_last_window_mib": round(last_mean, 1), "rss_max_mib": max(s["rss_mib"] for s in samples),
             "slope_mib_per_min": round(slope, 3), "last_over_first": round(last_mean / first_mean, 3),
+            # USS: without the object store's shared pages a large fetch maps in (RSS counts them)
+            "uss_first_window_mib": round(_mean(steady, "uss_mib", lambda t: t < steady[0]["t_s"] + window_s), 1),
+            "uss_last_window_mib": round(_mean(steady, "uss_mib", lambda t: t > end - window_s), 1),
+            "uss_slope_mib_per_min": round(slope_per_minute(steady, "uss_mib"), 3),
             "fds_start": int(samples[0]["fds"]), "fds_end": int(samples[-1]["fds"]),
             "fds_max": int(max(s["fds"] for s in samples)),
             "fetch_cache_mib": round(fetch_cache.get("held_bytes", 0) / 2**20, 1),
@@ -168,8 +177,9 @@ def write_series(samples: list[dict[str, float]], row: dict[str, Any], prefix: P
     prefix.with_suffix(".json").write_text(json.dumps({"row": row, "samples": samples}, indent=1))
     minutes = [s["t_s"] / 60 for s in samples]
     fig, (ax_rss, ax_fds) = plt.subplots(2, 1, figsize=(10, 6), sharex=True, height_ratios=[3, 1])
-    ax_rss.plot(minutes, [s["rss_mib"] for s in samples], color="tab:blue")
-    ax_rss.set_ylabel("gateway RSS (MiB)")
+    ax_rss.plot(minutes, [s["rss_mib"] for s in samples], color="tab:blue", label="RSS")
+    ax_rss.plot(minutes, [s["uss_mib"] for s in samples], color="tab:green", label="USS (its own pages)")
+    ax_rss.set_ylabel("gateway memory (MiB)")
     ax_rss.set_ylim(bottom=0)
     ax_rss.axvline(row["warmup_s"] / 60, color="grey", linestyle=":", label="end of warm-up")
     ax_rss.legend(loc="lower right")

@@ -9,7 +9,8 @@ from raytxn.tools.bench_gateway_memory import memory_row, slope_per_minute
 
 
 def _samples(rss: object, minutes: int = 10, every_s: int = 5) -> list[dict[str, float]]:
-    return [{"t_s": t, "rss_mib": rss(t), "fds": 50, "consumed": 1000 * t}  # type: ignore[operator]
+    return [{"t_s": t, "rss_mib": rss(t), "uss_mib": rss(t) - 100, "fds": 50,  # type: ignore[operator]
+             "consumed": 1000 * t}
             for t in range(0, minutes * 60 + 1, every_s)]
 
 
@@ -32,6 +33,8 @@ def test_memory_that_fills_its_cache_in_the_warm_up_then_holds_is_flat() -> None
 def test_a_leak_of_two_mib_a_minute_is_not_flat() -> None:
     row = _row(_samples(lambda t: 250 + 2 * t / 60))
     assert row["flat"] is False and row["slope_mib_per_min"] == pytest.approx(2.0)
+    assert row["uss_slope_mib_per_min"] == pytest.approx(2.0)
+    assert row["uss_last_window_mib"] - row["uss_first_window_mib"] == pytest.approx(16.0, abs=0.2)
 
 
 def test_a_step_within_the_slope_but_past_ten_percent_is_not_flat() -> None:

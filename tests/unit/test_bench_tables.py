@@ -134,7 +134,8 @@ ROWS: dict[str, Callable[[], list[dict]]] = {
         "produce": {"one": [_run(40_000.5), _run(42_000.25)], "two": [_run(60_000.75), _run(58_000.5)]},
         "consume": {"one": [_run(90_000.25)], "two": [_run(120_000.5)]}}),
     "gateway-memory": lambda: [bench_gateway_memory.memory_row(
-        [{"t_s": t, "rss_mib": 200.5 + t / 100, "fds": 50, "consumed": 1000 * t} for t in range(0, 300, 5)],
+        [{"t_s": t, "rss_mib": 200.5 + t / 100, "uss_mib": 150.25, "fds": 50, "consumed": 1000 * t}
+         for t in range(0, 300, 5)],
         60.0, 60.0, 2_000_000, 300.25, 500_000, {"held_bytes": 64 << 20}, "bench-results/gateway-memory")],
     "kafka": lambda: [*bench_kafka.kafka_rows(1, 5_000, {"produce": {"gateway": [20_000.5, 22_000.25],
                                                                      "native": [60_000.75, 58_000.5]},
