@@ -228,8 +228,8 @@ def required_extras(names: list[str]) -> list[str]:
 # The size options (``raytxn bench NAME --size KEY=VALUE``) of the benchmarks that take some.
 SIZE_OPTIONS: dict[str, tuple[str, ...]] = {
     "gateways": ("rounds", "messages"),
-    "gateway-memory": ("messages", "fill", "partitions", "sample_s", "warmup_s", "window_s", "max_minutes",
-                       "series"),
+    "gateway-memory": ("messages", "minutes", "fill", "partitions", "sample_s", "warmup_s", "window_s",
+                       "max_minutes", "series"),
     "peers": ("rounds", "messages", "seconds", "samples", "eos_messages", "spark", "spark_rows", "spark_batch",
               "kafka_bootstrap"),
 }

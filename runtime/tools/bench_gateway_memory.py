@@ -1,13 +1,14 @@
 """The Kafka gateway's memory over a long consume (issue 57): ``bench_gateway_memory(short=False, **size)``.
 
 One confluent-kafka consumer (assign mode, read_committed) reads ``messages`` messages of 100 B
-through one gateway, while the gateway actor's resident memory (RSS) and open file descriptors
-are sampled every ``sample_s`` seconds (psutil on the pid the gateway reports). The topic is
-filled first with ``fill`` messages, natively (``send_batch``, the fastest producer); the
-consumer reads it from offset 0 to its end and, partition by partition, seeks back to 0 and reads
-it again, until it has ``messages``. Every pass is a real fetch of stored entries: the gateway's
-cache of encoded batches (64 MiB) holds a small part of the topic, so each pass encodes again most
-of what it serves, as a consumer of a long backlog makes it do.
+through one gateway and goes on until ``minutes`` passed (at most ``max_minutes``), while the
+gateway actor's memory (RSS, and USS: the pages it alone holds, without the object store's shared
+pages that RSS counts) and open file descriptors are sampled every ``sample_s`` seconds (psutil on
+the pid the gateway reports). The topic is filled first with ``fill`` messages, natively
+(``send_batch``, the fastest producer); the consumer reads it from offset 0 to its end and,
+partition by partition, seeks back to 0 and reads it again. Every pass is a real fetch of stored
+entries: the gateway's cache of encoded batches (64 MiB) holds a small part of the topic, so each
+pass encodes again most of what it serves, as a consumer of a long backlog makes it do.
 
 "Flat" is what the row says: after a warm-up (``warmup_s``, in which the cache of encoded batches
 fills), the least-squares slope of RSS over time is under ``FLAT_SLOPE_MIB_PER_MIN`` and the mean
@@ -43,9 +44,9 @@ STALL_S = 60.0  # a consumer that gets nothing this long fails the bench
 FLAT_SLOPE_MIB_PER_MIN = 1.0
 FLAT_LAST_OVER_FIRST = 0.10
 SIZES: dict[bool, dict[str, Any]] = {
-    False: {"messages": 50_000_000, "fill": 5_000_000, "partitions": 4, "sample_s": 5.0, "warmup_s": 60.0,
-            "window_s": 60.0, "max_minutes": 45.0, "series": "bench-results/gateway-memory"},
-    True: {"messages": 300_000, "fill": 30_000, "partitions": 4, "sample_s": 0.25, "warmup_s": 1.0,
+    False: {"messages": 50_000_000, "minutes": 10.0, "fill": 5_000_000, "partitions": 4, "sample_s": 5.0,
+            "warmup_s": 60.0, "window_s": 60.0, "max_minutes": 45.0, "series": "bench-results/gateway-memory"},
+    True: {"messages": 300_000, "minutes": 0.0, "fill": 30_000, "partitions": 4, "sample_s": 0.25, "warmup_s": 1.0,
            "window_s": 1.0, "max_minutes": 5.0, "series": "bench-results/gateway-memory"},
 }
 
@@ -94,11 +95,11 @@ class Sampler(threading.Thread):
         self.sample()
 
 
-def _consume(bootstrap: str, topic: str, partitions: int, ends: list[int], messages: int, deadline: float,
-             sampler: Sampler) -> int:
+def _consume(bootstrap: str, topic: str, partitions: int, ends: list[int], messages: int, not_before: float,
+             deadline: float, sampler: Sampler) -> int:
     """Read ``messages`` messages of ``topic`` (partition p holds offsets 0..ends[p]-1), each
-    partition from 0 to its end and again from 0 (a seek), until ``messages`` or ``deadline``
-    (monotonic); returns the messages read."""
+    partition from 0 to its end and again from 0 (a seek), and on until ``not_before``; or until
+    ``deadline`` (both monotonic); returns the messages read."""
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "raytxn-bench-unused",
@@ -107,7 +108,7 @@ def _consume(bootstrap: str, topic: str, partitions: int, ends: list[int], messa
     consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     got, last_progress = 0, time.monotonic()
     try:
-        while got < messages and time.monotonic() < deadline:
+        while (got < messages or time.monotonic() < not_before) and time.monotonic() < deadline:
             batch = consumer.consume(CONSUME_CALL, timeout=0.5)
             if batch:
                 last_progress = time.monotonic()
@@ -228,7 +229,7 @@ def bench_gateway_memory(short: bool = False, progress: Callable[[str], None] = 
         t0 = time.monotonic()
         try:
             consumed = _consume(gateway["bootstrap"], topic, partitions, ends, messages,
-                                t0 + float(size["max_minutes"]) * 60, sampler)
+                                t0 + float(size["minutes"]) * 60, t0 + float(size["max_minutes"]) * 60, sampler)
         finally:
             sampler.stop()
         seconds = time.monotonic() - t0
