@@ -153,6 +153,7 @@ class PartitionKafka:
             for entry_base, entry in picked:  # packed: two buffers to pickle an entry, not one per message
                 packed = PackedRecords.pack(entry.records)
                 out["entries"].append((entry_base, packed))
+                self.info["kafka_messages_out"] += len(entry.records) - 1  # (a marker: 0)
                 first = entry.position if first is None else first
                 last = entry.position
                 if budget.take(len(packed.data)):

@@ -210,6 +210,8 @@ BENCHMARKS: dict[str, Callable[..., list[dict]]] = {
     "compaction": _lazy("raytxn.tools.bench_compaction", "bench_compaction"),
     "s3": _lazy("raytxn.tools.bench_s3", "bench_s3"),
     "peers": _lazy("raytxn.tools.bench_peers", "bench_peers"),
+    "aio": _lazy("raytxn.tools.bench_aio", "bench_aio"),
+    "console": _lazy("raytxn.tools.bench_console", "bench_console"),
 }
 
 
@@ -217,7 +219,8 @@ BENCHMARKS: dict[str, Callable[..., list[dict]]] = {
 # checks them before it starts, so a missing one is named at once, not after minutes of others.
 BENCH_EXTRAS: dict[str, tuple[str, ...]] = {"spark": ("spark",), "kafka": ("kafka",), "gateways": ("kafka",),
                                             "gateway-memory": ("kafka",),
-                                            "peers": ("kafka", "spark")}
+                                            "peers": ("kafka", "spark"), "aio": ("serve",),
+                                            "console": ("console",)}
 
 
 def required_extras(names: list[str]) -> list[str]:
@@ -232,6 +235,8 @@ SIZE_OPTIONS: dict[str, tuple[str, ...]] = {
                        "max_minutes", "series"),
     "peers": ("rounds", "messages", "seconds", "samples", "eos_messages", "spark", "spark_rows", "spark_batch",
               "kafka_bootstrap"),
+    "aio": ("rounds", "messages", "samples"),
+    "console": ("topics", "txns", "rounds"),
 }
 
 
