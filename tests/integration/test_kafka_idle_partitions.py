@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -59,11 +59,16 @@ def _idle_consumer(bootstrap: str, topic: str, isolation: str = "read_committed"
     return consumer
 
 
-def _idle_for(consumer: Any, seconds: float) -> None:
+def _idle_for(consumer: Any, seconds: float, until: Callable[[], bool] | None = None) -> None:
+    """Poll ``consumer`` (nothing comes) for ``seconds``, or with ``until``, until it holds (at most
+    ``seconds``: it fails after)."""
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         message = consumer.poll(0.1)
         assert message is None or message.error() is not None, "nothing was produced"
+        if until is not None and until():
+            return
+    assert until is None, f"not so after {seconds} s of fetches"
 
 
 def _produced_then_received_s(consumer: Any, produce: Any) -> tuple[float, list[Any]]:
@@ -87,7 +92,12 @@ def test_idle_partitions_are_watched_once_not_read_on_every_fetch(client: rt.Cli
         topic = new_topic(client, partitions=PARTITIONS)
         consumer = _idle_consumer(address["bootstrap"], topic)
         try:
-            _idle_for(consumer, 1.0)  # the first Fetches: two reads of each find it idle
+            if watch:  # the first Fetches: two reads of each find it idle, then it is watched
+                # (until each is: on a loaded machine the consumer's first Fetches can take seconds)
+                _idle_for(consumer, 30.0,
+                          lambda at=address: gateway_stats(at)["idle_partitions"]["watched"] >= PARTITIONS)
+            else:
+                _idle_for(consumer, 1.0)
             before = _reads(topic)
             _idle_for(consumer, 3.0)
             reads[watch] = [after - b for after, b in zip(_reads(topic), before, strict=True)]
