@@ -131,6 +131,7 @@ class PartitionBuffer(ProducerStates, PartitionKafka, PartitionBrowse, ActorShel
         self.info: dict[str, Any] = {"topic": topic, "partition": partition, "snapshots_written": 0,
                                      "appends": 0, "duplicates": 0, "out_of_order": 0, "markers": 0,
                                      "bytes_in": 0, "messages_in": 0, "kafka_messages_out": 0,
+                                     "kafka_reads": 0, "kafka_read_entries": 0,
                                      "trims": 0, "aborted_pruned": 0}
         self.metrics = PartitionMetrics(topic, partition)
 

@@ -36,6 +36,39 @@ from raytxn.protocol.txn_buffer import TransactionBuffer
 from raytxn.waiting import Signal
 
 SCAN_ATTEMPTS = 3  # Kafka offset lookups read again this often when retention trims under them
+FIRST_READ_ENTRIES = 4  # a read bounded in bytes asks storage for this many entries first
+
+
+class ReadBudget:
+    """How many entries a Kafka read bounded by ``max_bytes`` asks storage for at a time: a few
+    first, then as many as the bytes still wanted take at the entries' mean size so far (one
+    more, at most ``max_read_entries``), so that a fetch of 1 MiB from entries of 1 MiB reads a
+    few, not ``max_read_entries`` of them. Unbounded (None): ``max_read_entries`` each time."""
+
+    def __init__(self, max_bytes: int | None, max_read_entries: int) -> None:
+        self.max_bytes, self.max_read_entries = max_bytes, max_read_entries
+        self.taken = self.read_bytes = self.read_entries = 0
+        self.spent = False
+
+    def next_read(self) -> int:
+        if self.max_bytes is None:
+            return self.max_read_entries
+        if not self.read_entries:
+            return min(FIRST_READ_ENTRIES, self.max_read_entries)
+        mean = max(1, self.read_bytes // self.read_entries)
+        return max(1, min(self.max_read_entries, -(-(self.max_bytes - self.taken) // mean) + 1))
+
+    def read(self, entries: list[Entry]) -> None:
+        """Count the entries storage gave (also those before the offset asked for: they say the size)."""
+        if self.max_bytes is not None:
+            self.read_entries += len(entries)
+            self.read_bytes += sum(sum(map(len, entry.records)) for entry in entries)
+
+    def take(self, size: int) -> bool:
+        """Count an entry of ``size`` bytes taken; whether the budget is spent."""
+        self.taken += size
+        self.spent = self.max_bytes is not None and self.taken >= self.max_bytes
+        return self.spent
 
 
 class PartitionKafka:
@@ -64,19 +97,23 @@ class PartitionKafka:
 
     @guarded(Access.CONSUME)
     async def kafka_read(self, offset: int, max_entries: int = 100, committed: bool = True,
-                         max_wait_s: float = 0.0) -> dict[str, Any]:
+                         max_wait_s: float = 0.0, max_bytes: int | None = None) -> dict[str, Any]:
         """Entries for a Kafka fetch from ``offset``: ``entries`` as ``(base_offset, records)``
         (records[0] the header; markers included, as Kafka sends control batches), up to the last
-        stable offset (``committed``, read_committed) or the high watermark; with ``committed``,
-        ``aborted`` as ``(txn, first_offset)`` for the aborted txns among them. Waits up to
-        ``max_wait_s`` for data; ``out_of_range`` when ``offset`` is not stored here. A compacted
-        topic's fetch under its live ledger's start has ``compacted`` runs of records
+        stable offset (``committed``, read_committed) or the high watermark, at most
+        ``max_entries`` and, with ``max_bytes``, no more entries once their stored bytes reach it
+        (at least one: Kafka's rule for a batch larger than the fetch's partition limit); with
+        ``committed``, ``aborted`` as ``(txn, first_offset)`` for the aborted txns among them.
+        Waits up to ``max_wait_s`` for data; ``out_of_range`` when ``offset`` is not stored here.
+        A compacted topic's fetch under its live ledger's start has ``compacted`` runs of records
         (``protocol.compaction.CompactedRun``) instead of entries."""
         await self._started()
         assert self._ledger is not None
-        if type(offset) is not int or type(max_entries) is not int or max_entries < 1:
-            raise InvalidArgument(f"kafka_read takes an int offset and max_entries >= 1, got {offset!r}, "
-                                  f"{max_entries!r}")
+        self.info["kafka_reads"] += 1  # a gateway's reads (its fetches and watches), in stats
+        if type(offset) is not int or type(max_entries) is not int or max_entries < 1 or not (
+                max_bytes is None or (type(max_bytes) is int and max_bytes >= 1)):
+            raise InvalidArgument(f"kafka_read takes an int offset, max_entries >= 1 and max_bytes None or >= 1, got "
+                                  f"{offset!r}, {max_entries!r}, {max_bytes!r}")
         offsets = self.buffer.offsets
 
         def limit() -> int:
@@ -103,20 +140,26 @@ class PartitionKafka:
         end = self.buffer.max_read_position if committed else self.buffer.last_position
         position, base = point.position, point.offset
         first = last = None
-        while base < end_offset and len(out["entries"]) < max_entries and position <= end:
-            read_from, entries = await self._read_retained(position, self.config.max_read_entries, end)
+        budget = ReadBudget(max_bytes, self.config.max_read_entries)
+        while base < end_offset and len(out["entries"]) < max_entries and position <= end and not budget.spent:
+            read_from, entries = await self._read_retained(position, budget.next_read(), end)
             if not entries or read_from != position:  # trimmed under the read: the client asks again
                 break
+            budget.read(entries)
             headed = [(decode_header(entry.records[0], f"{self.stream}@{entry.position}"), entry)
                       for entry in entries]
             picked, base = entries_from_offset(headed, base, offset, end_offset,
                                                max_entries - len(out["entries"]))
             for entry_base, entry in picked:  # packed: two buffers to pickle an entry, not one per message
-                out["entries"].append((entry_base, PackedRecords.pack(entry.records)))
+                packed = PackedRecords.pack(entry.records)
+                out["entries"].append((entry_base, packed))
                 self.info["kafka_messages_out"] += len(entry.records) - 1  # (a marker: 0)
                 first = entry.position if first is None else first
                 last = entry.position
+                if budget.take(len(packed.data)):
+                    break  # the bytes asked for are in (the loop ends on ``budget.spent``)
             position = next_position(entries[-1].position)
+        self.info["kafka_read_entries"] += len(out["entries"])  # what the gateways' reads carried, in stats
         if committed and first is not None and last is not None:
             out["aborted"] = [(a.txn, a.first_offset) for a in self.buffer.aborted_between(first, last)
                               if a.first_offset is not None]

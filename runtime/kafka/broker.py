@@ -24,6 +24,7 @@ from kafka.protocol.producer import AddPartitionsToTxnResponse, ProduceResponse
 
 from raytxn.errors import InvalidArgument, RaytxnError, TopicNotFound
 from raytxn.kafka import codecs, mapping, wire
+from raytxn.kafka.idle_partitions import IdlePartitions
 from raytxn.kafka.peers import PeerView
 from raytxn.kafka.records import EncodedBatches, decode_batches, encode_compacted_run
 from raytxn.kafka.transactions import INVALID_TXN_STATE, KafkaTransactions, TxnState
@@ -69,7 +70,10 @@ def _count(counts: dict[str, int], key: str) -> None:
 
 class Broker:
     def __init__(self, peers: PeerView, topic_partitions: TopicPartitions, call: PartitionCall,
-                 topics: TopicNames, transactions: KafkaTransactions) -> None:
+                 topics: TopicNames, transactions: KafkaTransactions, watch_idle: bool = True) -> None:
+        """``watch_idle``: answer fetches of partitions known to be idle without reading them
+        (``idle_partitions``); only with the engine's authentication off, as a read is where the
+        connection's right to consume is checked."""
         self.peers, self.transactions = peers, transactions  # this gateway and the others of its group
         self._topic_partitions, self._call, self._topics = topic_partitions, call, topics
         self._cache: dict[str, tuple[float, int]] = {}
@@ -78,6 +82,7 @@ class Broker:
         # Produce batches by codec ("gzip": n) and refused partitions by error ("CORRUPT_MESSAGE": n).
         self.batch_stats: dict[str, dict[str, int]] = {"codecs": {}, "refused": {}}
         self.encoded = EncodedBatches()  # fetched entries' record batches, shared by every connection
+        self.idle = IdlePartitions(call) if watch_idle else None
 
     def connection(self) -> Connection:
         return Connection(f"kafka-anon-{self.gateway_id}-{next(self._connections)}")
@@ -94,8 +99,10 @@ class Broker:
         return count
 
     def forget(self, kafka_topic: str) -> None:
-        """Drop the cached partition count (the topic was created or deleted here)."""
+        """Drop the cached partition count and ends (the topic was created or deleted here)."""
         self._cache.pop(kafka_topic, None)
+        if self.idle is not None:
+            self.idle.forget(kafka_topic)
 
     async def _partition_error(self, kafka_topic: str, partition: int) -> int:
         """NONE when the partition exists, else the Kafka error code saying why not."""
@@ -318,20 +325,29 @@ class Broker:
     async def _data_arrived(self, wanted: list[tuple[str, Any]], reads: list[dict[str, Any]], committed: bool,
                             wait_s: float) -> bool:
         """Wait up to ``wait_s`` for any readable partition to hold more than it did at ``reads``
-        (a read at its end offset waits for the end to move); False if none did."""
-        waits = []
+        (a read at its end offset waits for the end to move; a partition watched as idle, on its
+        watch); False if none did."""
+        waits, calls = [], 0
         for (topic, part), read in zip(wanted, reads, strict=True):
             if "error" in read or read["out_of_range"]:
                 continue
             end = read["last_stable"] if committed else read["high_watermark"]
-            waits.append(asyncio.ensure_future(self._call(topic, part.partition, "kafka_read", end, 1, committed,
-                                                          wait_s)))
+            moved = None if self.idle is None else self.idle.moved(topic, part.partition, end, committed)
+            if moved is None:
+                moved = asyncio.ensure_future(self._call(topic, part.partition, "kafka_read", end, 1, committed,
+                                                         wait_s))
+                calls += 1
+            waits.append(moved)
         if not waits:
             return False
-        done, pending = await asyncio.wait(waits, timeout=wait_s + 1, return_when=asyncio.FIRST_COMPLETED)
+        # A call answers by itself once ``wait_s`` passed (the margin is for its way back); a
+        # watch's future is done only when the end moves, so with none but those, ``wait_s`` it is.
+        done, pending = await asyncio.wait(waits, timeout=wait_s + (1 if calls else 0),
+                                           return_when=asyncio.FIRST_COMPLETED)
         for w in pending:
             w.cancel()
-        return any(not w.cancelled() and w.exception() is None and w.result()["entries"] for w in done)
+        return any(not w.cancelled() and w.exception() is None and (w.result() is True or w.result()["entries"])
+                   for w in done)
 
     async def _fetch_all(self, wanted: list[tuple[str, Any]], committed: bool, wait_s: float) -> list[dict]:
         return list(await asyncio.gather(*(self._read(t, p, committed, wait_s) for t, p in wanted)))
@@ -340,11 +356,15 @@ class Broker:
         error = await self._partition_error(topic, part.partition)
         if error != wire.NONE:
             return {"error": error}
-        try:
-            read = await self._call(topic, part.partition, "kafka_read", part.fetch_offset, FETCH_ENTRIES,
-                                    committed, wait_s)
-        except RaytxnError as e:
-            return {"error": mapping.error_code(e)}
+        read = None if self.idle is None else self.idle.answer(topic, part.partition, part.fetch_offset, committed)
+        if read is None:
+            try:
+                read = await self._call(topic, part.partition, "kafka_read", part.fetch_offset, FETCH_ENTRIES,
+                                        committed, wait_s, max(1, part.partition_max_bytes))
+            except RaytxnError as e:
+                return {"error": mapping.error_code(e)}
+            if self.idle is not None:
+                self.idle.learn(topic, part.partition, part.fetch_offset, committed, read)
         read["max_bytes"] = part.partition_max_bytes
         return read
 

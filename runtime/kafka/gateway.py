@@ -25,6 +25,7 @@ import asyncio
 import contextvars
 import ipaddress
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -146,8 +147,9 @@ class KafkaGateway:
                  token: str | None = None, num_coordinators: int = 2, call_deadline_s: float = CALL_DEADLINE_S,
                  initial_rebalance_delay_ms: int = INITIAL_REBALANCE_DELAY_MS,
                  tls: tuple[bytes, bytes, bytes | None] | None = None, node_id: int = 0,
-                 peer_group: str | None = None, zone: str | None = None) -> None:
+                 peer_group: str | None = None, zone: str | None = None, watch_idle: bool = True) -> None:
         # ``token`` is not used for client requests: see ``start_gateway``.
+        self.watch_idle = watch_idle  # see ``start_gateway``
         import_engine_actor_classes()  # else a client's first request to a partition imports them
         self.port, self.bind_host = port, bind_host
         # Gateways of one peer group (``gateways.start_gateways``) are one Kafka cluster (``peers``):
@@ -192,6 +194,8 @@ class KafkaGateway:
                                        "produces_pipelined": 0, "produces_in_flight_max": 0}
         self.warning: str | None = None
         self.versions: dict[str, int] = {}  # "api_key/version" -> requests (served ones only: bounded)
+        # "api_key" -> [request bytes, response bytes] of the requests served (bounded as ``versions``)
+        self.traffic: dict[str, list[int]] = {}
 
     async def start(self) -> dict[str, Any]:
         """Bind and serve (idempotent); returns the advertised address."""
@@ -212,7 +216,8 @@ class KafkaGateway:
                                              shared=self.peer_group is not None)
             self.peers = PeerView(Peer(self.node_id, self.advertised_host, self.port, self.zone),
                                   joined_at=time.monotonic())
-            self.broker = Broker(self.peers, self._topic_partitions, self._call, self._topic_names, transactions)
+            self.broker = Broker(self.peers, self._topic_partitions, self._call, self._topic_names, transactions,
+                                 watch_idle=self.watch_idle and not self.auth_on)
             self.groups = GroupMembership(GroupTable(initial_rebalance_delay_ms=self.initial_rebalance_delay_ms))
             engine = Engine(self.broker.partitions, self._call, self._subscription_call, self._subscription_names,
                             self._create_subscription, self._topic_rows)
@@ -296,10 +301,11 @@ class KafkaGateway:
                 log.exception("consumer group tick failed")
 
     def address(self) -> dict[str, Any]:
-        return {"host": self.advertised_host, "port": self.port, "node_id": self.node_id,
+        return {"host": self.advertised_host, "port": self.port, "node_id": self.node_id, "pid": os.getpid(),
                 "bootstrap": f"{self.advertised_host}:{self.port}", "auth": self.auth_on,
                 "tls": self._tls is not None, "mtls": self._tls is not None and self._tls[2] is not None,
-                "warning": self.warning, **self.served, "refused": dict(self.served["refused"])}
+                "warning": self.warning, "watch_idle": self.broker is not None and self.broker.idle is not None,
+                **self.served, "refused": dict(self.served["refused"])}
 
     def _count_refusal(self, reason: str) -> None:
         refused = self.served["refused"]
@@ -514,7 +520,11 @@ class KafkaGateway:
         if session.auth_on and not session.superuser:
             for code in refusal_codes(fields):  # what the engine's actors refused inside the request
                 self._count_refusal(REASONS[code])
-        return wire.encode_response(header, **fields)
+        response = wire.encode_response(header, **fields)
+        traffic = self.traffic.setdefault(str(header.api_key), [0, 0])
+        traffic[0] += len(payload)
+        traffic[1] += len(response)
+        return response
 
     async def _refused(self, header: wire.RequestHeader, request: Any, session: Session) -> bytes | None:
         """The answer refusing a request of a connection that has not logged in, or is not
@@ -556,8 +566,12 @@ class KafkaGateway:
         batches: dict[str, Any] = {} if self.broker is None else {**self.broker.batch_stats, "fetch_cache": {
             "hits": self.broker.encoded.hits, "misses": self.broker.encoded.misses,
             "held_bytes": self.broker.encoded.held_bytes}}
+        idle = None if self.broker is None or self.broker.idle is None else self.broker.idle
+        idle_stats = None if idle is None else {**idle.stats, "forgotten": dict(idle.stats["forgotten"]),
+                                                "watched": len(idle)}
         peers = [] if self.peers is None else [p.node_id for p in self.peers.brokers()]
         return {**self.address(), "versions": dict(self.versions), "groups": groups, "batches": batches,
+                "traffic": {key: list(pair) for key, pair in self.traffic.items()}, "idle_partitions": idle_stats,
                 "node_id": self.node_id, "peer_group": self.peer_group, "peers": peers,
                 "actor_classes_imported": engine_actor_classes_imported()}
 
@@ -568,6 +582,8 @@ class KafkaGateway:
         for task in (self._ticker, self._peer_ticker):
             if task is not None:
                 task.cancel()
+        if self.broker is not None and self.broker.idle is not None:
+            self.broker.idle.close()
         self._ticker = self._peer_ticker = None
 
 
@@ -590,7 +606,7 @@ def start_gateway(port: int = 9092, *, bind_host: str = DEFAULT_BIND_HOST, adver
                   call_deadline_s: float = CALL_DEADLINE_S,
                   initial_rebalance_delay_ms: int = INITIAL_REBALANCE_DELAY_MS,
                   tls_cert: str | Path | None = None, tls_key: str | Path | None = None,
-                  tls_client_ca: str | Path | None = None) -> dict[str, Any]:
+                  tls_client_ca: str | Path | None = None, watch_idle: bool = True) -> dict[str, Any]:
     """Start a Kafka gateway actor on the Ray cluster this driver is connected to (after
     ``raytxn.connect``), serving ``port`` (0: any free port); returns its advertised address,
     ``bootstrap`` being what Kafka clients take as ``bootstrap.servers``. Idempotent per port.
@@ -609,7 +625,11 @@ def start_gateway(port: int = 9092, *, bind_host: str = DEFAULT_BIND_HOST, adver
     with it). ``tls_cert`` and ``tls_key`` (PEM files, read here, on the driver): the listener
     speaks TLS; with ``tls_client_ca`` too, clients must present a certificate that CA signed
     (mTLS). The certificate verifies the client; the principal it acts as is still the one its
-    SASL login names when authentication is on."""
+    SASL login names when authentication is on.
+
+    ``watch_idle``: answer a fetch of a partition known to hold nothing past the fetch offset from
+    a watch of it instead of reading it (``kafka.idle_partitions``; with authentication off only);
+    False reads every partition a Fetch names, every time."""
     if type(port) is not int or not 0 <= port < 65536:
         raise InvalidArgument(f"port must be an int in 0..65535, got {port!r}")
     check_initial_delay(initial_rebalance_delay_ms)
@@ -621,7 +641,8 @@ def start_gateway(port: int = 9092, *, bind_host: str = DEFAULT_BIND_HOST, adver
     if name is not None:
         options.update(name=name, get_if_exists=True)
     actor = KafkaGatewayActor.options(**options).remote(port, bind_host, advertised_host, None, num_coordinators,
-                                                        call_deadline_s, initial_rebalance_delay_ms, tls)
+                                                        call_deadline_s, initial_rebalance_delay_ms, tls,
+                                                        watch_idle=watch_idle)
     address = ray.get(actor.start.remote())
     address["actor"] = actor
     return address

@@ -206,6 +206,7 @@ BENCHMARKS: dict[str, Callable[..., list[dict]]] = {
     "scale": _lazy("raytxn.tools.bench_scale", "bench_scale"),
     "kafka": _lazy("raytxn.tools.bench_kafka", "bench_kafka"),
     "gateways": _lazy("raytxn.tools.bench_gateways", "bench_gateways"),
+    "gateway-memory": _lazy("raytxn.tools.bench_gateway_memory", "bench_gateway_memory"),
     "compaction": _lazy("raytxn.tools.bench_compaction", "bench_compaction"),
     "s3": _lazy("raytxn.tools.bench_s3", "bench_s3"),
     "peers": _lazy("raytxn.tools.bench_peers", "bench_peers"),
@@ -217,6 +218,7 @@ BENCHMARKS: dict[str, Callable[..., list[dict]]] = {
 # The extras a benchmark needs beyond `bench` (which every run needs, for the chart): `raytxn bench`
 # checks them before it starts, so a missing one is named at once, not after minutes of others.
 BENCH_EXTRAS: dict[str, tuple[str, ...]] = {"spark": ("spark",), "kafka": ("kafka",), "gateways": ("kafka",),
+                                            "gateway-memory": ("kafka",),
                                             "peers": ("kafka", "spark"), "aio": ("serve",),
                                             "console": ("console",)}
 
@@ -228,6 +230,9 @@ def required_extras(names: list[str]) -> list[str]:
 
 # The size options (``raytxn bench NAME --size KEY=VALUE``) of the benchmarks that take some.
 SIZE_OPTIONS: dict[str, tuple[str, ...]] = {
+    "gateways": ("rounds", "messages"),
+    "gateway-memory": ("messages", "minutes", "fill", "partitions", "sample_s", "warmup_s", "window_s",
+                       "max_minutes", "series"),
     "peers": ("rounds", "messages", "seconds", "samples", "eos_messages", "spark", "spark_rows", "spark_batch",
               "kafka_bootstrap"),
     "aio": ("rounds", "messages", "samples"),

@@ -36,42 +36,20 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import psutil
 import ray
 
 from raytxn.tools import bench_peers_clients as work
 from raytxn.tools.bench_kafka import PAYLOAD, _kafka_consume, _kafka_produce
 from raytxn.tools.bench_peers import Sides, _broker, running_sides
+from raytxn.tools.processes import cpu_seconds, ray_processes
 
 BROKER_PID: list[int] = []  # the Kafka broker this run started (its CPU is measured beside the gateway's)
 RATE_HZ = 67          # py-spy samples a second (odd, so it does not beat with 100 ms windows)
 TOP = 15              # functions per table
-SKIPPED = ("ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent")  # Ray's own, not the engine's
 # Leaf frames of a thread that waits: Ray's core worker loop (C++, blocked; py-spy cannot tell it
 # from a running one) and an event loop's select. A table's shares are of the other samples.
 IDLE_LEAVES = ("Worker.main_loop", "EpollSelector.select", "select (selectors.py")
 _FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
-
-
-def _ray_processes() -> dict[str, int]:
-    """This run's Ray worker processes by their title (``ray::KafkaGateway``, ``ray::ActorHost``
-    ...), numbered where one title has several; only children of this driver's own raylet, so
-    other Ray instances on the machine are never sampled."""
-    node = ray._private.worker._global_node  # the raylet of this driver's local Ray
-    raylet = node.all_processes["raylet"][0].process.pid
-    found: dict[str, int] = {}
-    for proc in psutil.Process(raylet).children(recursive=True):
-        try:
-            title = proc.cmdline()[0].split(".")[0].split(" ")[0] if proc.cmdline() else ""
-        except psutil.Error:
-            continue
-        if not title.startswith("ray::") or title in SKIPPED:
-            continue
-        name, n = title[5:], 2
-        while name in found:
-            name, n = f"{title[5:]}#{n}", n + 1
-        found[name] = proc.pid
-    return found
 
 
 @contextmanager
@@ -88,14 +66,14 @@ def sampled(case: str, out: Path, targets: dict[str, int]) -> Iterator[dict[str,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         spies[name] = (proc, path)
     time.sleep(1.0)  # py-spy attaches (reads the interpreter's memory layout) before the clock runs
-    cpu0 = {name: _cpu(pid) for name, pid in targets.items()}
+    cpu0 = {name: cpu_seconds(pid) for name, pid in targets.items()}
     start = time.perf_counter()
     try:
         yield result
     finally:
         result["wall_s"] = round(time.perf_counter() - start, 3)
         for name, pid in targets.items():
-            result["cpu_s"][name] = round(_cpu(pid) - cpu0[name], 3)
+            result["cpu_s"][name] = round(cpu_seconds(pid) - cpu0[name], 3)
         for name, (proc, path) in spies.items():
             proc.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
             try:
@@ -133,20 +111,12 @@ def served(sides: Sides, result: dict) -> Iterator[None]:
 @contextmanager
 def cpu_meter(targets: dict[str, int]) -> Iterator[dict[str, float]]:
     """Each of ``targets``' CPU seconds (user + system) while the block runs."""
-    before = {name: _cpu(pid) for name, pid in targets.items()}
+    before = {name: cpu_seconds(pid) for name, pid in targets.items()}
     spent: dict[str, float] = {}
     try:
         yield spent
     finally:
-        spent.update({name: round(_cpu(pid) - before[name], 3) for name, pid in targets.items()})
-
-
-def _cpu(pid: int) -> float:
-    try:
-        times = psutil.Process(pid).cpu_times()
-    except psutil.Error:
-        return 0.0
-    return times.user + times.system
+        spent.update({name: round(cpu_seconds(pid) - before[name], 3) for name, pid in targets.items()})
 
 
 def function_table(raw_file: str, top: int = TOP) -> tuple[int, int, list[dict]]:
@@ -202,7 +172,7 @@ def _short(frame: str) -> str:
 def processes() -> dict[str, int]:
     """What to sample: this driver and this run's Ray processes (taken again per case: a new
     topic's actors may start in a new process)."""
-    return {"driver": os.getpid(), **_ray_processes()}
+    return {"driver": os.getpid(), **ray_processes()}
 
 
 def _floor_targets() -> dict[str, int]:

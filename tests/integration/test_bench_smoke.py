@@ -14,12 +14,13 @@ from raytxn.tools import bench_produce
 from tests.unit.test_bench_tables import missing_figures
 
 
-def run_bench(name: str, tmp_path: Path, timeout_s: float = 300) -> tuple[list[dict], str]:
-    """``raytxn bench NAME --short --out TMP/NAME.json`` in a fresh process: its rows and what it
-    printed."""
+def run_bench(name: str, tmp_path: Path, timeout_s: float = 300, sizes: tuple[str, ...] = ()) -> tuple[list[dict], str]:
+    """``raytxn bench NAME --short --out TMP/NAME.json [--size S ...]`` in a fresh process: its rows
+    and what it printed."""
     out = tmp_path / f"{name}.json"
-    proc = subprocess.run([sys.executable, "-m", "raytxn.tools.cli", "bench", name, "--short", "--out", str(out)],
-                          capture_output=True, text=True, timeout=timeout_s)
+    options = [arg for size in sizes for arg in ("--size", size)]
+    proc = subprocess.run([sys.executable, "-m", "raytxn.tools.cli", "bench", name, "--short", "--out", str(out),
+                           *options], capture_output=True, text=True, timeout=timeout_s)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads(out.read_text())["results"], proc.stdout
 
@@ -78,6 +79,25 @@ def test_bench_commit_short_measures_the_engine_beside_the_same_path_on_bare_act
         # they agree to within the ratio's rounding (a flake once compared 1.97 to a recomputed 1.98)
         assert row["p50_over_floor"] == pytest.approx(row["p50_ms"] / row["floor_p50_ms"], abs=0.006)
     assert missing_figures(rows, stdout) == [], stdout
+
+
+@pytest.mark.slow(seconds=40)
+def test_bench_gateway_memory_short_samples_the_gateway_over_a_consume_that_rereads_the_topic(tmp_path: Path) -> None:
+    """A confluent-kafka consumer reads 300,000 messages through the gateway, ten passes over a
+    topic of 30,000 (seeks back to 0 at each partition's end), while the gateway's RSS and open
+    descriptors are sampled; the samples and their chart are written beside the rows."""
+    series = tmp_path / "series"
+    [row], stdout = run_bench("gateway-memory", tmp_path, sizes=(f"series={series}",))
+    assert (row["messages"], row["fill"]) == (300_000, 30_000)
+    written = json.loads(series.with_suffix(".json").read_text())
+    assert written["row"] == row and len(written["samples"]) == row["samples"] >= 5
+    consumed = [s["consumed"] for s in written["samples"]]
+    assert consumed == sorted(consumed) and consumed[-1] == 300_000
+    assert all(s["rss_mib"] > 20 and s["fds"] > 0 for s in written["samples"])
+    # the encoded-batch cache holds what the passes fetched, within its bound (64 MiB)
+    assert 0 < row["fetch_cache_mib"] <= 64
+    assert series.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert missing_figures([row], stdout) == [], stdout
 
 
 @pytest.mark.extended

@@ -257,6 +257,42 @@ def test_a_principal_without_permission_is_refused_everywhere_and_nothing_change
     assert refused.get("topic_authorization_failed", 0) >= 3 and refused.get("group_authorization_failed", 0) >= 1
 
 
+def test_a_partition_alice_reads_idle_is_still_refused_to_bob(gateway: dict[str, Any],
+                                                               topics: dict[str, str]) -> None:
+    """With authentication on, the gateway does not answer fetches of idle partitions from its own
+    knowledge of their ends (``kafka.idle_partitions``): a read is where the partition checks the
+    connection's right to consume. alice fetches ``data`` at its end for a while (which, with
+    authentication off, has the gateway watch it and answer such fetches without reading); bob's
+    fetch at that same end is refused. Fails when the gateway watches with authentication on:
+    bob then gets alice's empty answer, and no error."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    data, bootstrap = topics["data"], gateway["bootstrap"]
+    assert gateway["watch_idle"] is False
+    alice = Consumer(plain(bootstrap, "alice", ALICE, **{"group.id": f"a-{uuid.uuid4().hex[:6]}",
+                                                          "enable.auto.commit": False, "fetch.wait.max.ms": 100}))
+    end = alice.get_watermark_offsets(TopicPartition(data, 0), timeout=30)[1]
+    alice.assign([TopicPartition(data, 0, end)])
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline:
+        message = alice.poll(0.1)
+        assert message is None or message.error() is None, message.error()
+    bob = Consumer(plain(bootstrap, "bob", BOB, **{"group.id": f"b-{uuid.uuid4().hex[:6]}",
+                                                   "enable.auto.commit": False, "fetch.wait.max.ms": 100}))
+    bob.assign([TopicPartition(data, 0, end)])
+    error = None
+    deadline = time.monotonic() + 20
+    while error is None and time.monotonic() < deadline:
+        message = bob.poll(0.1)
+        if message is not None:
+            error = message.error()
+            assert error is not None, "bob fetched alice's topic"
+    alice.close()
+    bob.close()
+    assert error is not None and error.code() == 29, error  # TOPIC_AUTHORIZATION_FAILED
+    assert stats(gateway)["idle_partitions"] is None
+
+
 def test_only_a_superuser_creates_or_deletes_topics_through_the_gateway(
         admin: rt.Client, gateway: dict[str, Any], topics: dict[str, str]) -> None:
     """CreateTopics and DeleteTopics of a principal that is not a superuser are

@@ -21,6 +21,7 @@ from raytxn.tools import (
     bench_commit,
     bench_compaction,
     bench_console,
+    bench_gateway_memory,
     bench_gateways,
     bench_kafka,
     bench_peers,
@@ -52,6 +53,11 @@ def _spark() -> list[dict]:
     scaling = {p: bench_spark.run_figures([2500], [1.0 + p / 10], 1.5 + p / 10, 0.2) for p in (1, 2)}
     small = bench_spark.run_figures([250] * 10, [0.3] * 10, 3.5, 1.5)
     return bench_spark.spark_rows(2500, 1000, runs, scaling, (250, small))
+
+
+def _run(rate: float) -> bench_gateways.Run:
+    return bench_gateways.Run(rate, 10_000 / rate, 0.05, {"gateways": 1.5, "engine": 0.75, "clients": 0.5,
+                                                          "others": 0.25}, 0.875, 2.5)
 
 
 def _peers() -> list[dict]:
@@ -141,9 +147,13 @@ ROWS: dict[str, Callable[[], list[dict]]] = {
     "peers": _peers,
     "compaction": lambda: bench_compaction.compaction_rows(100_000, 1_000, [200_000.5, 210_000.25], [500_000.5],
                                                            10_000, [0.75, 0.5], 2_000, [900.5], [1_000.25]),
-    "gateways": lambda: bench_gateways.gateway_rows(5_000, {"produce": {"one": [40_000.5, 42_000.25],
-                                                                         "two": [60_000.75, 58_000.5]},
-                                                             "consume": {"one": [90_000.25], "two": [120_000.5]}}),
+    "gateways": lambda: bench_gateways.gateway_rows(5_000, {
+        "produce": {"one": [_run(40_000.5), _run(42_000.25)], "two": [_run(60_000.75), _run(58_000.5)]},
+        "consume": {"one": [_run(90_000.25)], "two": [_run(120_000.5)]}}),
+    "gateway-memory": lambda: [bench_gateway_memory.memory_row(
+        [{"t_s": t, "rss_mib": 200.5 + t / 100, "uss_mib": 150.25, "fds": 50, "consumed": 1000 * t}
+         for t in range(0, 300, 5)],
+        60.0, 60.0, 2_000_000, 300.25, 500_000, {"held_bytes": 64 << 20}, "bench-results/gateway-memory")],
     "kafka": lambda: [*bench_kafka.kafka_rows(1, 5_000, {"produce": {"gateway": [20_000.5, 22_000.25],
                                                                      "native": [60_000.75, 58_000.5]},
                                                          "consume": {"gateway": [40_000.25, 41_000.5],
