@@ -389,8 +389,12 @@ class CompactionRun:
 
     async def compacted_reader(self) -> None:
         """A ``read_compacted`` subscription's consumer, joining late (after compactions, mostly):
-        the compacted view below the horizon, then the live ledger; then it reads what is left."""
+        the compacted view below the horizon, then the live ledger; then it reads what is left
+        (and again in ``finish``, once every txn ended)."""
         await asyncio.sleep(self.d.rng.uniform(*COMPACTED_JOIN_S))
+        await self._read_compacted()
+
+    async def _read_compacted(self) -> None:
         await self._read(SUB_COMPACTED, "compacted-reader", "Exclusive", read_compacted=True)
 
     async def _read(self, subscription: str, consumer: str, consumer_type: str, read_compacted: bool = False) -> None:
@@ -490,9 +494,18 @@ class CompactionRun:
     # --- the end -------------------------------------------------------------------------------
 
     async def finish(self) -> None:
-        """After the quiet period's drains: one more compaction of each partition, then its
-        compacted view and live tail, read as a compacted reader and as a new table reads them."""
+        """After the quiet period's drains: the read_compacted consumer reads what is left; then
+        one more compaction of each partition, then its compacted view and live tail, read as a
+        compacted reader and as a new table reads them."""
         d = self.d
+        # The consumer's job ends once the readers are done, and a txn may still be open then,
+        # holding its partitions' max_read_position (and everything committed after its data)
+        # back: a txn left open whose coordinator crashed times out only once the coordinator's
+        # next incarnation starts, on its first call (the shell starts lazily), which in a run
+        # whose writers stopped early (max_txns) is the liveness check after the jobs. The audit
+        # reads the rest in its final drain; this consumer does too, here (every txn has ended),
+        # so that it must end with the latest value of every key, in every run.
+        await self._read_compacted()
         for partition in range(self.partitions):
             for _ in range(LOAD_ATTEMPTS):
                 if await self._compact(partition, DEFAULT_DELETE_RETENTION_MS):
