@@ -17,7 +17,7 @@ import os
 import time
 import uuid
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import fields, replace
 from typing import Any
 
@@ -299,6 +299,19 @@ class Client:
     def health(self) -> dict[str, Any]:
         """The supervisor's view of every actor (state, incarnation, restarts, recovery)."""
         return self.supervisor.call("health", deadline_s=self.deadline_s)
+
+    def rolling_restart(self, drain_s: float = 10.0,
+                        progress: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+        """Superusers: restart every running engine actor, one at a time (partitions,
+        subscriptions, coordinators, hosts, the supervisor last), each drained first: new calls
+        wait and retry, the calls in flight finish (up to ``drain_s``), then its process is
+        replaced and the next one goes once it serves again. What an upgrade needs: install the
+        new release where the actors run, then call this (``raytxn restart --rolling``).
+        Producers, consumers and transactions go on throughout. Returns a row per actor;
+        ``progress`` gets each as it is done."""
+        from raytxn.client.restarts import rolling_restart
+
+        return rolling_restart(self.supervisor, self.deadline_s, drain_s, progress)
 
     def coordinator_stats(self) -> list[dict[str, Any]]:
         return self.coordinators.stats()
