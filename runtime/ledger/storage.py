@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import errno
 import itertools
+import math
 import os
 import re
 import time
@@ -289,15 +290,23 @@ class Storage:
 
     # --- a full store ------------------------------------------------------------------------
     #
-    # A put refused for lack of space raises ``StorageFull`` (a ``StorageUnavailable``: space may
-    # come back) and marks the store full; the next put that lands clears the mark. Actors ask
-    # ``check_space`` before they accept new work (an append, a transactional ack, a begin), so
-    # while the store is full that work is refused at once, having changed nothing, instead of
-    # queueing behind the put that waits for space. Class attributes: a ``Storage`` made
-    # without ``__init__`` (a simulator's) is never full.
+    # Actors ask ``check_space`` before they accept new work (an append, a transactional ack, a
+    # begin): while the store is full that work is refused at once with ``StorageFull``, having
+    # changed nothing, instead of queueing behind puts that wait for space. What was accepted
+    # before (a commit's markers, its coordinator records, cursors) is never refused: it waits
+    # for space, and on a local disk it has a reserve to finish in, as a BookKeeper bookie turns
+    # read-only before its disk is full. Full means:
+    # - a local directory whose filesystem has less than ``local_reserve_bytes`` free (looked at
+    #   every ``SPACE_CHECK_S``): new work stops while the rest of the disk still takes what was
+    #   accepted;
+    # - any store whose last put was refused for lack of space (``ENOSPC``, a quota, an S3 507),
+    #   for ``FULL_HOLD_S`` after that refusal, or until a put lands.
+    # Class attributes, the defaults: a simulator's store, never short of space, keeps them.
 
     _full: raytxn_errors.StorageFull | None = None  # the last put's refusal for lack of space (None: room)
     _full_at: float = 0.0             # when (time.monotonic)
+    _space_checked_at: float = -math.inf  # when the local filesystem's free space was last looked at
+    _space_short: str | None = None   # what it said, when it was short
 
     def _put_failed(self, path: str, error: BaseException) -> StorageUnavailable:
         """The error a failed put raises: ``StorageFull`` (and the store marked full) when the
@@ -313,10 +322,19 @@ class Storage:
         of space less than ``FULL_HOLD_S`` ago and none landed since. Past the hold a request is
         let through to try (space may be back); a writer retrying its put meanwhile keeps the
         mark fresh while there is still no room."""
+        now = time.monotonic()
         full = self._full
-        if full is not None and time.monotonic() - self._full_at < FULL_HOLD_S:
+        if full is not None and now - self._full_at < FULL_HOLD_S:
             raise raytxn_errors.StorageFull(f"storage {self.url} is full ({full}); nothing was written: retry once "
                                             "space is freed")
+        if self._root_prefix is None:
+            return
+        if now - self._space_checked_at >= SPACE_CHECK_S:
+            self._space_checked_at = now
+            self._space_short = _short_of_space(self._root_prefix)
+        if self._space_short is not None:
+            raise raytxn_errors.StorageFull(f"storage {self.url} is full ({self._space_short}); nothing was "
+                                            "written: retry once space is freed")
 
     def full_note(self) -> str:
         """" (the store is full: ...)" while ``check_space`` refuses, else "": for the message of a
@@ -355,6 +373,29 @@ def _short(error: BaseException) -> str:
 
 # How long a refusal for lack of space keeps new work away (``Storage.check_space``).
 FULL_HOLD_S = 2.0
+SPACE_CHECK_S = 0.5  # how often a local store's free space is looked at (one statvfs)
+# The room a local disk keeps for work already accepted: new work stops below this much free,
+# 5% of the filesystem (BookKeeper's default read-only threshold is 95% used), 64 MiB at most.
+RESERVE_SHARE = 0.05
+MAX_RESERVE_BYTES = 64 << 20
+
+
+def local_reserve_bytes(total_bytes: int) -> int:
+    """The free space a local store of ``total_bytes`` keeps for accepted work."""
+    return min(MAX_RESERVE_BYTES, int(total_bytes * RESERVE_SHARE))
+
+
+def _short_of_space(directory: str) -> str | None:
+    """What is short on the filesystem of ``directory`` (None: room, or it cannot tell)."""
+    try:
+        stat = os.statvfs(directory)
+    except OSError:
+        return None  # gone or unreadable: the put says what is wrong
+    free, total = stat.f_bavail * stat.f_frsize, stat.f_blocks * stat.f_frsize
+    reserve = local_reserve_bytes(total)
+    if free < reserve:
+        return f"{free} bytes free of {total}, below the {reserve} kept for work already accepted"
+    return None
 _FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 # How a full store shows through obstore, whose errors are not OSErrors: the Rust io error of a
 # local filesystem ("No space left on device (os error 28)", a quota's 122), or an HTTP 507

@@ -104,11 +104,28 @@ def check_workload(workload: LiveWorkload) -> None:
     assert not [e for e in workload.errors if e.startswith("thread crashed")], workload.errors
 
 
-@pytest.mark.slow(seconds=120)
+@pytest.mark.slow(seconds=80)
 def test_rolling_restart_and_a_kill_of_everything_under_load(client: rt.Client) -> None:
     workload, rows = restart_everything_under_load(client, partitions=1)
     print("\n".join(f"{r['name']}: {r.get('restarted')} {r['seconds']}s drain {r.get('drain')}" for r in rows))
     check_restarted(rows, workload, partitions=1)
+    check_workload(workload)
+
+
+@pytest.mark.extended
+@pytest.mark.slow(seconds=120)
+def test_rolling_restart_of_two_partitions_twice_under_load(client: rt.Client) -> None:
+    workload = LiveWorkload(client, partitions=2, txn_timeout_s=TXN_TIMEOUT_S)
+    workload.start()
+    try:
+        workload.wait_for_deliveries()
+        rows = []
+        for round_ in range(2):
+            workload.phase(f"rolling restart {round_}")
+            rows += client.rolling_restart(drain_s=5.0)
+    finally:
+        workload.stop()
+    check_restarted(rows, workload, partitions=2)
     check_workload(workload)
 
 
