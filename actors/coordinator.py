@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -190,7 +191,7 @@ class TransactionCoordinator(TransactionalIdViews, ActorShell, FaultTarget):
         incarnation's facts."""
         await self._started()
         await self._answered_ends_logged()
-        return {**self.info, "actor_classes_imported": engine_actor_classes_imported()}
+        return {**self.info, "actor_classes_imported": engine_actor_classes_imported(), "pid": os.getpid()}
 
     def _drain_pending(self) -> int:
         # Ends being driven (and timeouts turning into ends): a drain lets them reach their

@@ -275,7 +275,7 @@ class ActorShell(AuthTarget):
         """What ``ready`` answers: the incarnation's facts, its idleness and what holds it up."""
         return {**self.info, "idle_s": round(self.idle_s(), 3),
                 "passivation_blockers": self._passivation_blockers(),
-                "actor_classes_imported": engine_actor_classes_imported()}
+                "actor_classes_imported": engine_actor_classes_imported(), "pid": os.getpid()}
 
     def _why_not_passivated(self, min_idle_s: float) -> list[str]:
         why = self._passivation_blockers()

@@ -209,6 +209,7 @@ BENCHMARKS: dict[str, Callable[..., list[dict]]] = {
     "compaction": _lazy("raytxn.tools.bench_compaction", "bench_compaction"),
     "s3": _lazy("raytxn.tools.bench_s3", "bench_s3"),
     "peers": _lazy("raytxn.tools.bench_peers", "bench_peers"),
+    "soak": _lazy("raytxn.tools.bench_soak", "bench_soak"),
 }
 
 
@@ -227,6 +228,7 @@ def required_extras(names: list[str]) -> list[str]:
 SIZE_OPTIONS: dict[str, tuple[str, ...]] = {
     "peers": ("rounds", "messages", "seconds", "samples", "eos_messages", "spark", "spark_rows", "spark_batch",
               "kafka_bootstrap"),
+    "soak": ("minutes", "feed_per_s", "fault_interval_s", "seed", "warmup_s", "interval_s", "storage"),
 }
 
 

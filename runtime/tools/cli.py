@@ -536,7 +536,10 @@ def bench_command(
     out: Annotated[Path, typer.Option("--out", help="JSON file to write")] = Path("bench-results/bench.json"),
     sizes: Annotated[list[str] | None, typer.Option(
         "--size", help="KEY=VALUE, a size option of the one benchmark run (bench peers: "
-                       f"{', '.join(bench.SIZE_OPTIONS['peers'])}); repeat for more")] = None,
+                       f"{', '.join(bench.SIZE_OPTIONS['peers'])}; bench soak: "
+                       f"{', '.join(bench.SIZE_OPTIONS['soak'])}); repeat for more")] = None,
+    minutes: Annotated[float | None, typer.Option(
+        "--minutes", min=0, help="bench soak: how long it runs (default 30; --short: 1)")] = None,
 ) -> None:
     """Run benchmarks, print their tables (every figure of every row), write JSON and a chart."""
     names = names or list(bench.BENCHMARKS)
@@ -552,6 +555,10 @@ def bench_command(
         raise typer.Exit(2) from None
     try:
         size = bench.parse_sizes(sizes or [], names)
+        if minutes is not None:
+            if names != ["soak"]:
+                raise ValueError("--minutes is for bench soak alone")
+            size["minutes"] = minutes
     except ValueError as e:
         console.print(f"[red]{e}[/red]")
         raise typer.Exit(2) from None
