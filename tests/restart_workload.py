@@ -25,6 +25,7 @@ from typing import Any
 
 import raytxn as rt
 from raytxn.errors import RaytxnError, Timeout, TransactionAlreadyAborted, TransactionTimedOut
+from raytxn.tools.chaos import drain_into
 from raytxn.tools.checker import Report, check
 from raytxn.tools.history import History
 
@@ -124,8 +125,8 @@ class LiveWorkload:
         """Drain every subscription (the sink through a new one) and judge the history."""
         for sub, kind in (("shared", rt.ConsumerType.Shared), ("excl", rt.ConsumerType.Exclusive),
                           ("pipe", rt.ConsumerType.Exclusive)):
-            self._drain(self.source, sub, kind)
-        self._drain(self.sink, "verify", rt.ConsumerType.Exclusive)
+            drain_into(self.history, self.client, self.source, sub, time.monotonic, kind)
+        drain_into(self.history, self.client, self.sink, "verify", time.monotonic)
         return check(self.history, txn_timeout_s=self.txn_timeout_s)
 
     # --- the threads -------------------------------------------------------------------------
@@ -147,13 +148,9 @@ class LiveWorkload:
         producer = self.client.create_producer(self.source, producer_name=f"{self.run}-plain", send_timeout_s=120)
         i = 0
         while not self._producing.is_set():
-            uid = f"plain-{i}"
-            self.history.send(uid, self.source, None, None, producer.producer_name, time.monotonic())
             try:
-                message_id = producer.send(uid.encode(), key=uid)
-                self.history.send_ok(uid, message_id, time.monotonic(), producer=producer.producer_name)
+                self._send(producer, self.source, f"plain-{i}", f"plain-{i}", None)
             except RaytxnError as e:
-                self.history.send_failed(uid, e, time.monotonic(), producer=producer.producer_name)
                 self._note(e)
             i += 1
             time.sleep(self.period_s)
@@ -171,14 +168,7 @@ class LiveWorkload:
             self.history.txn_begin(txn.id, time.monotonic())
             try:
                 for j in range(2):
-                    uid = f"txn-{i}-{j}"
-                    self.history.send(uid, self.source, None, txn.id, producer.producer_name, time.monotonic())
-                    try:
-                        message_id = producer.send(uid.encode(), key=uid, txn=txn)
-                    except RaytxnError as e:
-                        self.history.send_failed(uid, e, time.monotonic(), producer=producer.producer_name)
-                        raise
-                    self.history.send_ok(uid, message_id, time.monotonic(), producer=producer.producer_name)
+                    self._send(producer, self.source, f"txn-{i}-{j}", f"txn-{i}-{j}", txn)
             except RaytxnError as e:
                 self._note(e)
                 self._abort(txn)
@@ -222,6 +212,17 @@ class LiveWorkload:
         if sink is not None:
             sink.close()
 
+    def _send(self, producer: Any, topic: str, uid: str, key: str, txn: Any) -> None:
+        """Send ``uid`` (in ``txn``, or plainly) and record the attempt and its outcome."""
+        txn_id = None if txn is None else txn.id
+        self.history.send(uid, topic, None, txn_id, producer.producer_name, time.monotonic())
+        try:
+            message_id = producer.send(uid.encode(), key=key, txn=txn)
+        except RaytxnError as e:
+            self.history.send_failed(uid, e, time.monotonic(), producer=producer.producer_name)
+            raise
+        self.history.send_ok(uid, message_id, time.monotonic(), producer=producer.producer_name)
+
     def _ack_plain(self, name: str, consumer: Any, msg: Any) -> None:
         self.history.ack(name, "shared", msg.message_id(), None, time.monotonic())
         try:
@@ -243,15 +244,8 @@ class LiveWorkload:
                 uid = msg.value().decode()
                 outputs = []
                 if sink is not None:
-                    out = f"o-{uid}"
-                    outputs.append(out)
-                    self.history.send(out, self.sink, None, txn.id, sink.producer_name, time.monotonic())
-                    try:
-                        message_id = sink.send(out.encode(), key=uid, txn=txn)
-                    except RaytxnError as e:
-                        self.history.send_failed(out, e, time.monotonic(), producer=sink.producer_name)
-                        raise
-                    self.history.send_ok(out, message_id, time.monotonic(), producer=sink.producer_name)
+                    outputs.append(f"o-{uid}")
+                    self._send(sink, self.sink, outputs[0], uid, txn)
                 self.history.ack(name, sub, msg.message_id(), txn.id, time.monotonic())
                 consumer.acknowledge(msg, txn=txn)
                 if sink is not None:
@@ -289,16 +283,3 @@ class LiveWorkload:
         except RaytxnError as e:
             self._note(e)
             self.history.txn_abort(txn.id, "unknown", time.monotonic(), issued_at=issued)
-
-    def _drain(self, topic: str, sub: str, kind: rt.ConsumerType) -> None:
-        consumer = self.client.subscribe(topic, sub, consumer_type=kind, consumer_name=f"drain-{sub}",
-                                         initial_position=rt.InitialPosition.Earliest)
-        seen = []
-        while True:
-            try:
-                msg = consumer.receive(timeout=3)
-            except Timeout:
-                break
-            seen.append((msg.message_id().partition, msg.message_id(), msg.value().decode()))
-        consumer.close()
-        self.history.final_state(sub, topic, seen, t=time.monotonic())

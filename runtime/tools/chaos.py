@@ -301,9 +301,9 @@ def run_chaos(client: Any, txns: int = 300, seed: int = 1, workers: int = 3, txn
     for consumer in consumers:
         consumer.close()
     time.sleep(txn_timeout_s + 1)  # txns abandoned by a failed client time out
-    _drain(client, history, topic_in, "chaos", now)
-    _drain(client, history, out_a, "verify", now)
-    _drain(client, history, out_b, "verify", now)
+    drain_into(history, client, topic_in, "chaos", now)
+    drain_into(history, client, out_a, "verify", now)
+    drain_into(history, client, out_b, "verify", now)
     report = check(history, txn_timeout_s=txn_timeout_s * 2 + 5, stuck_slack_s=30.0)
     missing = txns - len(done)
     if missing:  # every order must have been processed by the end
@@ -337,12 +337,14 @@ def _abort(history: History, txn: Any, now: Any) -> None:
         history.txn_abort(txn.id, "unknown", now(), issued_at=issued)
 
 
-def _drain(client: Any, history: History, topic: str, subscription: str, now: Any) -> None:
-    """Read what is left for ``subscription`` (a new one starts at the earliest message)."""
+def drain_into(history: History, client: Any, topic: str, subscription: str, now: Any,
+               consumer_type: Any = None) -> None:
+    """Read what is left for ``subscription`` (a new one starts at the earliest message) into
+    ``history``'s final state of it; ``consumer_type``: the subscription's (default Exclusive)."""
     import raytxn as rt
 
-    consumer = client.subscribe(topic, subscription, initial_position=rt.InitialPosition.Earliest,
-                                consumer_name=f"drain-{subscription}")
+    consumer = client.subscribe(topic, subscription, consumer_type=consumer_type or rt.ConsumerType.Exclusive,
+                                initial_position=rt.InitialPosition.Earliest, consumer_name=f"drain-{subscription}")
     seen = []
     while True:
         try:

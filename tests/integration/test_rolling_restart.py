@@ -58,23 +58,30 @@ def wait_serving(names: list[str], timeout_s: float = 180.0) -> None:
         ActorRef(name).call("ready", deadline_s=max(1.0, deadline - time.monotonic()))
 
 
+def restart_everything(client: rt.Client, workload: LiveWorkload) -> list[dict[str, Any]]:
+    """With ``workload`` running: a rolling restart, then a kill of every actor at once; returns
+    once every consumer got messages again. The rolling restart's rows."""
+    workload.wait_for_deliveries()
+    workload.phase("rolling restart")
+    rows = client.rolling_restart(drain_s=5.0)
+    workload.phase("after the rolling restart")
+    workload.wait_for_deliveries(len(workload.deliveries["x"]) + 3)  # serving after the rolling restart
+    workload.phase("kill of everything")
+    names = kill_everything(client)
+    wait_serving([n for n in names if n != SUPERVISOR_NAME])
+    seen = {name: len(times) for name, times in workload.deliveries.items()}
+    deadline = time.monotonic() + 120
+    while any(len(workload.deliveries[name]) < seen[name] + 3 for name in seen):  # serving after the kill
+        assert time.monotonic() < deadline, f"not every consumer got messages after the kill: {workload.errors}"
+        time.sleep(0.2)
+    return rows
+
+
 def restart_everything_under_load(client: rt.Client, partitions: int) -> tuple[LiveWorkload, list[dict[str, Any]]]:
     workload = LiveWorkload(client, partitions=partitions, txn_timeout_s=TXN_TIMEOUT_S)
     workload.start()
     try:
-        workload.wait_for_deliveries()
-        workload.phase("rolling restart")
-        rows = client.rolling_restart(drain_s=5.0)
-        workload.phase("after the rolling restart")
-        workload.wait_for_deliveries(len(workload.deliveries["x"]) + 3)  # serving after the rolling restart
-        workload.phase("kill of everything")
-        names = kill_everything(client)
-        wait_serving([n for n in names if n != SUPERVISOR_NAME])
-        seen = {name: len(times) for name, times in workload.deliveries.items()}
-        deadline = time.monotonic() + 120
-        while any(len(workload.deliveries[name]) < seen[name] + 3 for name in seen):  # serving after the kill
-            assert time.monotonic() < deadline, f"not every consumer got messages after the kill: {workload.errors}"
-            time.sleep(0.2)
+        rows = restart_everything(client, workload)
     finally:
         workload.stop()
     return workload, rows

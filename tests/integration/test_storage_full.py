@@ -125,6 +125,17 @@ def commit_in_background(txn: Any) -> tuple[threading.Thread, list[Any]]:
     return thread, outcome
 
 
+def topic_with_messages(client: rt.Client, prefix: str) -> tuple[str, Any, list[bytes]]:
+    """A new topic of two partitions, a producer, and the ten messages it sent there."""
+    topic = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    client.create_topic(topic, 2)
+    producer = client.create_producer(topic, send_timeout_s=SEND_TIMEOUT_S)
+    before = [f"before-{i}".encode() for i in range(10)]
+    for i, value in enumerate(before):
+        producer.send(value, key=str(i))
+    return topic, producer, before
+
+
 def check_all_or_nothing(stored: list[bytes], txn_values: list[bytes]) -> bool:
     """Whether ``txn_values`` are all stored (True) or none (False): never some."""
     shown = [v for v in txn_values if v in stored]
@@ -135,12 +146,7 @@ def check_all_or_nothing(stored: list[bytes], txn_values: list[bytes]) -> bool:
 @pytest.mark.slow(seconds=60)
 def test_below_the_reserve_new_work_is_refused_and_accepted_work_completes(client: rt.Client,
                                                                              small_disk: Path) -> None:
-    topic = f"reserve-{uuid.uuid4().hex[:6]}"
-    client.create_topic(topic, 2)
-    producer = client.create_producer(topic, send_timeout_s=SEND_TIMEOUT_S)
-    before = [f"before-{i}".encode() for i in range(10)]
-    for i, value in enumerate(before):
-        producer.send(value, key=str(i))
+    topic, producer, before = topic_with_messages(client, "reserve")
     accepted = client.new_transaction(timeout=60)
     accepted_values = [f"accepted-{k}".encode() for k in range(2)]
     for k, value in enumerate(accepted_values):
@@ -171,13 +177,8 @@ def test_below_the_reserve_new_work_is_refused_and_accepted_work_completes(clien
 
 @pytest.mark.slow(seconds=90)
 def test_a_disk_full_to_the_last_byte_waits_then_recovers_by_itself(client: rt.Client, small_disk: Path) -> None:
-    topic = f"full-{uuid.uuid4().hex[:6]}"
-    client.create_topic(topic, 2)
+    topic, producer, before = topic_with_messages(client, "full")
     consumer = client.subscribe(topic, "billing", initial_position=rt.InitialPosition.Earliest)
-    producer = client.create_producer(topic, send_timeout_s=SEND_TIMEOUT_S)
-    before = [f"before-{i}".encode() for i in range(10)]
-    for i, value in enumerate(before):
-        producer.send(value, key=str(i))
     committing = client.new_transaction(timeout=120)
     committing_values = [f"committing-{k}".encode() for k in range(4)]
     for k, value in enumerate(committing_values):
