@@ -103,7 +103,7 @@ class SupervisorRestarts:
         if handle is None and kind != "coordinator":
             return {"restarted": False, "why": "dormant: its next use starts it"}
         drained = await _drained(handle, drain_s, self.authorizer.engine_token()) if handle is not None else None
-        await self._stop_actors([name])
+        await self._kill_for_good([name])
         if kind == "coordinator":
             tc_id = int(name.rsplit("-", 1)[1])
             info = await self._placed(name, self._create_coordinator(tc_id))

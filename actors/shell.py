@@ -37,6 +37,13 @@ crash chosen at a quiet moment, and every actor recovers from a crash. Should th
 before its kill, the incarnation ends its process itself after ``PASSIVATED_EXIT_S`` (Ray then
 starts a fresh one), so no actor stays stopped for good.
 
+**Drain.** ``drain`` (the supervisor's, for a restart: a rolling restart, an upgrade) stops an
+incarnation gracefully whatever holds it: new calls are refused with ``ActorUnavailable`` from
+the guard itself (``_call_began``), long polls are answered (``_end_long_polls``), the calls in
+flight and the work they started (``_drain_pending``) get up to its timeout to finish, then
+``_before_passivate`` and a stop as a passivation's. The supervisor kills the process and starts
+the actor again at once (actors/restarts.py).
+
 **Replay.** ``replay`` reads a ledger from a position in bounded chunks and applies each entry.
 
 **Clock and seams.** Actor code takes time only from ``self.clock`` (wall ``now_ms`` for stored and
