@@ -19,17 +19,18 @@ import itertools
 import threading
 import time
 import uuid
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable
 from typing import Any
 
 import raytxn as rt
 from raytxn.errors import RaytxnError, Timeout, TransactionAlreadyAborted, TransactionTimedOut
-from raytxn.tools.chaos import drain_into
+from raytxn.tools.chaos import drain_into, evidence
 from raytxn.tools.checker import Report, check
 from raytxn.tools.history import History
 
 MAX_BATCH = 10  # messages one transaction of ``excl`` or ``pipe`` acks at most
+MAX_NOTES = 2000
 IDLE_S = 3.0    # after the producers stop: consumers that received nothing this long are done
 SETTLE_LIMIT_S = 120.0
 
@@ -47,6 +48,7 @@ class LiveWorkload:
         self.history = History()
         self.deliveries: dict[str, list[float]] = defaultdict(list)
         self.errors: Counter[str] = Counter()
+        self.notes: deque[tuple] = deque(maxlen=MAX_NOTES)  # (t, thread, txn, where, error)
         self._producing = threading.Event()
         self._consuming = threading.Event()
         self._lock = threading.Lock()
@@ -121,6 +123,10 @@ class LiveWorkload:
                         for name in self._consumers}
                 for (phase, start), (_, end) in itertools.pairwise(bounds)}
 
+    def evidence(self, report: Report) -> list[str]:
+        """What the client did and the ledgers hold about ``report``'s anomalies."""
+        return evidence(self.client, self.history, report.anomalies(), self.notes)
+
     def check(self) -> Report:
         """Drain every subscription (the sink through a new one) and judge the history."""
         for sub, kind in (("shared", rt.ConsumerType.Shared), ("excl", rt.ConsumerType.Exclusive),
@@ -140,9 +146,12 @@ class LiveWorkload:
                 raise
         return run
 
-    def _note(self, what: BaseException | str) -> None:
+    def _note(self, what: BaseException | str, txn: Any = None, where: str = "") -> None:
+        """Count an error; keep it for the evidence (``chaos.evidence``) of a failed check."""
         with self._lock:
             self.errors[what if isinstance(what, str) else type(what).__name__] += 1
+            self.notes.append((time.monotonic() - self.began, threading.current_thread().name,
+                               None if txn is None else txn.id, where, repr(what)[:300]))
 
     def _plain(self) -> None:
         producer = self.client.create_producer(self.source, producer_name=f"{self.run}-plain", send_timeout_s=120)
@@ -170,7 +179,7 @@ class LiveWorkload:
                 for j in range(2):
                     self._send(producer, self.source, f"txn-{i}-{j}", f"txn-{i}-{j}", txn)
             except RaytxnError as e:
-                self._note(e)
+                self._note(e, txn, "send")
                 self._abort(txn)
             else:
                 self._commit(txn)
@@ -251,7 +260,7 @@ class LiveWorkload:
                 if sink is not None:
                     self.history.consume_transform_produce(uid, outputs, txn.id, subscription=sub, t=time.monotonic())
         except RaytxnError as e:
-            self._note(e)
+            self._note(e, txn, "send or ack")
             self._abort(txn)
             for msg in batch:
                 consumer.negative_acknowledge(msg)
@@ -265,11 +274,11 @@ class LiveWorkload:
         try:
             txn.commit()
         except (TransactionAlreadyAborted, TransactionTimedOut) as e:
-            self._note(e)
+            self._note(e, txn, "commit")
             self.history.txn_commit(txn.id, "aborted", time.monotonic(), issued_at=issued)
             return False
         except RaytxnError as e:
-            self._note(e)
+            self._note(e, txn, "commit")
             self.history.txn_commit(txn.id, "unknown", time.monotonic(), issued_at=issued)
             return False
         self.history.txn_commit(txn.id, "committed", time.monotonic(), issued_at=issued)
@@ -281,5 +290,5 @@ class LiveWorkload:
             txn.abort()
             self.history.txn_abort(txn.id, "aborted", time.monotonic(), issued_at=issued)
         except RaytxnError as e:
-            self._note(e)
+            self._note(e, txn, "abort")
             self.history.txn_abort(txn.id, "unknown", time.monotonic(), issued_at=issued)

@@ -17,13 +17,14 @@ import os
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import fields, replace
 from typing import Any
 
 import ray
 
 from raytxn.auth import AuthConfig
+from raytxn.client import restarts
 from raytxn.client.consumer import Consumer, ConsumerType, InitialPosition, check_receiver_queue
 from raytxn.client.coordinator_client import CoordinatorClient
 from raytxn.client.faults import Faults
@@ -301,7 +302,7 @@ class Client:
         return self.supervisor.call("health", deadline_s=self.deadline_s)
 
     def rolling_restart(self, drain_s: float = 10.0,
-                        progress: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+                        progress: restarts.RowCallback | None = None) -> list[dict[str, Any]]:
         """Superusers: restart every running engine actor, one at a time (partitions,
         subscriptions, coordinators, hosts, the supervisor last), each drained first: new calls
         wait and retry, the calls in flight finish (up to ``drain_s``), then its process is
@@ -309,9 +310,7 @@ class Client:
         new release where the actors run, then call this (``raytxn restart --rolling``).
         Producers, consumers and transactions go on throughout. Returns a row per actor;
         ``progress`` gets each as it is done."""
-        from raytxn.client.restarts import rolling_restart
-
-        return rolling_restart(self.supervisor, self.deadline_s, drain_s, progress)
+        return restarts.rolling_restart(self.supervisor, self.deadline_s, drain_s, progress)
 
     def coordinator_stats(self) -> list[dict[str, Any]]:
         return self.coordinators.stats()

@@ -16,13 +16,14 @@ from typing import Any
 from raytxn.client.rpc import ActorRef
 from raytxn.errors import ActorUnavailable, InvalidArgument
 
+RowCallback = Callable[[dict[str, Any]], None]  # gets each actor's row as it is restarted
 SUPERVISOR_EXIT_S = 0.5   # the drained supervisor ends its process this soon (its reply goes out first)
 SUPERVISOR_BACK_S = 120.0  # how long the restarted supervisor may take to serve again
 POLL_S = 0.1
 
 
 def rolling_restart(supervisor: ActorRef, deadline_s: float, drain_s: float = 10.0,
-                    progress: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+                    progress: RowCallback | None = None) -> list[dict[str, Any]]:
     """Restart the engine's actors in the supervisor's plan (``restart_plan``), one after the
     other, each once its predecessor serves again; returns one row per actor (name, kind,
     whether the drain finished in time, incarnations, seconds). Superusers only."""

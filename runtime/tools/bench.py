@@ -208,8 +208,8 @@ BENCHMARKS: dict[str, Callable[..., list[dict]]] = {
     "gateways": _lazy("raytxn.tools.bench_gateways", "bench_gateways"),
     "compaction": _lazy("raytxn.tools.bench_compaction", "bench_compaction"),
     "s3": _lazy("raytxn.tools.bench_s3", "bench_s3"),
-    "peers": _lazy("raytxn.tools.bench_peers", "bench_peers"),
     "soak": _lazy("raytxn.tools.bench_soak", "bench_soak"),
+    "peers": _lazy("raytxn.tools.bench_peers", "bench_peers"),
 }
 
 
@@ -226,9 +226,9 @@ def required_extras(names: list[str]) -> list[str]:
 
 # The size options (``raytxn bench NAME --size KEY=VALUE``) of the benchmarks that take some.
 SIZE_OPTIONS: dict[str, tuple[str, ...]] = {
+    "soak": ("minutes", "feed_per_s", "fault_interval_s", "seed", "warmup_s", "interval_s", "storage"),
     "peers": ("rounds", "messages", "seconds", "samples", "eos_messages", "spark", "spark_rows", "spark_batch",
               "kafka_bootstrap"),
-    "soak": ("minutes", "feed_per_s", "fault_interval_s", "seed", "warmup_s", "interval_s", "storage"),
 }
 
 

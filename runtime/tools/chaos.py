@@ -312,12 +312,13 @@ def run_chaos(client: Any, txns: int = 300, seed: int = 1, workers: int = 3, txn
     # (the evidence tells the story of the first few orders never done, too)
     stuck = [Anomaly("lost", f"order {uid}", "never committed", msg_uid=uid)
              for uid in [f"in-{i}" for i in range(txns) if f"in-{i}" not in done][:3]]
-    evidence = [] if report.clean else _evidence(client, history, [*report.anomalies(), *stuck], notes)
+    story = [] if report.clean else evidence(client, history, [*report.anomalies(), *stuck], notes)
     return ChaosResult(seed, txns, counts["committed"], counts["aborted"], now() - start, schedule,
-                       counts["fired"], report, errors, evidence, skipped, killed_incarnations)
+                       counts["fired"], report, errors, story, skipped, killed_incarnations)
 
 
-def _evidence(client: Any, history: History, anomalies: list[Anomaly], notes: Iterable[tuple]) -> list[str]:
+def evidence(client: Any, history: History, anomalies: list[Anomaly], notes: Iterable[tuple]) -> list[str]:
+    """The client's and the stored side's story of ``anomalies`` (``chaos_evidence``), best effort."""
     lines = client_story(history, anomalies, notes)
     engine = client.config
     for topic, partition in partitions_of(history, anomalies):

@@ -534,12 +534,11 @@ def bench_command(
     names: Annotated[list[str] | None, typer.Argument(help=f"benchmarks: {', '.join(bench.BENCHMARKS)}")] = None,
     short: Annotated[bool, typer.Option("--short", help="small sizes, for a CI smoke run")] = False,
     out: Annotated[Path, typer.Option("--out", help="JSON file to write")] = Path("bench-results/bench.json"),
-    sizes: Annotated[list[str] | None, typer.Option(
-        "--size", help="KEY=VALUE, a size option of the one benchmark run (bench peers: "
-                       f"{', '.join(bench.SIZE_OPTIONS['peers'])}; bench soak: "
-                       f"{', '.join(bench.SIZE_OPTIONS['soak'])}); repeat for more")] = None,
     minutes: Annotated[float | None, typer.Option(
         "--minutes", min=0, help="bench soak: how long it runs (default 30; --short: 1)")] = None,
+    sizes: Annotated[list[str] | None, typer.Option(
+        "--size", help="KEY=VALUE, a size option of the one benchmark run (bench peers: "
+                       f"{', '.join(bench.SIZE_OPTIONS['peers'])}); repeat for more")] = None,
 ) -> None:
     """Run benchmarks, print their tables (every figure of every row), write JSON and a chart."""
     names = names or list(bench.BENCHMARKS)

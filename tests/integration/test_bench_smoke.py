@@ -51,6 +51,34 @@ def test_bench_ceiling_short_writes_json(tmp_path: Path) -> None:
     assert missing_figures([row], stdout) == [], stdout
 
 
+@pytest.mark.slow(seconds=130)
+def test_bench_soak_short_samples_every_actor_and_judges_the_run(tmp_path: Path) -> None:
+    """One minute of the chaos workload at a tiny steady load, with faults: a row per 15 s with
+    what committed and every engine process's memory and open files, a row per process with
+    its slopes, and the verdict, the checker's among it (clean). The 30-minute run is the
+    team's (`raytxn bench soak --minutes 30`): a minute is too short for the slopes to mean
+    anything, so they are shown here, not judged."""
+    rows, stdout = run_bench("soak", tmp_path, timeout_s=600)
+    intervals = [r for r in rows if "interval" in r]
+    processes = [r for r in rows if "process" in r]
+    [verdict] = [r for r in rows if r.get("case") == "verdict"]
+    assert len(intervals) == 4, intervals
+    for row in intervals:
+        assert row["committed_txns"] > 0 and row["messages"] == 3 * row["committed_txns"]
+        assert {"supervisor", "driver"} <= set(row["rss_mib"]) and set(row["rss_mib"]) == set(row["open_files"])
+        assert any(name.startswith("partition-") for name in row["rss_mib"]), row["rss_mib"]
+        assert all(mib > 10 and files > 3 for mib, files in zip(row["rss_mib"].values(), row["open_files"].values(),
+                                                                strict=True))
+    assert {"supervisor", "driver"} <= {r["process"] for r in processes}
+    assert all(isinstance(r["rss_slope_mib_per_min"], float) for r in processes)
+    assert verdict["checker"] == "clean", verdict
+    assert verdict["faults_fired"] > 0 and verdict["committed"] == verdict["txns"]
+    assert verdict["first_interval_txns"] == intervals[0]["committed_txns"]
+    assert all(isinstance(verdict[k], bool) for k in ("throughput_flat", "memory_flat", "files_flat"))
+    assert missing_figures(rows, stdout) == [], stdout
+    assert (tmp_path / "soak.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 @pytest.mark.extended
 @pytest.mark.slow(seconds=30)
 def test_bench_commit_short_measures_the_engine_beside_the_same_path_on_bare_actors(tmp_path: Path) -> None:
@@ -162,30 +190,3 @@ def test_bench_compaction_short_takes_each_figure_beside_its_floor(tmp_path: Pat
                                                abs=0.001)
     assert missing_figures(rows, stdout) == [], stdout
 
-
-@pytest.mark.slow(seconds=130)
-def test_bench_soak_short_samples_every_actor_and_judges_the_run(tmp_path: Path) -> None:
-    """One minute of the chaos workload at a tiny steady load, with faults: a row per 15 s with
-    what committed and every engine process's memory and open files, a row per process with
-    its slopes, and the verdict, the checker's among it (clean). The 30-minute run is the
-    team's (`raytxn bench soak --minutes 30`): a minute is too short for the slopes to mean
-    anything, so they are shown here, not judged."""
-    rows, stdout = run_bench("soak", tmp_path, timeout_s=600)
-    intervals = [r for r in rows if "interval" in r]
-    processes = [r for r in rows if "process" in r]
-    [verdict] = [r for r in rows if r.get("case") == "verdict"]
-    assert len(intervals) == 4, intervals
-    for row in intervals:
-        assert row["committed_txns"] > 0 and row["messages"] == 3 * row["committed_txns"]
-        assert {"supervisor", "driver"} <= set(row["rss_mib"]) and set(row["rss_mib"]) == set(row["open_files"])
-        assert any(name.startswith("partition-") for name in row["rss_mib"]), row["rss_mib"]
-        assert all(mib > 10 and files > 3 for mib, files in zip(row["rss_mib"].values(), row["open_files"].values(),
-                                                                strict=True))
-    assert {"supervisor", "driver"} <= {r["process"] for r in processes}
-    assert all(isinstance(r["rss_slope_mib_per_min"], float) for r in processes)
-    assert verdict["checker"] == "clean", verdict
-    assert verdict["faults_fired"] > 0 and verdict["committed"] == verdict["txns"]
-    assert verdict["first_interval_txns"] == intervals[0]["committed_txns"]
-    assert all(isinstance(verdict[k], bool) for k in ("throughput_flat", "memory_flat", "files_flat"))
-    assert missing_figures(rows, stdout) == [], stdout
-    assert (tmp_path / "soak.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -27,9 +27,12 @@ from tests.restart_workload import LiveWorkload
 pytestmark = pytest.mark.ray
 
 TXN_TIMEOUT_S = 15.0
-# What a consumer may wait beyond the transaction timeout: its fetch loop's backoff (up to 1 s)
-# and a restarted subscription's first read, on a loaded 2-core machine.
-STALL_MARGIN_S = 5.0
+# What a consumer may wait beyond the transaction timeout. A txn open when everything is killed
+# holds its partitions' readable end until it times out (invariant 6); then its abort needs the
+# restarted coordinator to log it and the restarted partitions to write their markers, and the
+# consumer's fetch loop backs off up to 1 s: with Spark beside it on 2 loaded cores the longest
+# stall seen was 20.0 s (15 s of timeout and 5 of the rest).
+STALL_MARGIN_S = 10.0
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +114,7 @@ def check_workload(workload: LiveWorkload) -> None:
     report = workload.check()
     print(f"deliveries {({n: len(t) for n, t in workload.deliveries.items()})}, longest gaps by phase "
           f"{workload.gaps_by_phase()}, errors {dict(workload.errors)}")
-    assert report.clean, report.summary()
+    assert report.clean, "\n".join([report.summary(), *workload.evidence(report)])
     gaps = workload.longest_gaps()
     assert max(gaps.values()) < TXN_TIMEOUT_S + STALL_MARGIN_S, (gaps, dict(workload.errors))
     assert not [e for e in workload.errors if e.startswith("thread crashed")], workload.errors

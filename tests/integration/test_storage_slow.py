@@ -104,4 +104,4 @@ def test_a_slow_then_failing_store_loses_nothing_and_the_engine_recovers_by_itse
              and not (getattr(rt.errors, name, None) is not None and getattr(rt.errors, name).retriable)}
     assert not final, f"a final error surfaced: {dict(workload.errors)}"
     report = workload.check()
-    assert report.clean, report.summary()
+    assert report.clean, "\n".join([report.summary(), *workload.evidence(report)])
