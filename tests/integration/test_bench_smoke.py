@@ -189,4 +189,3 @@ def test_bench_compaction_short_takes_each_figure_beside_its_floor(tmp_path: Pat
     assert wordcount["ratio"] == pytest.approx(wordcount["records_per_s"] / wordcount["stateless_records_per_s"],
                                                abs=0.001)
     assert missing_figures(rows, stdout) == [], stdout
-
