@@ -120,6 +120,7 @@ def check_workload(workload: LiveWorkload) -> None:
     assert not [e for e in workload.errors if e.startswith("thread crashed")], workload.errors
 
 
+@pytest.mark.timeout(900)  # a live workload for minutes on a loaded machine
 @pytest.mark.slow(seconds=80)
 def test_rolling_restart_and_a_kill_of_everything_under_load(client: rt.Client) -> None:
     workload, rows = restart_everything_under_load(client, partitions=1)
@@ -129,6 +130,7 @@ def test_rolling_restart_and_a_kill_of_everything_under_load(client: rt.Client) 
 
 
 @pytest.mark.extended
+@pytest.mark.timeout(900)  # a live workload for minutes on a loaded machine
 @pytest.mark.slow(seconds=120)
 def test_rolling_restart_of_two_partitions_twice_under_load(client: rt.Client) -> None:
     workload = LiveWorkload(client, partitions=2, txn_timeout_s=TXN_TIMEOUT_S)

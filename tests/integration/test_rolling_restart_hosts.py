@@ -20,6 +20,7 @@ def client(ray_session: object, tmp_path_factory: pytest.TempPathFactory) -> Ite
     yield from engine_client(tmp_path_factory, deadline_s=120, actor_hosts=2)
 
 
+@pytest.mark.timeout(900)  # a live workload for minutes on a loaded machine
 @pytest.mark.slow(seconds=150)
 def test_rolling_restart_of_hosts_and_a_kill_of_everything_under_load(client: rt.Client) -> None:
     workload, rows = restart_everything_under_load(client, partitions=2)

@@ -175,6 +175,7 @@ def test_below_the_reserve_new_work_is_refused_and_accepted_work_completes(clien
     assert not staging_files(small_disk)
 
 
+@pytest.mark.timeout(900)  # a live workload for minutes on a loaded machine
 @pytest.mark.slow(seconds=90)
 def test_a_disk_full_to_the_last_byte_waits_then_recovers_by_itself(client: rt.Client, small_disk: Path) -> None:
     topic, producer, before = topic_with_messages(client, "full")

@@ -64,6 +64,7 @@ def resumed_after(workload: LiveWorkload, since: float) -> dict[str, float]:
             for name, times in workload.deliveries.items()}
 
 
+@pytest.mark.timeout(900)  # a live workload for minutes on a loaded machine
 @pytest.mark.slow(seconds=90)
 def test_a_slow_then_failing_store_loses_nothing_and_the_engine_recovers_by_itself(
         client: rt.Client, proxy: FlakyProxy) -> None:

@@ -36,6 +36,7 @@ def prefixed(df: Any) -> Any:
     return df.select(F.col("key"), F.concat(F.lit("s-"), F.col("value").cast("string")).alias("value"))
 
 
+@pytest.mark.timeout(900)  # a live workload for minutes on a loaded machine
 @pytest.mark.slow(seconds=240)
 def test_a_spark_pipeline_through_a_rolling_restart_and_a_kill_of_everything(client: rt.Client, spark) -> None:
     workload = LiveWorkload(client, partitions=2, txn_timeout_s=TXN_TIMEOUT_S)
