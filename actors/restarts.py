@@ -135,6 +135,11 @@ class SupervisorRestarts:
                                         for name in active), return_exceptions=True)
         self._hosts.pop(host, None)
         await self._kill_for_good([host])
+        # An activation meanwhile may have cached the dying process (get_if_exists found it):
+        # forgotten, so the next line starts a new one. Activations are not held back for a host's
+        # restart: the actors started in it below call each other (a subscription its partition)
+        # and activate what they find missing, which would wait for this very restart.
+        self._hosts.pop(host, None)
         self._host(host)  # a new process
         await asyncio.gather(*(self._start_hosted(self._implied()[name], host)
                                for name in active if name in self._implied()))
