@@ -13,8 +13,9 @@ two outputs), the backlog, and for every engine actor (the supervisor's ``restar
 the driver its process's RSS and open files (psutil on the pid its ``ready`` names).
 
 At the end, slope tests (least squares, per minute, from the second sample of each process on;
-chaos kills restart processes, so each process is a series of its own and only those sampled at
-least ``MIN_SAMPLES`` times are judged):
+chaos kills restart processes, so each process is a series of its own, and only those sampled at
+least ``JUDGED_SAMPLES`` times are judged: a process a fault restarted a few minutes ago is still
+warming up; a run too short to judge any says None):
 
 - memory flat: every engine process's RSS grows less than ``MAX_RSS_SLOPE_MIB`` a minute. A
   leak of 2 KiB per transaction at 10 transactions a second is 1.2 MiB a minute; the allocator's
@@ -41,7 +42,8 @@ FEED_PER_S = 5.0  # orders a second by default: within what 2 busy cores keep up
 MAX_RSS_SLOPE_MIB = 1.0
 MAX_FDS_SLOPE = 0.2
 THROUGHPUT_TOLERANCE = 0.10
-MIN_SAMPLES = 3
+SHOWN_SAMPLES = 3   # a process sampled this often gets a row, its slopes shown
+JUDGED_SAMPLES = 5  # ... and this often, judged: fewer are its warm-up (a process a fault restarted late)
 MIB = 1 << 20
 
 
@@ -170,11 +172,12 @@ def slope_per_minute(points: list[tuple[float, float]]) -> float | None:
 
 
 def process_rows(series: dict[tuple[str, int], list[tuple[float, float, int]]]) -> list[dict]:
-    """One row per process sampled ``MIN_SAMPLES`` times: its slopes from its second sample on."""
+    """One row per process sampled ``SHOWN_SAMPLES`` times: its slopes from its second sample on,
+    and whether the verdict judges them (an engine process sampled ``JUDGED_SAMPLES`` times)."""
     rows = []
     for (name, pid), samples in sorted(series.items()):
         judged = samples[1:]
-        if len(judged) < MIN_SAMPLES - 1:
+        if len(judged) < SHOWN_SAMPLES - 1:
             continue
         rss = slope_per_minute([(m, mib) for m, mib, _ in judged])
         fds = slope_per_minute([(m, float(n)) for m, _, n in judged])
@@ -183,7 +186,7 @@ def process_rows(series: dict[tuple[str, int], list[tuple[float, float, int]]]) 
                      "rss_slope_mib_per_min": None if rss is None else round(rss, 3),
                      "fds_first": samples[0][2], "fds_last": samples[-1][2],
                      "fds_slope_per_min": None if fds is None else round(fds, 3),
-                     "judged": name != "driver"})
+                     "judged": name != "driver" and len(samples) >= JUDGED_SAMPLES})
     return rows
 
 
@@ -204,6 +207,6 @@ def summary_row(rows: list[dict], processes: list[dict], minutes: float, txns: i
             "throughput_flat": ratio is not None and abs(ratio - 1) <= THROUGHPUT_TOLERANCE,
             "processes_judged": len(judged),
             "max_rss_slope_mib_per_min": max(rss, default=None),
-            "memory_flat": bool(rss) and max(rss) < MAX_RSS_SLOPE_MIB,
+            "memory_flat": max(rss) < MAX_RSS_SLOPE_MIB if rss else None,  # None: nothing to judge
             "max_fds_slope_per_min": max(fds, default=None),
-            "files_flat": bool(fds) and max(fds) < MAX_FDS_SLOPE, "checker": checker}
+            "files_flat": max(fds) < MAX_FDS_SLOPE if fds else None, "checker": checker}

@@ -31,10 +31,12 @@ def test_no_slope_from_one_point_or_one_minute() -> None:
 def verdict(rss_growth_per_min: float, fds_growth_per_min: float, committed: list[int]) -> dict:
     series = {("tc-0", 7): [(m, 180.0 + rss_growth_per_min * m, 50 + round(fds_growth_per_min * m))
                             for m in range(6)],
+              ("tc-1", 8): [(m, 180.0 + 50 * m, 50) for m in range(4)],  # restarted late: shown, not judged
               ("driver", 1): [(m, 200.0 + 50 * m, 40) for m in range(6)]}  # grows by design: not judged
     intervals = [interval_row(i + 1, i + 1.0, 60.0, c, 0, 0, 1, {"tc-0": (7, 180.0, 50)})
                  for i, c in enumerate(committed)]
     processes = process_rows(series)
+    assert [p["process"] for p in processes] == ["driver", "tc-0", "tc-1"]
     assert [p["process"] for p in processes if p["judged"]] == ["tc-0"]
     return summary_row(intervals, processes, 5.0, 3000, sum(committed), 0, 30, "clean")
 
@@ -50,3 +52,11 @@ def test_growth_or_a_sinking_throughput_fails() -> None:
     assert not verdict(0.0, max(1.0, MAX_FDS_SLOPE * 2), [600] * 5)["files_flat"]
     assert not verdict(0.0, 0.0, [600, 580, 560, 540, 520])["throughput_flat"]  # -13%
     assert verdict(0.0, 0.0, [600, 600, 600, 600, 545])["throughput_flat"]  # -9%
+
+
+def test_a_run_too_short_to_judge_says_so() -> None:
+    series = {("tc-0", 7): [(m * 0.25, 180.0 + m, 50) for m in range(4)]}
+    processes = process_rows(series)
+    assert [p["judged"] for p in processes] == [False]
+    row = summary_row([], processes, 1.0, 10, 10, 0, 1, "clean")
+    assert row["memory_flat"] is None and row["files_flat"] is None and row["processes_judged"] == 0
