@@ -80,11 +80,15 @@ log = logging.getLogger(__name__)
 EXIT_CODE = 3                 # a stopped incarnation's process ends with this code
 REPLAY_CHUNK_ENTRIES = 5000   # entries a replay holds in memory at once
 FIRST = Position(0, 0)
-# Calls that are not traffic: the supervisor's probes, passivation and drain, process facts.
-UNCOUNTED_CALLS = frozenset({"ready", "passivate", "drain", "process_info"})
-PASSIVATED_EXIT_S = 30.0  # a passivated (or drained) incarnation nobody killed ends this long after
-DRAIN_S = 10.0            # how long a drain waits for the calls in flight, by default
-DRAIN_POLL_S = 0.01       # how often it looks
+# Calls that are not traffic: the supervisor's probes and passivation, process facts.
+UNCOUNTED_CALLS = frozenset({"ready", "passivate", "process_info"})
+PASSIVATED_EXIT_S = 30.0  # a passivated incarnation nobody killed ends this long after
+
+# A drain (a restart's) is not traffic either, nor refused by itself; a drained incarnation nobody
+# killed ends PASSIVATED_EXIT_S after, as a passivated one does.
+DRAIN_CALL = "drain"
+DRAIN_S = 10.0       # how long a drain waits for the calls in flight, by default
+DRAIN_POLL_S = 0.01  # how often it looks
 
 
 def ray_actor_options(max_concurrency: int) -> dict[str, Any]:
@@ -255,7 +259,7 @@ class ActorShell(AuthTarget):
     # --- idleness and passivation ----------------------------------------------------------
 
     def _call_began(self, method: str) -> bool:
-        if method in UNCOUNTED_CALLS:
+        if method in UNCOUNTED_CALLS or method == DRAIN_CALL:
             return False
         if self._draining is not None:  # (raised before the guard's try: no ``_call_ended``)
             raise self._draining.with_traceback(None)
