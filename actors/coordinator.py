@@ -51,6 +51,7 @@ last such entry.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import Iterable
@@ -73,6 +74,7 @@ from raytxn.auth import Access, AuthConfig, Authorizer, guarded
 from raytxn.client.rpc import ActorRef
 from raytxn.config import CoordinatorConfig
 from raytxn.errors import (
+    InvalidArgument,
     NotAllowed,
     ParticipantEndFailed,
     RaytxnError,
@@ -269,7 +271,7 @@ class TransactionCoordinator(TransactionalIdViews, ActorShell, FaultTarget):
             self._check_tid_principal(transactional_id, caller)
         timeout_ms = self.config.default_timeout_ms if timeout_ms is None else timeout_ms
         key = ("tid", transactional_id) if transactional_id is not None else None
-        async with self._lock(key) if key else _nullcontext():
+        async with self._lock(key) if key else contextlib.nullcontext():
             await self._writable()
             if transactional_id is not None:
                 repeated = self.state.repeated_new_txn(transactional_id, epoch, owner)
@@ -358,11 +360,12 @@ class TransactionCoordinator(TransactionalIdViews, ActorShell, FaultTarget):
 
     @guarded(Access.AUTHENTICATED)
     async def end_txn(self, txn: TxnID, action: EndAction, owner: str, epoch: int | None = None,
-                      transactional_id: str | None = None, caller: str | None = None) -> str:
+                      transactional_id: str | None = None, applied: bool = False, caller: str | None = None) -> str:
         """Commit or abort; returns the final state (COMMITTED or ABORTED) once every participant
-        has it (a commit once it is logged, with ``commit_answer="logged"``). Idempotent for the
-        same action; ``Fenced`` for a stale epoch of ``transactional_id``."""
-        state, _ = await self._end_txn(txn, action, owner, epoch, caller, transactional_id)
+        has it (a commit once it is logged, with ``commit_answer="logged"``, unless ``applied``:
+        a caller about to read what it committed). Idempotent for the same action; ``Fenced`` for
+        a stale epoch of ``transactional_id``."""
+        state, _ = await self._end_txn(txn, action, owner, epoch, caller, transactional_id, applied=applied)
         return state
 
     @guarded(Access.AUTHENTICATED)
@@ -400,7 +403,8 @@ class TransactionCoordinator(TransactionalIdViews, ActorShell, FaultTarget):
 
     async def _end_txn(self, txn: TxnID, action: EndAction, owner: str, epoch: int | None,
                        caller: str | None, transactional_id: str | None = None,
-                       begin_next: tuple[int, list, list] | None = None) -> tuple[str, TxnID | None]:
+                       begin_next: tuple[int, list, list] | None = None,
+                       applied: bool = False) -> tuple[str, TxnID | None]:
         requested = self.clock.monotonic()
         next_txn = None
         async with self._lock(txn):
@@ -416,7 +420,7 @@ class TransactionCoordinator(TransactionalIdViews, ActorShell, FaultTarget):
             elif result.finished:
                 return str(result.state), None
         self._drive(txn)
-        if action is EndAction.COMMIT and self._answers_at_log(txn):
+        if action is EndAction.COMMIT and not applied and self._answers_at_log(txn):
             self.info["commits_answered_at_log"] += 1
             committed = True
         else:
@@ -630,6 +634,7 @@ class TransactionCoordinator(TransactionalIdViews, ActorShell, FaultTarget):
             now = self.clock.now_ms()
             if now >= next_report_ms:
                 self.metrics.slow_txns(self.state.count_older_than(now, self.config.slow_txn_threshold_ms))
+                self.metrics.open_txns(self.state.live_count())
                 next_report_ms = now + int(self.config.slow_txn_report_s * 1000)
             due_ms = next_report_ms
             for txn, refused_ms in list(self._stalled_at.items()):
@@ -749,6 +754,16 @@ class TransactionCoordinator(TransactionalIdViews, ActorShell, FaultTarget):
         return [describe_txn(meta, now) for meta in self.state.older_than(now, older_than_ms, limit)]
 
     @guarded(Access.SUPERUSER)
+    async def recent_outcomes(self, limit: int = 100) -> list[dict[str, Any]]:
+        """How the ``limit`` transactions that finished last here ended, the latest first."""
+        await self._started()
+        if type(limit) is not int or limit < 1:
+            raise InvalidArgument(f"limit must be a positive integer, got {limit!r}")
+        await self._answered_ends_logged()
+        return [{"txn": str(TxnID(self.tc_id, sequence)), "tc_id": self.tc_id, "sequence": sequence,
+                 "outcome": str(outcome)} for sequence, outcome in self.state.recent(limit)]
+
+    @guarded(Access.SUPERUSER)
     async def admin_abort(self, txn: TxnID) -> str:
         """Abort a transaction whoever owns it (operators; with auth on, superusers only)."""
         await self._started()
@@ -772,15 +787,6 @@ class TransactionCoordinator(TransactionalIdViews, ActorShell, FaultTarget):
         stats["slow_txn_threshold_ms"] = self.config.slow_txn_threshold_ms
         stats["slow_txns"] = self.state.count_older_than(self.clock.now_ms(), self.config.slow_txn_threshold_ms)
         return stats
-
-
-
-class _nullcontext:
-    async def __aenter__(self) -> None:
-        return None
-
-    async def __aexit__(self, *exc: object) -> None:
-        return None
 
 
 def _timer_delay_s(due_ms: int, now_ms: int) -> float:

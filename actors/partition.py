@@ -36,6 +36,7 @@ import ray
 
 from raytxn import testing_bugs
 from raytxn.actors.compaction import PartitionCompaction
+from raytxn.actors.partition_browse import PartitionBrowse
 from raytxn.actors.partition_kafka import PartitionKafka
 from raytxn.actors.partition_producers import ProducerStates
 from raytxn.actors.retention import topic_and_marks
@@ -107,7 +108,7 @@ SNAPSHOT_LIST_ATTEMPTS = 8
 _encoder = msgspec.msgpack.Encoder()
 
 
-class PartitionBuffer(ProducerStates, PartitionKafka, ActorShell, FaultTarget, TopicPermissions):
+class PartitionBuffer(ProducerStates, PartitionKafka, PartitionBrowse, ActorShell, FaultTarget, TopicPermissions):
     actor_kind = "partition"
 
     def __init__(self, topic: str, partition: int, storage_url: str | None = None,
@@ -136,10 +137,11 @@ class PartitionBuffer(ProducerStates, PartitionKafka, ActorShell, FaultTarget, T
         self._snapshotting: asyncio.Task | None = None
         self._timers: list[asyncio.Task] = []
         self._trim_lock = asyncio.Lock()
+        self._pin_pending = False  # a trim whose first kept entry is not yet an offset index point (see _pin_log_start)
         self.compaction = PartitionCompaction(self.storage, topic, partition, self.stream, compaction)
         self.info: dict[str, Any] = {"topic": topic, "partition": partition, "snapshots_written": 0,
                                      "appends": 0, "duplicates": 0, "out_of_order": 0, "markers": 0,
-                                     "bytes_in": 0,
+                                     "bytes_in": 0, "messages_in": 0, "kafka_messages_out": 0,
                                      "trims": 0, "aborted_pruned": 0}
         self.metrics = PartitionMetrics(topic, partition)
 
@@ -154,8 +156,11 @@ class PartitionBuffer(ProducerStates, PartitionKafka, ActorShell, FaultTarget, T
         start = Position(0, 0)
         found = await self._newest_snapshot()
         if found is not None:
-            snapshot_id, blobs = found
-            snapshot = _snapshot_decoder.decode(join_segments(blobs, snapshot_id, where=self.snapshot_prefix))
+            snapshot_id, names, blobs = found
+            try:
+                snapshot = _snapshot_decoder.decode(join_segments(blobs, snapshot_id, self.snapshot_prefix, names))
+            except msgspec.DecodeError as e:  # the segments' CRCs held: a writer bug or tampering
+                raise CorruptLedger(f"undecodable snapshot {names[0]}...: {e}", names[0]) from e
             self.buffer = TransactionBuffer.from_snapshot(snapshot)
             last = snapshot.last_position
             start = Position(last.ledger_id, last.entry_id + 1) if last != EARLIEST else start
@@ -165,6 +170,7 @@ class PartitionBuffer(ProducerStates, PartitionKafka, ActorShell, FaultTarget, T
 
         replayed = await replay(ledger, apply, start)
         self.buffer.prune_aborted(ledger.trimmed_below)
+        await self._pin_log_start()  # the snapshot may predate the last trim's pin
         for tc_id in self.buffer.ongoing_coordinators():
             await self._write_markers(self.buffer.prepare_dangling(tc_id, self.buffer.low_watermark(tc_id)))
         self.info.update(incarnation=ledger.incarnation, replayed_entries=replayed,
@@ -174,8 +180,8 @@ class PartitionBuffer(ProducerStates, PartitionKafka, ActorShell, FaultTarget, T
                         self._background(self._dangling_timer(), "dangling-txn timer"),
                         self._background(self._retention_timer(), "retention timer")]
 
-    async def _newest_snapshot(self) -> tuple[int, list[bytes]] | None:
-        """The newest complete snapshot's id and segments, or None. A segment that vanishes
+    async def _newest_snapshot(self) -> tuple[int, list[str], list[bytes]] | None:
+        """The newest complete snapshot's id, its segments' names and their bytes, or None. A segment that vanishes
         between the listing and its read was deleted as obsolete by a writer that has just
         completed a newer snapshot (the previous incarnation, still running as a zombie), so the
         listing is taken again; the same snapshot vanishing twice in a row is corruption."""
@@ -192,7 +198,7 @@ class PartitionBuffer(ProducerStates, PartitionKafka, ActorShell, FaultTarget, T
                     break
                 blobs.append(data)
             else:
-                return snapshot_id, blobs
+                return snapshot_id, names, blobs
             if vanished == name:
                 break
             vanished = name
@@ -294,6 +300,7 @@ class PartitionBuffer(ProducerStates, PartitionKafka, ActorShell, FaultTarget, T
             raise
         self.info["appends"] += 1
         self.info["bytes_in"] += value_bytes
+        self.info["messages_in"] += len(messages)
         self.metrics.appended(len(messages), sum(map(len, messages)))
         await self._notify()
         await self.faults.hit("partition.after_append_before_reply", txn=txn, producer=producer)
@@ -562,7 +569,8 @@ class PartitionBuffer(ProducerStates, PartitionKafka, ActorShell, FaultTarget, T
             last = snapshot.last_position
             snapshot_id = (last.ledger_id << 32 | last.entry_id) if last != EARLIEST else 0
             data = _encoder.encode(snapshot)
-            for name, segment in split_snapshot(data, snapshot_id, self.config.snapshot_segment_bytes):
+            for name, segment in split_snapshot(data, snapshot_id, self.config.snapshot_segment_bytes,
+                                                version=self.storage.write_format):
                 try:
                     await self.storage.create(f"{self.snapshot_prefix}/{name}", segment)
                 except ObjectExists:
@@ -645,6 +653,8 @@ class PartitionBuffer(ProducerStates, PartitionKafka, ActorShell, FaultTarget, T
         async with self._trim_lock:
             cut = min(cut, self._readable_end())
             if cut <= self._ledger.trimmed_below:
+                if self._pin_pending:  # the last trim's pin failed (a storage fault): again now
+                    self._changed_since_snapshot |= await self._pin_log_start()
                 return self._ledger.trimmed_below
             covered = await self._snapshot_covers()
             if covered < cut:
@@ -653,9 +663,32 @@ class PartitionBuffer(ProducerStates, PartitionKafka, ActorShell, FaultTarget, T
             trimmed = await self._write(self._ledger.trim(min(cut, covered)))
             pruned = self.buffer.prune_aborted(trimmed)
             self._changed_since_snapshot |= pruned > 0  # the next snapshot is smaller
+            self._pin_pending = True
+            self._changed_since_snapshot |= await self._pin_log_start()
             self.info["trims"] += 1
             self.info["aborted_pruned"] += pruned
             return trimmed
+
+    async def _pin_log_start(self) -> bool:
+        """Make the first entry kept after the trim point a point of the Kafka offset index, at
+        the base offset it carries (``OffsetIndex.pin``): retention trims at any entry, and the
+        entries between the trim point and the next point were otherwise out of reach by offset
+        (a Kafka group committed there resumed past them). One entry read; nothing when the entry
+        is not applied yet (the index then has no point left, and its apply makes one) or is from
+        before offsets (it carries none)."""
+        assert self._ledger is not None
+        try:
+            first = await self._ledger.read(self._ledger.trimmed_below, max_entries=1)
+        except PositionTrimmed:  # a newer trim overtook this read: that trim pins its own start
+            return False
+        self._pin_pending = False
+        if not first:
+            return False
+        header = decode_header(first[0].records[0], f"{self.stream}@{first[0].position}")
+        offsets = self.buffer.offsets
+        if header.base_offset is None or header.base_offset >= offsets.next_offset:
+            return False
+        return offsets.pin(first[0].position, header.base_offset)
 
     async def _snapshot_covers(self) -> Position:
         """The newest complete snapshot holds the state of every entry below this."""
@@ -668,7 +701,9 @@ class PartitionBuffer(ProducerStates, PartitionKafka, ActorShell, FaultTarget, T
     # --- introspection and faults ----------------------------------------------------------
 
     @guarded(Access.AUTHENTICATED)
-    async def stats(self) -> dict[str, Any]:
+    async def stats(self, storage: bool = False) -> dict[str, Any]:
+        """The buffer's and ledger's state and counters; ``storage``: also ``storage_bytes``, the
+        bytes of the partition's ledger objects in the store (one listing)."""
         await self._started()
         assert self._ledger is not None
         buffer_stats = msgspec.structs.asdict(self.buffer.stats(self.clock.now_ms()))
@@ -679,6 +714,8 @@ class PartitionBuffer(ProducerStates, PartitionKafka, ActorShell, FaultTarget, T
         stats["trimmed_below"] = str(self._ledger.trimmed_below)
         stats["compaction"] = {"compacted": self.compaction.compacted, **self.compaction.info}
         stats["kafka_offsets"] = self._kafka_offsets()
+        if storage:  # one listing of the ledger objects: asked for by the console's stats refresh, not on every call
+            stats["storage_bytes"] = sum(chunk.size for chunk in await self._ledger.stored_objects())
         return stats
 
 

@@ -46,6 +46,7 @@ class PartitionKafka:
     compaction: PartitionCompaction
     config: PartitionConfig
     stream: str
+    info: dict[str, Any]
     _advanced: Signal
 
     def _kafka_offsets(self) -> dict[str, int]:
@@ -112,6 +113,7 @@ class PartitionKafka:
                                                max_entries - len(out["entries"]))
             for entry_base, entry in picked:  # packed: two buffers to pickle an entry, not one per message
                 out["entries"].append((entry_base, PackedRecords.pack(entry.records)))
+                self.info["kafka_messages_out"] += len(entry.records) - 1  # (a marker: 0)
                 first = entry.position if first is None else first
                 last = entry.position
             position = next_position(entries[-1].position)

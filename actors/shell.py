@@ -80,8 +80,10 @@ log = logging.getLogger(__name__)
 EXIT_CODE = 3                 # a stopped incarnation's process ends with this code
 REPLAY_CHUNK_ENTRIES = 5000   # entries a replay holds in memory at once
 FIRST = Position(0, 0)
-# Calls that are not traffic: the supervisor's probes and passivation, process facts.
-UNCOUNTED_CALLS = frozenset({"ready", "passivate", "process_info"})
+# Calls that are not traffic: the supervisor's probes and passivation, process facts, and the
+# observations an operator's console refreshes (stats, a subscription's backlog count): watching
+# an idle actor must not keep it from passivating.
+UNCOUNTED_CALLS = frozenset({"ready", "passivate", "process_info", "stats", "count_backlog", "stored_backlog"})
 PASSIVATED_EXIT_S = 30.0  # a passivated incarnation nobody killed ends this long after
 
 # A drain (a restart's) is not traffic either, nor refused by itself; a drained incarnation nobody

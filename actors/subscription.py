@@ -57,7 +57,7 @@ from raytxn.ledger.storage import Storage
 from raytxn.metrics import SubscriptionMetrics
 from raytxn.protocol.cursor import Cursor, next_position
 from raytxn.protocol.entry_format import decode_header
-from raytxn.protocol.lease import LeaseTable
+from raytxn.protocol.lease import Lease, LeaseTable
 from raytxn.protocol.pending_ack import Record, decode_record, encode_record
 from raytxn.protocol.stale_txns import StaleTxns
 from raytxn.protocol.subscription_state import (
@@ -124,11 +124,12 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
         self._last_persisted: PersistedCursor | None = None
         self._last_persist = 0.0
         self._last_trim = 0.0
+        self._last_backlog = 0.0
         self._stale_txns = StaleTxns(self.config.stale_txn_check_s)  # which pending txns to ask about
         self._coordinators: dict[int, ActorRef] = {}  # tc_id -> the reference stale-txn rounds ask through
         self.info: dict[str, Any] = {"topic": topic, "partition": partition, "subscription": name,
                                      "cursor_persists": 0, "log_trims": 0, "consumers_dropped": 0,
-                                     "stale_txns_aborted": 0}
+                                     "stale_txns_aborted": 0, "messages_out": 0}
         self.metrics = SubscriptionMetrics(topic, partition, name)
 
     # --- start and recovery ----------------------------------------------------------------
@@ -233,8 +234,9 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
             messages = state.take_entries(consumer_id)
         finally:
             state.dispatcher.touch(consumer_id, self.clock.monotonic(), fetching=-1)
-        self.metrics.dispatched(sum(len(entry[4]) for entry in messages),  # entry[4]: batch indexes
-                                sum(entry[6].nbytes for entry in messages))
+        dispatched = sum(len(entry[4]) for entry in messages)  # entry[4]: batch indexes
+        self.info["messages_out"] += dispatched
+        self.metrics.dispatched(dispatched, sum(entry[6].nbytes for entry in messages))
         return {"registered": state.dispatcher.has_consumer(consumer_id), "generation": self._generation(),
                 "messages": messages}
 
@@ -531,6 +533,10 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
                     self._changed()
                 self.state.dispatcher.prune_redeliveries(self.state.cursor.acked_below)
                 self.expire_leases()
+                if (config.backlog_metric_interval_s is not None and self._passivation_blockers()
+                        and now - self._last_backlog >= config.backlog_metric_interval_s):
+                    self._last_backlog = now  # someone reads here: the gauge follows (an idle one may passivate)
+                    await self._count_backlog()
                 if now - self._last_trim >= config.trim_interval_s:
                     await self._trim_log()
                 elif now - self._last_persist >= config.cursor_snapshot_interval_s:
@@ -608,14 +614,26 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
     # --- introspection and faults ----------------------------------------------------------
 
     @guarded(Access.AUTHENTICATED)
-    async def stats(self) -> dict[str, Any]:
-        """Backlog, unacked, consumers, pending-ack txns and positions, log size, cursor."""
+    async def stats(self, backlog: bool = False) -> dict[str, Any]:
+        """Backlog, unacked, consumers, pending-ack txns and positions, log size, cursor, the
+        range leases held. ``backlog``: also ``backlog_messages``, the messages still to consume
+        up to the readable end, markers and aborted messages not counted (one bounded read of
+        the partition's entry headers: ``backlog_exact`` False when it stopped short, a lower
+        bound), and set the backlog gauge."""
         await self._started()
         assert self._ledger is not None
-        readable_end = (await self._partition.call_async("read", EARLIEST, 0, 0.0))["max_read"]
+        # The partition's readable end: its backlog count says it (an observation, not traffic:
+        # it keeps no idle partition from passivating), else a read of nothing.
+        counted = await self._count_backlog() if backlog else None
+        readable_end = (counted["max_read_position"] if counted is not None
+                        else (await self._partition.call_async("read", EARLIEST, 0, 0.0))["max_read"])
         self.state.max_read = max(self.state.max_read, readable_end)  # also when nothing is read
         stats = {**self.info, **self.state.stats()}
         stats["backlog_entries"] = self.state.backlog_entries(await self._partition_ledger_ends())
+        stats["leases"] = [lease_row(lease) for lease in (self.state.leases.current, self.state.leases.successor)
+                           if lease is not None]
+        if counted is not None:
+            stats["backlog_messages"], stats["backlog_exact"] = counted["messages"], counted["exact"]
         last = self._ledger.last_position
         own_ends = [(info.ledger_id, info.last_entry_id if info.closed else last.entry_id)
                     for info in self._ledger.ledgers]
@@ -623,6 +641,15 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
                         "trimmed_below": str(self._ledger.trimmed_below), "last_position": str(last),
                         "ledgers": len(own_ends)}
         return stats
+
+    async def _count_backlog(self) -> dict[str, Any]:
+        """The partition's count of the messages this cursor has still to consume (markers and
+        aborted messages not counted), set on the backlog gauge."""
+        cursor = self.state.cursor
+        counted = await self._partition.call_async("count_backlog", cursor.acked_below, cursor.acked_ranges(),
+                                                   cursor.partially_acked())
+        self.metrics.backlog(counted["messages"])
+        return counted
 
     async def _partition_ledger_ends(self) -> list[tuple[int, int]]:
         if self._partition_ledger is None:
@@ -639,6 +666,13 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
         import psutil
 
         return {"pid": os.getpid(), "rss": psutil.Process().memory_info().rss}
+
+
+def lease_row(lease: Lease) -> dict[str, Any]:
+    """A range lease as ``stats`` shows it: who holds it, what range, in what state."""
+    return {"lease_id": lease.lease_id, "holder": lease.holder, "epoch": lease.epoch, "start": str(lease.start),
+            "end": str(lease.end), "status": str(lease.status), "txn": None if lease.txn is None else str(lease.txn),
+            "expires_at_ms": lease.expires_at_ms}
 
 
 # (Fetches a consumer must subscribe again for are harmless to repeat, as ray_actor_options requires.)

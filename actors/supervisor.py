@@ -40,7 +40,7 @@ from raytxn.ids import (
 )
 from raytxn.ledger import ManagedLedger
 from raytxn.ledger.storage import Storage
-from raytxn.metrics import activated, actor_states, passivated
+from raytxn.metrics import activated, actor_states, passivated, restarted
 from raytxn.protocol.catalog import (
     CATALOG_KEY,
     CATALOG_STREAM,
@@ -682,6 +682,7 @@ class Supervisor(SupervisorRestarts, ActorShell, FaultTarget):
         row = self._row(name, kind)
         if row["incarnation"] is not None and (hosted["incarnation"] or 0) > row["incarnation"]:
             row["restarts"] += 1
+            restarted(kind)
         state = "STOPPING" if hosted["stopped"] else "ALIVE" if hosted["serving"] else "RECOVERING"
         row.update(state=state, host=hosted["host"], incarnation=hosted["incarnation"],
                    last_recovery_ms=hosted["started_ms"], recovery_ms=hosted["recovery_ms"],
@@ -752,6 +753,7 @@ class Supervisor(SupervisorRestarts, ActorShell, FaultTarget):
         incarnation = info.get("incarnation")
         if row["incarnation"] is not None and incarnation is not None and incarnation > row["incarnation"]:
             row["restarts"] += 1
+            restarted(kind)
         row.update(state="ALIVE", incarnation=incarnation, last_recovery_ms=info.get("started_ms"),
                    recovery_ms=info.get("recovery_ms"), checked_ms=self.clock.now_ms(), idle_s=info.get("idle_s"),
                    passivation_blockers=info.get("passivation_blockers"))
@@ -762,6 +764,7 @@ class Supervisor(SupervisorRestarts, ActorShell, FaultTarget):
         if kind == "coordinator":
             row["state"] = "DEAD"
             row["recreated"] += 1
+            restarted(kind)
             await self._start_coordinators()
         else:
             row["state"] = "DORMANT"

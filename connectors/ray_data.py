@@ -243,7 +243,7 @@ class StatefulDataPipeline:
             handle.acknowledge(txn)
             if self.before_commit is not None:
                 self.before_commit(batch)
-            txn.commit()
+            txn.commit(until_applied=True)  # the next batch reads the state it wrote
         except BaseException:
             if txn is not None and txn.state in UNENDED_STATES:
                 try:

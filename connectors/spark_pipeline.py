@@ -165,8 +165,8 @@ class BatchStats:
     state_updates: int = 0  # rows written to the state topic (``state_topic`` only)
 
 
-def _timed_commit(txn: Any) -> float:
-    txn.commit()
+def _timed_commit(txn: Any, until_applied: bool = False) -> float:
+    txn.commit(until_applied)
     return time.perf_counter()
 
 
@@ -353,7 +353,9 @@ class ExactlyOncePipeline:
                 assert self._workers is not None
                 committing = _Committing(stats, self._workers.submit(_timed_commit, txn), t0, sent)
             else:
-                committing = _Committing.done(stats, t0, sent, _timed_commit(txn))
+                # With a state topic, the next batch reads the state this one wrote: its commit
+                # returns once applied, also where commits are answered once logged.
+                committing = _Committing.done(stats, t0, sent, _timed_commit(txn, self.state_topic is not None))
             handle.close()  # (the acked leases end with the txn; closing releases none of them)
             return committing
         except BaseException:
@@ -383,8 +385,8 @@ class ExactlyOncePipeline:
     def _state_df(self) -> Any:
         """The state topic's latest committed value of each key, read by one Spark task per
         partition straight from storage. Taken after the batch's txn began, so after the last
-        batch's commit returned: its updates are in it (a commit returns once its markers are
-        written)."""
+        batch's commit returned: its updates are in it (its commit returned once its markers were
+        written, ``commit(until_applied=True)``)."""
         from raytxn.client.compaction import compacted_state
 
         assert self.state_topic is not None

@@ -7,7 +7,8 @@ table view (``Client.table_view``). Per batch, in one transaction:
 
 1. lease the input's next committed ranges (the bulk path), read their rows;
 2. ``refresh()`` the state view: it then holds every update committed before, which includes every
-   earlier batch's (a commit returns once its markers are written on every participant);
+   earlier batch's (a batch's commit returns once its markers are written on every participant,
+   also on an engine that answers commits once logged: ``commit(until_applied=True)``);
 3. ``transform(rows, state)`` returns the output messages and the state updates (a key's new
    value, or None to delete it);
 4. send the outputs to the sink and the updates to the state topic, acknowledge the input's
@@ -163,7 +164,7 @@ class StatefulPipeline:
             acked.result()
             if self.before_commit is not None:
                 self.before_commit(batch)
-            txn.commit()
+            txn.commit(until_applied=True)  # the next batch reads the state it wrote
         except BaseException:
             self._abort(txn, handle)
             raise

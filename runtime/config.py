@@ -113,6 +113,10 @@ class SubscriptionConfig:
     read_batch_entries: int = 200              # entries per partition read
     read_wait_s: float = 5.0                   # a partition read long-polls this long for new data
     stale_txn_check_s: float = 5.0             # a txn pending here this long is asked about at its coordinator
+    # While consumers are attached or a lease is held, the backlog in messages is counted this
+    # often and set on the raytxn_subscription_backlog_messages gauge (one bounded read of the
+    # partition's entry headers). None: only when stats(backlog=True) is asked.
+    backlog_metric_interval_s: float | None = 10.0
 
     def __post_init__(self) -> None:
         seconds = self.stale_txn_check_s

@@ -159,6 +159,19 @@ class CorruptLedger(RaytxnError):
         return self.args[0]
 
 
+class UnsupportedFormat(CorruptLedger):
+    """A stored object in a format newer than this release reads (written by a newer raytxn, see
+    docs/concepts/formats.md), or whose version byte is damaged. Refused, never guessed at: as
+    with any object that cannot be read, recovery stops and names it.
+
+    ``path`` names the object, ``version`` is the format it says it is in."""
+
+    def __init__(self, message: str, path: str = "", version: int = 0) -> None:
+        RaytxnError.__init__(self, message, path, version)
+        self.path = path
+        self.version = version
+
+
 class PositionTrimmed(RaytxnError):
     """A read below the stream's trim point: those entries were deleted on purpose."""
 

@@ -20,6 +20,9 @@ EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
     "spark": ("Spark on Ray (raytxn.connectors.spark)", ("pyspark", "raydp")),
     "kafka": ("the Kafka-protocol gateway (raytxn.kafka)", ("kafka", "cramjam")),
     "bench": ("the benchmarks (their chart, the Kafka bench's client)", ("matplotlib", "confluent_kafka")),
+    # Ray's own `serve` extra: ray.serve ships in every Ray, its HTTP stack does not
+    "console": ("the operations console (raytxn console)", ("starlette", "uvicorn", "jinja2")),
+    "serve": ("Ray Serve (raytxn.aio in a Serve deployment, `raytxn bench aio`)", ("fastapi", "uvicorn", "starlette")),
 }
 
 

@@ -59,6 +59,9 @@ class EngineMetrics:
             "Ends a participant refused with a non-retriable error, by its kind: the transaction stays "
             "COMMITTING/ABORTING until driven again (the coordinator's restart, or the next end_txn).",
             tag_keys=("tc_id", "error"))
+        self.open_txns = Gauge(
+            "raytxn_open_txns", "Live transactions of a coordinator (open, or still committing/aborting).",
+            tag_keys=("tc_id",))
         self.slow_txns = Gauge(
             "raytxn_slow_txns",
             "Live transactions (open, or still committing/aborting) begun longer ago than the coordinator's "
@@ -80,6 +83,11 @@ class EngineMetrics:
             "raytxn_max_read_lag_entries",
             "Partition entries after max_read_position: held back from readers by the oldest open txn.",
             tag_keys=PARTITION_TAGS)
+        self.subscription_backlog_messages = Gauge(
+            "raytxn_subscription_backlog_messages",
+            "Messages a subscription has still to consume up to the readable end (unacked; markers and aborted "
+            "messages not counted): counted while it has consumers or a lease, and on stats(backlog=True).",
+            tag_keys=SUBSCRIPTION_TAGS)
         self.pending_ack_txns = Gauge("raytxn_pending_ack_txns", "Transactions with acks pending in a subscription.",
                                       tag_keys=SUBSCRIPTION_TAGS)
         self.pending_ack_positions = Gauge("raytxn_pending_ack_positions",
@@ -96,6 +104,9 @@ class EngineMetrics:
         self.actors = Gauge("raytxn_actors", "Partition and subscription actors by state: active (a live process) "
                             "or dormant (passivated or never started; the next call activates it).",
                             tag_keys=("actor_kind", "state"))
+        self.actor_restarts = Counter(
+            "raytxn_actor_restarts", "Actor restarts the supervisor saw (a new incarnation of a live actor: "
+            "a crash Ray restarted, or a coordinator created again).", tag_keys=("actor_kind",))
         self.passivations = Counter("raytxn_passivations", "Idle actors passivated by the supervisor.",
                                     tag_keys=("actor_kind",))
         self.activations = Counter("raytxn_activations", "Dormant actors activated on a call.",
@@ -194,6 +205,10 @@ class CoordinatorMetrics(_Scope):
         if (m := self._get()) is not None:
             m.slow_txns.set(count, self._tags)
 
+    def open_txns(self, count: int) -> None:
+        if (m := self._get()) is not None:
+            m.open_txns.set(count, self._tags)
+
 
 class PartitionMetrics(_Scope):
     def __init__(self, topic: str, partition: int) -> None:
@@ -219,6 +234,10 @@ class SubscriptionMetrics(_Scope):
             m.dispatch_messages.inc(messages, self._tags)
             if size_bytes > 0:
                 m.dispatch_bytes.inc(size_bytes, self._tags)
+
+    def backlog(self, messages: int) -> None:
+        if (m := self._get()) is not None:
+            m.subscription_backlog_messages.set(messages, self._tags)
 
     def pending_ack(self, txns: int, positions: int) -> None:
         if (m := self._get()) is not None:
@@ -248,6 +267,12 @@ def actor_states(counts: dict[tuple[str, str], int]) -> None:
     if (m := engine_metrics()) is not None:
         for (kind, state), count in counts.items():
             m.actors.set(count, {"actor_kind": kind, "state": state})
+
+
+def restarted(actor_kind: str) -> None:
+    """The supervisor saw a new incarnation of a live actor of ``actor_kind``."""
+    if (m := engine_metrics()) is not None:
+        m.actor_restarts.inc(1, {"actor_kind": actor_kind})
 
 
 def passivated(actor_kind: str) -> None:

@@ -1,4 +1,5 @@
-"""Test-only switches that bring back bugs this project fixed, so that the deterministic simulator
+"""Test-only switches that bring back bugs this project fixed (and the classic bugs of compaction
+and keyed state its design avoids), so that the deterministic simulator
 (``raytxn.sim``) can show it finds them: tests/unit/test_sim_bugs.py, and
 ``raytxn sim --faults PROFILE --reintroduce NAME``.
 
@@ -48,6 +49,30 @@ REINTRODUCED: dict[str, bool] = {
     # coordinator about such txns; with this on the check asks nothing and aborts nothing. Read in
     # actors/subscription.py.
     "acks_after_end_hang": False,
+    # --- The classic bugs of compaction and keyed state (issue 58): not this project's history
+    # but what its design avoids, brought back so that the simulator's compaction and stateful
+    # profiles show they find them (tests/unit/test_sim_compaction.py, test_sim_stateful.py).
+    # Aborted writes enter the compaction's key map (KAFKA-13727, KAFKA-8351, Pulsar #21464):
+    # the fold ignores the aborted spans. Read in protocol/compaction.py.
+    "compaction_keeps_aborted": False,
+    # A partition compacts itself up to its last entry, not its max_read_position: data of open
+    # txns enters the compacted ledger. Read in actors/compaction.py.
+    "compaction_past_max_read": False,
+    # Retention trims a compacted partition's live ledger past its published horizon, as far as
+    # its subscriptions acked: the latest values above the horizon are gone from the compacted
+    # view and its tail. Read in protocol/retention.py.
+    "compacted_trim_past_horizon": False,
+    # A partition's snapshot carries no producer dedup state: after a restart, a resent batch
+    # stored before the snapshot (its entries never replayed) is stored again. Read in
+    # protocol/txn_buffer.py.
+    "snapshot_without_dedup": False,
+    # Transactional ids without fencing (Pulsar's transactions have none): registering an id
+    # neither aborts its open txn nor fences the older epoch's calls, so a zombie commits. Read in
+    # protocol/coordinator_state.py.
+    "no_tid_fencing": False,
+    # A table view's live reads skip no aborted data: an aborted txn's values reach the table,
+    # and a stateful pipeline's next batch builds on them. Read in ledger/compacted.py.
+    "table_view_reads_aborted": False,
 }
 
 

@@ -89,11 +89,12 @@ def uses_spark(page: Path) -> bool:
 
 def program_seconds(page: Path) -> int:
     """A page's time alone, for the test order (tests/conftest.py): an engine start each connect,
-    a Spark start, Ray Data's tasks, a SeaweedFS start, a Kafka consumer group's first rebalance."""
+    a Spark start, Ray Data's tasks, a SeaweedFS start, a Kafka consumer group's first rebalance,
+    Ray Serve's start."""
     program = python_program(page)
     return (8 * max(1, program.count("rt.connect(")) + 45 * ("init_spark" in program)
             + 25 * ("connectors.ray_data" in program) + 10 * ("start_seaweedfs" in program)
-            + 10 * ("start_gateway" in program))
+            + 10 * ("start_gateway" in program) + 20 * ("serve.run(" in program))
 
 
 PYTHON_PAGES = [p for p in pages() if python_program(p).strip()]

@@ -17,7 +17,7 @@ import os
 import time
 import uuid
 import weakref
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from dataclasses import fields, replace
 from typing import Any
 
@@ -39,7 +39,15 @@ from raytxn.client.txn_chain import TxnChain
 from raytxn.config import CoordinatorConfig, EngineConfig, parse_duration
 from raytxn.errors import InvalidArgument, TopicAlreadyExists, TopicNotFound, TransactionNotFound
 from raytxn.gc_freeze import freeze_startup_objects
-from raytxn.ids import NAMESPACE, SUPERVISOR_NAME, TxnID, parse_txn_id, partition_actor_name
+from raytxn.ids import (
+    NAMESPACE,
+    SUPERVISOR_NAME,
+    TxnID,
+    parse_txn_id,
+    partition_actor_name,
+    subscription_actor_name,
+)
+from raytxn.ledger.formats import DEFAULT_WRITE_FORMAT, WRITE_FORMAT_OPTION, check_write_format
 from raytxn.ledger.storage import DEFAULT_URL
 from raytxn.protocol.compaction import DEFAULT_DELETE_RETENTION_MS
 from raytxn.protocol.coordinator_rules import check_timeout_ms
@@ -67,12 +75,12 @@ def connect(storage: str | None = None, address: str | None = None, *, owner: st
     no token, it acts as the first superuser); a bad token fails here with ``AuthenticationFailed``."""
     token = token if token is not None else os.environ.get("RAYTXN_TOKEN") or None
     auth_secret = auth_secret if auth_secret is not None else os.environ.get("RAYTXN_AUTH_SECRET") or None
+    engine = _engine_config(storage, storage_options or {}, config, auth_secret)  # bad options: before Ray
     started_ray = False
     if not ray.is_initialized():
         ray.init(address=address, namespace=NAMESPACE, include_dashboard=False, logging_level=logging.WARNING,
                  configure_logging=True)
         started_ray = address is None
-    engine = _engine_config(storage, storage_options or {}, config, auth_secret)
     if token is None and auth_secret is not None:
         # Whoever holds the secret can mint any token: act as the first superuser.
         from raytxn.auth import create_token
@@ -111,10 +119,20 @@ def _engine_config(storage: str | None, storage_options: dict[str, Any], overrid
         else:
             raise InvalidArgument(f"unknown config option {key!r}")
     engine.coordinator = coordinator
+    # Checked here too, not only where actors open the storage: a format this release cannot
+    # write is refused before anything starts.
+    check_write_format(engine.storage_options.get(WRITE_FORMAT_OPTION, DEFAULT_WRITE_FORMAT))
     return engine
 
 
 _COORDINATOR_OPTIONS = frozenset(field.name for field in fields(CoordinatorConfig))
+
+
+def _initial_position(initial_position: InitialPosition | str) -> InitialPosition:
+    try:
+        return InitialPosition(initial_position)
+    except ValueError:
+        raise InvalidArgument(f"initial_position must be latest or earliest, got {initial_position!r}") from None
 
 
 def _timeout_ms(timeout: float) -> int:
@@ -279,6 +297,28 @@ class Client:
                       for p in range(info["partitions"])]
         return {**info, "partition_stats": partitions}
 
+    def subscription_stats(self, topic: str, subscription: str, backlog: bool = True) -> list[dict[str, Any]]:
+        """Each partition's stats of ``subscription`` (cursor, consumers, leases, pending acks);
+        with ``backlog``, ``backlog_messages``: the messages it has still to consume, markers
+        and aborted messages not counted (``backlog_exact`` False: a lower bound, the count
+        stopped after a bounded read)."""
+        partitions = self.get_topic(topic)["partitions"]
+        return [{"partition": p, **ActorRef(subscription_actor_name(topic, p, subscription), self.token).call(
+            "stats", backlog=backlog, deadline_s=self.deadline_s)} for p in range(partitions)]
+
+    def browse(self, topic: str, partition: int = 0, offset: int | None = None,
+               max_messages: int = 50) -> dict[str, Any]:
+        """A page of a partition's messages from Kafka offset ``offset`` (None: the last
+        ``max_messages``), each ``committed``, ``aborted`` or ``pending`` (its txn still open) with
+        its txn id, and the txns' COMMIT/ABORT markers as rows of their own (``kind``), with
+        the log start offset and high watermark to page within. Needs consume permission on
+        the topic (or a superuser)."""
+        partitions = self.get_topic(topic)["partitions"]
+        if type(partition) is not int or not 0 <= partition < partitions:
+            raise InvalidArgument(f"{topic!r} has partitions 0..{partitions - 1}, not {partition!r}")
+        return ActorRef(partition_actor_name(topic, partition), self.token).call(
+            "browse", offset, max_messages, deadline_s=self.deadline_s)
+
     def whoami(self) -> dict[str, Any]:
         """This client's principal (None with auth off) and whether it is a superuser."""
         return self.supervisor.call("whoami", deadline_s=self.deadline_s)
@@ -326,6 +366,14 @@ class Client:
         if type(limit) is not int or limit < 1:
             raise InvalidArgument(f"limit must be a positive integer, got {limit!r}")
         return self.coordinators.list_txns(older_than_ms, limit)
+
+    def recent_transactions(self, limit: int = 100) -> list[dict[str, Any]]:
+        """Superusers: how the transactions that finished last ended (COMMITTED, ABORTED,
+        TIMED_OUT, FENCED), up to ``limit`` per coordinator, the latest of each first."""
+        if type(limit) is not int or limit < 1:
+            raise InvalidArgument(f"limit must be a positive integer, got {limit!r}")
+        return [row for tc_id in range(self.coordinators.num_coordinators)
+                for row in self.coordinators.ref(tc_id).call("recent_outcomes", limit, deadline_s=self.deadline_s)]
 
     def describe_transaction(self, txn: TxnID | str) -> dict[str, Any]:
         """One transaction as ``list_transactions`` shows it, or its outcome once it ended
@@ -403,12 +451,8 @@ class Client:
                             initial_position: InitialPosition | str = InitialPosition.Latest) -> dict[str, Any]:
         """Create ``subscription`` on every partition of ``topic`` at ``initial_position`` (a no-op
         when it exists), without attaching anything; returns the topic's facts."""
-        try:
-            position = InitialPosition(initial_position)
-        except ValueError:
-            raise InvalidArgument(f"initial_position must be latest or earliest, got {initial_position!r}") from None
-        return self.supervisor.call("create_subscription", topic, subscription, str(position),
-                                    deadline_s=self.deadline_s)
+        return self.supervisor.call("create_subscription", topic, subscription,
+                                    str(_initial_position(initial_position)), deadline_s=self.deadline_s)
 
     def lease_ranges(self, topic: str, subscription: str, holder: str, epoch: int = 0, *,
                      max_entries: int = 10_000, max_messages: int | None = None, max_bytes: int | None = None,
@@ -424,16 +468,39 @@ class Client:
         each partition's range. Partitions with
         nothing readable, or another holder's lease standing, are left out. A subscription with
         consumers attached refuses leases (``NotAllowed``)."""
+        return self.loop.run(self._lease(topic, subscription, holder, epoch, max_entries, max_messages, max_bytes,
+                                         timeout_s, initial_position))
+
+    def lease_ranges_async(self, topic: str, subscription: str, holder: str, epoch: int = 0, *,
+                           max_entries: int = 10_000, max_messages: int | None = None,
+                           max_bytes: int | None = None, timeout_s: float = 60.0,
+                           initial_position: InitialPosition | str = InitialPosition.Earliest,
+                           ) -> concurrent.futures.Future[LeaseSet]:
+        """``lease_ranges`` without waiting: a future of the ``LeaseSet`` (bad bounds raise here,
+        before anything is asked)."""
+        return self.loop.submit(self._lease(topic, subscription, holder, epoch, max_entries, max_messages,
+                                            max_bytes, timeout_s, initial_position))
+
+    def _lease(self, topic: str, subscription: str, holder: str, epoch: int, max_entries: int,
+               max_messages: int | None, max_bytes: int | None, timeout_s: float,
+               initial_position: InitialPosition | str) -> Coroutine[Any, Any, LeaseSet]:
+        """The leasing, checked at once (before the subscription is created), run on the loop."""
         for bound in (max_messages, max_bytes):  # checked before the subscription is created
             if bound is not None and (type(bound) is not int or bound < 1):
                 raise InvalidArgument(f"max_messages and max_bytes must be positive ints, got {bound!r}")
         if type(max_entries) is not int or max_entries < 1 or not 0 < timeout_s:
             raise InvalidArgument(f"max_entries must be a positive int and timeout_s > 0, got {max_entries!r}, "
                                   f"{timeout_s!r}")
-        partitions = self.create_subscription(topic, subscription, initial_position)["partitions"]
-        leases = self.loop.run(lease_partitions(self, topic, subscription, partitions, holder, epoch, max_entries,
-                                                max_messages, max_bytes, timeout_s))
-        return LeaseSet(self, topic, subscription, holder, epoch, leases)
+        position = _initial_position(initial_position)
+
+        async def lease() -> LeaseSet:
+            facts = await self.supervisor.call_async("create_subscription", topic, subscription, str(position),
+                                                     deadline_s=self.deadline_s)
+            leases = await lease_partitions(self, topic, subscription, facts["partitions"], holder, epoch,
+                                            max_entries, max_messages, max_bytes, timeout_s)
+            return LeaseSet(self, topic, subscription, holder, epoch, leases)
+
+        return lease()
 
     # --- compaction --------------------------------------------------------------------------
 

@@ -217,6 +217,13 @@ class Consumer:
             self._track_received([message])
         return message
 
+    def _unwatch(self, watcher: Callable[[], None]) -> None:
+        """Forget ``watcher`` if it was not called yet (an asyncio receive that timed out or was
+        cancelled): the list stays as long as the receives waiting, not as their history."""
+        with self._queue_lock:
+            if watcher in self._watchers:
+                self._watchers.remove(watcher)
+
     def _wake_watchers_locked(self) -> None:
         watchers, self._watchers = self._watchers, []
         for watcher in watchers:

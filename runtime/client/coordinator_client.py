@@ -77,7 +77,12 @@ class CoordinatorClient:
                                                deadline_s=self.deadline_s)
 
     def end_txn(self, txn: TxnID, action: EndAction, epoch: int | None = None,
-                transactional_id: str | None = None) -> str:
+                transactional_id: str | None = None, applied: bool = False) -> str:
+        """``applied``: answered once every participant applied it, also where commits are
+        answered once logged (``CoordinatorConfig.commit_answer``)."""
+        if applied:  # (only then: a coordinator of a release before the argument still takes the others)
+            return self._refs[txn.tc_id].call("end_txn", txn, action, self.owner, epoch, transactional_id, applied,
+                                              deadline_s=self.deadline_s)
         return self._refs[txn.tc_id].call("end_txn", txn, action, self.owner, epoch, transactional_id,
                                           deadline_s=self.deadline_s)
 

@@ -163,13 +163,25 @@ class LeaseSet:
         crash after this and before the output is durable loses nothing but may repeat it)."""
         self._client.loop.run(self._each("ack_lease", None))
 
+    def acknowledge_plain_async(self) -> concurrent.futures.Future[None]:
+        """``acknowledge_plain`` without waiting."""
+        return self._client.loop.submit(self._each("ack_lease", None))
+
     def release(self) -> None:
         """Give every range back unacknowledged (the next lease starts at it again)."""
         self._client.loop.run(self._each("release_lease"))
 
+    def release_async(self) -> concurrent.futures.Future[None]:
+        """``release`` without waiting."""
+        return self._client.loop.submit(self._each("release_lease"))
+
     def renew(self, timeout_s: float = 60.0) -> None:
         """Keep every lease ``timeout_s`` longer from now."""
         self._client.loop.run(self._each("renew_lease", timeout_s))
+
+    def renew_async(self, timeout_s: float = 60.0) -> concurrent.futures.Future[None]:
+        """``renew`` without waiting."""
+        return self._client.loop.submit(self._each("renew_lease", timeout_s))
 
     async def _each(self, method: str, *args: Any) -> None:
         await asyncio.gather(*(

@@ -75,7 +75,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import _base as futures_base
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -188,6 +188,11 @@ class SendFuture(concurrent.futures.Future):
 
     def cancel(self) -> bool:
         return False
+
+    def __await__(self) -> Generator[Any, None, MessageId]:
+        """Awaitable too (raytxn.aio's ``send_nowait`` returns it): wrapped for the awaiting loop
+        only when awaited, so a future nobody awaits costs no asyncio future."""
+        return asyncio.wrap_future(self).__await__()
 
 
 def _settle(outcome: _Outcome, position: tuple[int, int] | None, error: BaseException | None) -> None:
@@ -415,7 +420,7 @@ class Producer:
         (``MessageTooLarge``, ``ProducerQueueFull``, a bad argument) makes it abort-only, so the
         messages sent before in it never commit without this one (Kafka's abortable error)."""
         if txn is None:
-            return self._enqueue(value, key, properties, event_time, None)
+            return self._enqueue(value, key, properties, event_time, None)  # type: ignore[return-value]
         # What ``txn.operation()`` does, without an object per message, and without a clock read:
         # ``sendable`` turns False when the txn leaves OPEN or its timer times it out; then
         # ``check_open`` raises why. (A send a moment past the deadline, before the timer fired,
@@ -423,10 +428,26 @@ class Producer:
         if not txn.machine.sendable:
             txn.check_open()
         try:
-            return self._enqueue(value, key, properties, event_time, txn)
+            return self._enqueue(value, key, properties, event_time, txn)  # type: ignore[return-value]
         except BaseException as error:
             txn.fail(error)
             raise
+
+    def _send_if_room(self, value: bytes, key: str | None, properties: dict[str, str] | None,
+                      event_time: int | None, txn: Transaction | None) -> SendFuture | None:
+        """``send_async``, except that where it would wait for room it queues nothing and returns
+        None (raytxn.aio then awaits room on its loop): the same checks, errors and txn rules."""
+        if txn is None:
+            queued = self._enqueue(value, key, properties, event_time, None, False)
+        else:
+            if not txn.machine.sendable:
+                txn.check_open()
+            try:
+                queued = self._enqueue(value, key, properties, event_time, txn, False)
+            except BaseException as error:
+                txn.fail(error)
+                raise
+        return None if queued is None else queued[0]
 
     def _hold(self, txn: Transaction) -> None:
         """Tell ``txn`` this producer has work of it (its commit flushes it here and waits), once
@@ -445,7 +466,9 @@ class Producer:
         return partition
 
     def _enqueue(self, value: bytes, key: str | None, properties: dict[str, str] | None,
-                 event_time: int | None, txn: Transaction | None) -> tuple[SendFuture, _Batch]:
+                 event_time: int | None, txn: Transaction | None,
+                 wait: bool = True) -> tuple[SendFuture, _Batch] | None:
+        """Queue one message, waiting for room (or, not ``wait``, returning None then)."""
         if self._closed:
             raise InvalidArgument(f"producer {self.producer_name} is closed")
         if type(value) is not bytes:
@@ -468,6 +491,8 @@ class Producer:
         with self._lock:
             if self._pending_messages and (self._pending_messages >= self.max_pending_messages
                                            or self._pending_bytes + size > self.max_pending_bytes):
+                if not wait:
+                    return None
                 self._wait_for_room(1, size)
             if partition < 0:
                 partition = self._keyless_partition
@@ -617,13 +642,20 @@ class Producer:
 
     def _room_or_watch(self, size: int, watcher: Callable[[], None]) -> bool:
         """Whether one more message of ``size`` bytes fits now; if not, ``watcher`` is called once
-        pending messages complete (raytxn.aio waits for room so, not blocked on ``_room``)."""
+        pending messages complete (raytxn.aio waits for room so, not blocked on ``_room``; a
+        waiter that gives up takes its watcher back with ``_unwatch_room``)."""
         with self._lock:
             if self._pending_messages > 0 and (self._pending_messages + 1 > self.max_pending_messages
                                                or self._pending_bytes + size > self.max_pending_bytes):
                 self._room_watchers.append(watcher)
                 return False
             return True
+
+    def _unwatch_room(self, watcher: Callable[[], None]) -> None:
+        """Forget ``watcher`` if it was not called yet: the list stays as long as the waits."""
+        with self._lock:
+            if watcher in self._room_watchers:
+                self._room_watchers.remove(watcher)
 
     def _wait_for_room(self, count: int, size: int) -> None:
         """Under the lock: block while ``count`` more messages of ``size`` bytes would pass the

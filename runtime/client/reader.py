@@ -21,6 +21,7 @@ had not reached was dropped meanwhile (read from offset 0 again, as a table view
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -129,7 +130,13 @@ class CompactedReader:
         return record
 
     def _poll(self) -> None:
-        read = self._client.loop.run(self._next_read(), self._client.deadline_s)
+        self._took(self._client.loop.run(self._next_read(), self._client.deadline_s))
+
+    def _poll_async(self) -> concurrent.futures.Future[CompactedRead]:
+        """``_poll``'s read without waiting (raytxn.aio); ``_took`` applies what it read."""
+        return self._client.loop.submit(self._next_read())
+
+    def _took(self, read: CompactedRead) -> None:
         self._read.extend(read.records)
         self._live = (read.next_position, read.next_offset)
 

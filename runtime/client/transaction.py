@@ -438,11 +438,14 @@ class Transaction:
 
     # --- ending ----------------------------------------------------------------------------
 
-    def commit(self) -> None:
+    def commit(self, until_applied: bool = False) -> None:
         """Wait for outstanding sends and acks, then commit. If the txn cannot commit (a send or
         ack failed, its timeout passed, the coordinator timed it out or aborted it), abort it and
         raise why (the failure, ``TransactionTimedOut``, ``TransactionAlreadyAborted``) once every
-        participant has the abort."""
+        participant has the abort. ``until_applied``: return once every participant applied the
+        commit also on an engine that answers commits once logged (``commit_answer="logged"``),
+        for a caller whose next step reads what this txn wrote (a stateful pipeline's next batch
+        reads the state this one updated)."""
         if self.state is TxnClientState.COMMITTED:
             return
         if self.machine.transition_to(TxnClientState.COMMITTING, if_allowed=True):
@@ -459,7 +462,8 @@ class Transaction:
             assert self.machine.cause is not None
             self._abort_then_raise(self.machine.cause)
         try:
-            self._end_at_coordinator(EndAction.COMMIT, TransactionAlreadyCommitted, TxnClientState.COMMITTED)
+            self._end_at_coordinator(EndAction.COMMIT, TransactionAlreadyCommitted, TxnClientState.COMMITTED,
+                                     applied=until_applied)
         except (TransactionTimedOut, TransactionAlreadyAborted) as refused:
             # Timed out or aborted there (an operator's abort): wait until every participant has it.
             self._abort_then_raise(refused)
@@ -475,7 +479,7 @@ class Transaction:
                                  before=lambda: self._wait_outstanding(committing=False))
 
     def _end_at_coordinator(self, action: EndAction, already_ended: type[RaytxnError], final: TxnClientState,
-                            before: Callable[[], None] | None = None) -> None:
+                            before: Callable[[], None] | None = None, applied: bool = False) -> None:
         """Run ``before``, end the txn at its coordinator (ended that way already counts as done;
         the coordinator answers once every participant applied the end, or a commit once logged),
         then move to ``final``;
@@ -488,10 +492,10 @@ class Transaction:
             if self._id is None:  # never began: no coordinator or participant knows it
                 self.machine.transition_to(final)
                 return
-            if action is EndAction.COMMIT and self._chains():
+            if action is EndAction.COMMIT and self._chains() and not applied:
                 self._commit_and_begin_next()
             else:
-                self._client.coordinators.end_txn(self._id, action, self.epoch, self.transactional_id)
+                self._client.coordinators.end_txn(self._id, action, self.epoch, self.transactional_id, applied)
         except already_ended:
             pass
         except RaytxnError:

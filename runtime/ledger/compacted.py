@@ -23,16 +23,18 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
 import msgspec
 
-from raytxn.errors import CorruptLedger, Fenced
+from raytxn import testing_bugs
+from raytxn.errors import CorruptLedger, Fenced, PositionTrimmed
 from raytxn.faults import FaultPoints
 from raytxn.ids import EARLIEST, Position, partition_stream
 from raytxn.ledger.framing import FrameKind, decode_frames, encode_frame
 from raytxn.ledger.managed import READER_CONFIG, ManagedLedger
+from raytxn.ledger.metadata import raise_if_trimmed
 from raytxn.ledger.storage import ObjectExists, Storage
 from raytxn.protocol.compaction import (
     DEFAULT_DELETE_RETENTION_MS,
@@ -49,6 +51,7 @@ from raytxn.protocol.entry_format import EntryHeader, MessageRecord, decode_entr
 from raytxn.protocol.txn_buffer import AbortedTxn, HiddenSpans
 
 RECORDS_PER_FRAME = 10_000
+READ_ATTEMPTS = 3  # a compacted read's, while newer generations keep superseding what it read
 ENTRIES_PER_READ = 1000
 # Records decoded (and folded) between two turns of the event loop: a partition compacting
 # itself runs the fold in its own process, and its appends and reads wait for each turn. A read
@@ -63,6 +66,15 @@ class PublishedHorizon(msgspec.Struct, frozen=True):
 
     horizon: CompactionHorizon
     data_path: str
+
+
+def _random_nonce() -> str:
+    return secrets.token_hex(6)
+
+
+# Names a compaction's data object apart from those of racing compactions of the same generation.
+# A seam: the simulator numbers them instead (raytxn.sim.compacted), so a seed replays byte for byte.
+data_nonce: Callable[[], str] = _random_nonce
 
 
 def compacted_prefix(stream: str) -> str:
@@ -86,22 +98,32 @@ async def newest_generation(storage: Storage, stream: str) -> int | None:
 
 async def read_published(storage: Storage, stream: str) -> PublishedHorizon | None:
     """The newest published horizon of ``stream`` (None: never compacted)."""
-    paths = await storage.list(f"{compacted_prefix(stream)}/horizons")
-    if not paths:
-        return None
-    data = await storage.get(paths[-1])
-    if data is None:
-        raise CorruptLedger(f"compaction horizon {paths[-1]} vanished after its listing", paths[-1])
-    frames = decode_frames(data, paths[-1])
+    for _ in range(READ_ATTEMPTS):
+        paths = await storage.list(f"{compacted_prefix(stream)}/horizons")
+        if not paths:
+            return None
+        data = await storage.get(paths[-1])
+        if data is not None:
+            return decode_published(data, paths[-1])
+        # Gone since the listing: a newer generation's compaction deleted it (it deletes the older
+        # horizons once it published), unless no newer one is listed now.
+        newest = await storage.list(f"{compacted_prefix(stream)}/horizons")
+        if not newest or _generation_of(newest[-1]) <= _generation_of(paths[-1]):
+            break
+    raise CorruptLedger(f"compaction horizon {paths[-1]} vanished after its listing", paths[-1])
+
+
+def decode_published(data: bytes, path: str) -> PublishedHorizon:
+    """The horizon object at ``path`` holding ``data``."""
+    frames = decode_frames(data, path)
     if len(frames) != 1 or frames[0][0] != FrameKind.HORIZON:
-        raise CorruptLedger(f"not a compaction horizon: {paths[-1]}", paths[-1])
+        raise CorruptLedger(f"not a compaction horizon: {path}", path)
     try:
         published = msgspec.msgpack.decode(frames[0][2], type=PublishedHorizon)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
-        raise CorruptLedger(f"undecodable compaction horizon {paths[-1]}: {e}", paths[-1]) from e
-    if published.horizon.generation != _generation_of(paths[-1]):
-        raise CorruptLedger(f"compaction horizon {paths[-1]} claims generation {published.horizon.generation}",
-                            paths[-1])
+        raise CorruptLedger(f"undecodable compaction horizon {path}: {e}", path) from e
+    if published.horizon.generation != _generation_of(path):
+        raise CorruptLedger(f"compaction horizon {path} claims generation {published.horizon.generation}", path)
     return published
 
 
@@ -112,6 +134,11 @@ async def read_kept(storage: Storage, published: PublishedHorizon | None) -> lis
     data = await storage.get(published.data_path)
     if data is None:
         raise CorruptLedger(f"compacted ledger {published.data_path} is missing", published.data_path)
+    return decode_kept(data, published)
+
+
+def decode_kept(data: bytes, published: PublishedHorizon) -> list[KeptRecord]:
+    """The records of ``published``'s data object, which holds ``data``."""
     records: list[KeptRecord] = []
     for kind, _, payload in decode_frames(data, published.data_path):
         if kind != FrameKind.COMPACTED:
@@ -129,14 +156,20 @@ async def read_kept(storage: Storage, published: PublishedHorizon | None) -> lis
 
 async def iter_entries(storage: Storage, stream: str, start: Position,
                        end: Position) -> AsyncGenerator[tuple[EntryHeader, Position, list[MessageRecord]], None]:
-    """Every entry of ``stream`` in ``start..end`` (markers too), decoded, in ledger order."""
+    """Every entry of ``stream`` in ``start..end`` (markers too), decoded, in ledger order.
+    ``PositionTrimmed`` when retention trimmed what it reads, also while it reads (an object
+    listed, then deleted before its get)."""
     if end < start:
         return
     ledger = await ManagedLedger.open(storage, stream, READER_CONFIG, writable=False)
     position = start
     since_yield = 0
     while True:
-        entries = await ledger.read(position, max_entries=ENTRIES_PER_READ, end=end)
+        try:
+            entries = await ledger.read(position, max_entries=ENTRIES_PER_READ, end=end)
+        except CorruptLedger:
+            await raise_if_trimmed(storage, stream, position)  # a trim overtook this read: not corruption
+            raise
         if not entries:
             return
         for entry in entries:
@@ -162,31 +195,53 @@ async def compact_partition(storage: Storage, topic: str, partition: int, max_re
     """One compaction of ``topic``/``partition`` up to ``max_read_position`` (the partition's,
     read just before with its ``aborted`` spans): fold, write the data object, publish the
     horizon, then delete what it superseded and orphans of crashed compactions. ``Fenced`` if
-    another compaction published this generation first (nothing of this one is then visible).
+    another compaction published this generation first, or a newer one while this one read
+    (whose compaction deleted the records this one started from, or whose retention trimmed
+    what it was reading), or one past ``max_read_position`` (read before that publish): nothing
+    of this one is then visible.
     When the fold changed nothing (``CompactionResult.publishes``), nothing is written, and the
     published generation's leftovers are cleaned up."""
     faults = faults or FaultPoints()
     stream = partition_stream(topic, partition)
     published = await read_published(storage, stream)
-    compactor = Compactor(None if published is None else published.horizon, await read_kept(storage, published),
+    if published is not None and published.horizon.horizon > max_read_position:
+        # The partition's max_read_position was read before another compaction (its own, or one
+        # from a newer plan) published past it: nothing this one could fold is new.
+        raise Fenced(f"{stream}: another compaction published generation {published.horizon.generation} up to "
+                     f"{published.horizon.horizon}, past this one's max_read_position {max_read_position}: this one "
+                     "lost the race")
+    try:
+        kept = await read_kept(storage, published)
+    except CorruptLedger as missing:  # its records deleted by the compaction that superseded it?
+        await _raise_if_superseded(storage, stream, published, "it deleted the records this one started from",
+                                   missing)
+        raise
+    compactor = Compactor(None if published is None else published.horizon, kept,
                           max_read_position=max_read_position, aborted=aborted, max_keys=max_keys)
-    async for header, position, messages in iter_entries(
-            storage, stream, _start_after(None if published is None else published.horizon.horizon),
-            max_read_position):
-        compactor.add(header, position, messages)
+    try:
+        async for header, position, messages in iter_entries(
+                storage, stream, _start_after(None if published is None else published.horizon.horizon),
+                max_read_position):
+            compactor.add(header, position, messages)
+    except PositionTrimmed as trimmed:  # retention trims only below a published horizon: a newer one?
+        await _raise_if_superseded(storage, stream, published, "retention trimmed below it while this one read",
+                                   trimmed)
+        raise
     result = compactor.finish(now_ms, delete_retention_ms)
     if not result.publishes:  # nothing new: the published generation stands; clean up after it
         assert published is not None
         await _delete_unreferenced(storage, stream, published.horizon, published.data_path)
         return result
     generation = result.horizon.generation
-    data_path = f"{compacted_prefix(stream)}/data/{generation:020d}-{secrets.token_hex(6)}"
-    frames = [encode_frame(FrameKind.COMPACTED, i, _encoder.encode(result.records[start:start + RECORDS_PER_FRAME]))
+    data_path = f"{compacted_prefix(stream)}/data/{generation:020d}-{data_nonce()}"
+    frames = [encode_frame(FrameKind.COMPACTED, i, _encoder.encode(result.records[start:start + RECORDS_PER_FRAME]),
+                           version=storage.write_format)
               for i, start in enumerate(range(0, max(1, len(result.records)), RECORDS_PER_FRAME))]
     await faults.hit("compaction.before_data", generation=generation)
     await storage.create(data_path, b"".join(frames))
     await faults.hit("compaction.after_data", generation=generation)
-    horizon = encode_frame(FrameKind.HORIZON, generation, _encoder.encode(PublishedHorizon(result.horizon, data_path)))
+    horizon = encode_frame(FrameKind.HORIZON, generation, _encoder.encode(PublishedHorizon(result.horizon, data_path)),
+                           version=storage.write_format)
     try:
         await storage.create(_horizon_path(stream, generation), horizon)
     except ObjectExists as e:
@@ -195,6 +250,17 @@ async def compact_partition(storage: Storage, topic: str, partition: int, max_re
     await faults.hit("compaction.after_publish", generation=generation)
     await _delete_unreferenced(storage, stream, result.horizon, data_path)
     return result
+
+
+async def _raise_if_superseded(storage: Storage, stream: str, published: PublishedHorizon | None, what: str,
+                                error: Exception) -> None:
+    """``Fenced`` when a generation newer than ``published`` (the one a compaction started from)
+    was published since: the compaction lost the race, and ``error`` (``what`` the newer one's
+    compaction or the retention after it did under it) is no corruption."""
+    newer = await read_published(storage, stream)
+    if newer is not None and (published is None or newer.horizon.generation > published.horizon.generation):
+        raise Fenced(f"{stream}: another compaction published generation {newer.horizon.generation} meanwhile "
+                     f"({what}): this one lost the race") from error
 
 
 async def _delete_unreferenced(storage: Storage, stream: str, published: CompactionHorizon, data_path: str) -> None:
@@ -226,7 +292,7 @@ async def read_live(storage: Storage, stream: str, start: Position, max_read_pos
     ``start_offset``: the offset of the entry at ``start``, if known. ``max_records``: stop after
     the entry that reaches it (a tailing reader's bound; ``next_position`` goes on from there)."""
     records: list[dict[str, Any]] = []
-    hidden = HiddenSpans(aborted)
+    hidden = HiddenSpans([] if testing_bugs.REINTRODUCED["table_view_reads_aborted"] else aborted)
     after, next_offset = start, start_offset
     entries = iter_entries(storage, stream, start, max_read_position)
     try:
@@ -252,20 +318,26 @@ async def read_compacted(storage: Storage, topic: str, partition: int, max_read_
     messages after the horizon (from ``first_readable``, the trim point, when the partition was
     never compacted). ``CompactionReset`` below a dropped tombstone (``read_plan``)."""
     stream = partition_stream(topic, partition)
-    for _ in range(3):  # a generation superseded between reading its horizon and its data: again
+    # Again when a newer generation superseded the one read: between reading its horizon and its
+    # data (which the newer one's compaction deleted), or its live tail (which retention trimmed).
+    for _ in range(READ_ATTEMPTS):
         published = await read_published(storage, stream)
         try:
             kept = await read_kept(storage, published)
-            break
         except CorruptLedger:
             if published is None or published == await read_published(storage, stream):
                 raise
-    else:
-        raise CorruptLedger(f"{stream}: compaction generations kept changing under a reader")
-    horizon = None if published is None else published.horizon
-    plan = read_plan(horizon, kept, from_offset)
-    compacted = [{"offset": r.offset, "key": r.key, "value": r.value} for r in kept[plan.compacted_from:]]
-    start = max(first_readable, Position(0, 0)) if horizon is None else _start_after(horizon.horizon)
-    live = await read_live(storage, stream, start, max_read_position, aborted, plan.live_from_offset,
-                           0 if horizon is None else horizon.next_offset, max_live_records)
-    return CompactedRead(compacted + live.records, live.next_position, live.next_offset)
+            continue
+        horizon = None if published is None else published.horizon
+        plan = read_plan(horizon, kept, from_offset)
+        compacted = [{"offset": r.offset, "key": r.key, "value": r.value} for r in kept[plan.compacted_from:]]
+        start = max(first_readable, Position(0, 0)) if horizon is None else _start_after(horizon.horizon)
+        try:
+            live = await read_live(storage, stream, start, max_read_position, aborted, plan.live_from_offset,
+                                   0 if horizon is None else horizon.next_offset, max_live_records)
+        except PositionTrimmed:
+            if published == await read_published(storage, stream):
+                raise
+            continue
+        return CompactedRead(compacted + live.records, live.next_position, live.next_offset)
+    raise CorruptLedger(f"{stream}: compaction generations kept changing under a reader")

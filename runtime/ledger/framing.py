@@ -2,12 +2,17 @@
 
 An object holds one or more frames, back to back. A frame is
 
-    magic "RX" | kind u8 | flags u8 | payload length u32 | entry id u64 | crc32c u32 | payload
+    magic "RX" | kind u8 | version u8 | payload length u32 | entry id u64 | crc32c u32 | payload
 
 all big-endian; the CRC32C covers the first 16 header bytes and the payload, so a flipped bit
 anywhere, a truncated object, or an object moved to another position is detected. A data entry's
 payload is the msgpack encoding of its list of records (bytes). A SEAL frame has no payload: it
 closes the ledger at its entry id, and nothing after it is part of the ledger.
+
+``version`` is the format the frame was written in (``formats.py``; 0, in frames written before
+versions existed, is format 1). It is read right after the magic, before anything whose layout a
+later format might change, and a frame of a format newer than this release knows is refused
+(``UnsupportedFormat``), never decoded.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import crc32c
 import msgspec
 
 from raytxn.errors import CorruptLedger
+from raytxn.ledger.formats import NEWEST_FORMAT, refuse
 
 MAGIC = b"RX"
 _HEADER = struct.Struct(">2sBBIQI")
@@ -38,8 +44,9 @@ class FrameKind(IntEnum):
     HORIZON = 5    # a published compaction horizon (ledger.compacted)
 
 
-def encode_frame(kind: FrameKind, entry_id: int, payload: bytes) -> bytes:
-    head = struct.pack(">2sBBIQ", MAGIC, int(kind), 0, len(payload), entry_id)
+def encode_frame(kind: FrameKind, entry_id: int, payload: bytes, version: int) -> bytes:
+    """One frame in format ``version`` (the writer's ``Storage.write_format``, checked there)."""
+    head = struct.pack(">2sBBIQ", MAGIC, int(kind), version, len(payload), entry_id)
     crc = crc32c.crc32c(payload, crc32c.crc32c(head))
     return head + struct.pack(">I", crc) + payload
 
@@ -58,7 +65,8 @@ def decode_records(payload: bytes, path: str) -> list[bytes]:
 def decode_frames(data: bytes, path: str) -> list[tuple[FrameKind, int, bytes]]:
     """Split an object into ``(kind, entry_id, payload)`` frames, verifying every CRC.
 
-    Raises ``CorruptLedger`` naming ``path`` on any truncation, bad magic or checksum."""
+    Raises ``CorruptLedger`` naming ``path`` on any truncation, bad magic or checksum, and its
+    subclass ``UnsupportedFormat`` on a frame of a format newer than ``NEWEST_FORMAT``."""
     frames: list[tuple[FrameKind, int, bytes]] = []
     view = memoryview(data)
     offset = 0
@@ -66,10 +74,14 @@ def decode_frames(data: bytes, path: str) -> list[tuple[FrameKind, int, bytes]]:
         raise CorruptLedger(f"empty ledger object {path}", path)
     while offset < len(data):
         if len(data) - offset < HEADER_SIZE:
+            if data[offset:offset + 2] == MAGIC and len(data) - offset > 3 and data[offset + 3] > NEWEST_FORMAT:
+                raise refuse("object", path, data[offset + 3])  # a newer format's shorter frame
             raise CorruptLedger(f"truncated frame header at byte {offset} of {path}", path)
-        magic, kind, _flags, length, entry_id, crc = _HEADER.unpack_from(view, offset)
+        magic, kind, version, length, entry_id, crc = _HEADER.unpack_from(view, offset)
         if magic != MAGIC:
             raise CorruptLedger(f"bad magic at byte {offset} of {path}", path)
+        if version > NEWEST_FORMAT:  # (0: written before versions, format 1)
+            raise _newer_frame(view, offset, path, version)
         start = offset + HEADER_SIZE
         end = start + length
         if end > len(data):
@@ -84,3 +96,15 @@ def decode_frames(data: bytes, path: str) -> list[tuple[FrameKind, int, bytes]]:
             raise CorruptLedger(f"unknown frame kind {kind} at byte {offset} of {path}", path) from e
         offset = end
     return frames
+
+
+def _newer_frame(view: memoryview, offset: int, path: str, version: int) -> CorruptLedger:
+    """The refusal of a frame whose version byte says a format newer than this release's; it
+    says whether the frame would also check out in today's layout (then it is surely a newer
+    release's) or not (a newer layout, or a damaged version byte)."""
+    _, _, _, length, _, crc = _HEADER.unpack_from(view, offset)
+    start = offset + HEADER_SIZE
+    whole = start + length <= len(view) and crc == crc32c.crc32c(
+        view[start:start + length], crc32c.crc32c(view[offset:offset + _CRC_COVERS]))
+    note = "" if whole else " (or its version byte is damaged: the frame does not check out in this release's layout)"
+    return refuse("object", path, version, note)

@@ -355,7 +355,8 @@ class ManagedLedger:
         current = self._current
         assert current is not None
         first = self._next_entry_id
-        data = b"".join(encode_frame(FrameKind.ENTRY, first + i, item.payload)
+        version = self.storage.write_format
+        data = b"".join(encode_frame(FrameKind.ENTRY, first + i, item.payload, version)
                         for i, item in enumerate(batch))
         path = chunk_path(self.stream, current.ledger_id, first)
         await self._put_retrying(path, data)
@@ -411,7 +412,7 @@ class ManagedLedger:
         """Close the current ledger (SEAL, then metadata) and continue in a new one."""
         current = self._current
         assert current is not None
-        seal = encode_frame(FrameKind.SEAL, self._next_entry_id, b"")
+        seal = encode_frame(FrameKind.SEAL, self._next_entry_id, b"", version=self.storage.write_format)
         await self._put_retrying(chunk_path(self.stream, current.ledger_id, self._next_entry_id), seal)
         async with self._meta_lock:
             meta = self._meta
@@ -552,7 +553,7 @@ class ManagedLedger:
         self._closed = True
         current = self._current
         assert current is not None
-        seal = encode_frame(FrameKind.SEAL, self._next_entry_id, b"")
+        seal = encode_frame(FrameKind.SEAL, self._next_entry_id, b"", version=self.storage.write_format)
         await self._put_retrying(chunk_path(self.stream, current.ledger_id, self._next_entry_id), seal)
         async with self._meta_lock:
             meta = self._meta
@@ -762,7 +763,8 @@ async def _seal(storage: Storage, stream: str, ledger_id: int) -> int:
                     return entry_id - 1
                 tail = entry_id
         try:
-            await storage.create(f"{prefix}/{tail + 1:012d}", encode_frame(FrameKind.SEAL, tail + 1, b""))
+            await storage.create(f"{prefix}/{tail + 1:012d}",
+                                 encode_frame(FrameKind.SEAL, tail + 1, b"", version=storage.write_format))
             return tail
         except ObjectExists:
             continue

@@ -18,7 +18,7 @@ import asyncio
 
 import msgspec
 
-from raytxn.errors import CorruptLedger, Fenced, StorageUnavailable
+from raytxn.errors import CorruptLedger, Fenced, PositionTrimmed, StorageUnavailable
 from raytxn.ids import Position
 from raytxn.ledger.framing import FrameKind, decode_frames, encode_frame
 from raytxn.ledger.storage import ObjectExists, Storage
@@ -76,6 +76,15 @@ async def read_metadata(storage: Storage, stream: str) -> StreamMetadata | None:
     return decode_metadata(data, newest)
 
 
+async def raise_if_trimmed(storage: Storage, stream: str, position: Position) -> None:
+    """An object vanished under a reader that listed it: ``PositionTrimmed`` when retention
+    trimmed ``position`` meanwhile (the reader's ledger metadata was older than the trim), else
+    nothing (the caller's ``CorruptLedger`` stands)."""
+    meta = await read_metadata(storage, stream)
+    if meta is not None and position < meta.trimmed_below:
+        raise PositionTrimmed(f"{stream}: {position} was trimmed while reading (trim point {meta.trimmed_below})")
+
+
 def decode_metadata(data: bytes, path: str) -> StreamMetadata:
     frames = decode_frames(data, path)
     if len(frames) != 1 or frames[0][0] != FrameKind.META:
@@ -107,7 +116,7 @@ async def compare_and_set(storage: Storage, stream: str, new: StreamMetadata, *,
     healthy writer (found by the simulator). A failed cleanup of old versions is left to the next
     update: it changes nothing that readers see."""
     path = meta_path(stream, new.version)
-    data = encode_frame(FrameKind.META, new.version, _encoder.encode(new))
+    data = encode_frame(FrameKind.META, new.version, _encoder.encode(new), version=storage.write_format)
     delay = retry_backoff_s[0] if retry_backoff_s else 0.0
     while True:
         try:

@@ -38,10 +38,10 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 
-from raytxn.errors import CorruptLedger, InvalidArgument, PositionTrimmed, StorageUnavailable
+from raytxn.errors import CorruptLedger, InvalidArgument, StorageUnavailable
 from raytxn.ids import Position, partition_stream
 from raytxn.ledger.managed import READER_CONFIG, Entry, ManagedLedger
-from raytxn.ledger.metadata import read_metadata
+from raytxn.ledger.metadata import raise_if_trimmed
 from raytxn.ledger.storage import Storage
 from raytxn.protocol.entry_format import MessageRecord, decode_entry, decode_header
 from raytxn.protocol.txn_buffer import AbortedTxn, HiddenSpans
@@ -186,7 +186,7 @@ async def iter_range(storage: Storage, topic: str, partition: int, start: Positi
         try:
             entries = await ledger.read(position, max_entries=entries_per_batch, end=end)
         except CorruptLedger:
-            await _raise_if_trimmed(storage, stream, position)
+            await raise_if_trimmed(storage, stream, position)
             raise
         if not entries:
             break
@@ -201,13 +201,6 @@ async def iter_range(storage: Storage, topic: str, partition: int, start: Positi
     if last_read != end:
         raise InvalidArgument(f"{stream} holds no entry {end} (read up to {last_read}): a range must end at an "
                               "entry at or below the partition's max_read_position")
-
-
-async def _raise_if_trimmed(storage: Storage, stream: str, position: Position) -> None:
-    """An object vanished under a reader: retention trimmed it (PositionTrimmed), or corruption."""
-    meta = await read_metadata(storage, stream)
-    if meta is not None and position < meta.trimmed_below:
-        raise PositionTrimmed(f"{stream}: {position} was trimmed while reading (trim point {meta.trimmed_below})")
 
 
 async def read_range_async(storage: Storage, topic: str, partition: int, start: Position, end: Position,

@@ -3,11 +3,16 @@
 A snapshot of ``snapshot_id`` is written as ``total`` objects named, relative to the snapshot
 folder, ``<snapshot_id:020d>/<index:06d>-of-<total:06d>``. Each object is one framed segment:
 
-    magic "RXSG" | snapshot_id u64 | index u32 | total u32 | payload length u32 | crc32c u32 | payload
+    magic "RXS" + version | snapshot_id u64 | index u32 | total u32 | payload length u32 | crc32c u32 | payload
 
 big-endian; the CRC32C covers the 24 header bytes before it and the payload, so a flipped bit, a
 truncation or a segment of another snapshot or slot is detected. The payloads, joined in index
 order, are the snapshot bytes (msgspec-msgpack, encoded by the caller).
+
+The magic's last byte says the segment's format (``formats.py``): the letter ``G`` + (format - 1),
+so format 1 keeps ``RXSG``, the only magic before versions existed, which releases before versions
+read; format 2 is ``RXSH``, and so on. A segment of a format newer than this release knows is
+refused (``UnsupportedFormat``) before anything else of it is read.
 
 A crash while writing leaves a snapshot with missing segments; ``newest_complete`` ignores it, so
 readers fall back to the newest snapshot whose segments are all there. Pure: no I/O.
@@ -22,8 +27,11 @@ from collections.abc import Iterable, Sequence
 import crc32c
 
 from raytxn.errors import CorruptLedger, InvalidArgument
+from raytxn.ledger.formats import NEWEST_FORMAT, refuse
 
-MAGIC = b"RXSG"
+MAGIC = b"RXSG"  # format 1's
+_MAGIC_STEM = b"RXS"
+_FORMAT_1_MARK = MAGIC[3]
 _HEAD = struct.Struct(">4sQIII")  # magic, snapshot id, index, total, payload length
 _CRC = struct.Struct(">I")
 SEGMENT_OVERHEAD = _HEAD.size + _CRC.size  # 28 bytes
@@ -34,9 +42,25 @@ def segment_name(snapshot_id: int, index: int, total: int) -> str:
     return f"{snapshot_id:020d}/{index:06d}-of-{total:06d}"
 
 
-def split_snapshot(snapshot_bytes: bytes, snapshot_id: int, max_segment_bytes: int) -> list[tuple[str, bytes]]:
-    """``(name, object bytes)`` of every segment of a snapshot. ``max_segment_bytes`` bounds each
-    object (header included). An empty snapshot still has one segment, so it can be found."""
+def segment_magic(version: int) -> bytes:
+    """The magic of a segment in format ``version``: ``RXS`` and the letter ``G`` + (version - 1)."""
+    assert 1 <= version <= NEWEST_FORMAT, version
+    return _MAGIC_STEM + bytes([(_FORMAT_1_MARK + version - 1) % 256])
+
+
+def segment_format(magic: bytes) -> int | None:
+    """The format a segment's magic says (None: not a segment's magic). Every last byte names one
+    format (1 to 256), so a damaged one reads as some format, never as none."""
+    if magic[:3] != _MAGIC_STEM:
+        return None
+    return (magic[3] - _FORMAT_1_MARK) % 256 + 1
+
+
+def split_snapshot(snapshot_bytes: bytes, snapshot_id: int, max_segment_bytes: int, *,
+                   version: int) -> list[tuple[str, bytes]]:
+    """``(name, object bytes)`` of every segment of a snapshot, in format ``version`` (the
+    writer's ``Storage.write_format``). ``max_segment_bytes`` bounds each object (header
+    included). An empty snapshot still has one segment, so it can be found."""
     if snapshot_id < 0 or snapshot_id >= 10**20:
         raise InvalidArgument(f"snapshot id must be in [0, 10**20), got {snapshot_id}")
     chunk = max_segment_bytes - SEGMENT_OVERHEAD
@@ -48,7 +72,7 @@ def split_snapshot(snapshot_bytes: bytes, snapshot_id: int, max_segment_bytes: i
         raise InvalidArgument(f"{total} segments: raise max_segment_bytes")
     segments = []
     for index, payload in enumerate(chunks):
-        head = _HEAD.pack(MAGIC, snapshot_id, index, total, len(payload))
+        head = _HEAD.pack(segment_magic(version), snapshot_id, index, total, len(payload))
         crc = crc32c.crc32c(payload, crc32c.crc32c(head))
         segments.append((segment_name(snapshot_id, index, total), head + _CRC.pack(crc) + payload))
     return segments
@@ -100,26 +124,50 @@ def obsolete_segments(listing: Iterable[str]) -> list[str]:
     return [name for sid in sorted(by_id) if sid < newest for name in by_id[sid]]
 
 
-def join_segments(segments: Sequence[bytes], snapshot_id: int | None = None, where: str = "") -> bytes:
+_DAMAGED_NOTE = " (or its magic is damaged: it does not check out in this release's layout)"
+
+
+def _checks_out(data: bytes) -> bool:
+    """Whether a segment's length and CRC hold in format 1's layout (a newer release's segment
+    of the same layout, rather than a damaged one)."""
+    if len(data) < SEGMENT_OVERHEAD:
+        return False
+    length = _HEAD.unpack_from(data)[4]
+    (crc,) = _CRC.unpack_from(data, _HEAD.size)
+    payload = data[SEGMENT_OVERHEAD:]
+    return length == len(payload) and crc32c.crc32c(payload, crc32c.crc32c(data[:_HEAD.size])) == crc
+
+
+def join_segments(segments: Sequence[bytes], snapshot_id: int | None = None, where: str = "",
+                  names: Sequence[str] | None = None) -> bytes:
     """The snapshot bytes from its segments in index order, verifying framing, CRC, ids, indexes
-    and count. Raises ``CorruptLedger`` (naming ``where``) on any damage."""
+    and count. Raises ``CorruptLedger`` on any damage, naming the segment's object when ``names``
+    (the segments' paths, in the same order) are given, else ``where``; ``UnsupportedFormat`` on
+    a segment of a format newer than ``NEWEST_FORMAT``."""
     if not segments:
         raise CorruptLedger(f"snapshot {where} has no segments", where)
     payloads = []
     for position, data in enumerate(segments):
+        name = names[position] if names is not None else where
+        label = f"snapshot segment {name}" if names is not None else f"snapshot segment {position} of {where}"
+        version = segment_format(data[:4]) if len(data) >= 4 else None  # (None: not ours, damage)
+        if version is not None and version > NEWEST_FORMAT:  # (before anything a newer format may lay out anew)
+            raise refuse("snapshot segment", name, version, "" if _checks_out(data) else _DAMAGED_NOTE)
         if len(data) < SEGMENT_OVERHEAD:
-            raise CorruptLedger(f"snapshot segment {position} of {where} truncated", where)
-        magic, sid, index, total, length = _HEAD.unpack_from(data)
+            raise CorruptLedger(f"{label} truncated", name)
+        if version is None:
+            raise CorruptLedger(f"{label}: bad magic", name)
+        _, sid, index, total, length = _HEAD.unpack_from(data)
         (crc,) = _CRC.unpack_from(data, _HEAD.size)
         payload = data[SEGMENT_OVERHEAD:]
-        if magic != MAGIC or length != len(payload):
-            raise CorruptLedger(f"snapshot segment {position} of {where}: bad magic or length", where)
+        if length != len(payload):
+            raise CorruptLedger(f"{label}: bad length", name)
         if crc32c.crc32c(payload, crc32c.crc32c(data[:_HEAD.size])) != crc:
-            raise CorruptLedger(f"snapshot segment {position} of {where}: checksum mismatch", where)
+            raise CorruptLedger(f"{label}: checksum mismatch", name)
         if snapshot_id is None:
             snapshot_id = sid
         if sid != snapshot_id or index != position or total != len(segments):
-            raise CorruptLedger(f"snapshot segment {position} of {where} is segment {index}/{total} of snapshot "
-                                f"{sid}, expected {position}/{len(segments)} of {snapshot_id}", where)
+            raise CorruptLedger(f"{label} is segment {index}/{total} of snapshot {sid}, expected "
+                                f"{position}/{len(segments)} of {snapshot_id}", name)
         payloads.append(payload)
     return b"".join(payloads)

@@ -10,6 +10,10 @@
   from keyword options (``endpoint=``, ``access_key_id=``, ...) or the usual ``AWS_*`` variables.
 - ``memory://name``: an in-process store for unit tests; the same name gives the same store.
 
+The option ``write_format`` (``formats.py``) is the format every writer on this storage writes
+in: the one setting a rolling upgrade keeps at the old release's format until every process runs
+the new one. It travels with the URL's other options to every actor and task.
+
 Only four operations are needed by the ledgers: conditional create, get, list, delete. Errors are
 mapped onto ``raytxn.errors``: transport and server failures become ``StorageUnavailable``
 (retriable); "already exists" is ``ObjectExists``, which the ledger turns into ``Fenced``.
@@ -36,6 +40,7 @@ from obstore.store import AzureStore, GCSStore, LocalStore, MemoryStore, S3Store
 
 from raytxn import errors as raytxn_errors
 from raytxn.errors import InvalidArgument, StorageUnavailable
+from raytxn.ledger.formats import DEFAULT_WRITE_FORMAT, WRITE_FORMAT_OPTION, check_write_format
 
 DEFAULT_URL = "file://./.raytxn-data"
 
@@ -78,9 +83,11 @@ class ObjectInfo(NamedTuple):
 class Storage:
     """One object store plus the key prefix everything lives under."""
 
-    def __init__(self, store: object, url: str, local_root: Path | None = None, fsync: bool = True) -> None:
+    def __init__(self, store: object, url: str, local_root: Path | None = None, fsync: bool = True,
+                 write_format: int = DEFAULT_WRITE_FORMAT) -> None:
         self.store = store
         self.url = url
+        self.write_format = check_write_format(write_format)  # the format every object is written in
         self._local_root = local_root
         self._fsync = fsync and local_root is not None
         # The root as a str ending in "/": a put builds its paths as strs (pathlib cost 5% of a
@@ -90,19 +97,21 @@ class Storage:
 
     @classmethod
     def from_url(cls, url: str | None = None, **options: object) -> Storage:
-        """Open the store a URL names. ``options`` go to the S3 client (endpoint, keys, ...)."""
+        """Open the store a URL names. ``options`` go to the S3 client (endpoint, keys, ...), but
+        for ``fsync`` (file://) and ``write_format`` (``formats.py``), which are this class's."""
         url = url or DEFAULT_URL
         parsed = urlparse(url)
         fsync = bool(options.pop("fsync", True))
+        write_format = check_write_format(options.pop(WRITE_FORMAT_OPTION, DEFAULT_WRITE_FORMAT))
         if parsed.scheme == "memory":
             name = parsed.netloc + parsed.path
             store = _memory_stores.setdefault(name, MemoryStore())
-            return cls(store, url)
+            return cls(store, url, write_format=write_format)
         if parsed.scheme == "file" or parsed.scheme == "":
             raw = url[len("file://"):] if parsed.scheme == "file" else url
             root = Path(raw).expanduser().resolve()
             root.mkdir(parents=True, exist_ok=True)
-            return cls(LocalStore(str(root), mkdir=True), url, local_root=root, fsync=fsync)
+            return cls(LocalStore(str(root), mkdir=True), url, local_root=root, fsync=fsync, write_format=write_format)
         if parsed.scheme == "s3":
             bucket = parsed.netloc
             if not bucket:
@@ -119,7 +128,7 @@ class Storage:
             store = S3Store(bucket, prefix=parsed.path.strip("/") or None, retry_config=_RETRY,
                             client_options={"timeout": timeout, "connect_timeout": "2s"},
                             **config, **options)  # type: ignore[arg-type]
-            return cls(store, url)
+            return cls(store, url, write_format=write_format)
         if parsed.scheme in ("gs", "az", "azure"):
             # Google Cloud Storage and Azure Blob both support the conditional create every
             # ledger put relies on (ifGenerationMatch=0 / If-None-Match: *). Credentials come
@@ -132,7 +141,7 @@ class Storage:
             store = store_class(bucket, prefix=parsed.path.strip("/") or None, retry_config=_RETRY,
                                 client_options={"timeout": timeout, "connect_timeout": "2s"},
                                 **options)  # type: ignore[arg-type]
-            return cls(store, url)
+            return cls(store, url, write_format=write_format)
         raise InvalidArgument(f"unsupported storage URL {url!r}: use file://, s3://, gs://, az:// or memory://")
 
     async def create(self, path: str, data: bytes) -> None:

@@ -42,12 +42,12 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import msgspec
 
+from raytxn import testing_bugs
 from raytxn.errors import CompactionReset, CorruptLedger, InvalidArgument
 from raytxn.ids import EARLIEST, Position
 from raytxn.protocol.entry_format import EntryHeader, MessageRecord, encode_header, encode_message
 from raytxn.protocol.txn_buffer import AbortedTxn, HiddenSpans
 
-COMPACTION_FORMAT_VERSION = 1
 DEFAULT_DELETE_RETENTION_MS = 24 * 3600 * 1000  # Kafka's delete.retention.ms default
 DEFAULT_MAX_KEYS = 10_000_000
 COMPACTED_PRODUCER = "(compacted)"  # the producer a compacted read's entry headers name
@@ -157,7 +157,8 @@ class CompactionHorizon(msgspec.Struct, frozen=True):
     records: int
     tombstones: int
     dropped_tombstones_through: int = -1
-    format_version: int = COMPACTION_FORMAT_VERSION
+    # (v0.1.0 also wrote ``format_version: 1`` here, which decoding ignores: the horizon object's
+    # frame says its format, as every stored object's does: ``raytxn.ledger.formats``.)
 
 
 class CompactionResult(msgspec.Struct, frozen=True):
@@ -189,9 +190,6 @@ class Compactor:
     def __init__(self, previous: CompactionHorizon | None, kept: Iterable[KeptRecord], *,
                  max_read_position: Position, aborted: Sequence[AbortedTxn],
                  max_keys: int = DEFAULT_MAX_KEYS) -> None:
-        if previous is not None and previous.format_version > COMPACTION_FORMAT_VERSION:
-            raise CorruptLedger(f"compaction horizon of format {previous.format_version}, this release "
-                                f"reads up to {COMPACTION_FORMAT_VERSION}")
         if previous is not None and previous.horizon > max_read_position:
             raise CorruptLedger(f"published horizon {previous.horizon} is past max_read_position "
                                 f"{max_read_position}")
@@ -225,7 +223,7 @@ class Compactor:
             return
         if len(messages) != header.count:
             raise CorruptLedger(f"entry {position} says {header.count} messages, read {len(messages)}")
-        aborted = self._hidden.hides(header.txn, position)
+        aborted = self._hidden.hides(header.txn, position) and not testing_bugs.REINTRODUCED["compaction_keeps_aborted"]
         kept = [] if aborted else [
             KeptRecord(header.base_offset + index, position, message.key,
                        None if is_tombstone_value(message.value) else message.value, header.publish_time_ms,

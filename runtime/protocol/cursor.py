@@ -226,6 +226,10 @@ class Cursor:
         """The individually acked ranges ``[start, end)`` above the mark-delete bound, ascending."""
         return list(self._ranges.items())
 
+    def partially_acked(self) -> list[tuple[Position, int]]:
+        """``(position, how many batch indexes are still unacked)`` of each partially acked entry."""
+        return [(position, bits.bit_count()) for position, (_size, bits) in self._batches.items()]
+
     def stats(self) -> CursorStats:
         return CursorStats(self.mark_delete_position, self._acked_below, len(self._ranges), len(self._batches))
 

@@ -19,11 +19,13 @@ ledger order, live and in replay, and is the only mutator of durable state, as i
 
 The index keeps a point (offset, position) at the first entry applied in each ledger and then
 one at least every ``interval`` offsets: finding an offset reads at most ``interval`` offsets'
-worth of entries from the point at or below it. Retention deletes ledgers from the front; points
-below the trim point go with them (``prune``). The log start offset is the first point at or
-after the trim point, so entries between a trim point that is not at a ledger's start and the next
-point are not reachable by offset (retention trims at ledger starts in practice, and those are
-points).
+worth of entries from the point at or below it. Retention deletes entries from the front, at any
+entry (it follows the slowest subscription's mark, which is rarely a ledger's start); points below
+the trim point go with them (``prune``), and the partition then pins a point at the first entry
+kept (``pin``: its base offset, which the entry carries). The log start offset is the first point
+at or after the trim point, so without the pin every entry between the trim point and the next
+point would be unreachable by offset: a Kafka group whose committed offset lay there resumed at
+that next point (or at the high watermark), skipping messages it never consumed.
 
 Old entries without a base offset (written before offsets existed) get the offset the count gives
 them on apply, the same in every replay. A snapshot written before offsets existed has none: the
@@ -232,6 +234,30 @@ class OffsetIndex:
         del self._points[:keep]
         del self._offsets[:keep]
         return keep
+
+    def pin(self, position: Position, offset: int) -> bool:
+        """The entry at ``position``, the first one kept after a trim, has base offset ``offset``
+        (as it carries): make it a point, so the log start offset is its offset and every offset
+        from there is reachable. Only for an entry already applied (below ``next_offset``) and
+        below every point kept; a point already there changes nothing. Returns whether it added
+        one. ``CorruptLedger`` if the offset contradicts the points around it."""
+        if type(offset) is not int or not 0 <= offset < self._next_offset:
+            raise InvalidArgument(f"pin of {position} at offset {offset!r}: not an applied entry's offset "
+                                  f"(next offset {self._next_offset})")
+        i = bisect.bisect_left(self._points, position, key=lambda point: point.position)
+        if i < len(self._points) and self._points[i].position == position:
+            if self._points[i].offset != offset:
+                raise CorruptLedger(f"entry at {position} carries base offset {offset}, its index point says "
+                                    f"{self._points[i].offset}", str(position))
+            return False
+        if i > 0:
+            raise InvalidArgument(f"pin of {position}: points below it are still kept (prune first)")
+        if self._points and self._points[0].offset <= offset:
+            raise CorruptLedger(f"entry at {position} carries base offset {offset}, not below the next point's "
+                                f"{self._points[0].offset} at {self._points[0].position}", str(position))
+        self._points.insert(0, OffsetPoint(offset, position))
+        self._offsets.insert(0, offset)
+        return True
 
     # --- snapshots -------------------------------------------------------------------------
 

@@ -92,6 +92,7 @@ from collections.abc import Sequence
 
 import msgspec
 
+from raytxn import testing_bugs
 from raytxn.errors import (
     CorruptLedger,
     Fenced,
@@ -406,6 +407,24 @@ class TransactionBuffer:
         aborted = self._aborted.get(header.txn)
         return aborted is None or not aborted.first_position <= position <= aborted.marker_position
 
+    def txn_state(self, header: EntryHeader, position: Position) -> str:
+        """What became of the data entry ``header`` at ``position`` (applied here): ``committed``
+        (plain, or its txn committed), ``aborted`` (hidden by its txn's abort) or ``pending`` (its
+        txn is still open here). A committed entry past ``max_read_position`` is still held back
+        from readers by an older open txn (``is_visible`` says that)."""
+        if header.kind != "data":
+            raise InvalidArgument(f"txn_state is the state of a data entry, not of a {header.kind!r} marker")
+        if header.txn is None:
+            return "committed"
+        aborted = self._aborted.get(header.txn)
+        if aborted is not None and aborted.first_position <= position <= aborted.marker_position:
+            return "aborted"
+        ongoing = self._ongoing.get(header.txn)
+        if ongoing is not None and position >= ongoing.first_position:
+            return "pending"
+        # Ended without an abort covering it: its COMMIT marker is applied (txn ids are never reused).
+        return "committed"
+
     # --- appends ---------------------------------------------------------------------------
 
     def prepare_append(self, header: EntryHeader, previous_sequence: int = -1) -> AppendDecision:
@@ -657,7 +676,7 @@ class TransactionBuffer:
             applied_entries=self._applied_entries,
             ongoing=list(self._ongoing.values()),
             aborted=list(self._aborted.values()),
-            dedup=list(self._dedup.values()),
+            dedup=[] if testing_bugs.REINTRODUCED["snapshot_without_dedup"] else list(self._dedup.values()),
             low_watermarks=dict(sorted(self._low_watermarks.items())),
             offsets=self.offsets.snapshot(),
         )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +54,10 @@ KEY_SHARED_CHURN = 0.03          # per poll: a Key_Shared worker leaves a partit
 KEY_SHARED_AWAY_S = (0.0, 0.3)
 
 
+def _value_uid(record: bytes) -> str:
+    return decode_message(record).value.decode()
+
+
 @dataclass(frozen=True)
 class Workload:
     inputs: int = 56               # messages the pipeline moves, each in its own txn
@@ -87,6 +92,17 @@ class Workload:
     # When the coordinators answer a commit (CoordinatorConfig.commit_answer): "logged" answers
     # once COMMITTING is durable, and the markers reach the participants after the answer.
     commit_answer: str = "applied"
+    # The pipeline from "in" to "out" and the tid producers writing "out" (off: neither topic
+    # exists, for the workloads of their own below).
+    pipeline: bool = True
+    # Keyed writers on a compacted topic, compacting itself and compacted from outside, read by an
+    # auditing subscription and a table (compaction.py); its txn writers are tid_producers of
+    # tid_txns txns each, with abort, forget and refence.
+    compaction: bool = False
+    # A pipeline keeping keyed state in a compacted topic, committing outputs, state updates and
+    # input acks in one txn of its transactional id, its incarnations crashing mid-batch and
+    # left as zombies (stateful.py); it moves ``inputs`` inputs, aborting batches (``abort``).
+    stateful: bool = False
 
 
 @dataclass
@@ -231,11 +247,13 @@ class Driver:
 
     async def end(self, txn: TxnID, machine: TxnStateMachine, commit: bool, coordinators: CoordinatorClient,
                   epoch: int | None = None, tid: str | None = None,
-                  chain: tuple[list, list] | None = None, release: bool = False) -> TxnID | None:
+                  chain: tuple[list, list] | None = None, release: bool = False,
+                  applied: bool = False) -> TxnID | None:
         """Commit (unless the client's state machine says it cannot) or abort, as
         ``Transaction.commit``/``abort`` do, and record the outcome. With ``chain`` (partitions,
         subscriptions) a commit is ``commit_and_begin``: returns the next txn it began, if any.
-        With ``release`` the abort is ``release_unused``, as a client's unused chained txn's."""
+        With ``release`` the abort is ``release_unused``, as a client's unused chained txn's; with
+        ``applied`` a commit is answered once applied (``Transaction.commit(until_applied=True)``)."""
         if commit and machine.state is not TxnClientState.OPEN:
             commit = False  # ABORT_ONLY or TIMED_OUT: the client aborts instead
         issued = self.now()
@@ -254,8 +272,9 @@ class Driver:
                 state = await coordinators.ref(txn.tc_id).call_async("release_unused", txn, coordinators.owner,
                                                                      deadline_s=coordinators.deadline_s)
             else:
+                applying = (applied,) if applied else ()  # (as CoordinatorClient.end_txn sends it: only when set)
                 state = await coordinators.ref(txn.tc_id).call_async("end_txn", txn, action, coordinators.owner, epoch,
-                                                                     tid, deadline_s=coordinators.deadline_s)
+                                                                     tid, *applying, deadline_s=coordinators.deadline_s)
         except (TransactionTimedOut, InvalidTxnState) as error:
             # Timed out, or ended the other way already: the coordinator's answer names it (any
             # other state conflict leaves the outcome to the checker).
@@ -532,9 +551,9 @@ class Driver:
 
     # --- the end ---------------------------------------------------------------------------
 
-    async def drain(self, topic: str, subscription: str) -> None:
+    async def drain(self, topic: str, subscription: str, uid_of: Callable[[bytes], str] = _value_uid) -> None:
         """Every message still unacked on ``subscription``, from a fresh consumer, as the
-        history's final state."""
+        history's final state (``uid_of``: a message's uid, from its record)."""
         consumer = f"drain-{subscription}"
         found: list[tuple[int, MessageId, str]] = []
         for partition in range(self.w.partitions):
@@ -555,7 +574,7 @@ class Driver:
                 empty = 0
                 for ledger_id, entry_id, _size, _ms, indexes, _counts, records in reply["messages"]:
                     for k, batch_index in enumerate(indexes):
-                        uid = decode_message(records[k]).value.decode()
+                        uid = uid_of(records[k])
                         found.append((partition, MessageId(topic, partition, ledger_id, entry_id, batch_index), uid))
             else:
                 raise AssertionError(f"drain of {subscription} on {topic}-{partition} never ended")

@@ -116,6 +116,25 @@ PROFILES: dict[str, Profile] = {
     # Kafka's EndTxn): a worker's next txn appends and acks while the markers of the one before
     # are still on their way, and a coordinator that crashes after the answer re-drives them.
     "early-answer": _default_faults_running(Workload(chain_begin=True, commit_answer="logged")),
+    # default's faults on a compacted topic written by keyed txn writers (committed, aborted, left
+    # open, fenced) and plain ones resending, with tombstones; its partitions compact themselves
+    # past a small threshold while compactions from outside, some dying mid-way, race them
+    # (compaction.py). No pipeline: the crashes fall on the compacted topic's actors and the
+    # coordinators. Checked: every generation published holds the fold of the committed history
+    # up to its horizon and nothing aborted or open, the tables and the final compacted view plus
+    # tail equal that fold, fenced txns show nothing.
+    "compaction": _default_faults_running(Workload(pipeline=False, compaction=True, tid_producers=3, tid_txns=34)),
+    # default's faults and a pipeline keeping per-key counts in a compacted state topic, committing
+    # outputs, state updates and input acks in one txn (StatefulPipeline's rule), its
+    # incarnations crashing at every point of a batch and left as zombies, some batches aborted
+    # (stateful.py). Checked: each key's state counts its committed inputs exactly, every
+    # committed batch read the state as of exactly the inputs before it, the output holds each
+    # input once. 480 inputs make about 100 batches; the fault window is twice default's, so that a
+    # third of them run in it. The coordinators answer commits once logged (early-answer's
+    # setting), and the pipeline's own commits, as StatefulPipeline's, ask to be answered once
+    # applied: its next batch reads what they wrote.
+    "stateful": Profile(_DEFAULT_STORAGE, _DEFAULT_NETWORK, _DEFAULT_CRASHES, fault_window_s=6.0,
+                        workload=Workload(pipeline=False, stateful=True, inputs=480, commit_answer="logged")),
 }
 
 # ``--faults all``: each seed runs one of the faulty profiles in turn (seed modulo their number),

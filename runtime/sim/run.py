@@ -30,6 +30,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from raytxn.actors.compaction import NOT_COMPACTED
 from raytxn.actors.coordinator import TransactionCoordinator
@@ -39,6 +40,10 @@ from raytxn.config import CoordinatorConfig, PartitionConfig, SubscriptionConfig
 from raytxn.errors import InvalidArgument
 from raytxn.ids import SUPERVISOR_NAME, coordinator_actor_name, partition_actor_name, subscription_actor_name
 from raytxn.metrics import not_recorded
+from raytxn.sim import stateful
+from raytxn.sim.compacted import CompactedTopic, add_compacted_topics, numbered_nonces, one_of_each
+from raytxn.sim.compaction import KV, SUB_AUDIT, CompactionRun, kv_topic
+from raytxn.sim.compaction import uid_of as kv_uid_of
 from raytxn.sim.driver import SUB_PIPE, SUB_VERIFY, TOPIC_IN, TOPIC_OUT, Driver, Workload
 from raytxn.sim.gate import FaultGate
 from raytxn.sim.keyshared import violations as key_shared_violations
@@ -90,6 +95,7 @@ class SeedResult:
     # had them (the early-answer profile; a crashed incarnation's count is lost with it).
     answered_at_log: int = 0
     reintroduced: tuple[str, ...] = ()  # the historical bugs switched on for the run (testing_bugs)
+    workload_stats: dict[str, int] = field(default_factory=dict)  # what a workload of its own did
 
     @property
     def ok(self) -> bool:
@@ -115,8 +121,9 @@ def _configs() -> tuple[CoordinatorConfig, PartitionConfig, SubscriptionConfig]:
     partition = PartitionConfig(snapshot_every_txns=8, snapshot_interval_s=1.0, dangling_check_s=0.5)
     # Reads long-poll 0.5 s here, not the default 5 s: more reads per simulated second, more
     # interleavings with crashes and rewinds (and the recorded seeds keep their schedules).
+    # No backlog gauge (the simulator records no metrics): its partition reads would change the schedules.
     subscription = SubscriptionConfig(cursor_snapshot_interval_s=0.2, trim_interval_s=0.5, read_wait_s=0.5,
-                                      stale_txn_check_s=0.5)
+                                      stale_txn_check_s=0.5, backlog_metric_interval_s=None)
     return coordinator, partition, subscription
 
 
@@ -131,7 +138,7 @@ def build_world(loop: SimLoop, rng: random.Random, trace: Trace, profile: Profil
     for tc_id in range(workload.coordinators):
         world.add(coordinator_actor_name(tc_id),
                   lambda tc_id=tc_id, **seams: TransactionCoordinator(tc_id, config=coordinator_config, **seams))
-    for topic in (TOPIC_IN, TOPIC_OUT):
+    for topic in _plain_topics(workload):
         for p in range(workload.partitions):
             world.add(partition_actor_name(topic, p),
                       lambda topic=topic, p=p, **seams: PartitionBuffer(topic, p, config=partition_config,
@@ -143,13 +150,26 @@ def build_world(loop: SimLoop, rng: random.Random, trace: Trace, profile: Profil
                           topic, p, name, "earliest", config=subscription_config, **seams))
     if workload.doomed_topics:
         _add_doomed_topics(world, workload, partition_config, subscription_config)
+    if compacted := _compacted_topics(workload):
+        add_compacted_topics(world, compacted, partition_config, subscription_config)
     return world
 
 
+def _plain_topics(workload: Workload) -> list[str]:
+    return [TOPIC_IN, TOPIC_OUT] * workload.pipeline + [stateful.SRC, stateful.SINK] * workload.stateful
+
+
+def _compacted_topics(workload: Workload) -> list[CompactedTopic]:
+    return ([kv_topic(workload.partitions)] * workload.compaction
+            + [stateful.state_topic(workload.partitions)] * workload.stateful)
+
+
 def _subscriptions(workload: Workload) -> list[tuple[str, str]]:
-    """(topic, subscription) of the run's subscriptions (the lease holders' own, on the output,
-    only when there are some, so other runs keep their traces)."""
-    subscriptions = [(TOPIC_IN, SUB_PIPE), (TOPIC_OUT, SUB_VERIFY)]
+    """(topic, subscription) of the run's subscriptions on plain topics (the lease holders' own,
+    on the output, only when there are some, so other runs keep their traces)."""
+    subscriptions = [(TOPIC_IN, SUB_PIPE), (TOPIC_OUT, SUB_VERIFY)] if workload.pipeline else []
+    if workload.stateful:
+        subscriptions += [(stateful.SRC, stateful.SUB_INPUT), (stateful.SINK, stateful.SUB_OUTPUT)]
     if workload.lease_holders:
         subscriptions.append((TOPIC_OUT, SUB_LEASE))
     return subscriptions
@@ -174,16 +194,35 @@ def _add_doomed_topics(world: World, workload: Workload, partition_config: Parti
                                                             config=subscription_config, **seams))
 
 
-async def _scenario(world: World, driver: Driver, profile: Profile, workload: Workload) -> None:
+@dataclass
+class _Extras:
+    """The state of the workloads of their own a run has (None: not in this run)."""
+
+    compaction: CompactionRun | None = None
+    keyed_state: stateful.StatefulRun | None = None
+
+    def jobs(self) -> list[Any]:
+        return [*(self.compaction.jobs() if self.compaction else []),
+                *(self.keyed_state.jobs() if self.keyed_state else [])]
+
+    def stats(self) -> dict[str, int]:
+        return {**(self.compaction.stats() if self.compaction else {}),
+                **(self.keyed_state.stats() if self.keyed_state else {})}
+
+
+async def _scenario(world: World, driver: Driver, profile: Profile, workload: Workload, extras: _Extras) -> None:
     loop = world.loop
     crashable = [name for name in world.names() if profile.crashes.mean_interval_s > 0]
     nemesis = loop.create_task(world.nemesis(crashable, profile.fault_window_s))
-    jobs = [loop.create_task(driver.seed_inputs())]
-    jobs += [loop.create_task(driver.tid_producer(i)) for i in range(workload.tid_producers)]
-    if workload.exclusive_turns:
-        jobs += [loop.create_task(exclusive_turns(driver, p)) for p in range(workload.partitions)]
-    else:
-        jobs += [loop.create_task(driver.worker(i)) for i in range(workload.workers)]
+    jobs = []
+    if workload.pipeline:
+        jobs += [loop.create_task(driver.seed_inputs())]
+        jobs += [loop.create_task(driver.tid_producer(i)) for i in range(workload.tid_producers)]
+        if workload.exclusive_turns:
+            jobs += [loop.create_task(exclusive_turns(driver, p)) for p in range(workload.partitions)]
+        else:
+            jobs += [loop.create_task(driver.worker(i)) for i in range(workload.workers)]
+    jobs += [loop.create_task(job) for job in extras.jobs()]
     doomed = [loop.create_task(doomed_topic(driver, i)) for i in range(workload.doomed_topics)]
     jobs += [loop.create_task(pipelined_producer(driver, i, TOPIC_OUT, workload.pipelined_messages))
              for i in range(workload.pipelined_producers)]
@@ -211,8 +250,17 @@ async def _scenario(world: World, driver: Driver, profile: Profile, workload: Wo
     for tc_id, (low, next_sequence) in enumerate(await driver.low_watermarks()):
         if low != next_sequence - 1:
             raise Failure(f"liveness: coordinator {tc_id} low watermark {low}, next sequence {next_sequence}")
-    await driver.drain(TOPIC_OUT, SUB_VERIFY)
-    await driver.drain(TOPIC_IN, SUB_PIPE)
+    if workload.pipeline:
+        await driver.drain(TOPIC_OUT, SUB_VERIFY)
+        await driver.drain(TOPIC_IN, SUB_PIPE)
+    if extras.compaction is not None:
+        await driver.drain(KV, SUB_AUDIT, uid_of=kv_uid_of)
+        await extras.compaction.finish()
+    if extras.keyed_state is not None:
+        await asyncio.sleep(2 * stateful.LEASE_TIMEOUT_S)  # a lease a crashed incarnation left standing expires
+        await driver.drain(stateful.SINK, stateful.SUB_OUTPUT)
+        await driver.drain(stateful.SRC, stateful.SUB_INPUT)
+        await extras.keyed_state.finish()
     if workload.lease_holders:
         await asyncio.sleep(2 * LEASE_TIMEOUT_S)  # a lease the holders left standing expires
         await driver.drain(TOPIC_OUT, SUB_LEASE)
@@ -222,12 +270,14 @@ async def _scenario(world: World, driver: Driver, profile: Profile, workload: Wo
 def _check_actor_invariants(world: World, workload: Workload) -> None:
     for tc_id in range(workload.coordinators):
         world.actor(coordinator_actor_name(tc_id)).state.check_invariants()
-    for topic in (TOPIC_IN, TOPIC_OUT):
+    compacted = _compacted_topics(workload)
+    for topic in [*_plain_topics(workload), *(t.name for t in compacted)]:
         for p in range(workload.partitions):
             ongoing = world.actor(partition_actor_name(topic, p)).buffer.ongoing_coordinators()
             if ongoing:
                 raise Failure(f"liveness: partition {topic}-{p} still has ongoing txns of coordinators {ongoing}")
-    for topic, name in _subscriptions(workload):
+    for topic, name in [*_subscriptions(workload),
+                        *((t.name, sub) for t in compacted for sub in (*t.subscriptions, *t.uncatalogued))]:
         for p in range(workload.partitions):
             state = world.actor(subscription_actor_name(topic, p, name)).state
             state.pending.check_invariants()
@@ -258,10 +308,13 @@ def run_seed(seed: int, profile_name: str = "default", workload: Workload | None
     loop.set_exception_handler(lambda _loop, _context: None)
     world = build_world(loop, rng, trace, profile, workload, schedule.gate(trace))
     driver = Driver(world, rng, workload, history)
+    extras = _Extras(CompactionRun(driver) if workload.compaction else None,
+                     stateful.StatefulRun(driver) if workload.stateful else None)
     failure: str | None = None
-    with _quiet_logs(), _fewer_collections(), not_recorded():
+    with _quiet_logs(), _fewer_collections(), not_recorded(), numbered_nonces():
         try:
-            loop.run_until_complete(asyncio.wait_for(_scenario(world, driver, profile, workload), MAX_VIRTUAL_S))
+            loop.run_until_complete(asyncio.wait_for(_scenario(world, driver, profile, workload, extras),
+                                                     MAX_VIRTUAL_S))
         except Failure as found:
             failure = str(found)
         except TimeoutError:
@@ -297,6 +350,12 @@ def run_seed(seed: int, profile_name: str = "default", workload: Workload | None
         elif workload.lease_holders and (broken_leases := lease_violations(
                 driver.lease_acks, report.txn_outcomes, driver.lease_read_errors)):
             failure = f"leases: {'; '.join(broken_leases)}"
+        elif extras.compaction is not None and (broken_compaction := extras.compaction.violations(
+                history, report.txn_outcomes)):
+            failure = f"compaction: {'; '.join(one_of_each(broken_compaction))}"
+        elif extras.keyed_state is not None and (broken_state := extras.keyed_state.violations(
+                history, report.txn_outcomes)):
+            failure = f"stateful: {'; '.join(one_of_each(broken_state))}"
     if failure is None and workload.pipelined_producers and (
             broken_pipeline := pipelined_violations(history, TOPIC_OUT, SUB_VERIFY, driver.pipelined_acked,
                                                    driver.pipelined_failed)):
@@ -315,7 +374,7 @@ def run_seed(seed: int, profile_name: str = "default", workload: Workload | None
                       check=None if extra_check is None else check_spec(extra_check), chained=counts.chained,
                       released=counts.released, answered_at_log=_answered_at_log(world, workload),
                       txns_started=driver.txns_started, fault_kinds=dict(sorted(world.gate.counts.items())),
-                      reintroduced=active())
+                      reintroduced=active(), workload_stats=extras.stats())
 
 
 def _answered_at_log(world: World, workload: Workload) -> int:

@@ -64,6 +64,9 @@ class SimStorage(Storage):
         self._paths: SortedList = SortedList()
         self.faults_on = True
         self.injected = 0
+        # Called with (path, data) as an object is created: a harness's observers (the compaction
+        # profile keeps every compacted generation published, also those deleted since).
+        self.on_create: list[Callable[[str, bytes], None]] = []
 
     # --- the store's own behaviour ---------------------------------------------------------
 
@@ -95,6 +98,8 @@ class SimStorage(Storage):
             raise ObjectExists(path)
         self._objects[path] = (bytes(data), self._clock_ms())
         self._paths.add(path)
+        for observer in self.on_create:
+            observer(path, self._objects[path][0])
         await self._sleep(latency / 2)
         if self._fails("put_reply_lost", "put_reply_lost", path):
             raise StorageUnavailable(f"put {path}: injected lost reply")
@@ -144,6 +149,13 @@ class SimStorage(Storage):
             yield path
 
     # --- for the harness -------------------------------------------------------------------
+
+    def place(self, path: str, data: bytes) -> None:
+        """An object stored before the run begins (what a setup wrote): no latency, no fault, and
+        no draw of the run's random numbers."""
+        assert path not in self._objects, path
+        self._objects[path] = (bytes(data), self._clock_ms())
+        self._paths.add(path)
 
     def object_count(self) -> int:
         return len(self._objects)

@@ -210,13 +210,16 @@ BENCHMARKS: dict[str, Callable[..., list[dict]]] = {
     "s3": _lazy("raytxn.tools.bench_s3", "bench_s3"),
     "soak": _lazy("raytxn.tools.bench_soak", "bench_soak"),
     "peers": _lazy("raytxn.tools.bench_peers", "bench_peers"),
+    "aio": _lazy("raytxn.tools.bench_aio", "bench_aio"),
+    "console": _lazy("raytxn.tools.bench_console", "bench_console"),
 }
 
 
 # The extras a benchmark needs beyond `bench` (which every run needs, for the chart): `raytxn bench`
 # checks them before it starts, so a missing one is named at once, not after minutes of others.
 BENCH_EXTRAS: dict[str, tuple[str, ...]] = {"spark": ("spark",), "kafka": ("kafka",), "gateways": ("kafka",),
-                                            "peers": ("kafka", "spark")}
+                                            "peers": ("kafka", "spark"), "aio": ("serve",),
+                                            "console": ("console",)}
 
 
 def required_extras(names: list[str]) -> list[str]:
@@ -229,6 +232,8 @@ SIZE_OPTIONS: dict[str, tuple[str, ...]] = {
     "soak": ("minutes", "feed_per_s", "fault_interval_s", "seed", "warmup_s", "interval_s", "storage"),
     "peers": ("rounds", "messages", "seconds", "samples", "eos_messages", "spark", "spark_rows", "spark_batch",
               "kafka_bootstrap"),
+    "aio": ("rounds", "messages", "samples"),
+    "console": ("topics", "txns", "rounds"),
 }
 
 

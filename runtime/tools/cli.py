@@ -35,6 +35,8 @@ app.add_typer(token_app, name="token")
 app.add_typer(topics_app, name="topics")
 app.add_typer(subs_app, name="subs")
 app.add_typer(txns_app, name="txns")
+console_app = typer.Typer(help="The operations console in the browser, and Grafana dashboards.")
+app.add_typer(console_app, name="console")
 console = Console(width=160)
 err_console = Console(width=160, stderr=True)  # warnings, apart from what --json prints
 
@@ -105,11 +107,16 @@ def start(storage: Annotated[str, typer.Option("--storage", help="storage URL")]
           auth_secret_file: Annotated[Path | None, typer.Option(
               "--auth-secret-file", help="turn auth on: the secret tokens are signed with")] = None,
           superuser: Annotated[list[str] | None, typer.Option(
-              "--superuser", help="a superuser principal (repeat; default admin)")] = None) -> None:
+              "--superuser", help="a superuser principal (repeat; default admin)")] = None,
+          write_format: Annotated[int | None, typer.Option(
+              "--write-format", help="the storage format to write (default: the previous release's newest; "
+                                     "see Formats and upgrades)")] = None) -> None:
     """Start a local Ray cluster (if none runs) and the raytxn engine on it."""
     import ray
 
     config: dict[str, Any] = {}
+    if write_format is not None:
+        config["storage_options"] = {"write_format": write_format}
     if auth_secret_file is not None:
         config["auth_secret"] = _read_secret(auth_secret_file)
     if superuser:
@@ -256,6 +263,69 @@ def kafka(port: Annotated[int, typer.Option("--port", help="TCP port Kafka clien
                   + (" (client certificates required)" if gateway["mtls"] else ""))
 
 
+@console_app.callback(invoke_without_command=True)
+def console_command(ctx: typer.Context,
+                    port: Annotated[int, typer.Option(
+                        "--port", help="TCP port of the web console (0: any free)")] = 8080,
+                    bind_host: Annotated[str, typer.Option(
+                        "--bind-host", help="interface to listen on (another than loopback: put TLS in front)")
+                    ] = "127.0.0.1",
+                    refresh_s: Annotated[float, typer.Option(
+                        "--refresh-s", help="how old the shared stats of live actors may get before a page "
+                                            "refreshes them")] = 2.0,
+                    address: Address = "auto", as_json: Json = False) -> None:
+    """Start the web console on the cluster (a Ray actor serving --port): topics, subscriptions and
+    Kafka groups with their backlog in messages, transactions (a superuser may abort one),
+    a message browser showing each message's transaction state, health. Users log in with a
+    raytxn token and act as its principal. `raytxn console stop` ends it; `raytxn console
+    grafana` writes Grafana dashboards of the engine's metrics."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from raytxn.console.app import start_console
+
+    try:  # its error before anything starts, as `raytxn kafka` does
+        require_extra("console")
+    except MissingExtra as e:
+        console.print(str(e), style="red", markup=False)
+        raise typer.Exit(2) from None
+    with _client(address):
+        try:
+            served = start_console(port, bind_host=bind_host, refresh_s=refresh_s)
+        except (MissingExtra, RaytxnError) as e:
+            console.print(f"{type(e).__name__}: {e}", style="red", markup=False)
+            raise typer.Exit(2 if isinstance(e, MissingExtra) else 1) from None
+    served.pop("actor")
+    if served.get("warning"):
+        err_console.print(f"[bold yellow]warning:[/] {served['warning']}")
+    if as_json:
+        print(json.dumps(served))
+        return
+    console.print(f"raytxn console serving at {served['url']}"
+                  + (" (log in with a raytxn token)" if served["auth"] else " (auth off: no login)"))
+
+
+@console_app.command("stop")
+def console_stop(port: Annotated[int, typer.Option("--port", help="the console's port")] = 8080,
+                 address: Address = "auto") -> None:
+    """End the console serving --port."""
+    from raytxn.console.app import stop_console
+
+    with _client(address):
+        stopped = stop_console(port)
+    console.print(f"stopped the console on port {port}" if stopped else f"no console serves port {port}")
+
+
+@console_app.command("grafana")
+def console_grafana(out: Annotated[Path, typer.Option("--out", help="folder to write the dashboards' JSON into")]
+                    = Path("grafana")) -> None:
+    """Write Grafana dashboards of the engine's metrics (Prometheus data source; import them in
+    Grafana or provision the folder)."""
+    from raytxn.console.grafana import write_dashboards
+
+    for path in write_dashboards(out):
+        console.print(f"wrote {path}")
+
+
 # --- topics ----------------------------------------------------------------------------------------
 
 
@@ -292,6 +362,27 @@ def topics_stats(name: str, address: Address = "auto", as_json: Json = False) ->
     _emit(stats["partition_stats"], False, f"topic {name}",
           ["partition", "incarnation", "applied_entries", "max_read_position", "last_position", "ongoing_txns",
            "aborted_txns", "oldest_ongoing", "oldest_ongoing_age_ms", "duplicates"])
+
+
+@topics_app.command("browse")
+def topics_browse(name: str, partition: Annotated[int, typer.Option("--partition", "-p")] = 0,
+                  offset: Annotated[int | None, typer.Option(
+                      "--offset", help="the first Kafka offset (default: the last --count offsets)")] = None,
+                  count: Annotated[int, typer.Option("--count", "-n", min=1, max=500)] = 20,
+                  address: Address = "auto", as_json: Json = False) -> None:
+    """A partition's messages with their transactions' states (committed, aborted, pending) and
+    the transaction markers, as the console's message browser shows them (consume permission)."""
+    with _client(address) as client:
+        page = client.browse(name, partition, offset, count)
+    if page["out_of_range"]:
+        console.print(f"[red]offset {offset} is outside {name}/{partition}: "
+                      f"{page['log_start']}..{page['high_watermark']}[/red]")
+        raise typer.Exit(2)
+    if as_json:
+        print(json.dumps(page, default=str))
+        return
+    _emit(page["rows"], False, f"{name}/{partition} offsets {page['log_start']}..{page['high_watermark']}",
+          ["offset", "position", "kind", "state", "txn", "key", "value_preview", "readable"])
 
 
 @topics_app.command("delete")
@@ -387,15 +478,6 @@ def whoami(address: Address = "auto", as_json: Json = False) -> None:
 # --- subscriptions -----------------------------------------------------------------------------
 
 
-def _sub_stats(client: Any, topic: str, subscription: str) -> list[dict[str, Any]]:
-    from raytxn.client.rpc import ActorRef
-    from raytxn.ids import subscription_actor_name
-
-    partitions = client.get_topic(topic)["partitions"]
-    return [{"partition": p, **ActorRef(subscription_actor_name(topic, p, subscription), client.token).call("stats")}
-            for p in range(partitions)]
-
-
 @subs_app.command("list")
 def subs_list(topic: str, address: Address = "auto", as_json: Json = False) -> None:
     with _client(address) as client:
@@ -405,9 +487,13 @@ def subs_list(topic: str, address: Address = "auto", as_json: Json = False) -> N
 
 @subs_app.command("stats")
 def subs_stats(topic: str, subscription: str, address: Address = "auto", as_json: Json = False) -> None:
+    """Each partition's cursor, consumers, leases and backlog: ``backlog_messages`` counts the
+    messages still to consume (markers and aborted messages not), ``backlog_entries`` entries."""
     with _client(address) as client:
-        rows = _sub_stats(client, topic, subscription)
-    _emit(rows, as_json, f"{topic} / {subscription}")
+        rows = client.subscription_stats(topic, subscription)
+    _emit(rows, as_json, f"{topic} / {subscription}", None if as_json else
+          ["partition", "type", "backlog_messages", "backlog_exact", "backlog_entries", "unacked",
+           "mark_delete_position", "consumers", "leases", "pending_ack"])
 
 
 @subs_app.command("reset")
@@ -468,6 +554,15 @@ def txns_show(txn: str, address: Address = "auto", as_json: Json = False) -> Non
     with _client(address) as client:
         info = client.describe_transaction(txn_id)
     _emit(info, as_json, str(txn_id))
+
+
+@txns_app.command("recent")
+def txns_recent(limit: Annotated[int, typer.Option("--limit", min=1)] = 20,
+                address: Address = "auto", as_json: Json = False) -> None:
+    """How the transactions that finished last ended, per coordinator (superusers)."""
+    with _client(address) as client:
+        rows = client.recent_transactions(limit)
+    _emit(rows, as_json, "recent outcomes", ["txn", "outcome"])
 
 
 @txns_app.command("abort")
@@ -537,8 +632,9 @@ def bench_command(
     minutes: Annotated[float | None, typer.Option(
         "--minutes", min=0, help="bench soak: how long it runs (default 30; --short: 1)")] = None,
     sizes: Annotated[list[str] | None, typer.Option(
-        "--size", help="KEY=VALUE, a size option of the one benchmark run (bench peers: "
-                       f"{', '.join(bench.SIZE_OPTIONS['peers'])}); repeat for more")] = None,
+        "--size", help="KEY=VALUE, a size option of the one benchmark run (" + "; ".join(
+            f"bench {name}: {', '.join(keys)}" for name, keys in bench.SIZE_OPTIONS.items()) + "); repeat for more")
+    ] = None,
 ) -> None:
     """Run benchmarks, print their tables (every figure of every row), write JSON and a chart."""
     names = names or list(bench.BENCHMARKS)

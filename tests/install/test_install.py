@@ -144,7 +144,8 @@ def test_the_core_install_runs_the_quickstart_and_names_the_missing_extras(tmp_p
     assert "'pyspark'" in lines[1] and "'raydp'" in lines[2] and "pip install 'raytxn[spark]'" in lines[2]
 
     # the CLI's commands that need an extra: its error, exit code 2, no traceback, nothing started
-    for argv, extra in ((["kafka", "--port", "0"], "kafka"), (["bench", "kafka", "--short"], "bench")):
+    for argv, extra in ((["kafka", "--port", "0"], "kafka"), (["bench", "kafka", "--short"], "bench"),
+                        (["console", "--port", "0"], "console")):
         cli = _run([str(bin_dir / "raytxn"), *argv], cwd=tmp_path, timeout=120)
         output = cli.stdout + cli.stderr
         assert cli.returncode == 2, output

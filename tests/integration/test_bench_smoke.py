@@ -193,3 +193,47 @@ def test_bench_compaction_short_takes_each_figure_beside_its_floor(tmp_path: Pat
     assert wordcount["ratio"] == pytest.approx(wordcount["records_per_s"] / wordcount["stateless_records_per_s"],
                                                abs=0.001)
     assert missing_figures(rows, stdout) == [], stdout
+
+
+@pytest.mark.extended
+@pytest.mark.slow(seconds=60)
+def test_bench_aio_short_takes_each_async_figure_beside_the_sync_one_in_the_same_rounds(tmp_path: Path) -> None:
+    """Produce and consume through raytxn.aio and the sync API in the same rounds, and a Serve
+    replica's request latency idle, while its consumer awaits an empty topic, and (the reference)
+    while a sync receive holds its loop."""
+    rows, stdout = run_bench("aio", tmp_path, timeout_s=400)
+    throughputs = [row for row in rows if "msgs_per_s" in row]
+    operations = ["produce", "consume", "batch"]
+    assert [row["case"].split(":")[0] for row in throughputs] == [o for o in operations for _ in "sa"]
+    for row in throughputs:
+        assert row["rounds"] == 2 and len(row["all_rounds"]) == 2 and min(row["all_rounds"]) > 0
+        assert row["msgs_per_s"] == pytest.approx(max(row["all_rounds"]), abs=0.1)
+        assert 0 < row["caller_us_per_msg"] < 1000
+    ratios = [row for row in rows if "median_round_ratio" in row and "ratio" in row]
+    assert [row["case"] for row in ratios] == [f"{o}: async/sync throughput ratio" for o in operations]
+    for ratio, sync, async_ in zip(ratios, throughputs[::2], throughputs[1::2], strict=True):
+        assert ratio["ratio"] == pytest.approx(async_["msgs_per_s"] / sync["msgs_per_s"], abs=0.001)
+        assert ratio["caller_cpu_ratio"] == pytest.approx(
+            async_["caller_us_per_msg"] / sync["caller_us_per_msg"], abs=0.01)
+    idle, waiting, held, serve = rows[-4:]
+    assert idle["rounds"] == waiting["rounds"] == 2 and idle["p50_ms"] > 0 and waiting["p50_ms"] > 0
+    assert serve["p50_ratio"] == pytest.approx(waiting["p50_ms"] / idle["p50_ms"], abs=0.001)
+    assert held["p50_ms"] >= 150  # a loop held by a 0.2 s receive: what the target guards against
+    assert missing_figures(rows, stdout) == [], stdout
+
+
+@pytest.mark.extended
+@pytest.mark.slow(seconds=90)
+def test_bench_console_short_loads_every_page_beside_its_floor(tmp_path: Path) -> None:
+    """Every page of the console, loaded over HTTP beside the engine calls it makes, with 200
+    topics and 20 open transactions: each well within the console's 1 s."""
+    rows, stdout = run_bench("console", tmp_path, timeout_s=600)
+    assert [row["page"] for row in rows][:2] == ["topics", "topics, last page"] and len(rows) == 8
+    for row in rows:
+        assert row["topics"] == 200 and row["open_txns"] == 20 and row["loads"] == 5
+        assert 0 < row["floor_p50_ms"] and row["vs_floor"] == pytest.approx(row["p50_ms"] / row["floor_p50_ms"],
+                                                                           rel=0.05)
+        assert row["under_1s"] and row["bytes"] > 1000
+    # the catalog, the health rows, the 2 coordinators, and the live actors' stats and backlogs
+    assert rows[0]["snapshot_calls"] > 4 and rows[0]["snapshot_s"] > 0
+    assert missing_figures(rows, stdout) == [], stdout

@@ -161,6 +161,42 @@ def test_hanging_transactions_through_the_client_api(client: rt.Client) -> None:
         client.abort_transaction(young.id)
 
 
+@pytest.mark.slow(seconds=15)
+def test_browse_recent_backlog_and_the_console_commands(client: rt.Client) -> None:
+    import socket
+    import urllib.request
+
+    topic = f"cli-b-{uuid.uuid4().hex[:6]}"
+    client.create_topic(topic, 1)
+    client.create_subscription(topic, "cli-sub", "earliest")
+    producer = client.create_producer(topic)
+    producer.send(b"plain")
+    aborted = client.new_transaction()
+    producer.send(b"dropped", txn=aborted)
+    aborted.abort()
+    page = run_json("topics", "browse", topic)
+    assert [(r["kind"], r["state"]) for r in page["rows"]] == [("data", "committed"), ("data", "aborted"),
+                                                               ("abort", "marker")]
+    bad = runner.invoke(app, ["topics", "browse", topic, "--offset", "99"])
+    assert bad.exit_code == 2 and "outside" in bad.output
+    consumer = client.subscribe(topic, "cli-sub")  # live: it counts its own backlog
+    (row,) = run_json("subs", "stats", topic, "cli-sub")
+    assert row["backlog_messages"] == 1 and row["backlog_exact"]  # the plain message; not the aborted, not the marker
+    consumer.close()
+    assert {"txn": str(aborted.id), "tc_id": aborted.id.tc_id, "sequence": aborted.id.sequence,
+            "outcome": "ABORTED"} in run_json("txns", "recent")
+    with socket.socket() as probe:  # a free port for the console's named actor
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    served = run_json("console", "--port", str(port))
+    assert served["url"] == f"http://127.0.0.1:{port}/" and served["auth"] is False
+    assert run_json("console", "--port", str(port))["url"] == served["url"]  # the same console again
+    with urllib.request.urlopen(f"{served['url']}topics?q={topic}", timeout=30) as response:  # auth off: no login
+        assert response.status == 200 and f'data-topic="{topic}"' in response.read().decode()
+    assert "stopped the console" in run("console", "stop", "--port", str(port))
+    assert "no console serves" in run("console", "stop", "--port", str(port))
+
+
 def test_stop_in_another_process_stops_the_engine_not_a_ray_it_did_not_start(client: rt.Client) -> None:
     """Last in the module: it stops the module's engine. `raytxn stop` runs as its own process
     attached to this session's Ray, which it did not start, so Ray must keep running."""
@@ -204,3 +240,4 @@ def test_start_in_another_process_starts_an_engine_with_auth(ray_session: object
         ops.close()
     finally:
         stop_engine(create_token(secret, "ops"))
+

@@ -669,6 +669,36 @@ def test_committed_offsets_outlive_the_gateway_and_the_subscription_actor(client
         ray.kill(other["actor"], no_restart=True)
 
 
+def test_a_group_resumes_at_its_offset_after_retention_trims_below_it(client: rt.Client, bootstrap: str) -> None:
+    """Retention follows the group's committed offset, which is rarely at a ledger's start: after
+    the trim, the log start offset is the committed one and the group resumes there, through a
+    partition restart too. Before the fix the trim point was no offset index point: the log start
+    jumped to the high watermark, the committed offset 4 read back as 10 and the group skipped
+    every message it had not consumed."""
+    from confluent_kafka import TopicPartition
+
+    from raytxn.ids import partition_actor_name
+    from tests.engine import partition_ref, restart_actor
+
+    topic, group = new_topic(client), f"g-{uuid.uuid4().hex[:8]}"
+    for i in range(10):  # an entry each, so the trim can fall inside the ledger
+        produce(bootstrap, topic, [f"r{i}".encode()])
+    consumer = group_consumer(bootstrap, group)
+    consumer.commit(offsets=[TopicPartition(topic, 0, 4)], asynchronous=False)
+    consumer.close()
+    partition = partition_ref(topic)
+    assert partition.call("apply_retention")["trimmed_below"] != "<0,0>"   # the group's mark: trimmed below it
+    assert partition.call("kafka_offsets")["log_start"] == 4
+    for _ in range(2):  # now, and after a restart recovering from a snapshot older than the trim's pin
+        later = group_consumer(bootstrap, group)
+        assert [tp.offset for tp in later.committed([TopicPartition(topic, 0)], timeout=30)] == [4]
+        later.subscribe([topic])
+        assert [m.value() for m in poll_values(later, 6, quiet_s=0.5)] == [f"r{i}".encode() for i in range(4, 10)]
+        later.close()
+        restart_actor(partition_actor_name(topic, 0))
+        assert partition.call("kafka_offsets")["log_start"] == 4
+
+
 def test_commit_metadata_is_kept_durably_and_with_transactions(client: rt.Client, bootstrap: str) -> None:
     """A committed offset's metadata string comes back from OffsetFetch after a restart of the
     subscription actor; a transactional producer's offsets keep theirs when the transaction

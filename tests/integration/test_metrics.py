@@ -11,14 +11,12 @@ lowering it). Topic-tagged series are exact, because every topic here has a fres
 from __future__ import annotations
 
 import time
-import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
 import ray
-from prometheus_client.parser import text_string_to_metric_families
 
 import raytxn as rt
 from raytxn.client.rpc import ActorRef
@@ -27,62 +25,11 @@ from raytxn.errors import ParticipantEndFailed
 from raytxn.ids import NAMESPACE, partition_actor_name
 from raytxn.tools.testing import start_participant
 from tests.engine import engine_client
+from tests.prometheus import Scrape, delta, scrape, select, total, wait_for_metrics
 
 pytestmark = pytest.mark.ray
 
-EXPORT_DEADLINE_S = 90.0  # a few of Ray's report intervals
 SUBSCRIPTION = "metrics-sub"
-
-# (sample name, sorted label items) -> value
-Scrape = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def metrics_url() -> str:
-    """The Prometheus endpoint of the node this driver runs on."""
-    node_id = ray.get_runtime_context().get_node_id()
-    node = next(n for n in ray.nodes() if n["NodeID"] == node_id)
-    return f"http://127.0.0.1:{node['MetricsExportPort']}/metrics"
-
-
-def scrape() -> Scrape:
-    with urllib.request.urlopen(metrics_url(), timeout=10) as response:
-        text = response.read().decode()
-    samples: Scrape = {}
-    for family in text_string_to_metric_families(text):
-        if not family.name.startswith("ray_raytxn_"):
-            continue
-        for sample in family.samples:
-            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return samples
-
-
-def select(samples: Scrape, name: str, **labels: str) -> dict[tuple[tuple[str, str], ...], float]:
-    """The series of sample ``name`` whose labels include ``labels``."""
-    return {key: value for (sample, key), value in samples.items()
-            if sample == name and all(dict(key).get(k) == v for k, v in labels.items())}
-
-
-def total(samples: Scrape, name: str, **labels: str) -> float:
-    return sum(select(samples, name, **labels).values())
-
-
-def delta(now: Scrape, before: Scrape, name: str, **labels: str) -> float:
-    """How much the matching series grew since ``before`` (series that vanished count as 0)."""
-    earlier = select(before, name, **labels)
-    return sum(value - earlier.get(key, 0.0) for key, value in select(now, name, **labels).items())
-
-
-def wait_for_metrics(check: Callable[[Scrape], bool], what: str) -> Scrape:
-    """Scrape until ``check`` holds; fails with the last raytxn series after the deadline."""
-    deadline = time.monotonic() + EXPORT_DEADLINE_S
-    while True:
-        samples = scrape()
-        if check(samples):
-            return samples
-        if time.monotonic() > deadline:
-            shown = "\n".join(f"{name} {dict(key)} {value}" for (name, key), value in sorted(samples.items()))
-            pytest.fail(f"metrics never showed {what} within {EXPORT_DEADLINE_S}s; raytxn series:\n{shown}")
-        time.sleep(0.5)
 
 
 @dataclass

@@ -170,3 +170,28 @@ def test_an_actor_the_cluster_has_no_room_for_is_a_clear_error(client: rt.Client
         assert not live(coordinator_actor_name(0))  # the pending actor was removed
     finally:
         stop_engine()
+
+
+def test_watching_an_idle_actor_does_not_keep_it(client: rt.Client) -> None:
+    """Stats and backlog counts are observations, not traffic (an operator's console asks them
+    every second or two): an idle partition and subscription asked them all along are passivated
+    all the same. Before, every stats call counted as a call, and a watched actor never passivated."""
+    topic = new_topic(client, prefix="watched")
+    partition, sub = partition_actor_name(topic, 0), subscription_actor_name(topic, 0, "s")
+    client.create_producer(topic).send(b"one")
+    consumer = client.subscribe(topic, "s", initial_position="earliest")
+    consumer.acknowledge(receive_all(consumer, 1)[0])
+    consumer.close()
+    handles = {name: ray.get_actor(name, namespace=NAMESPACE) for name in (partition, sub)}  # no activation
+    deadline = time.monotonic() + 30 * IDLE_S
+    while any(live(name) for name in handles):
+        assert time.monotonic() < deadline, "a watched idle actor was never passivated"
+        for name, handle in handles.items():
+            if live(name):
+                try:
+                    ray.get(handle.stats.remote(**({"backlog": True} if name == sub else {"storage": True})),
+                            timeout=10)
+                except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError, ray.exceptions.GetTimeoutError):
+                    pass  # passivating as it was asked
+        time.sleep(0.3 * IDLE_S)
+    assert row(client, partition)["passivations"] >= 1 and row(client, sub)["passivations"] >= 1

@@ -15,10 +15,12 @@ from rich.console import Console
 
 from raytxn.tools import (
     bench,
+    bench_aio,
     bench_auth,
     bench_ceiling,
     bench_commit,
     bench_compaction,
+    bench_console,
     bench_gateways,
     bench_kafka,
     bench_peers,
@@ -83,8 +85,23 @@ def _soak() -> list[dict]:
 
 
 ROWS: dict[str, Callable[[], list[dict]]] = {
+    "aio": lambda: [*bench_aio.throughput_rows(5_000, {"produce-sync": [200_000.5, 210_000.25],
+                                                       "produce-async": [190_000.25, 205_000.75],
+                                                       "consume-sync": [300_000.5, 290_000.25],
+                                                       "consume-async": [280_000.75, 285_000.5],
+                                                       "batch-sync": [400_000.5, 410_000.25],
+                                                       "batch-async": [395_000.75, 405_000.5]},
+                                               {"produce-sync": [1.25, 1.5], "produce-async": [1.5, 1.75],
+                                                "consume-sync": [2.0, 1.75], "consume-async": [2.25, 2.5],
+                                                "batch-sync": [1.5, 1.25], "batch-async": [1.375, 1.5]}),
+                    *bench_aio.serve_rows(30, {"idle": [[1.25, 1.5, 2.0], [1.0, 1.75, 3.5]],
+                                               "waiting": [[1.5, 1.75, 2.25], [1.25, 2.0, 4.0]],
+                                               "sync": [[50.5, 100.25, 199.75]]})],
     "ledger": _ledger,
     "coordinator": _coordinator,
+    "console": lambda: [{**bench_console.console_row("topics", 1000, 100, [10.5, 12.25, 40.0], [8.5, 9.75, 9.0],
+                                                     22_411, 179.25), "snapshot_calls": 204, "snapshot_s": 0.465},
+                        bench_console.console_row("health", 1000, 100, [20.5, 25.75], [18.0, 19.5], 16_259, None)],
     "produce": lambda: [bench_produce.produce_row(4, 50_000, {"plain": [90_000.4, 95_000.6],
                                                              "txn": [80_000.2, 88_000.8],
                                                              "txn_sync": [85_000.5, 86_000.25],

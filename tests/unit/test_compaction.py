@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from raytxn.errors import CompactionReset, CorruptLedger, InvalidArgument
 from raytxn.ids import EARLIEST, Position, TxnID
 from raytxn.protocol.compaction import (
-    COMPACTION_FORMAT_VERSION,
     CompactionHorizon,
     CompactionResult,
     Compactor,
@@ -302,9 +301,6 @@ def test_bad_input_is_refused_and_changes_nothing() -> None:
     with pytest.raises(CorruptLedger, match="ledger order"):
         compactor.add(*log.entries[0])
     assert [r.key for r in compactor.finish(0).records] == ["a"]  # the refused adds changed nothing
-    newer = CompactionHorizon(1, Position(0, 0), 1, 0, 0, format_version=COMPACTION_FORMAT_VERSION + 1)
-    with pytest.raises(CorruptLedger, match="format"):
-        Compactor(newer, [], max_read_position=Position(0, 0), aborted=[])
     duplicate = KeptRecord(0, Position(0, 0), "a", b"1", 0)
     with pytest.raises(CorruptLedger, match="twice"):
         Compactor(None, [duplicate, duplicate], max_read_position=Position(0, 0), aborted=[])

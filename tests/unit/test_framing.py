@@ -10,15 +10,16 @@ from raytxn.ledger.framing import FrameKind, decode_frames, decode_records, enco
 
 @given(st.lists(st.lists(st.binary(max_size=64), max_size=5), min_size=1, max_size=5), st.integers(0, 2**40))
 def test_round_trip(entries: list[list[bytes]], first: int) -> None:
-    data = b"".join(encode_frame(FrameKind.ENTRY, first + i, encode_records(r)) for i, r in enumerate(entries))
+    data = b"".join(encode_frame(FrameKind.ENTRY, first + i, encode_records(r), version=1)
+                    for i, r in enumerate(entries))
     frames = decode_frames(data, "obj")
     assert [(k, e) for k, e, _ in frames] == [(FrameKind.ENTRY, first + i) for i in range(len(entries))]
     assert [decode_records(p, "obj") for _, _, p in frames] == entries
 
 
 def _object() -> bytes:
-    return encode_frame(FrameKind.ENTRY, 7, encode_records([b"hello", b"world"])) + encode_frame(
-        FrameKind.SEAL, 8, b"")
+    return encode_frame(FrameKind.ENTRY, 7, encode_records([b"hello", b"world"]), version=1) + encode_frame(
+        FrameKind.SEAL, 8, b"", version=1)
 
 
 @pytest.mark.parametrize("cut", [1, 10, 19, 21, 30])

@@ -184,6 +184,67 @@ def test_an_inconsistent_offset_snapshot_is_refused() -> None:
         OffsetIndex.from_snapshot(OffsetSnapshot(2, [OffsetPoint(2, Position(0, 0))]))
 
 
+def _trim_and_pin(part: StampingPartition, buffer: TransactionBuffer, cut: Position) -> None:
+    """What the partition does after a trim at ``cut``: prune, then pin the first entry kept."""
+    buffer.prune_aborted(cut)
+    kept = [(position, header) for position, header in part.ledger.headers() if position >= cut]
+    if kept:
+        buffer.offsets.pin(kept[0][0], kept[0][1].base_offset)
+
+
+def test_a_trim_inside_a_ledger_pins_the_first_kept_entry() -> None:
+    """Retention trims at any entry (the slowest subscription's mark): the offsets from the first
+    entry kept up to the next index point stay reachable, and the log start offset is that
+    entry's. Without the pin the log start jumped to the next point (here the high watermark) and
+    a Kafka group committed at offset 3 resumed at 7."""
+    part = StampingPartition()
+    for i in range(7):
+        part.send("p", i)                                    # offsets 0..6 at (0, 0..6): one point, (0, 0)
+    cut = Position(0, 3)
+    part.buffer.prune_aborted(cut)
+    assert part.buffer.offsets.start_offset(cut) == 7        # the gap the pin closes
+    _trim_and_pin(part, part.buffer, cut)
+    offsets = part.buffer.offsets
+    assert offsets.start_offset(cut) == 3
+    assert [offsets.locate(o, cut) for o in range(3, 7)] == [OffsetPoint(3, cut)] * 4
+    assert offsets.locate(2, cut) is None
+    assert offsets.pin(cut, 3) is False                      # pinned already: nothing changes
+    with pytest.raises(CorruptLedger):
+        offsets.pin(cut, 4)                                  # contradicts the point there
+    with pytest.raises(InvalidArgument):
+        offsets.pin(Position(0, 8), 7)                       # not applied yet
+    # the pin is in the next snapshot; one taken before it is pinned again on recovery
+    restored = TransactionBuffer.from_snapshot(through_storage(part.buffer.snapshot()))
+    assert restored.offsets.start_offset(cut) == 3
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(1, 3), min_size=1, max_size=30), st.integers(0, 40), st.integers(0, 30),
+       st.booleans())
+def test_every_offset_from_the_first_kept_entry_is_reachable_after_any_trim(
+        counts: list[int], roll_at: int, cut_at: int, from_snapshot: bool) -> None:
+    """For any entries, ledgers and trim point, after the trim (and after a recovery from a
+    snapshot taken before it): the log start offset is the first kept entry's base offset, and
+    every offset from there to the high watermark locates to a kept point at or below it."""
+    part = StampingPartition(TransactionBuffer(offset_index_interval=4))
+    before_trim = None
+    for i, count in enumerate(counts):
+        if i == roll_at:
+            part.ledger.roll()
+        part.send("p", sum(counts[:i]), count=count)
+    positions = [position for position, _ in part.ledger.headers()]
+    cut = positions[min(cut_at, len(positions) - 1)]
+    before_trim = through_storage(part.buffer.snapshot())
+    buffer = TransactionBuffer.from_snapshot(before_trim) if from_snapshot else part.buffer
+    _trim_and_pin(part, buffer, cut)
+    first_kept = next(header.base_offset for position, header in part.ledger.headers() if position >= cut)
+    offsets = buffer.offsets
+    assert offsets.start_offset(cut) == first_kept
+    for offset in range(first_kept, offsets.next_offset):
+        point = offsets.locate(offset, cut)
+        assert point is not None and point.position >= cut and point.offset <= offset
+
+
 ops = st.lists(st.tuples(st.sampled_from(["plain", "txn", "commit", "abort", "roll", "snapshot"]),
                          st.integers(1, 4)), max_size=40)
 

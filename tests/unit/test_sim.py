@@ -30,15 +30,17 @@ from raytxn.sim.storage import SimStorage, StorageFaults
 from raytxn.sim.trace import Trace
 from raytxn.tools.cli import app
 
-# The CI range: 1,040 seeds, in this test worker's process (about 0.15 s a seed on one core, so
-# about three minutes in all), 84 of them of the profiles for pipelined appends, zombie appends, leases and
-# Key_Shared. A longer run is `raytxn sim --seeds N --faults P -j 2`.
+# The CI range: 1,120 seeds, in this test worker's process (about 0.15 s a seed on one core, so
+# about three minutes in all), 164 of them of the profiles for pipelined appends, zombie appends, leases,
+# Key_Shared, compaction and keyed state (these two about 0.5 s a seed). A longer run is
+# `raytxn sim --seeds N --faults P -j 2`.
 # (key-shared: seeds 66, 268 and 347 of 0-399 failed once; tests/unit/test_sim_key_shared.py keeps them.
 # passivation: seeds 0-999 clean when it came in.)
 CI_SEEDS = {"none": range(0, 40), "default": range(0, 256), "heavy": range(0, 260), "consumer-swap": range(0, 40),
             "stale-handles": range(0, 200), "pipelined": range(0, 24), "zombie-appends": range(0, 24),
             "leases": range(0, 12), "key-shared": range(0, 24), "passivation": range(0, 40),
-            "chained": range(0, 40), "late-requests": range(0, 40), "early-answer": range(0, 40)}
+            "chained": range(0, 40), "late-requests": range(0, 40), "early-answer": range(0, 40),
+            "compaction": range(0, 40), "stateful": range(0, 40)}
 # One process, not a pool of two: the other pytest worker runs its own modules meanwhile, and a
 # second simulator process took its core (Spark tests in that CI ran 6-10 times as long as alone).
 CI_JOBS = 1

@@ -97,7 +97,10 @@ def test_the_new_profiles_are_deterministic(profile: str) -> None:
 
 
 def test_switches_are_off_by_default_and_restored_after_an_error() -> None:
-    assert set(testing_bugs.REINTRODUCED) == {*CASES, "acks_after_end_hang"}
+    # (the classic bugs of compaction and keyed state: tests/unit/test_sim_compaction.py, test_sim_stateful.py)
+    assert set(testing_bugs.REINTRODUCED) == {*CASES, "acks_after_end_hang", "compaction_keeps_aborted",
+                                              "compaction_past_max_read", "compacted_trim_past_horizon",
+                                              "snapshot_without_dedup", "no_tid_fencing", "table_view_reads_aborted"}
     with pytest.raises(RuntimeError), reintroduced("deleted_topic_stuck"):
         assert testing_bugs.active() == ("deleted_topic_stuck",)
         raise RuntimeError("a failing test")

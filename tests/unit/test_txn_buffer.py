@@ -123,7 +123,7 @@ def restore(snapshot: TxnBufferSnapshot | None, ledger: TestLedger, **kwargs: in
 
 def through_storage(snapshot: TxnBufferSnapshot, snapshot_id: int = 1) -> TxnBufferSnapshot:
     """Encode, segment, join and decode a snapshot as the actor would."""
-    segments = split_snapshot(msgspec.msgpack.encode(snapshot), snapshot_id, 64)
+    segments = split_snapshot(msgspec.msgpack.encode(snapshot), snapshot_id, 64, version=1)
     return msgspec.msgpack.decode(join_segments([b for _, b in segments], snapshot_id), type=TxnBufferSnapshot)
 
 
