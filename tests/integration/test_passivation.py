@@ -152,26 +152,6 @@ def test_metrics_count_passivations_activations_and_dormant_actors(client: rt.Cl
     wait_for_metrics(shown, "passivations, activations and the dormant partitions gauge")
 
 
-def test_an_actor_the_cluster_has_no_room_for_is_a_clear_error(client: rt.Client,
-                                                                 tmp_path_factory: pytest.TempPathFactory) -> None:
-    client.close()
-    from raytxn.cluster import stop_engine
-
-    stop_engine()
-    # Each actor the supervisor starts reserves more memory than the whole cluster has: its
-    # coordinators cannot be placed, and connect says so instead of waiting forever.
-    total_mib = int(ray.cluster_resources()["memory"]) >> 20
-    began = time.monotonic()
-    try:
-        with pytest.raises(CannotPlaceActor, match="Ray memory"):
-            rt.connect(storage=f"file://{tmp_path_factory.mktemp('tight')}", num_coordinators=1,
-                       actor_memory_mib=total_mib + 1)
-        assert time.monotonic() - began < 30
-        assert not live(coordinator_actor_name(0))  # the pending actor was removed
-    finally:
-        stop_engine()
-
-
 def test_watching_an_idle_actor_does_not_keep_it(client: rt.Client) -> None:
     """Stats and backlog counts are observations, not traffic (an operator's console asks them
     every second or two): an idle partition and subscription asked them all along are passivated
@@ -195,3 +175,24 @@ def test_watching_an_idle_actor_does_not_keep_it(client: rt.Client) -> None:
                     pass  # passivating as it was asked
         time.sleep(0.3 * IDLE_S)
     assert row(client, partition)["passivations"] >= 1 and row(client, sub)["passivations"] >= 1
+
+
+def test_an_actor_the_cluster_has_no_room_for_is_a_clear_error(client: rt.Client,
+                                                                 tmp_path_factory: pytest.TempPathFactory) -> None:
+    # Stops the module's engine: the module's last test.
+    client.close()
+    from raytxn.cluster import stop_engine
+
+    stop_engine()
+    # Each actor the supervisor starts reserves more memory than the whole cluster has: its
+    # coordinators cannot be placed, and connect says so instead of waiting forever.
+    total_mib = int(ray.cluster_resources()["memory"]) >> 20
+    began = time.monotonic()
+    try:
+        with pytest.raises(CannotPlaceActor, match="Ray memory"):
+            rt.connect(storage=f"file://{tmp_path_factory.mktemp('tight')}", num_coordinators=1,
+                       actor_memory_mib=total_mib + 1)
+        assert time.monotonic() - began < 30
+        assert not live(coordinator_actor_name(0))  # the pending actor was removed
+    finally:
+        stop_engine()
