@@ -11,6 +11,7 @@ The suite runs one partition per topic; the extended runs two, and with hosts (`
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +21,8 @@ import ray
 import raytxn as rt
 from raytxn.client.rpc import ActorRef
 from raytxn.errors import InvalidArgument
-from raytxn.ids import NAMESPACE, SUPERVISOR_NAME
+from raytxn.ids import EARLIEST, NAMESPACE, SUPERVISOR_NAME, partition_actor_name
+from raytxn.protocol.cursor import next_position
 from tests.engine import engine_client
 from tests.restart_workload import LiveWorkload
 
@@ -154,3 +156,24 @@ def test_restart_refuses_what_it_cannot_restart(client: rt.Client) -> None:
         client.supervisor.call("restart_actor", "tc-0", -1.0)
     with pytest.raises(InvalidArgument, match="drain_s"):
         client.rolling_restart(drain_s=1000)
+
+
+def test_a_drain_answers_the_reads_waiting_for_data_at_once(client: rt.Client) -> None:
+    """A restart's drain ends the long polls (a subscription's read of the partition's end, a
+    Kafka fetch), which would hold it for their whole wait: the partition drains in well under
+    it, with nothing cut. (A Kafka fetch waited out the drain's timeout before.)"""
+    topic = f"drain-{uuid.uuid4().hex[:8]}"
+    client.create_topic(topic, 1)
+    client.create_producer(topic).send(b"one")
+    name = partition_actor_name(topic, 0)
+    partition = ActorRef(name)
+    end = partition.call("read", EARLIEST, 0, 0.0)["max_read"]
+    high = partition.call("kafka_offsets")["high_watermark"]
+    handle = ray.get_actor(name, namespace=NAMESPACE)
+    waiting = [handle.read.remote(next_position(end), 10, 60.0), handle.kafka_read.remote(high, 10, True, 60.0)]
+    time.sleep(1.0)
+    assert not ray.wait(waiting, num_returns=2, timeout=0)[0], "the reads did not wait for data"
+    row = client.supervisor.call("restart_actor", name, 20.0)
+    assert row["restarted"] and row["drain"]["drained"] and row["drain"]["seconds"] < 5.0, row
+    read, fetch = ray.get(waiting, timeout=10)
+    assert read["entries"] == [] and fetch["entries"] == [] and not fetch["out_of_range"], (read, fetch)
