@@ -64,6 +64,24 @@ def resumed_after(workload: LiveWorkload, since: float) -> dict[str, float]:
             for name, times in workload.deliveries.items()}
 
 
+def expected(note: tuple, workload: LiveWorkload) -> bool:
+    """Whether the error a workload noted (``LiveWorkload.notes``) is one an outage may cause: a
+    retriable one, the end of a txn that outlived its timeout, or an ack of a redelivered message
+    still pending in a txn the workload gave up on (timed out, or aborted after a failed call),
+    whose abort has not reached the subscription yet: the workload aborts that ack's txn and the
+    message comes again (a run beside other tests on 2 cores saw 2 txns time out and 2 acks
+    conflict)."""
+    text = note[4]
+    name = text.split("(", 1)[0]
+    if name == "TransactionTimedOut":
+        return True
+    if name == "TransactionConflict":
+        given_up = {str(other[2]) for other in workload.notes if other[2] is not None and other is not note}
+        return any(f"pending in {txn}" in text for txn in given_up)
+    error = getattr(rt.errors, name, None)
+    return isinstance(error, type) and issubclass(error, rt.errors.RaytxnError) and error.retriable
+
+
 @pytest.mark.timeout(900)  # a live workload for minutes on a loaded machine
 @pytest.mark.slow(seconds=90)
 def test_a_slow_then_failing_store_loses_nothing_and_the_engine_recovers_by_itself(
@@ -100,9 +118,8 @@ def test_a_slow_then_failing_store_loses_nothing_and_the_engine_recovers_by_itse
           f"gaps by phase {workload.gaps_by_phase()}; errors {dict(workload.errors)}")
     assert proxy.refused > 0, "the proxy refused nothing: the engine did not meet the errors"
     assert max(resumed.values()) < TXN_TIMEOUT_S + STALL_MARGIN_S, resumed
-    # Retriable errors, and the end of txns that outlived their timeout during the outage.
-    final = {name for name in workload.errors if name != "TransactionTimedOut"
-             and not (getattr(rt.errors, name, None) is not None and getattr(rt.errors, name).retriable)}
-    assert not final, f"a final error surfaced: {dict(workload.errors)}"
+    assert len(workload.notes) == sum(workload.errors.values()), "an error's story was not kept"
+    final = [note for note in workload.notes if not expected(note, workload)]
+    assert not final, "\n".join([f"a final error surfaced: {dict(workload.errors)}", *map(repr, final)])
     report = workload.check()
     assert report.clean, "\n".join([report.summary(), *workload.evidence(report)])
