@@ -5,7 +5,8 @@ an upgrade does), then all of them are killed at once. The checker finds nothing
 duplicated, no aborted or uncommitted read; and no consumer went longer than the transaction
 timeout (plus a margin for its fetch's backoff) without a delivery.
 
-The suite runs one partition per topic; the extended runs two, and with hosts (``actor_hosts``).
+The suite runs a rolling restart of one partition per topic; the extended runs add the kill of
+everything, two partitions restarted twice, and hosts (``actor_hosts``).
 """
 
 from __future__ import annotations
@@ -122,6 +123,26 @@ def check_workload(workload: LiveWorkload) -> None:
     assert not [e for e in workload.errors if e.startswith("thread crashed")], workload.errors
 
 
+@pytest.mark.timeout(900)  # a live workload for minutes on a loaded machine
+@pytest.mark.slow(seconds=55)  # 46 s and the engine's start beside another test on 2 cores
+def test_a_rolling_restart_under_load(client: rt.Client) -> None:
+    """The suite's: the rolling restart alone (the kill of everything after it, whose txns left
+    open hold their partitions until their timeout, is the extended test's below)."""
+    workload = LiveWorkload(client, partitions=1, txn_timeout_s=TXN_TIMEOUT_S)
+    workload.start()
+    try:
+        workload.wait_for_deliveries()
+        workload.phase("rolling restart")
+        rows = client.rolling_restart(drain_s=5.0)
+        workload.phase("after the rolling restart")
+        workload.wait_for_deliveries(len(workload.deliveries["x"]) + 3)
+    finally:
+        workload.stop()
+    check_restarted(rows, workload, partitions=1)
+    check_workload(workload)
+
+
+@pytest.mark.extended
 @pytest.mark.timeout(900)  # a live workload for minutes on a loaded machine
 @pytest.mark.slow(seconds=80)
 def test_rolling_restart_and_a_kill_of_everything_under_load(client: rt.Client) -> None:
