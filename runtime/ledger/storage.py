@@ -405,6 +405,8 @@ def _short_of_space(directory: str) -> str | None:
     if free < reserve:
         return f"{free} bytes free of {total}, below the {reserve} kept for work already accepted"
     return None
+
+
 _FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 # How a full store shows through obstore, whose errors are not OSErrors: the Rust io error of a
 # local filesystem ("No space left on device (os error 28)", a quota's 122), or an HTTP 507
