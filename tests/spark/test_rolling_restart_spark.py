@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -71,6 +72,8 @@ def test_a_spark_pipeline_through_a_rolling_restart_and_a_kill_of_everything(cli
     check_workload(workload)
     inputs = visible_values(workload.source, [0, 1], deadline_s=120)
     outputs = visible_values(sink, [0, 1], deadline_s=120)
+    twice = sorted(value for value, count in Counter(outputs).items() if count > 1)
     assert sorted(outputs) == sorted(b"s-" + value for value in inputs), (
-        f"{len(outputs)} outputs for {len(inputs)} inputs; batches {len(pipeline.stats)}")
+        f"{len(outputs)} outputs for {len(inputs)} inputs; batches {len(pipeline.stats)}; "
+        f"{len(twice)} outputs more than once: {twice[:40]}; phases {workload._phases}")
     print(f"{len(inputs)} inputs, {len(pipeline.stats)} batches, outputs exact")
