@@ -53,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -192,7 +193,15 @@ class TransactionCoordinator(TransactionalIdViews, ActorShell, FaultTarget):
         incarnation's facts."""
         await self._started()
         await self._answered_ends_logged()
-        return {**self.info, "actor_classes_imported": engine_actor_classes_imported()}
+        return {**self.info, "actor_classes_imported": engine_actor_classes_imported(), "pid": os.getpid()}
+
+    def _drain_pending(self) -> int:
+        # Ends being driven (and timeouts turning into ends): a drain lets them reach their
+        # participants and log their last record, so the next incarnation re-drives none.
+        return len(self._drivers) + len(self._timing_out)
+
+    async def _before_passivate(self) -> None:  # (a drain's: coordinators are never passivated)
+        await self._answered_ends_logged()
 
     # --- logging ---------------------------------------------------------------------------
 
@@ -268,6 +277,7 @@ class TransactionCoordinator(TransactionalIdViews, ActorShell, FaultTarget):
                 repeated = self.state.repeated_new_txn(transactional_id, epoch, owner)
                 if repeated is not None:
                     return repeated
+            self.storage.check_space()  # new work is refused while the store is full (StorageFull)
             record = self.state.prepare_new_txn(self.clock.now_ms(), timeout_ms, owner, transactional_id, epoch)
             await self._log([record])
         self.metrics.txn_begun()
@@ -284,6 +294,7 @@ class TransactionCoordinator(TransactionalIdViews, ActorShell, FaultTarget):
             owner = caller
         timeout_ms = self.config.default_timeout_ms if timeout_ms is None else timeout_ms
         await self._writable()
+        self.storage.check_space()
         records = self.state.prepare_begin(self.clock.now_ms(), timeout_ms, owner, partitions, subscriptions)
         await self._log(records)
         self._prefetch_participants(records[0].txn)
@@ -331,6 +342,7 @@ class TransactionCoordinator(TransactionalIdViews, ActorShell, FaultTarget):
             owner = self._acting_owner(txn, owner, caller)
             record = self.state.prepare_add_partitions(txn, partitions, owner, self.clock.now_ms(), epoch)
             if record is not None:
+                self.storage.check_space()
                 await self._log([record])
                 self._prefetch_participants(txn)
 
@@ -342,6 +354,7 @@ class TransactionCoordinator(TransactionalIdViews, ActorShell, FaultTarget):
             owner = self._acting_owner(txn, owner, caller)
             record = self.state.prepare_add_subscriptions(txn, subscriptions, owner, self.clock.now_ms(), epoch)
             if record is not None:
+                self.storage.check_space()
                 await self._log([record])
                 self._prefetch_participants(txn)
 

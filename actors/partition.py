@@ -45,7 +45,15 @@ from raytxn.actors.topic_permissions import TopicPermissions
 from raytxn.auth import Access, AuthConfig, Authorizer, guarded
 from raytxn.client.rpc import retriable
 from raytxn.config import PartitionConfig
-from raytxn.errors import CorruptLedger, InvalidArgument, MessageTooLarge, OutOfOrderSequence, PositionTrimmed
+from raytxn.errors import (
+    CorruptLedger,
+    InvalidArgument,
+    MessageTooLarge,
+    OutOfOrderSequence,
+    PositionTrimmed,
+    StorageFull,
+    StorageUnavailable,
+)
 from raytxn.faults import FaultPoints, FaultTarget
 from raytxn.ids import EARLIEST, Position, TxnID, partition_actor_name, partition_stream
 from raytxn.ledger import Entry, ManagedLedger
@@ -79,6 +87,9 @@ FAULT_POINTS = (
 # How long an append that arrived before the batch it follows waits for it (Ray's delivery to an
 # async actor can reorder one caller's calls by a few ms) before it is refused as out of order.
 OUT_OF_ORDER_WAIT_S = 0.05
+# How long a retried batch waits for its first attempt, still being written, to land (a ledger
+# append's own timeout): a retry never waits without end on a store that stays full.
+ORIGINAL_WAIT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -212,6 +223,9 @@ class PartitionBuffer(ProducerStates, PartitionKafka, PartitionBrowse, ActorShel
         if self._changed_since_snapshot or self._ended_since_snapshot:
             await self._snapshot_now()  # the next incarnation replays nothing
 
+    def _end_long_polls(self) -> None:
+        self._advanced.notify_all()  # the reads waiting for the end to move answer (``read``)
+
     # --- appends ---------------------------------------------------------------------------
 
     def _apply(self, header: EntryHeader) -> Any:
@@ -246,6 +260,7 @@ class PartitionBuffer(ProducerStates, PartitionKafka, PartitionBrowse, ActorShel
                              len(messages), self.clock.now_ms(), producer_epoch=producer_epoch)
         await self.faults.hit("partition.before_append", txn=txn, producer=producer, first_sequence=first_sequence)
         wait_until = None
+        original_by: float | None = None
         while True:
             try:
                 decision = self.buffer.prepare_append(header, previous_sequence)
@@ -261,8 +276,20 @@ class PartitionBuffer(ProducerStates, PartitionKafka, PartitionBrowse, ActorShel
                 continue
             if not (decision.duplicate and decision.in_flight):
                 break
-            await asyncio.sleep(0.002)  # the original is being written: answer with its outcome
+            # The original is being written: answer with its outcome, or, if it does not land
+            # within an append's own timeout (a full or unreachable store), say so as it would.
+            if original_by is None:
+                original_by = self.clock.monotonic() + ORIGINAL_WAIT_S
+            if self.clock.monotonic() > original_by:
+                raise StorageUnavailable(f"{self.topic}-{self.partition}: the first attempt of this batch is still "
+                                         f"being written after {ORIGINAL_WAIT_S}s; it may still land: retry")
+            await asyncio.sleep(0.002)
         if not decision.duplicate:
+            try:  # refused while the store is full, before it is queued: it changes nothing
+                self.storage.check_space()
+            except StorageFull:
+                self.buffer.cancel_append(header)
+                raise
             self._wake_sequence_waiters()  # no await: its ledger append is queued before they run
         if decision.duplicate:
             self.info["duplicates"] += 1
@@ -389,7 +416,8 @@ class PartitionBuffer(ProducerStates, PartitionKafka, PartitionBrowse, ActorShel
                         "max_read": self.buffer.max_read_position}
         start = max(start, self._ledger.trimmed_below)
         deadline = self.clock.monotonic() + max_wait_s
-        while self.buffer.max_read_position < start and self.clock.monotonic() < deadline:
+        while (self.buffer.max_read_position < start and self.clock.monotonic() < deadline
+               and self._draining is None):
             if not await self._advanced.wait(deadline - self.clock.monotonic()):
                 break
         max_read = self.buffer.max_read_position

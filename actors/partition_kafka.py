@@ -13,7 +13,7 @@ from typing import Any
 from raytxn.actors.compaction import PartitionCompaction
 from raytxn.auth import Access, guarded
 from raytxn.config import PartitionConfig
-from raytxn.errors import InvalidArgument, PositionTrimmed
+from raytxn.errors import ActorUnavailable, InvalidArgument, PositionTrimmed
 from raytxn.ids import Position
 from raytxn.ledger import Entry, ManagedLedger
 from raytxn.protocol.cursor import next_position
@@ -81,6 +81,7 @@ class PartitionKafka:
     stream: str
     info: dict[str, Any]
     _advanced: Signal
+    _draining: ActorUnavailable | None  # (ActorShell's: set by a drain)
 
     def _kafka_offsets(self) -> dict[str, int]:
         assert self._ledger is not None
@@ -120,7 +121,7 @@ class PartitionKafka:
             return self.buffer.last_stable_offset if committed else offsets.next_offset
 
         deadline = self.clock.monotonic() + max_wait_s
-        while limit() <= offset and self.clock.monotonic() < deadline:
+        while limit() <= offset and self.clock.monotonic() < deadline and self._draining is None:
             if not await self._advanced.wait(deadline - self.clock.monotonic()):
                 break
         marks = self._kafka_offsets()

@@ -37,6 +37,13 @@ crash chosen at a quiet moment, and every actor recovers from a crash. Should th
 before its kill, the incarnation ends its process itself after ``PASSIVATED_EXIT_S`` (Ray then
 starts a fresh one), so no actor stays stopped for good.
 
+**Drain.** ``drain`` (the supervisor's, for a restart: a rolling restart, an upgrade) stops an
+incarnation gracefully whatever holds it: new calls are refused with ``ActorUnavailable`` from
+the guard itself (``_call_began``), long polls are answered (``_end_long_polls``), the calls in
+flight and the work they started (``_drain_pending``) get up to its timeout to finish, then
+``_before_passivate`` and a stop as a passivation's. The supervisor kills the process and starts
+the actor again at once (actors/restarts.py).
+
 **Replay.** ``replay`` reads a ledger from a position in bounded chunks and applies each entry.
 
 **Clock and seams.** Actor code takes time only from ``self.clock`` (wall ``now_ms`` for stored and
@@ -78,6 +85,12 @@ FIRST = Position(0, 0)
 # an idle actor must not keep it from passivating.
 UNCOUNTED_CALLS = frozenset({"ready", "passivate", "process_info", "stats", "count_backlog", "stored_backlog"})
 PASSIVATED_EXIT_S = 30.0  # a passivated incarnation nobody killed ends this long after
+
+# A drain (a restart's) is not traffic either, nor refused by itself; a drained incarnation nobody
+# killed ends PASSIVATED_EXIT_S after, as a passivated one does.
+DRAIN_CALL = "drain"
+DRAIN_S = 10.0       # how long a drain waits for the calls in flight, by default
+DRAIN_POLL_S = 0.01  # how often it looks
 
 
 def ray_actor_options(max_concurrency: int) -> dict[str, Any]:
@@ -155,6 +168,7 @@ class ActorShell(AuthTarget):
         self._stopped: BaseException | None = None  # what every call raises once stopped
         self._calls_in_flight = 0
         self._last_call_ended = self.clock.monotonic()
+        self._draining: ActorUnavailable | None = None  # set by ``drain``: what new calls get
 
     # Each actor defines it: open the ledgers and rebuild the state from them, from scratch (it
     # may run again after a retriable failure). Declared, not defined, so an actor that forgot it
@@ -247,8 +261,10 @@ class ActorShell(AuthTarget):
     # --- idleness and passivation ----------------------------------------------------------
 
     def _call_began(self, method: str) -> bool:
-        if method in UNCOUNTED_CALLS:
+        if method in UNCOUNTED_CALLS or method == DRAIN_CALL:
             return False
+        if self._draining is not None:  # (raised before the guard's try: no ``_call_ended``)
+            raise self._draining.with_traceback(None)
         self._calls_in_flight += 1
         return True
 
@@ -272,7 +288,7 @@ class ActorShell(AuthTarget):
         """What ``ready`` answers: the incarnation's facts, its idleness and what holds it up."""
         return {**self.info, "idle_s": round(self.idle_s(), 3),
                 "passivation_blockers": self._passivation_blockers(),
-                "actor_classes_imported": engine_actor_classes_imported()}
+                "actor_classes_imported": engine_actor_classes_imported(), "pid": os.getpid()}
 
     def _why_not_passivated(self, min_idle_s: float) -> list[str]:
         why = self._passivation_blockers()
@@ -298,6 +314,49 @@ class ActorShell(AuthTarget):
         reply = ActorUnavailable(f"{self.actor_name}: passivated while idle; the next call activates it again")
         self._stop(reply, reply, PASSIVATED_EXIT_S, logging.INFO)
         return {"passivated": True, "why": []}
+
+    # --- drain (a graceful restart) ---------------------------------------------------------
+
+    def _end_long_polls(self) -> None:
+        """Answer the calls that wait for something to happen (a consumer's fetch, a read of the
+        partition's end): a drain waits for the calls in flight, and those would wait seconds."""
+
+    def _drain_pending(self) -> int:
+        """Work the calls in flight started that a drain lets finish too (a coordinator's ends
+        still reaching their participants); 0: none."""
+        return 0
+
+    @guarded(Access.SUPERUSER)
+    async def drain(self, timeout_s: float = DRAIN_S, exit_after_s: float = PASSIVATED_EXIT_S) -> dict[str, Any]:
+        """Stop this incarnation gracefully for a restart (a rolling restart, as an upgrade does):
+        refuse new calls (callers get ``ActorUnavailable``, retry, and reach the next
+        incarnation), answer long polls, wait up to ``timeout_s`` for the calls in flight and
+        the work they started, make the next start cheap (``_before_passivate``), then stop as a
+        passivation does. The supervisor kills the process once this returns; else it ends
+        itself ``exit_after_s`` later and Ray starts it again (the supervisor's own restart).
+
+        Nothing rests on the wait: what is still in flight at its end is cut as a crash cuts
+        it, and every actor recovers from a crash. It spares callers the errors and retries of
+        a kill, and the next incarnation a replay."""
+        await self._started()
+        began = self.clock.monotonic()
+        if self._draining is None:
+            self._draining = ActorUnavailable(f"{self.actor_name}: restarting (drained); retry")
+        self._end_long_polls()
+        deadline = began + timeout_s
+        while (self._calls_in_flight or self._drain_pending()) and self.clock.monotonic() < deadline:
+            await asyncio.sleep(DRAIN_POLL_S)
+        cut_calls, cut_work = self._calls_in_flight, self._drain_pending()
+        prepared = True
+        try:
+            await self._before_passivate()
+        except Exception:  # only a cheaper start rested on it
+            prepared = False
+            log.warning("%s: preparing the next start failed during a drain", self.actor_name, exc_info=True)
+        self._stop(self._draining, self._draining, exit_after_s, logging.INFO)
+        return {"name": self.actor_name, "incarnation": self.info.get("incarnation"),
+                "drained": cut_calls == 0 and cut_work == 0, "calls_cut": cut_calls, "work_cut": cut_work,
+                "prepared": prepared, "seconds": round(self.clock.monotonic() - began, 3)}
 
     # --- other actors ----------------------------------------------------------------------
 

@@ -188,6 +188,10 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
     async def _before_passivate(self) -> None:
         await self._trim_log()  # the cursor persisted and the log trimmed: the next start replays little
 
+    def _end_long_polls(self) -> None:
+        for waiter in self._waiters.values():  # the consumers' waiting fetches answer (``fetch``)
+            waiter.set()
+
     def _generation(self) -> tuple[int, int]:
         """Changes with every incarnation and seek: consumers drop messages prefetched before."""
         return (self.info.get("incarnation", 0), self.state.generation)
@@ -288,9 +292,11 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
             if txn is None:
                 self.state.ack(acks, cumulative, ranges or (), runs or ())
             else:
-                await self._log_pending_ack(txn, self.state.prepare_ack(txn, acks, cumulative, request_id,
-                                                                        ranges or (), consumer=consumer_id,
-                                                                        runs=runs or ()))
+                record = self.state.prepare_ack(txn, acks, cumulative, request_id, ranges or (),
+                                                consumer=consumer_id, runs=runs or ())
+                if record is not None:  # refused while the store is full, before it is logged: changes nothing
+                    self.storage.check_space()
+                await self._log_pending_ack(txn, record)
         self._changed()
 
     @guarded(Access.SUPERUSER)

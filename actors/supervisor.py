@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 import msgspec
 import ray
 
+from raytxn.actors.restarts import SupervisorRestarts
 from raytxn.actors.shell import ActorRefs, ActorShell, Clock
 from raytxn.auth import Access, Authorizer, guarded
 from raytxn.config import EngineConfig
@@ -85,7 +87,7 @@ class ActorSpec(NamedTuple):
     subscription: str | None   # for a subscription actor
 
 
-class Supervisor(ActorShell, FaultTarget):
+class Supervisor(SupervisorRestarts, ActorShell, FaultTarget):
     actor_kind = "supervisor"
 
     def __init__(self, config: EngineConfig, *, clock: Clock | None = None,
@@ -110,6 +112,7 @@ class Supervisor(ActorShell, FaultTarget):
         self._activations: dict[str, asyncio.Task] = {}   # actor name -> the task starting it
         self._free_resources: tuple[float, dict[str, float]] | None = None  # (when asked, what was free)
         self._passivations: dict[str, asyncio.Task] = {}  # actor name -> the task passivating it
+        self._restarts: dict[str, asyncio.Task] = {}      # actor name -> the task restarting it (restarts.py)
         self._implied_cache: dict[str, ActorSpec] = {}
         self._hosts: dict[str, Any] = {}  # host name -> handle (EngineConfig.actor_hosts > 0)
         # Actor name -> its handle, resolved once: ``ray.get_actor`` per probe (a GCS call and a
@@ -129,7 +132,7 @@ class Supervisor(ActorShell, FaultTarget):
     @guarded(Access.PUBLIC)
     async def ready(self) -> dict[str, Any]:
         await self._started()
-        return {"config": self.config.public(), "topics": len(self.catalog.topics)}
+        return {"config": self.config.public(), "topics": len(self.catalog.topics), "pid": os.getpid()}
 
     @guarded(Access.PUBLIC)
     async def engine_config(self) -> EngineConfig:
@@ -562,6 +565,10 @@ class Supervisor(ActorShell, FaultTarget):
         for name in names:
             if (host := self._host_of(name)) is not None:
                 await self._host_call(host, "drop", name)
+        await self._kill_for_good(names)
+
+    async def _kill_for_good(self, names: list[str]) -> None:
+        """Kill the actors (not restarted) and wait until Ray released their names."""
         deadline = self.clock.monotonic() + STOP_ACTORS_TIMEOUT_S  # dedicated ones of an earlier config too
         while alive := [name for name in names if self._kill(name)]:
             if self.clock.monotonic() > deadline:
@@ -778,9 +785,9 @@ class Supervisor(ActorShell, FaultTarget):
         return await asyncio.shield(task)
 
     async def _activate_now(self, name: str) -> dict[str, Any]:
-        passivating = self._passivations.get(name)
-        if passivating is not None:  # its kill first: until then get_if_exists finds the stopped one
-            await asyncio.gather(passivating, return_exceptions=True)
+        for stopping in (self._passivations.get(name), self._restarts.get(name)):
+            if stopping is not None:  # its kill first: until then get_if_exists finds the stopped one
+                await asyncio.gather(stopping, return_exceptions=True)
         spec = self._implied().get(name)
         if spec is None:
             return {"activated": False, "why": f"no topic or subscription has the actor {name!r}"}
@@ -806,7 +813,7 @@ class Supervisor(ActorShell, FaultTarget):
             row = self._health.get(name)
             if (row is not None and row["state"] == "ALIVE" and not row.get("passivation_blockers")
                     and (row.get("idle_s") or 0.0) >= idle_s and name not in self._passivations
-                    and name not in self._activations):
+                    and name not in self._activations and name not in self._restarts):
                 task = self._passivations[name] = asyncio.get_running_loop().create_task(
                     self._passivate_now(spec, idle_s))
                 task.add_done_callback(lambda done, name=name: self._passivation_done(name, done))

@@ -187,6 +187,15 @@ class StorageUnavailable(RaytxnError):
     retriable = True
 
 
+class StorageFull(StorageUnavailable):
+    """The object store has no room for a write (a local disk's ``ENOSPC`` or quota, an S3
+    store's 507 Insufficient Storage). The request that gets it was refused before anything was
+    written: it changed nothing. Retriable, as space may come back (freed, or trimmed by
+    retention): clients retry it until their deadline, and once space is back the engine goes on
+    by itself. Writes already accepted when the store filled wait for space instead (their
+    callers may get ``StorageUnavailable``, outcome unknown, after the append timeout)."""
+
+
 class ActorUnavailable(RaytxnError):
     """The actor serving the request died and is restarting. Retriable."""
 

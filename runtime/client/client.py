@@ -24,6 +24,7 @@ from typing import Any
 import ray
 
 from raytxn.auth import AuthConfig
+from raytxn.client import restarts
 from raytxn.client.consumer import Consumer, ConsumerType, InitialPosition, check_receiver_queue
 from raytxn.client.coordinator_client import CoordinatorClient
 from raytxn.client.faults import Faults
@@ -339,6 +340,17 @@ class Client:
     def health(self) -> dict[str, Any]:
         """The supervisor's view of every actor (state, incarnation, restarts, recovery)."""
         return self.supervisor.call("health", deadline_s=self.deadline_s)
+
+    def rolling_restart(self, drain_s: float = 10.0,
+                        progress: restarts.RowCallback | None = None) -> list[dict[str, Any]]:
+        """Superusers: restart every running engine actor, one at a time (partitions,
+        subscriptions, coordinators, hosts, the supervisor last), each drained first: new calls
+        wait and retry, the calls in flight finish (up to ``drain_s``), then its process is
+        replaced and the next one goes once it serves again. What an upgrade needs: install the
+        new release where the actors run, then call this (``raytxn restart --rolling``).
+        Producers, consumers and transactions go on throughout. Returns a row per actor;
+        ``progress`` gets each as it is done."""
+        return restarts.rolling_restart(self.supervisor, self.deadline_s, drain_s, progress)
 
     def coordinator_stats(self) -> list[dict[str, Any]]:
         return self.coordinators.stats()

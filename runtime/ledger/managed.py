@@ -271,8 +271,8 @@ class ManagedLedger:
         # (``asyncio.wait_for(asyncio.shield(...))`` does the same with a task, two futures and
         # four callbacks more per append; appends are a large part of every actor's work).
         if not await settled_within(queued, self.config.append_timeout_s):
-            raise StorageUnavailable(f"append to {self.stream} not durable after "
-                                     f"{self.config.append_timeout_s}s; it may still be written")
+            raise StorageUnavailable(f"append to {self.stream} not durable after {self.config.append_timeout_s}s"
+                                     f"{self.storage.full_note()}; it may still be written")
         return queued.result()
 
     def flush_lingering(self) -> None:

@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import itertools
+import math
 import os
 import re
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import NamedTuple
@@ -35,6 +38,7 @@ import obstore
 from obstore.exceptions import AlreadyExistsError, BaseError, NotFoundError, PreconditionError
 from obstore.store import AzureStore, GCSStore, LocalStore, MemoryStore, S3Store
 
+from raytxn import errors as raytxn_errors
 from raytxn.errors import InvalidArgument, StorageUnavailable
 from raytxn.ledger.formats import DEFAULT_WRITE_FORMAT, WRITE_FORMAT_OPTION, check_write_format
 
@@ -145,13 +149,15 @@ class Storage:
         Returns once the object is durable."""
         if self._local_root is not None:
             await asyncio.to_thread(self._create_local, path, data)
+            self._full = None  # a put landed: there is room
             return
         try:
             await obstore.put_async(self.store, path, data, mode="create")
         except (AlreadyExistsError, PreconditionError) as e:
             raise ObjectExists(path) from e
         except (BaseError, OSError) as e:
-            raise StorageUnavailable(f"put {path}: {_short(e)}") from e
+            raise self._put_failed(path, e) from e
+        self._full = None
 
     def _create_local(self, path: str, data: bytes) -> None:
         """A local directory's create, whole in one worker thread: written to a staging file
@@ -189,7 +195,7 @@ class Storage:
             if self._fsync:
                 self._fsync_directories(os.path.dirname(full))
         except OSError as e:
-            raise StorageUnavailable(f"put {path}: {_short(e)}") from e
+            raise self._put_failed(path, e) from e
 
     def _fsync_directories(self, directory: str) -> None:
         """The directory's entry for a new object, and (once per directory and process) each
@@ -291,6 +297,60 @@ class Storage:
             if _STAGING_NAME.search(path.name) and path.is_file():
                 path.unlink(missing_ok=True)
 
+    # --- a full store ------------------------------------------------------------------------
+    #
+    # Actors ask ``check_space`` before they accept new work (an append, a transactional ack, a
+    # begin): while the store is full that work is refused at once with ``StorageFull``, having
+    # changed nothing, instead of queueing behind puts that wait for space. What was accepted
+    # before (a commit's markers, its coordinator records, cursors) is never refused: it waits
+    # for space, and on a local disk it has a reserve to finish in, as a BookKeeper bookie turns
+    # read-only before its disk is full. Full means:
+    # - a local directory whose filesystem has less than ``local_reserve_bytes`` free (looked at
+    #   every ``SPACE_CHECK_S``): new work stops while the rest of the disk still takes what was
+    #   accepted;
+    # - any store whose last put was refused for lack of space (``ENOSPC``, a quota, an S3 507),
+    #   for ``FULL_HOLD_S`` after that refusal, or until a put lands.
+    # Class attributes, the defaults: a simulator's store, never short of space, keeps them.
+
+    _full: raytxn_errors.StorageFull | None = None  # the last put's refusal for lack of space (None: room)
+    _full_at: float = 0.0             # when (time.monotonic)
+    _space_checked_at: float = -math.inf  # when the local filesystem's free space was last looked at
+    _space_short: str | None = None   # what it said, when it was short
+
+    def _put_failed(self, path: str, error: BaseException) -> StorageUnavailable:
+        """The error a failed put raises: ``StorageFull`` (and the store marked full) when the
+        store said it has no room, else ``StorageUnavailable``."""
+        if is_out_of_space(error):
+            full = raytxn_errors.StorageFull(f"put {path}: no space left: {_short(error)}")
+            self._full, self._full_at = full, time.monotonic()
+            return full
+        return StorageUnavailable(f"put {path}: {_short(error)}")
+
+    def check_space(self) -> None:
+        """Raise ``StorageFull`` while this store is known to be full: a put was refused for lack
+        of space less than ``FULL_HOLD_S`` ago and none landed since. Past the hold a request is
+        let through to try (space may be back); a writer retrying its put meanwhile keeps the
+        mark fresh while there is still no room."""
+        now = time.monotonic()
+        full = self._full
+        if full is not None and now - self._full_at < FULL_HOLD_S:
+            raise raytxn_errors.StorageFull(f"storage {self.url} is full ({full}); nothing was written: retry once "
+                                            "space is freed")
+        if self._root_prefix is None:
+            return
+        if now - self._space_checked_at >= SPACE_CHECK_S:
+            self._space_checked_at = now
+            self._space_short = _short_of_space(self._root_prefix)
+        if self._space_short is not None:
+            raise raytxn_errors.StorageFull(f"storage {self.url} is full ({self._space_short}); nothing was "
+                                            "written: retry once space is freed")
+
+    def full_note(self) -> str:
+        """" (the store is full: ...)" while ``check_space`` refuses, else "": for the message of a
+        write that waited for space in vain."""
+        full = self._full
+        return f" (the store is full: {full})" if full is not None else ""
+
 
 def _check_relative(path: str) -> None:
     if path.startswith("/") or "" in (parts := path.split("/")) or "." in parts or ".." in parts:
@@ -318,3 +378,52 @@ def _fsync_path(path: str) -> None:
 
 def _short(error: BaseException) -> str:
     return str(error).split("\n", 1)[0][:300]
+
+
+# How long a refusal for lack of space keeps new work away (``Storage.check_space``).
+FULL_HOLD_S = 2.0
+SPACE_CHECK_S = 0.5  # how often a local store's free space is looked at (one statvfs)
+# The room a local disk keeps for work already accepted: new work stops below this much free,
+# 5% of the filesystem (BookKeeper's default read-only threshold is 95% used), 64 MiB at most.
+RESERVE_SHARE = 0.05
+MAX_RESERVE_BYTES = 64 << 20
+
+
+def local_reserve_bytes(total_bytes: int) -> int:
+    """The free space a local store of ``total_bytes`` keeps for accepted work."""
+    return min(MAX_RESERVE_BYTES, int(total_bytes * RESERVE_SHARE))
+
+
+def _short_of_space(directory: str) -> str | None:
+    """What is short on the filesystem of ``directory`` (None: room, or it cannot tell)."""
+    try:
+        stat = os.statvfs(directory)
+    except OSError:
+        return None  # gone or unreadable: the put says what is wrong
+    free, total = stat.f_bavail * stat.f_frsize, stat.f_blocks * stat.f_frsize
+    reserve = local_reserve_bytes(total)
+    if free < reserve:
+        return f"{free} bytes free of {total}, below the {reserve} kept for work already accepted"
+    return None
+
+
+_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+# How a full store shows through obstore, whose errors are not OSErrors: the Rust io error of a
+# local filesystem ("No space left on device (os error 28)", a quota's 122), or an HTTP 507
+# Insufficient Storage of an S3-compatible store (MinIO's XMinioStorageFull among them).
+_FULL_MESSAGES = ("os error 28", "os error 122", "no space left on device", "disk quota exceeded",
+                  "insufficient storage", "storagefull", "status 507", "507 insufficient")
+
+
+def is_out_of_space(error: BaseException) -> bool:
+    """Whether ``error`` (or an error it was raised from) says the store has no room."""
+    seen = 0
+    current: BaseException | None = error
+    while current is not None and seen < 8:  # a bound on the cause chain
+        if isinstance(current, OSError) and current.errno in _FULL_ERRNOS:
+            return True
+        if isinstance(current, BaseError | OSError) and any(m in str(current).lower() for m in _FULL_MESSAGES):
+            return True
+        current = current.__cause__ or current.__context__
+        seen += 1
+    return False

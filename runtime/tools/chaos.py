@@ -18,7 +18,7 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +30,7 @@ from raytxn.tools.checker import Anomaly, Report, check
 from raytxn.tools.history import History, as_txn
 
 MAX_NOTES = 2000
+MAX_FEED_ATTEMPTS = 10  # sends of one order a steady feed makes before it gives up
 READY_BEFORE_KILL_S = 10.0  # how long a kill waits for its target to serve (else it is skipped)
 
 POINTS = {
@@ -104,10 +105,16 @@ def make_schedule(seed: int, actors: dict[str, list[str]], count: int, interval_
 def run_chaos(client: Any, txns: int = 300, seed: int = 1, workers: int = 3, txn_timeout_s: float = 10.0,
               fault_interval_s: float = 1.0, abort_ratio: float = 0.1, time_limit_s: float = 600.0,
               progress: Any = None, partitions: tuple[int, int, int] = (3, 2, 2),
-              dormant_ratio: float = 0.0) -> ChaosResult:
+              dormant_ratio: float = 0.0, feed_per_s: float = 0.0,
+              observe: Callable[[dict[str, Any]], None] | None = None) -> ChaosResult:
     """Run the workload on ``client``'s engine and judge it; see the module docstring.
     ``partitions``: of the input topic and the two outputs. ``dormant_ratio``: see ``make_schedule``
-    (an engine with a short ``passivate_idle_s`` also passivates idle actors during the run)."""
+    (an engine with a short ``passivate_idle_s`` also passivates idle actors during the run).
+
+    ``feed_per_s`` > 0: a steady load (the soak, ``raytxn bench soak``): the orders are sent at
+    that rate while the workers run, not all before, and the faults are spread over the time
+    that takes. ``observe`` gets the counts (``t`` seconds since the start, ``fed``,
+    ``committed``, ``aborted``, ``done``, ``fired``) about five times a second."""
     import raytxn as rt
 
     rng = random.Random(seed)
@@ -118,11 +125,32 @@ def run_chaos(client: Any, txns: int = 300, seed: int = 1, workers: int = 3, txn
         client.create_topic(topic, count)
     history = History()
     now = time.monotonic
-    seeder = client.create_producer(topic_in)
-    for i in range(txns):
-        uid = f"in-{i}"
-        history.send(uid, topic_in, None, None, seeder.producer_name, now())
-        history.send_ok(uid, seeder.send(uid.encode(), key=uid), now(), producer=seeder.producer_name)
+    seeder = client.create_producer(topic_in, send_timeout_s=120)
+    fed = [0]  # orders sent so far
+
+    def feed(count: int, per_s: float) -> None:
+        """Send ``count`` orders, at ``per_s`` a second (0: at once, before the run). A steady
+        feed meets the faults: a send that fails is sent again, as an application would (the
+        same uid: the checker accepts one stored copy)."""
+        began = now()
+        for i in range(count):
+            if per_s > 0:
+                time.sleep(max(0.0, began + i / per_s - now()))
+            uid = f"in-{i}"
+            for attempt in range(MAX_FEED_ATTEMPTS):
+                history.send(uid, topic_in, None, None, seeder.producer_name, now())
+                try:
+                    history.send_ok(uid, seeder.send(uid.encode(), key=uid), now(), producer=seeder.producer_name)
+                    break
+                except RaytxnError as e:
+                    history.send_failed(uid, e, now(), producer=seeder.producer_name)
+                    if per_s <= 0 or attempt + 1 == MAX_FEED_ATTEMPTS:
+                        raise
+                    note_error(e, None, None, f"feed {uid}")
+            fed[0] = i + 1
+
+    if feed_per_s <= 0:
+        feed(txns, 0.0)
     consumers = [client.subscribe(topic_in, "chaos", consumer_type=rt.ConsumerType.Shared,
                                   initial_position=rt.InitialPosition.Earliest, consumer_name=f"w{w}",
                                   ack_timeout_s=txn_timeout_s * 2)
@@ -134,7 +162,7 @@ def run_chaos(client: Any, txns: int = 300, seed: int = 1, workers: int = 3, txn
         "partition": [partition_actor_name(t, p) for t, n in sizes.items() for p in range(n)],
         "subscription": [subscription_actor_name(topic_in, p, "chaos") for p in range(sizes[topic_in])],
     }
-    expected_s = max(5.0, txns * 0.05)
+    expected_s = max(5.0, txns * 0.05, txns / feed_per_s if feed_per_s > 0 else 0.0)
     schedule = make_schedule(seed, actors, max(3, int(expected_s / fault_interval_s)), fault_interval_s,
                              dormant_ratio)
     done: set[str] = set()
@@ -246,6 +274,8 @@ def run_chaos(client: Any, txns: int = 300, seed: int = 1, workers: int = 3, txn
 
     threads = [threading.Thread(target=worker, args=(w,), daemon=True) for w in range(workers)]
     fault_thread = threading.Thread(target=faults, daemon=True)
+    if feed_per_s > 0:
+        threads.append(threading.Thread(target=feed, args=(txns, feed_per_s), daemon=True))
     for thread in [*threads, fault_thread]:
         thread.start()
     last_report = 0.0
@@ -253,6 +283,10 @@ def run_chaos(client: Any, txns: int = 300, seed: int = 1, workers: int = 3, txn
     # done before its first fault (a fast machine) would otherwise test nothing.
     while (len(done) < txns or fault_thread.is_alive()) and now() - start < time_limit_s:
         time.sleep(0.2)
+        if observe is not None:
+            with lock:
+                counts_now = {"t": now() - start, "fed": fed[0], "done": len(done), **counts}
+            observe(counts_now)
         if progress and now() - last_report >= 5:
             last_report = now()
             progress(f"  t={now() - start:5.1f}s {len(done)}/{txns} orders done")
@@ -267,9 +301,9 @@ def run_chaos(client: Any, txns: int = 300, seed: int = 1, workers: int = 3, txn
     for consumer in consumers:
         consumer.close()
     time.sleep(txn_timeout_s + 1)  # txns abandoned by a failed client time out
-    _drain(client, history, topic_in, "chaos", now)
-    _drain(client, history, out_a, "verify", now)
-    _drain(client, history, out_b, "verify", now)
+    drain_into(history, client, topic_in, "chaos", now)
+    drain_into(history, client, out_a, "verify", now)
+    drain_into(history, client, out_b, "verify", now)
     report = check(history, txn_timeout_s=txn_timeout_s * 2 + 5, stuck_slack_s=30.0)
     missing = txns - len(done)
     if missing:  # every order must have been processed by the end
@@ -278,12 +312,13 @@ def run_chaos(client: Any, txns: int = 300, seed: int = 1, workers: int = 3, txn
     # (the evidence tells the story of the first few orders never done, too)
     stuck = [Anomaly("lost", f"order {uid}", "never committed", msg_uid=uid)
              for uid in [f"in-{i}" for i in range(txns) if f"in-{i}" not in done][:3]]
-    evidence = [] if report.clean else _evidence(client, history, [*report.anomalies(), *stuck], notes)
+    story = [] if report.clean else evidence(client, history, [*report.anomalies(), *stuck], notes)
     return ChaosResult(seed, txns, counts["committed"], counts["aborted"], now() - start, schedule,
-                       counts["fired"], report, errors, evidence, skipped, killed_incarnations)
+                       counts["fired"], report, errors, story, skipped, killed_incarnations)
 
 
-def _evidence(client: Any, history: History, anomalies: list[Anomaly], notes: Iterable[tuple]) -> list[str]:
+def evidence(client: Any, history: History, anomalies: list[Anomaly], notes: Iterable[tuple]) -> list[str]:
+    """The client's and the stored side's story of ``anomalies`` (``chaos_evidence``), best effort."""
     lines = client_story(history, anomalies, notes)
     engine = client.config
     for topic, partition in partitions_of(history, anomalies):
@@ -303,12 +338,14 @@ def _abort(history: History, txn: Any, now: Any) -> None:
         history.txn_abort(txn.id, "unknown", now(), issued_at=issued)
 
 
-def _drain(client: Any, history: History, topic: str, subscription: str, now: Any) -> None:
-    """Read what is left for ``subscription`` (a new one starts at the earliest message)."""
+def drain_into(history: History, client: Any, topic: str, subscription: str, now: Any,
+               consumer_type: Any = None) -> None:
+    """Read what is left for ``subscription`` (a new one starts at the earliest message) into
+    ``history``'s final state of it; ``consumer_type``: the subscription's (default Exclusive)."""
     import raytxn as rt
 
-    consumer = client.subscribe(topic, subscription, initial_position=rt.InitialPosition.Earliest,
-                                consumer_name=f"drain-{subscription}")
+    consumer = client.subscribe(topic, subscription, consumer_type=consumer_type or rt.ConsumerType.Exclusive,
+                                initial_position=rt.InitialPosition.Earliest, consumer_name=f"drain-{subscription}")
     seen = []
     while True:
         try:

@@ -181,6 +181,32 @@ def status(address: Address = "auto", as_json: Json = False) -> None:
 
 
 @app.command()
+def restart(rolling: Annotated[bool, typer.Option(
+                "--rolling", help="one actor at a time, each drained first (the only way: required)")] = False,
+            drain_s: Annotated[float, typer.Option(
+                "--drain-s", min=0, max=120, help="how long each actor may finish its calls in flight")] = 10.0,
+            address: Address = "auto", as_json: Json = False) -> None:
+    """Superusers: restart every running engine actor one at a time (partitions, subscriptions,
+    coordinators, hosts, then the supervisor), each drained first, the next once it serves
+    again. Producers, consumers and transactions go on meanwhile. Run it after installing a new
+    release where the actors run: that is an upgrade."""
+    if not rolling:
+        console.print("[red]say --rolling: raytxn restarts its actors one at a time, so that the engine keeps "
+                      "serving (to stop everything, use `raytxn stop`)[/red]")
+        raise typer.Exit(2)
+    with _client(address) as client:
+        printer = None if as_json else (lambda row: console.print(
+            f"restarted {row['name']} ({row['kind']}) in {row['seconds']}s"
+            + ("" if row.get("restarted", True) else f": {row.get('why')}"), markup=False))
+        rows = client.rolling_restart(drain_s, progress=printer)
+    if as_json:
+        print(json.dumps(rows, default=str))
+        return
+    console.print(f"rolling restart done: {sum(bool(r.get('restarted')) for r in rows)} actors restarted, "
+                  f"{sum(r['seconds'] for r in rows):.1f}s")
+
+
+@app.command()
 def kafka(port: Annotated[int, typer.Option("--port", help="TCP port Kafka clients connect to (0: any free)")] = 9092,
           bind_host: Annotated[str, typer.Option(
               "--bind-host", help="interface to listen on (another than loopback with auth off: a warning)")
@@ -603,6 +629,8 @@ def bench_command(
     names: Annotated[list[str] | None, typer.Argument(help=f"benchmarks: {', '.join(bench.BENCHMARKS)}")] = None,
     short: Annotated[bool, typer.Option("--short", help="small sizes, for a CI smoke run")] = False,
     out: Annotated[Path, typer.Option("--out", help="JSON file to write")] = Path("bench-results/bench.json"),
+    minutes: Annotated[float | None, typer.Option(
+        "--minutes", min=0, help="bench soak: how long it runs (default 30; --short: 1)")] = None,
     sizes: Annotated[list[str] | None, typer.Option(
         "--size", help="KEY=VALUE, a size option of the one benchmark run (" + "; ".join(
             f"bench {name}: {', '.join(keys)}" for name, keys in bench.SIZE_OPTIONS.items()) + "); repeat for more")
@@ -622,6 +650,10 @@ def bench_command(
         raise typer.Exit(2) from None
     try:
         size = bench.parse_sizes(sizes or [], names)
+        if minutes is not None:
+            if names != ["soak"]:
+                raise ValueError("--minutes is for bench soak alone")
+            size["minutes"] = minutes
     except ValueError as e:
         console.print(f"[red]{e}[/red]")
         raise typer.Exit(2) from None

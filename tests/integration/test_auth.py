@@ -69,12 +69,17 @@ def test_only_superusers_administer(admin: rt.Client, alice: rt.Client) -> None:
     with pytest.raises(NotAuthorized, match="not a superuser"):
         alice.create_topic(f"auth-{uuid.uuid4().hex[:8]}")
     topic = new_topic(admin, prefix="auth")
+    supervisor_pid = admin.supervisor.call("ready")["pid"]
     for attempt in (lambda: alice.delete_topic(topic), lambda: alice.grant_permission(topic, "alice", ["produce"]),
                     lambda: alice.permissions(topic), lambda: alice.faults.arm("partition.after_append", topic=topic),
                     lambda: alice.coordinators.ref(0).call("list_txns"), lambda: alice.list_transactions(),
-                    lambda: alice.faults.arm("supervisor.after_mark_deleting")):
+                    lambda: alice.faults.arm("supervisor.after_mark_deleting"), lambda: alice.rolling_restart(),
+                    lambda: alice.supervisor.call("restart_actor", "tc-0"),
+                    lambda: alice.supervisor.call("drain", 1.0, 0.5),
+                    lambda: alice.coordinators.ref(0).call("drain", 1.0)):
         with pytest.raises(NotAuthorized):
             attempt()
+    assert admin.supervisor.call("ready")["pid"] == supervisor_pid  # nothing restarted
     assert [t["name"] for t in alice.list_topics()].count(topic) == 1  # reading metadata is fine
     assert admin.permissions(topic) == {}
 

@@ -14,11 +14,10 @@ from raytxn.tools import bench_produce
 from tests.unit.test_bench_tables import missing_figures
 
 
-def run_bench(name: str, tmp_path: Path, timeout_s: float = 300, sizes: tuple[str, ...] = ()) -> tuple[list[dict], str]:
-    """``raytxn bench NAME --short --out TMP/NAME.json [--size S ...]`` in a fresh process: its rows
-    and what it printed."""
+def run_bench(name: str, tmp_path: Path, timeout_s: float = 300, *options: str) -> tuple[list[dict], str]:
+    """``raytxn bench NAME --short --out TMP/NAME.json [OPTIONS]`` in a fresh process: its rows and
+    what it printed."""
     out = tmp_path / f"{name}.json"
-    options = [arg for size in sizes for arg in ("--size", size)]
     proc = subprocess.run([sys.executable, "-m", "raytxn.tools.cli", "bench", name, "--short", "--out", str(out),
                            *options], capture_output=True, text=True, timeout=timeout_s)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -50,6 +49,54 @@ def test_bench_ceiling_short_writes_json(tmp_path: Path) -> None:
     [row], stdout = run_bench("ceiling", tmp_path)
     assert len(row["runs"]) == 3 and round(row["msgs_per_s"]) == max(row["runs"]) > 0
     assert missing_figures([row], stdout) == [], stdout
+
+
+def check_soak(rows: list[dict], stdout: str, tmp_path: Path, intervals: int) -> None:
+    """A soak run's rows: ``intervals`` rows with what committed and every engine process's
+    memory and open files, a row per process with its slopes, and the verdict, the checker's
+    among it (clean)."""
+    interval_rows = [r for r in rows if "interval" in r]
+    processes = [r for r in rows if "process" in r]
+    [verdict] = [r for r in rows if r.get("case") == "verdict"]
+    assert len(interval_rows) == intervals, interval_rows
+    for row in interval_rows:
+        assert row["committed_txns"] > 0 and row["messages"] == 3 * row["committed_txns"]
+        assert {"supervisor", "driver"} <= set(row["rss_mib"]) and set(row["rss_mib"]) == set(row["open_files"])
+        assert any(name.startswith("partition-") for name in row["rss_mib"]), row["rss_mib"]
+        assert all(mib > 10 and files > 3 for mib, files in zip(row["rss_mib"].values(), row["open_files"].values(),
+                                                                strict=True))
+    assert {"supervisor", "driver"} <= {r["process"] for r in processes}
+    assert all(isinstance(r["rss_slope_mib_per_min"], float) for r in processes)
+    assert verdict["checker"] == "clean", verdict
+    assert verdict["faults_fired"] > 0 and verdict["committed"] == verdict["txns"]
+    assert verdict["first_interval_txns"] == interval_rows[0]["committed_txns"]
+    assert isinstance(verdict["throughput_flat"], bool)
+    # Judged: the engine processes sampled five times (the supervisor, in a minute's run); a
+    # minute is warm-up.
+    judged = [r for r in processes if r["judged"]]
+    assert verdict["processes_judged"] == len(judged) and all(r["samples"] >= 5 for r in judged)
+    assert verdict["memory_flat"] in (None, True, False) and verdict["files_flat"] in (None, True, False)
+    assert missing_figures(rows, stdout) == [], stdout
+    assert (tmp_path / "soak.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow(seconds=75)  # 74 s beside another test on 2 cores
+def test_bench_soak_quick_samples_every_actor_and_judges_the_run(tmp_path: Path) -> None:
+    """The suite's soak: 30 s of the chaos workload at a tiny steady load, with faults, a row per
+    10 s (the minute's run below is the extended job's)."""
+    rows, stdout = run_bench("soak", tmp_path, 600, "--minutes", "0.5", "--size", "interval_s=10",
+                             "--size", "warmup_s=5")
+    check_soak(rows, stdout, tmp_path, intervals=3)
+
+
+@pytest.mark.extended
+@pytest.mark.slow(seconds=130)
+def test_bench_soak_short_samples_every_actor_and_judges_the_run(tmp_path: Path) -> None:
+    """One minute of the chaos workload at a tiny steady load, with faults: a row per 15 s. The
+    30-minute run is the team's (`raytxn bench soak --minutes 30`): a minute is too short for the
+    slopes to mean anything, so they are shown here, not judged."""
+    rows, stdout = run_bench("soak", tmp_path, 600)
+    check_soak(rows, stdout, tmp_path, intervals=4)
 
 
 @pytest.mark.extended
@@ -87,7 +134,7 @@ def test_bench_gateway_memory_short_samples_the_gateway_over_a_consume_that_rere
     topic of 30,000 (seeks back to 0 at each partition's end), while the gateway's RSS and open
     descriptors are sampled; the samples and their chart are written beside the rows."""
     series = tmp_path / "series"
-    [row], stdout = run_bench("gateway-memory", tmp_path, sizes=(f"series={series}",))
+    [row], stdout = run_bench("gateway-memory", tmp_path, 300, "--size", f"series={series}")
     assert (row["messages"], row["fill"]) == (300_000, 30_000)
     written = json.loads(series.with_suffix(".json").read_text())
     assert written["row"] == row and len(written["samples"]) == row["samples"] >= 5

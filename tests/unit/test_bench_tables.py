@@ -30,6 +30,7 @@ from raytxn.tools import (
     bench_ray_data,
     bench_s3,
     bench_scale,
+    bench_soak,
     bench_spark,
     bench_subscription,
 )
@@ -78,6 +79,15 @@ def _peers() -> list[dict]:
 def _auth() -> list[dict]:
     return bench_auth.with_ratio_to_auth_off([bench_auth.auth_row(False, 20_000, 41_000.25, 30_500.5, [0.5, 0.75]),
                                               bench_auth.auth_row(True, 20_000, 39_000.75, 29_000.5, [0.6, 0.8])])
+
+
+def _soak() -> list[dict]:
+    processes = {"supervisor": (101, 180.5, 65), "tc-0": (102, 183.25, 56), "driver": (100, 220.75, 49)}
+    intervals = [bench_soak.interval_row(i + 1, i + 1.0, 60.25, 600 + i, 60, 2, 6, processes) for i in range(3)]
+    series = {(name, pid): [(m, mib + m / 4, fds) for m in (0.0, 1.0, 2.0, 3.0)]
+              for name, (pid, mib, fds) in processes.items()}
+    rows = bench_soak.process_rows(series)
+    return [*intervals, *rows, bench_soak.summary_row(intervals, rows, 3.0, 2400, 2300, 100, 18, "clean")]
 
 
 ROWS: dict[str, Callable[[], list[dict]]] = {
@@ -154,6 +164,7 @@ ROWS: dict[str, Callable[[], list[dict]]] = {
         [{"t_s": t, "rss_mib": 200.5 + t / 100, "uss_mib": 150.25, "fds": 50, "consumed": 1000 * t}
          for t in range(0, 300, 5)],
         60.0, 60.0, 2_000_000, 300.25, 500_000, {"held_bytes": 64 << 20}, "bench-results/gateway-memory")],
+    "soak": lambda: _soak(),
     "kafka": lambda: [*bench_kafka.kafka_rows(1, 5_000, {"produce": {"gateway": [20_000.5, 22_000.25],
                                                                      "native": [60_000.75, 58_000.5]},
                                                          "consume": {"gateway": [40_000.25, 41_000.5],
