@@ -81,6 +81,16 @@ class LiveWorkload:
             assert time.monotonic() < deadline, f"the workload did not start: {dict(self.deliveries)} {self.errors}"
             time.sleep(0.1)
 
+    def wait_for_more_deliveries(self, more: int = 3, timeout_s: float = 120.0) -> None:
+        """Until every consumer has had ``more`` deliveries beyond those it had at the call (each
+        counted against its own: the Shared subscription's two consumers share its messages, so
+        a count taken from the Exclusive consumer outruns theirs on a long phase)."""
+        seen = {name: len(self.deliveries[name]) for name in self._consumers}
+        deadline = time.monotonic() + timeout_s
+        while any(len(self.deliveries[name]) < seen[name] + more for name in self._consumers):
+            assert time.monotonic() < deadline, f"the workload stalled: {dict(self.deliveries)} {self.errors}"
+            time.sleep(0.1)
+
     def stop(self) -> None:
         """Stop producing, let the consumers take what is left (until none got anything for
         ``IDLE_S``), stop them and close them."""
