@@ -52,7 +52,9 @@ def test_a_spark_pipeline_through_a_rolling_restart_and_a_kill_of_everything(cli
     def run_pipeline() -> None:
         while not stop.is_set():
             try:
-                pipeline.run(max_batches=1, progress=False)
+                # max_batches counts every batch the pipeline committed, over all its runs: a few
+                # more each call (a constant 1 ran one batch, then returned at once, in a busy loop)
+                pipeline.run(max_batches=len(pipeline.stats) + 5, until_idle=True, progress=False)
             except Exception as e:  # noqa: BLE001 - the test fails on it below
                 failures.append(e)
                 return
