@@ -682,7 +682,9 @@ class Dispatcher:
         if keys is None:
             released = [(position, index) for position, held in consumer.outstanding.items() for index in held]
         else:
-            released = [key for key in keys if key[1] in consumer.outstanding.get(key[0], ())]
+            # Once each: a message can be due twice in one request (its negative ack and its ack
+            # timeout), and giving it back twice met its owner already gone (KeyError).
+            released = [key for key in dict.fromkeys(keys) if key[1] in consumer.outstanding.get(key[0], ())]
         by_entry: dict[Position, list[int]] = {}
         for position, index in released:
             by_entry.setdefault(position, []).append(index)

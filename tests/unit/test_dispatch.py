@@ -352,6 +352,17 @@ def test_release_rewinds_and_counts_redeliveries() -> None:
     assert deliver(state) == [(0, 0, 1)]  # entry 1 is still outstanding: not queued twice
 
 
+def test_a_message_named_twice_in_one_release_is_given_back_once() -> None:
+    """Regression (seen as KeyError: 0 from a subscription's redeliver under load): a consumer's
+    redelivery request can name a message twice (due by its negative ack and by its ack timeout)."""
+    state = state_with_consumer()
+    state.on_read(state.read_position, [data_entry(0, [b"a"]), data_entry(1, [b"b"])], P(0, 2), P(0, 1))
+    assert deliver(state) == [(0, 0, 0), (1, 0, 0)]
+    assert state.release("a", [(P(0, 0), 0), (P(0, 0), 0)]) == 1
+    state.on_read(P(0, 0), [data_entry(0, [b"a"]), data_entry(1, [b"b"])], P(0, 2), P(0, 1))
+    assert deliver(state) == [(0, 0, 1)]  # counted once: its first redelivery
+
+
 def test_a_new_exclusive_consumer_gets_given_back_messages_before_later_queued_ones() -> None:
     """Regression: a closed consumer's outstanding messages were re-read behind messages still
     queued, so its successor received later ones first and a cumulative ack of those covered
