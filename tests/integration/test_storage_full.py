@@ -187,7 +187,7 @@ def test_a_disk_full_to_the_last_byte_waits_then_recovers_by_itself(client: rt.C
     dangling = client.new_transaction(timeout=8)  # its client gives up on it: it times out
     producer.send(b"dangling", key="d", txn=dangling)
     received = [consumer.receive(timeout=30) for _ in range(4)]
-    consumer.acknowledge(received[0])
+    consumer.acknowledge_async(received[0]).result(timeout=30)  # applied before the disk fills
     acking = client.new_transaction(timeout=120)
     consumer.acknowledge(received[1], txn=acking)  # registered with the subscription before the disk fills
 
@@ -232,7 +232,12 @@ def test_a_disk_full_to_the_last_byte_waits_then_recovers_by_itself(client: rt.C
             again.append(consumer.receive(timeout=5).value())
         except rt.errors.Timeout:
             break
-    assert sorted(again) == sorted([*before[1:], *committing_values]), again
+    # The plain ack was applied before the disk filled, but a plain ack is durable only once the
+    # cursor is stored: a subscription restarted while the disk was full may give that one message
+    # again (Pulsar's rule for plain acks too). Nothing else comes again, nothing is missing.
+    plain_acked = before[0]
+    assert sorted(value for value in again if value != plain_acked) == sorted([*before[1:], *committing_values]), again
+    assert again.count(plain_acked) <= 1, again
     late.send(b"after", key="x")
     assert b"after" in values(topic)
     assert not staging_files(small_disk)

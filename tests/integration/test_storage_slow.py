@@ -76,6 +76,11 @@ def expected(note: tuple, workload: LiveWorkload) -> bool:
     if name == "TransactionTimedOut":
         return True
     if name == "TransactionConflict":
+        if "which is already acked" in text:
+            # A message delivered again after its ack committed (a consumer reconnecting through the
+            # outage gets its unacked window again): the ack's conflict is what keeps it from being
+            # processed twice, and the checker below judges that nothing was (seen once in CI).
+            return True
         given_up = {str(other[2]) for other in workload.notes if other[2] is not None and other is not note}
         return any(f"pending in {txn}" in text for txn in given_up)
     error = getattr(rt.errors, name, None)
