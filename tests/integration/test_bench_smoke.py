@@ -80,15 +80,6 @@ def check_soak(rows: list[dict], stdout: str, tmp_path: Path, intervals: int) ->
     assert (tmp_path / "soak.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.slow(seconds=75)  # 74 s beside another test on 2 cores
-def test_bench_soak_quick_samples_every_actor_and_judges_the_run(tmp_path: Path) -> None:
-    """The suite's soak: 30 s of the chaos workload at a tiny steady load, with faults, a row per
-    10 s (the minute's run below is the extended job's)."""
-    rows, stdout = run_bench("soak", tmp_path, 600, "--minutes", "0.5", "--size", "interval_s=10",
-                             "--size", "warmup_s=5")
-    check_soak(rows, stdout, tmp_path, intervals=3)
-
-
 @pytest.mark.extended
 @pytest.mark.slow(seconds=130)
 def test_bench_soak_short_samples_every_actor_and_judges_the_run(tmp_path: Path) -> None:

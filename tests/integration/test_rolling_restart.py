@@ -5,8 +5,9 @@ an upgrade does), then all of them are killed at once. The checker finds nothing
 duplicated, no aborted or uncommitted read; and no consumer went longer than the transaction
 timeout (plus a margin for its fetch's backoff) without a delivery.
 
-The suite runs a rolling restart of one partition per topic; the extended runs add the kill of
-everything, two partitions restarted twice, and hosts (``actor_hosts``).
+Every test here is the extended job's (the suite's 30-minute budget): a rolling restart of one
+partition per topic, the kill of everything, two partitions restarted twice, and hosts
+(``actor_hosts``). The suite restarts single actors under load in its chaos and storage tests.
 """
 
 from __future__ import annotations
@@ -123,6 +124,7 @@ def check_workload(workload: LiveWorkload) -> None:
     assert not [e for e in workload.errors if e.startswith("thread crashed")], workload.errors
 
 
+@pytest.mark.extended  # the suite's budget: the two longer rolling restarts below are extended too
 @pytest.mark.timeout(900)  # a live workload for minutes on a loaded machine
 @pytest.mark.slow(seconds=55)  # 46 s and the engine's start beside another test on 2 cores
 def test_a_rolling_restart_under_load(client: rt.Client) -> None:

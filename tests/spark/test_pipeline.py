@@ -371,6 +371,8 @@ def send_events(client: rt.Client, topic: str, events: list[tuple[str, int]]) ->
     producer.flush()
 
 
+@pytest.mark.extended  # 73 s: the suite's Spark module was the longest worker's (the keyed-state test stays)
+@pytest.mark.slow(seconds=75)
 def test_a_dedup_window_passes_each_event_once_across_an_aborted_batch(client: rt.Client, spark) -> None:
     """The per-key dedup window (``raytxn.connectors.dedup``): repeats within the window dropped,
     repeats three windows later passed again, exactly as the plain-Python rule says, though batch 1
