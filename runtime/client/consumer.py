@@ -747,13 +747,28 @@ class Consumer:
         if generation > feed.generation:
             if feed.generation != (0, 0):  # (0, 0): not attached yet
                 self._rewinds_seen += 1
-            if feed.queued:
-                if self._queue and self._queue[0][0] is feed and self._front_taken:
-                    self._front_taken = 0  # the front run goes: the next one starts fresh
-                self._queue = deque(item for item in self._queue if item[0] is not feed)
-                self._queued -= feed.queued
-                feed.queued = 0
+            self._drop_queued_locked(feed)
             feed.generation = generation
+
+    def _drop_queued_locked(self, feed: _Feed) -> None:
+        """Drop what the partition's queue holds: the actor no longer counts it as this consumer's."""
+        if feed.queued:
+            if self._queue and self._queue[0][0] is feed and self._front_taken:
+                self._front_taken = 0  # the front run goes: the next one starts fresh
+            self._queue = deque(item for item in self._queue if item[0] is not feed)
+            self._queued -= feed.queued
+            feed.queued = 0
+
+    def _forget_detached(self, feed: _Feed) -> None:
+        """The actor dropped this consumer (idle for its timeout: an outage held its fetches) and
+        gave its messages to the consumers attached, this one too once it attaches again. The
+        copies still queued here are stale: received, each would come twice (the second's txn ack
+        refused as already acked). Dropped, as Pulsar's consumer epoch (PIP-84) drops messages
+        sent before a redelivery; the messages it had received come again too, so it counts as a
+        rewind (their order starts over)."""
+        with self._cond:
+            self._rewinds_seen += 1
+            self._drop_queued_locked(feed)
 
     async def _start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -773,6 +788,8 @@ class Consumer:
                 if not reply["registered"]:
                     if self._closed:  # the actor forgot us because close detached us: stay detached
                         return
+                    if tuple(reply["generation"]) == feed.generation:  # the incarnation we attached to dropped us
+                        self._forget_detached(feed)  # (a newer one's generation drops the queue at attach)
                     # Shielded: if close cancels this loop now, the subscribe still completes and
                     # close detaches after it, rather than the subscribe landing after the detach
                     # and leaving a consumer attached that nobody fetches for.
