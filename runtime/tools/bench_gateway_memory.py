@@ -20,7 +20,6 @@ and descriptors over time.
 from __future__ import annotations
 
 import json
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -32,10 +31,8 @@ import pyarrow as pa
 import ray
 
 import raytxn as rt
-from raytxn.cluster import stop_engine
-from raytxn.config import SubscriptionConfig
 from raytxn.errors import InvalidArgument
-from raytxn.ids import NAMESPACE
+from raytxn.tools.bench_engine import local_engine_with_gateway
 
 PAYLOAD = b"x" * 100
 FILL_CALL = 100_000  # messages per send_batch call while filling
@@ -197,8 +194,6 @@ def write_series(samples: list[dict[str, float]], row: dict[str, Any], prefix: P
 
 def bench_gateway_memory(short: bool = False, progress: Callable[[str], None] = print, **size: Any) -> list[dict]:
     """The bench (module docstring); ``size``: any of ``SIZES``' keys, over the defaults of ``short``."""
-    from raytxn.kafka.gateway import start_gateway
-
     unknown = sorted(set(size) - set(SIZES[short]))
     if unknown:
         raise InvalidArgument(f"bench gateway-memory has no size {', '.join(unknown)}; "
@@ -207,15 +202,7 @@ def bench_gateway_memory(short: bool = False, progress: Callable[[str], None] = 
     messages, fill, partitions = int(size["messages"]), int(size["fill"]), int(size["partitions"])
     if not 0 < fill <= messages or partitions < 1:
         raise InvalidArgument(f"bench gateway-memory needs 0 < fill <= messages and partitions >= 1, got {size}")
-    started_ray = not ray.is_initialized()
-    if started_ray:
-        ray.init(address="local", namespace=NAMESPACE, include_dashboard=False, logging_level="ERROR")
-    client = rt.connect(storage=f"file://{tempfile.mkdtemp(prefix='raytxn-bench-gateway-memory-')}",
-                        subscription=SubscriptionConfig())
-    gateway = None
-    try:
-        gateway = start_gateway(0, bind_host="127.0.0.1", advertised_host="127.0.0.1",
-                                num_coordinators=client.config.coordinator.num_coordinators)
+    with local_engine_with_gateway("raytxn-bench-gateway-memory-") as (client, gateway):
         topic = f"bench-gateway-memory-{time.monotonic_ns()}"
         client.create_topic(topic, partitions)
         rate = _fill(client, topic, fill, progress)
@@ -234,13 +221,6 @@ def bench_gateway_memory(short: bool = False, progress: Callable[[str], None] = 
             sampler.stop()
         seconds = time.monotonic() - t0
         stats = ray.get(gateway["actor"].stats.remote())
-    finally:
-        if gateway is not None:
-            ray.kill(gateway["actor"], no_restart=True)
-        client.close()
-        stop_engine()
-        if started_ray:
-            ray.shutdown()
     series = str(size["series"])
     row = memory_row(sampler.samples, float(size["warmup_s"]), float(size["window_s"]), consumed, seconds, fill,
                      stats["batches"].get("fetch_cache", {}), series)

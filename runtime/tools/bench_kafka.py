@@ -27,17 +27,12 @@ fresh local one that it stops at the end; the gateway actor listens on a free po
 
 from __future__ import annotations
 
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
-import ray
-
 import raytxn as rt
-from raytxn.cluster import stop_engine
-from raytxn.config import SubscriptionConfig
-from raytxn.ids import NAMESPACE
+from raytxn.tools.bench_engine import local_engine_with_gateway
 from raytxn.tools.bench_subscription import BATCH_MESSAGES, BATCH_QUEUE  # the same batches, the same queue
 
 PAYLOAD = b"x" * 100
@@ -145,29 +140,12 @@ def _native_consume(client: rt.Client, topic: str, count: int) -> tuple[float, f
 
 
 def bench_kafka(short: bool = False, progress: Callable[[str], None] = print) -> list[dict]:
-    from raytxn.kafka.gateway import start_gateway
-
-    started_ray = not ray.is_initialized()
-    if started_ray:  # a fresh local Ray of our own (never someone else's cluster)
-        ray.init(address="local", namespace=NAMESPACE, include_dashboard=False, logging_level="ERROR")
-    client = rt.connect(storage=f"file://{tempfile.mkdtemp(prefix='raytxn-bench-kafka-')}",
-                        subscription=SubscriptionConfig())
-    gateway = None
     rows: list[dict] = []
     count = 5_000 if short else 100_000
     rounds = 2 if short else 3
-    try:
-        gateway = start_gateway(0, bind_host="127.0.0.1", advertised_host="127.0.0.1",
-                                num_coordinators=client.config.coordinator.num_coordinators)
+    with local_engine_with_gateway("raytxn-bench-kafka-") as (client, gateway):
         for partitions in (1, 4):
             rows += _partitions(client, gateway["bootstrap"], partitions, count, rounds, progress)
-    finally:
-        if gateway is not None:
-            ray.kill(gateway["actor"], no_restart=True)
-        client.close()
-        stop_engine()
-        if started_ray:
-            ray.shutdown()
     return rows
 
 

@@ -25,7 +25,6 @@ median of the rounds' own ratios (runs seconds apart, which see the same machine
 from __future__ import annotations
 
 import statistics
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -33,14 +32,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import ray
-
 import raytxn as rt
-from raytxn.cluster import stop_engine
-from raytxn.config import SubscriptionConfig
-from raytxn.ids import NAMESPACE
 from raytxn.tools import bench_peers_clients as work
 from raytxn.tools.bench import _percentile
+from raytxn.tools.bench_engine import local_engine_with_gateway
 from raytxn.tools.bench_kafka import _kafka_consume, _kafka_produce, _native_consume, _native_produce
 
 SIDES = ("kafka", "gateway", "native")
@@ -133,28 +128,9 @@ def running_sides(kafka_bootstrap: str = "") -> Iterator[Sides]:
     a fresh local one stopped at the end) and a gateway on 127.0.0.1; all stopped after."""
     from confluent_kafka.admin import AdminClient
 
-    from raytxn.kafka.gateway import start_gateway
-
-    started_ray = not ray.is_initialized()
-    with _broker(kafka_bootstrap) as kafka:
-        if started_ray:  # a fresh local Ray of our own (never someone else's cluster)
-            ray.init(address="local", namespace=NAMESPACE, include_dashboard=False, logging_level="ERROR")
-        client = rt.connect(storage=f"file://{tempfile.mkdtemp(prefix='raytxn-bench-peers-')}",
-                            subscription=SubscriptionConfig())
-        gateway = None
-        try:
-            gateway = start_gateway(0, bind_host="127.0.0.1", advertised_host="127.0.0.1",
-                                    num_coordinators=client.config.coordinator.num_coordinators)
-            sides = Sides(client, kafka, gateway["bootstrap"], AdminClient({"bootstrap.servers": kafka}),
-                          gateway_actor=gateway["actor"])
-            yield sides
-        finally:
-            if gateway is not None:
-                ray.kill(gateway["actor"], no_restart=True)
-            client.close()
-            stop_engine()
-            if started_ray:
-                ray.shutdown()
+    with _broker(kafka_bootstrap) as kafka, local_engine_with_gateway("raytxn-bench-peers-") as (client, gateway):
+        yield Sides(client, kafka, gateway["bootstrap"], AdminClient({"bootstrap.servers": kafka}),
+                    gateway_actor=gateway["actor"])
 
 
 class Figures:
