@@ -740,15 +740,32 @@ class Consumer:
                                           str(self.consumer_type), self.read_compacted,
                                           deadline_s=self._client.deadline_s)
         with self._cond:
-            self._move_to_generation_locked(feed, tuple(reply["generation"]))
+            rewound = self._move_to_generation_locked(feed, tuple(reply["generation"]))
+        if rewound:
+            self._forget_redeliveries(feed.partition)
 
-    def _move_to_generation_locked(self, feed: _Feed, generation: tuple[int, int]) -> None:
-        """A newer generation: what was prefetched under an older one is dropped (redelivered)."""
+    def _move_to_generation_locked(self, feed: _Feed, generation: tuple[int, int]) -> bool:
+        """A newer generation: what was prefetched under an older one is dropped (redelivered).
+        True when it rewound an attached partition: call ``_forget_redeliveries`` after the lock."""
+        rewound = False
         if generation > feed.generation:
             if feed.generation != (0, 0):  # (0, 0): not attached yet
                 self._rewinds_seen += 1
+                rewound = True
             self._drop_queued_locked(feed)
             feed.generation = generation
+        return rewound
+
+    def _forget_redeliveries(self, partition: int) -> None:
+        """After a rewind every unacked message of the partition comes again, so its pending
+        negative acks and ack timeouts are spent: due later, each would ask the subscription to
+        redeliver the copy the rewind brought (it names a position, not a copy), and the consumer
+        would hold that message twice (a pipeline then processed it twice in one txn, in CI's
+        rolling restart of hosts). Pulsar clears both trackers when its consumer epoch moves."""
+        with self._acks_lock:
+            for message_id in [m for m in self._unacked if m.partition == partition]:
+                del self._unacked[message_id]
+            self._nacked = [(at, m) for at, m in self._nacked if m.partition != partition]
 
     def _drop_queued_locked(self, feed: _Feed) -> None:
         """Drop what the partition's queue holds: the actor no longer counts it as this consumer's."""
@@ -769,6 +786,7 @@ class Consumer:
         with self._cond:
             self._rewinds_seen += 1
             self._drop_queued_locked(feed)
+        self._forget_redeliveries(feed.partition)
 
     async def _start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -832,6 +850,8 @@ class Consumer:
         if count:  # entry[6]: the run's encoded records, packed
             average = max(1, sum(entry[6].nbytes for entry in wire) // count)
             capacity = max(1, min(self.receiver_queue_size, self.receiver_queue_bytes // average))
+        if generation > feed.generation != (0, 0):  # a rewind: before its messages can be received
+            self._forget_redeliveries(partition)  # (generations move on this loop only)
         with self._cond:
             feed.resize(capacity)
             if generation < feed.generation:

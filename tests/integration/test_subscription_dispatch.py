@@ -373,6 +373,26 @@ def test_a_consumer_dropped_by_the_subscription_drops_its_stale_queue(client: rt
     consumer.close()
 
 
+def test_a_negative_ack_due_after_a_restart_does_not_deliver_the_message_twice(client: rt.Client) -> None:
+    # A message nacked before its subscription restarts comes again with the restart; the nack,
+    # due after, must not ask for it again: that released the copy the restart brought, and the
+    # consumer held the message twice (CI: a pipeline processed one input twice in one txn).
+    topic = new_topic(client)
+    consumer = client.subscribe(topic, "sub", negative_ack_redelivery_delay_s=8.0)
+    send(client, topic, [b"a"])
+    first = consumer.receive(timeout=15)
+    consumer.negative_acknowledge(first)
+    due = time.monotonic() + 8.0
+    kill_actor(subscription_actor_name(topic, 0, "sub"), restart=True)
+    again = consumer.receive(timeout=30)  # the restart's redelivery, before the nack is due
+    assert again.value() == b"a" and consumer.rewinds_seen == 1
+    assert time.monotonic() < due, "the restart took longer than the nack's delay: nothing shown"
+    time.sleep(due + 1.0 - time.monotonic())  # past the nack's due time
+    assert nothing_more(consumer, 2.0), "the nack, due after the restart, delivered it twice"
+    consumer.acknowledge(again)
+    consumer.close()
+
+
 def test_seek_to_a_message_and_to_a_publish_time(client: rt.Client) -> None:
     topic = new_topic(client)
     consumer = client.subscribe(topic, "sub")
