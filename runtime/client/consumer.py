@@ -669,11 +669,7 @@ class Consumer:
         with self._cond:
             for feed, generation in zip(feeds, generations, strict=True):
                 self._move_to_generation_locked(feed, tuple(generation))
-        partitions = {feed.partition for feed in feeds}
-        with self._acks_lock:
-            for message_id in [m for m in self._unacked if m.partition in partitions]:
-                del self._unacked[message_id]
-            self._nacked = [(at, m) for at, m in self._nacked if m.partition not in partitions]
+        self._forget_redeliveries({feed.partition for feed in feeds})
 
     def unsubscribe(self) -> None:
         """Delete the subscription (``NotAllowed`` while other consumers are attached) and close."""
@@ -756,16 +752,17 @@ class Consumer:
             feed.generation = generation
         return rewound
 
-    def _forget_redeliveries(self, partition: int) -> None:
+    def _forget_redeliveries(self, partitions: int | set[int]) -> None:
         """After a rewind every unacked message of the partition comes again, so its pending
         negative acks and ack timeouts are spent: due later, each would ask the subscription to
         redeliver the copy the rewind brought (it names a position, not a copy), and the consumer
         would hold that message twice (a pipeline then processed it twice in one txn, in CI's
         rolling restart of hosts). Pulsar clears both trackers when its consumer epoch moves."""
+        partitions = {partitions} if isinstance(partitions, int) else partitions
         with self._acks_lock:
-            for message_id in [m for m in self._unacked if m.partition == partition]:
+            for message_id in [m for m in self._unacked if m.partition in partitions]:
                 del self._unacked[message_id]
-            self._nacked = [(at, m) for at, m in self._nacked if m.partition != partition]
+            self._nacked = [(at, m) for at, m in self._nacked if m.partition not in partitions]
 
     def _drop_queued_locked(self, feed: _Feed) -> None:
         """Drop what the partition's queue holds: the actor no longer counts it as this consumer's."""
