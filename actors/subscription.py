@@ -135,7 +135,7 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
     # --- start and recovery ----------------------------------------------------------------
 
     async def _start(self) -> None:
-        ledger = self._ledger = await ManagedLedger.open(self.storage, self.stream)
+        ledger = self._ledger = await ManagedLedger.open(self.storage, self.stream, self.config.log_config())
         readable_end = (await self._partition.call_async("read", EARLIEST, 0, 0.0))["max_read"]
         raw = ledger.properties.get(CURSOR_PROPERTY)
         persisted = None if raw is None else decode_persisted(raw, self.stream)
@@ -639,7 +639,7 @@ class Subscription(SubscriptionLeases, ActorShell, FaultTarget, TopicPermissions
                     for info in self._ledger.ledgers]
         stats["log"] = {"entries": count_entries(own_ends, self._ledger.trimmed_below, last),
                         "trimmed_below": str(self._ledger.trimmed_below), "last_position": str(last),
-                        "ledgers": len(own_ends)}
+                        "ledgers": len(own_ends), "cached_objects": self._ledger.cached_objects}
         return stats
 
     async def _count_backlog(self) -> dict[str, Any]:

@@ -123,6 +123,13 @@ class SubscriptionConfig:
     # partition's entry headers). None: only when stats(backlog=True) is asked.
     backlog_metric_interval_s: float | None = 10.0
 
+    def log_config(self) -> LedgerConfig:
+        # No read cache, as the coordinator's log (CoordinatorConfig.log_config): a ledger keeps the
+        # objects it writes and replays, decoded, for readers of its tail, until a trim; but a
+        # subscription reads its pending-ack log only when it starts. Kept, they grew its process
+        # between trims (the soak's subscriptions: up to 1.2 MiB a minute).
+        return LedgerConfig(cache_bytes=0)
+
     def __post_init__(self) -> None:
         seconds = self.stale_txn_check_s
         if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 < seconds < math.inf:

@@ -199,6 +199,11 @@ class ManagedLedger:
         return self._meta.trimmed_below
 
     @property
+    def cached_objects(self) -> int:
+        """Objects kept decoded for reads (at most ``config.cache_bytes`` of them, and the last)."""
+        return len(self._cache)
+
+    @property
     def last_position(self) -> Position:
         """The last durable entry (for a reader: as of the last refresh or read)."""
         return self._last_confirmed

@@ -655,3 +655,24 @@ def test_a_commit_the_coordinator_timed_out_returns_once_every_subscription_has_
     for sub, consumer in consumers.items():
         assert stats(topic, sub)["pending_ack"]["txns"] == []
         consumer.close()
+
+
+def test_the_pending_ack_log_keeps_none_of_its_objects_in_memory(client: rt.Client) -> None:
+    # A subscription reads its pending-ack log only when it starts, so the ledger's read cache
+    # only grew its process between trims (the 30-minute soak's subscriptions). A txn left open
+    # holds the log untrimmed, so every record is still there to be cached.
+    topic, consumer, _, got = received(client, 11)
+    held = client.new_transaction(timeout=120)
+    consumer.acknowledge(got[0], held)
+    for message in got[1:]:
+        txn = client.new_transaction()
+        consumer.acknowledge(message, txn)
+        txn.commit()
+    log = stats(topic)["log"]
+    assert log["entries"] >= 21, log  # 11 acks and 10 commit records, none trimmed
+    assert log["cached_objects"] <= 1, log  # the ledger keeps its last object at most
+    restart(topic)  # replay reads every object once, and keeps none
+    log = stats(topic)["log"]
+    assert log["entries"] >= 21 and log["cached_objects"] <= 1, log
+    held.abort()
+    consumer.close()
