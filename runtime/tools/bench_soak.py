@@ -13,9 +13,13 @@ two outputs), the backlog, and for every engine actor (the supervisor's ``restar
 the driver its process's RSS and open files (psutil on the pid its ``ready`` names).
 
 At the end, slope tests (least squares, per minute, from the second sample of each process on;
-chaos kills restart processes, so each process is a series of its own, and only those sampled at
-least ``JUDGED_SAMPLES`` times are judged: a process a fault restarted a few minutes ago is still
-warming up; a run too short to judge any says None):
+chaos kills restart processes, so each process is a series of its own, and only those that lived
+half the run are judged, sampled at least ``JUDGED_SAMPLES`` times and half the intervals: a
+process a fault restarted a few minutes ago is still warming up, and its few minutes' slope says
+more of its warm-up than of a leak; a run too short to judge any says None). So that every kind
+of engine actor has such a process, the faults spare one of each the workload runs through
+(``run_chaos``'s ``spare_last``: the last coordinator, the last partition of each topic, the
+input's last subscription); the others are killed and armed as the chaos test's are:
 
 - memory flat: every engine process's RSS grows less than ``MAX_RSS_SLOPE_MIB`` a minute. A
   leak of 2 KiB per transaction at 10 transactions a second is 1.2 MiB a minute; the allocator's
@@ -72,13 +76,13 @@ def bench_soak(short: bool = False, progress: Callable[[str], None] = print, min
         feed_s = warmup_s + minutes * 60 + interval_s / 2
         result = run_chaos(client, txns=int(feed_per_s * feed_s), seed=seed,
                            fault_interval_s=fault_interval_s, feed_per_s=feed_per_s, observe=sampler.observe,
-                           time_limit_s=warmup_s + minutes * 60 + 600)
+                           time_limit_s=warmup_s + minutes * 60 + 600, spare_last=True)
     finally:
         client.close()
         rt.shutdown()
     checker = "clean" if result.clean else result.report.summary(max_per_kind=3)
     progress(f"  checker: {checker}")
-    processes = process_rows(sampler.series)
+    processes = process_rows(sampler.series, judged_samples(len(sampler.rows)), set(result.spared))
     return [*sampler.rows, *processes, summary_row(sampler.rows, processes, minutes, result.txns, result.committed,
                                                    result.aborted, result.faults_fired, checker)]
 
@@ -173,9 +177,17 @@ def slope_per_minute(points: list[tuple[float, float]]) -> float | None:
     return sum((x - mean_x) * (y - mean_y) for x, y in points) / spread
 
 
-def process_rows(series: dict[tuple[str, int], list[tuple[float, float, int]]]) -> list[dict]:
+def judged_samples(intervals: int) -> int:
+    """How often a process must have been sampled to be judged: ``JUDGED_SAMPLES``, and half of
+    the run's ``intervals`` (it lived half the run)."""
+    return max(JUDGED_SAMPLES, math.ceil(intervals / 2))
+
+
+def process_rows(series: dict[tuple[str, int], list[tuple[float, float, int]]],
+                 judged_after: int = JUDGED_SAMPLES, spared: set[str] | frozenset[str] = frozenset()) -> list[dict]:
     """One row per process sampled ``SHOWN_SAMPLES`` times: its slopes from its second sample on,
-    and whether the verdict judges them (an engine process sampled ``JUDGED_SAMPLES`` times)."""
+    whether the faults spared its actor (``spared``), and whether the verdict judges them (an
+    engine process sampled ``judged_after`` times)."""
     rows = []
     for (name, pid), samples in sorted(series.items()):
         judged = samples[1:]
@@ -190,7 +202,8 @@ def process_rows(series: dict[tuple[str, int], list[tuple[float, float, int]]]) 
                      "fds_first": samples[0][2], "fds_last": samples[-1][2],
                      "fds_slope_per_min": None if fds is None else round(fds, 3),
                      "fds_growth": None if fds is None else round(fds * span, 2),
-                     "judged": name != "driver" and len(samples) >= JUDGED_SAMPLES})
+                     "spared": name in spared,
+                     "judged": name != "driver" and len(samples) >= judged_after})
     return rows
 
 
@@ -209,7 +222,7 @@ def summary_row(rows: list[dict], processes: list[dict], minutes: float, txns: i
             "first_interval_txns": first, "last_interval_txns": last,
             "throughput_last_over_first": None if ratio is None else round(ratio, 3),
             "throughput_flat": ratio is not None and abs(ratio - 1) <= THROUGHPUT_TOLERANCE,
-            "processes_judged": len(judged),
+            "processes_judged": len(judged), "spared_judged": sum(1 for row in judged if row["spared"]),
             "max_rss_slope_mib_per_min": max(rss, default=None),
             "memory_flat": max(rss) < MAX_RSS_SLOPE_MIB if rss else None,  # None: nothing to judge
             "max_fds_growth": max(fds, default=None),

@@ -65,6 +65,8 @@ class ChaosResult:
     skipped: list[dict[str, Any]] = field(default_factory=list)
     # Each actor killed, and the incarnation it was killed in.
     killed_incarnations: dict[str, int] = field(default_factory=dict)
+    # The actors no fault was drawn for (``spare_last``).
+    spared: list[str] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
@@ -102,11 +104,37 @@ def make_schedule(seed: int, actors: dict[str, list[str]], count: int, interval_
     return events
 
 
+def fault_targets(coordinators: int, sizes: dict[str, int], topic_in: str,
+                  spare_last: bool = False) -> tuple[dict[str, list[str]], list[str]]:
+    """The actors a schedule draws its faults from, per kind, and those it spares. With
+    ``spare_last``: the last coordinator, the last partition of every topic and the input's
+    last subscription (its ``chaos`` subscription on that partition), when a kind has another
+    left to fault; the workload still runs through them, so they carry its load unkilled for
+    the whole run (without it, every actor a fault may hit, as before)."""
+    actors = {
+        "coordinator": [coordinator_actor_name(i) for i in range(coordinators)],
+        "partition": [partition_actor_name(t, p) for t, n in sizes.items() for p in range(n)],
+        "subscription": [subscription_actor_name(topic_in, p, "chaos") for p in range(sizes[topic_in])],
+    }
+    if not spare_last:
+        return actors, []
+    spared = [coordinator_actor_name(coordinators - 1),
+              *(partition_actor_name(t, n - 1) for t, n in sizes.items()),
+              subscription_actor_name(topic_in, sizes[topic_in] - 1, "chaos")]
+    for kind, names in actors.items():
+        left = [name for name in names if name not in spared]
+        if not left:  # one of its kind: faulted still (a kind no fault can reach tests nothing)
+            spared = [name for name in spared if name not in names]
+            continue
+        actors[kind] = left
+    return actors, spared
+
+
 def run_chaos(client: Any, txns: int = 300, seed: int = 1, workers: int = 3, txn_timeout_s: float = 10.0,
               fault_interval_s: float = 1.0, abort_ratio: float = 0.1, time_limit_s: float = 600.0,
               progress: Any = None, partitions: tuple[int, int, int] = (3, 2, 2),
               dormant_ratio: float = 0.0, feed_per_s: float = 0.0,
-              observe: Callable[[dict[str, Any]], None] | None = None) -> ChaosResult:
+              observe: Callable[[dict[str, Any]], None] | None = None, spare_last: bool = False) -> ChaosResult:
     """Run the workload on ``client``'s engine and judge it; see the module docstring.
     ``partitions``: of the input topic and the two outputs. ``dormant_ratio``: see ``make_schedule``
     (an engine with a short ``passivate_idle_s`` also passivates idle actors during the run).
@@ -114,7 +142,9 @@ def run_chaos(client: Any, txns: int = 300, seed: int = 1, workers: int = 3, txn
     ``feed_per_s`` > 0: a steady load (the soak, ``raytxn bench soak``): the orders are sent at
     that rate while the workers run, not all before, and the faults are spread over the time
     that takes. ``observe`` gets the counts (``t`` seconds since the start, ``fed``,
-    ``committed``, ``aborted``, ``done``, ``fired``) about five times a second."""
+    ``committed``, ``aborted``, ``done``, ``fired``) about five times a second. ``spare_last``:
+    the faults spare some actors the workload runs through (``fault_targets``), so that a long
+    run has processes that live all of it (the soak judges memory on them)."""
     import raytxn as rt
 
     rng = random.Random(seed)
@@ -157,11 +187,7 @@ def run_chaos(client: Any, txns: int = 300, seed: int = 1, workers: int = 3, txn
                  for w in range(workers)]
     for w in range(workers):
         history.subscribe(f"w{w}", "chaos", topic_in, now(), from_earliest=True)
-    actors = {
-        "coordinator": [coordinator_actor_name(i) for i in range(client.config.coordinator.num_coordinators)],
-        "partition": [partition_actor_name(t, p) for t, n in sizes.items() for p in range(n)],
-        "subscription": [subscription_actor_name(topic_in, p, "chaos") for p in range(sizes[topic_in])],
-    }
+    actors, spared = fault_targets(client.config.coordinator.num_coordinators, sizes, topic_in, spare_last)
     expected_s = max(5.0, txns * 0.05, txns / feed_per_s if feed_per_s > 0 else 0.0)
     schedule = make_schedule(seed, actors, max(3, int(expected_s / fault_interval_s)), fault_interval_s,
                              dormant_ratio)
@@ -314,7 +340,7 @@ def run_chaos(client: Any, txns: int = 300, seed: int = 1, workers: int = 3, txn
              for uid in [f"in-{i}" for i in range(txns) if f"in-{i}" not in done][:3]]
     story = [] if report.clean else evidence(client, history, [*report.anomalies(), *stuck], notes)
     return ChaosResult(seed, txns, counts["committed"], counts["aborted"], now() - start, schedule,
-                       counts["fired"], report, errors, story, skipped, killed_incarnations)
+                       counts["fired"], report, errors, story, skipped, killed_incarnations, spared)
 
 
 def evidence(client: Any, history: History, anomalies: list[Anomaly], notes: Iterable[tuple]) -> list[str]:

@@ -75,6 +75,9 @@ def check_soak(rows: list[dict], stdout: str, tmp_path: Path, intervals: int) ->
     # minute is warm-up.
     judged = [r for r in processes if r["judged"]]
     assert verdict["processes_judged"] == len(judged) and all(r["samples"] >= 5 for r in judged)
+    # The actors the faults spare (one of each kind the workload runs through) are marked.
+    assert {r["process"].split("-")[0] for r in processes if r["spared"]} == {"tc", "partition", "sub"}, processes
+    assert verdict["spared_judged"] == sum(1 for r in judged if r["spared"])
     assert verdict["memory_flat"] in (None, True, False) and verdict["files_flat"] in (None, True, False)
     assert missing_figures(rows, stdout) == [], stdout
     assert (tmp_path / "soak.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
