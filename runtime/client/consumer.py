@@ -380,6 +380,14 @@ class Consumer:
             return self._ack_plain(message)
         return self._ack_in_txn(message, txn)
 
+    def _ack_in_txn_now(self, message: Message | MessageId, txn: Transaction) -> concurrent.futures.Future:
+        """An ack in a txn sent at once, never held with its batch entry: for a caller that awaits
+        it inside the txn (``raytxn.aio``). A held ack's future resolves when the commit sends it,
+        and the commit waits for the caller, so awaiting a held ack waited for ever (a message of
+        a batch entry acked in ``async with client.transaction()``)."""
+        with txn.operation():
+            return self._queue_ack(message, False, txn, send_now=True)
+
     def _ack_in_txn(self, message: Message | MessageId, txn: Transaction) -> concurrent.futures.Future:
         """An individual async ack in a txn, the hot path of consume-transform-produce: what
         ``with txn.operation():`` does (refused unless the txn is open; an error raised here makes

@@ -100,6 +100,34 @@ def test_produce_consume_and_a_transaction_never_block_the_loop(client: rt.Clien
     run_checked(body)
 
 
+def test_an_awaited_ack_in_a_txn_of_a_message_of_a_batch_entry_does_not_wait_for_the_commit(client: rt.Client) -> None:
+    """Acks in a txn of a batch entry's messages may be held until the entry is whole or the
+    commit; an awaited one is sent at once instead. It was held: its future waited for the
+    commit, which waited for it (CI hung on it when the first message received was in a batch)."""
+
+    async def body() -> None:
+        async with await aio.connect(storage=client.config.storage_url) as ac:
+            source, sink = topic_name(), topic_name()
+            await ac.create_topic(source)
+            await ac.create_topic(sink)
+            consumer = await ac.subscribe(source, "work", initial_position="earliest")
+            producer = await ac.create_producer(source)
+            for i in range(5):  # one batch entry of five messages
+                await producer.send_nowait(f"m{i}".encode())
+            await producer.flush()
+            first = await consumer.receive(timeout=20)
+            assert first.batch_size > 1, "the five were not batched: nothing tested"
+            out = await ac.create_producer(sink)
+            async with ac.transaction() as txn:
+                await out.send(first.value().upper(), txn=txn)
+                await asyncio.wait_for(consumer.acknowledge(first, txn=txn), 20)  # held: waited for ever
+            assert txn.state is TxnClientState.COMMITTED
+            for closing in (consumer, out, producer):
+                await closing.close()
+
+    run_checked(body)
+
+
 def test_a_cancelled_receive_takes_nothing_and_async_for_ends_at_close(client: rt.Client) -> None:
     async def body() -> None:
         ac = aio.AsyncClient(client)
