@@ -61,6 +61,7 @@ def test_an_async_actor_is_exactly_once_and_answers_requests_while_engine_actors
     check_exactly_once(visible_values(sink), INPUTS, run)
 
 
+@pytest.mark.extended  # the suite's budget (25 s): the async actor's exactly-once test stays
 @pytest.mark.slow(seconds=15)
 def test_the_same_actor_receiving_with_the_sync_api_fails_the_request_bound(client: rt.Client) -> None:
     """The check above can fail: with a sync receive on its loop, a request waits for it."""

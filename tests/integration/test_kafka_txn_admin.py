@@ -408,6 +408,7 @@ def _holds(jar: Path, member: str) -> bool:
 
 # --- ray.data.read_kafka through the gateway -------------------------------------------------
 
+@pytest.mark.extended  # the suite's budget (27 s, most of it read_kafka's timeout at the end)
 @pytest.mark.slow(seconds=35)  # read_kafka's read_committed tasks wait out their timeout at the end
 def test_ray_data_read_kafka_counts_kafka_native_and_transactional_messages_exactly(
         client: rt.Client, bootstrap: str) -> None:

@@ -134,6 +134,7 @@ def test_append_and_dispatch_per_topic(traffic: Traffic) -> None:
     assert total(samples, "ray_raytxn_dispatch_bytes_total", topic=topic) > traffic.consumed_value_bytes
 
 
+@pytest.mark.extended  # the suite's budget (23 s); the gauges' other tests stay
 def test_max_read_lag_and_pending_ack_gauges(client: rt.Client) -> None:
     """An open txn holds back readers and holds an ack: the gauges show it, and drop to 0 once it
     commits."""
@@ -165,6 +166,7 @@ def test_max_read_lag_and_pending_ack_gauges(client: rt.Client) -> None:
     consumer.close()
 
 
+@pytest.mark.extended  # the suite's budget (30 s); the gauges' other tests stay
 def test_slow_transactions_gauge_per_coordinator(client: rt.Client) -> None:
     """A transaction left open past the threshold counts on its coordinator's gauge until it
     ends. Its series is the one that rose (a dead worker of an earlier module may still export

@@ -43,6 +43,7 @@ def _run_demo(cwd: Path, ray_address: str) -> str:
     return proc.stdout
 
 
+@pytest.mark.extended  # the suite's budget (34 s): the first demo run stays in the suite
 def test_a_second_demo_run_starts_the_same_actors(tmp_path: Path, ray_session) -> None:
     address = joinable_ray_address(ray_session)
     first, second = _run_demo(tmp_path, address), _run_demo(tmp_path, address)

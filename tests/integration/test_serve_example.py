@@ -17,7 +17,8 @@ from tests.aio_workload import REQUEST_BOUND_S
 from tests.engine import joinable_ray_address
 from tests.integration.test_aio_serve import free_port
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow(seconds=50)]
+# The extended job's (the suite's budget, 30 s): the Serve exactly-once test (test_aio_serve.py) stays in the suite.
+pytestmark = [pytest.mark.ray, pytest.mark.extended, pytest.mark.slow(seconds=50)]
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "serve_exactly_once.py"
 

@@ -277,6 +277,7 @@ def test_two_pipelines_on_two_subscriptions_of_one_topic(client: rt.Client, spar
         assert total_counts(client, out, "check") == expected_counts(lines)
 
 
+@pytest.mark.extended  # the suite's budget (27 s); the lease tests of test_leases.py stay
 def test_a_stalled_pipelines_lease_expires_and_its_range_is_committed_once(client: rt.Client, spark) -> None:
     """Pipeline A stalls while transforming its first batch, past its lease's timeout; pipeline
     B on the same subscription gets the range and commits it. A's acknowledge is refused, so its
