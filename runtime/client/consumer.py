@@ -375,7 +375,11 @@ class Consumer:
     def acknowledge_async(self, message: Message | MessageId,
                           txn: Transaction | None = None) -> concurrent.futures.Future:
         """Ack one message; the future resolves once the subscription applied (or logged) it.
-        (Plain acks of one group share one future.)"""
+        (Plain acks of one group share one future.)
+
+        In a txn, an ack of a message of a batch entry is held until the txn acked the whole
+        entry (then one whole-entry ack goes) or commits, and its future resolves then: wait for
+        it after ``txn.commit()``, not before (``acknowledge(message, txn)`` sends at once)."""
         if txn is None:
             return self._ack_plain(message)
         return self._ack_in_txn(message, txn)
