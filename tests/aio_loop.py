@@ -33,6 +33,9 @@ CANARY_TICK_S = 0.005
 CANARY_LATE_S = 0.02  # a canary wake this late counts as a stall (the scheduler's jitter is below it)
 STARVED_SHARE = 0.5  # a slow step the canary was stalled for this share of is the machine's
 MAX_CANARY_STALLS = 10_000  # bounded: a body of minutes on a starved machine keeps the latest
+# A body still awaiting after this long is hung: it fails with where each task waits, which
+# pytest-timeout's thread dump (at 300 s) cannot say (the loop thread just sits in select).
+HUNG_AFTER_S = 240.0
 
 
 class _Canary:
@@ -81,8 +84,8 @@ class _SlowSteps(logging.Handler):
         self.found.append((end - took, end, f"a step took {took:.3f}s; tasks then waited at {_where_tasks_wait()}"))
 
 
-def _where_tasks_wait() -> list[str]:
-    """Each task's innermost coroutine frames (following its awaits) as file:line."""
+def _where_tasks_wait(depth: int = 4) -> list[str]:
+    """Each task's innermost ``depth`` coroutine frames (following its awaits) as file:line."""
     found = []
     for task in asyncio.all_tasks():
         frames, coroutine = [], task.get_coro()
@@ -91,7 +94,7 @@ def _where_tasks_wait() -> list[str]:
             if frame is not None:
                 frames.append(f"{frame.f_code.co_filename.rsplit('/', 2)[-1]}:{frame.f_lineno}")
             coroutine = getattr(coroutine, "cr_await", None) or getattr(coroutine, "ag_await", None)
-        found.append(" > ".join(frames[-4:]))
+        found.append(" > ".join(frames[-depth:]))
     return found
 
 
@@ -104,7 +107,13 @@ def run_checked(body: Callable[[], Awaitable[Any]]) -> Any:
 
     async def main() -> Any:
         asyncio.get_running_loop().slow_callback_duration = SLOW_CALLBACK_S
-        return await body()
+        task = asyncio.ensure_future(body())
+        done, _ = await asyncio.wait({task}, timeout=HUNG_AFTER_S)
+        if not done:
+            waits = _where_tasks_wait(depth=20)
+            task.cancel()
+            raise AssertionError(f"the body still awaited after {HUNG_AFTER_S:g}s; tasks wait at {waits}")
+        return task.result()
 
     try:
         with _Canary() as canary:

@@ -22,6 +22,7 @@ from raytxn.errors import (
     TransactionAlreadyCommitted,
     TransactionTimedOut,
 )
+from tests import aio_loop
 from tests.aio_loop import run_checked
 from tests.engine import engine_client
 
@@ -51,6 +52,18 @@ def test_the_check_fails_a_loop_blocked_by_a_sync_call(client: rt.Client) -> Non
         ac.workers.shutdown(wait=False)
 
     with pytest.raises(AssertionError, match=r"a step took ([1-9]|0\.[5-9])"):
+        run_checked(body)
+
+
+def test_the_check_fails_a_hung_body_with_where_its_tasks_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A body that awaits what never completes fails the check with its await's place, long
+    before pytest-timeout's thread dump (which shows the loop in ``select``, not the await)."""
+    monkeypatch.setattr(aio_loop, "HUNG_AFTER_S", 0.5)
+
+    async def body() -> None:
+        await asyncio.get_running_loop().create_future()  # nothing ever completes it
+
+    with pytest.raises(AssertionError, match=r"still awaited after 0.5s; tasks wait at .*test_aio.py:\d+"):
         run_checked(body)
 
 
