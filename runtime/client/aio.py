@@ -511,7 +511,7 @@ class AsyncConsumer:
             if done is None:
                 done = self._acked = _done()
             return done
-        return _settled(self.sync._ack_in_txn_now(message, _sync_txn(txn)))
+        return _settled(self.sync._ack_in_txn_now(message, txn.sync if isinstance(txn, AsyncTransaction) else txn))
 
     async def acknowledge_cumulative(self, message: Message | MessageId,
                                      txn: AsyncTransaction | Transaction | None = None) -> None:
