@@ -93,11 +93,13 @@ def _soak() -> list[dict]:
 ROWS: dict[str, Callable[[], list[dict]]] = {
     "aio": lambda: [*bench_aio.throughput_rows(5_000, {"produce-sync": [200_000.5, 210_000.25],
                                                        "produce-async": [190_000.25, 205_000.75],
+                                                       "produce-floor": [195_000.5, 207_000.25],
                                                        "consume-sync": [300_000.5, 290_000.25],
                                                        "consume-async": [280_000.75, 285_000.5],
                                                        "batch-sync": [400_000.5, 410_000.25],
                                                        "batch-async": [395_000.75, 405_000.5]},
                                                {"produce-sync": [1.25, 1.5], "produce-async": [1.5, 1.75],
+                                                "produce-floor": [1.375, 1.625],
                                                 "consume-sync": [2.0, 1.75], "consume-async": [2.25, 2.5],
                                                 "batch-sync": [1.5, 1.25], "batch-async": [1.375, 1.5]}),
                     *bench_aio.serve_rows(30, {"idle": [[1.25, 1.5, 2.0], [1.0, 1.75, 3.5]],
