@@ -14,6 +14,7 @@ import pytest
 
 import raytxn as rt
 from raytxn import aio
+from raytxn.client import aio as aio_client
 from raytxn.client.transaction import TxnClientState
 from raytxn.errors import (
     Fenced,
@@ -65,6 +66,57 @@ def test_the_check_fails_a_hung_body_with_where_its_tasks_wait(monkeypatch: pyte
 
     with pytest.raises(AssertionError, match=r"still awaited after 0.5s; tasks wait at .*test_aio.py:\d+"):
         run_checked(body)
+
+
+@pytest.mark.parametrize("turn_every_s", [0.0, 1e9], ids=["at-once", "never"])
+def test_calls_that_need_no_wait_let_the_loop_turn_by_the_clock(client: rt.Client, monkeypatch: pytest.MonkeyPatch,
+                                                                turn_every_s: float) -> None:
+    """A send with room, or a receive with a message queued, does not suspend; every
+    ``YIELD_EVERY`` such calls it reads the clock and lets the loop turn once ``TURN_EVERY_S``
+    passed, so a loop filling a producer or draining a deep queue never holds it for long. With
+    the interval at 0 another task runs once every ``YIELD_EVERY`` calls; never, not once."""
+    monkeypatch.setattr(aio_client, "TURN_EVERY_S", turn_every_s)
+    turns = 10
+    count = aio_client.YIELD_EVERY * turns
+
+    async def body() -> tuple[int, int]:
+        ac = aio.AsyncClient(client)
+        topic = topic_name()
+        await ac.create_topic(topic)
+        consumer = await ac.subscribe(topic, "s")
+        producer = await ac.create_producer(topic)
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0)
+                ticks += 1
+
+        ticking = asyncio.ensure_future(ticker())
+        await asyncio.sleep(0)
+        before = ticks
+        for _ in range(count):
+            await producer.send_nowait(b"m")
+        while_sending = ticks - before
+        await producer.flush()
+        for _ in range(600):  # bounded: until every message is queued in the consumer
+            if consumer.sync._queued >= count:
+                break
+            await asyncio.sleep(0.05)
+        assert consumer.sync._queued == count
+        before = ticks
+        for _ in range(count):
+            await consumer.receive()
+        while_receiving = ticks - before
+        ticking.cancel()
+        await producer.close()
+        await consumer.close()
+        ac.workers.shutdown(wait=False)
+        return while_sending, while_receiving
+
+    expected = turns if turn_every_s == 0 else 0
+    assert asyncio.run(body()) == (expected, expected)
 
 
 def test_produce_consume_and_a_transaction_never_block_the_loop(client: rt.Client) -> None:
