@@ -404,9 +404,8 @@ class AsyncProducer:
 
 
 def _settled(future: concurrent.futures.Future[T]) -> asyncio.Future[T]:
-    """A future of the client loop that other callers may share (acks of one entry in one txn
-    share one), to await on the caller's loop: a cancelled caller stops waiting, the work goes on
-    and its outcome stays the transaction's (``Transaction.track``)."""
+    """A future of the client loop, to await on the caller's loop: a cancelled caller stops
+    waiting, the work goes on and its outcome stays the transaction's (``Transaction.track``)."""
     return asyncio.shield(asyncio.wrap_future(future))
 
 
