@@ -27,7 +27,7 @@ import asyncio
 import concurrent.futures
 import functools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from raytxn.client.batch import MessageBatch
@@ -374,6 +374,26 @@ class AsyncProducer:
                     self._turned = now
                     await asyncio.sleep(0)
         return future
+
+    async def send_batch(self, values: Any, keys: Any = None,
+                         properties: Sequence[dict[str, str] | None] | None = None,
+                         txn: AsyncTransaction | Transaction | None = None) -> list[MessageId]:
+        """``Producer.send_batch`` awaited until every message is durable: their ids, in input
+        order (or the first error of any of their batches)."""
+        return await (await self.send_batch_nowait(values, keys, properties, txn))
+
+    async def send_batch_nowait(self, values: Any, keys: Any = None,
+                                properties: Sequence[dict[str, str] | None] | None = None,
+                                txn: AsyncTransaction | Transaction | None = None) -> asyncio.Future[list[MessageId]]:
+        """Queue many messages in one call (``Producer.send_batch``: a list of bytes or an Arrow
+        binary array, keys and properties alike) and return an awaitable of their ids, resolved
+        once all are durable. The checks, the encoding and any wait for room run on a worker
+        thread: a batch's encoding is too long a step for the loop, and a producer at its pending
+        limits would block it. Bad input raises as the sync call does and queues nothing (in a
+        txn, making it abort-only). Cancelled while it awaits, the call still queues its
+        messages, as a cancelled ``send`` does."""
+        queued = await self._client._blocking(self.sync.send_batch, values, keys, properties, _sync_txn(txn))
+        return _settled(queued)
 
     async def _room(self, size: int) -> bool:
         """Wait until one more message of ``size`` bytes fits (True), or ``send_timeout_s`` passed."""

@@ -10,6 +10,7 @@ import random
 import uuid
 from collections.abc import Iterator
 
+import pyarrow as pa
 import pytest
 
 import raytxn as rt
@@ -18,6 +19,8 @@ from raytxn.client import aio as aio_client
 from raytxn.client.transaction import TxnClientState
 from raytxn.errors import (
     Fenced,
+    InvalidArgument,
+    MessageTooLarge,
     Timeout,
     TransactionAlreadyAborted,
     TransactionAlreadyCommitted,
@@ -315,6 +318,40 @@ def test_a_full_producer_awaits_room_and_a_transactional_id_fences_its_zombie(cl
         consumer = await ac.subscribe(topic, "s", initial_position="earliest")
         values = [(await consumer.receive(timeout=20)).value() for _ in range(31)]
         assert b"zombie's" not in values and values[-1] == b"successor's"
+        for closing in (consumer, producer):
+            await closing.close()
+        ac.workers.shutdown(wait=False)
+
+    run_checked(body)
+
+
+def test_send_batch_awaits_many_messages_in_one_call_in_order_and_in_txns(client: rt.Client) -> None:
+    """``send_batch`` takes a list or an Arrow array (with keys) in one await, in input order;
+    bad input queues nothing; in a txn its messages show once committed, never once aborted."""
+    async def body() -> None:
+        ac = aio.AsyncClient(client)
+        topic = topic_name()
+        await ac.create_topic(topic)
+        producer = await ac.create_producer(topic)
+        consumer = await ac.subscribe(topic, "s")
+        ids = await producer.send_batch([b"a", b"b", b"c"], keys=["k", None, "k"])
+        assert len(ids) == 3 and ids == sorted(ids, key=lambda i: (i.ledger_id, i.entry_id, i.batch_index))
+        durable = await producer.send_batch_nowait(pa.array([b"d", b"e"], pa.binary()))
+        assert len(await durable) == 2
+        with pytest.raises(InvalidArgument):
+            await producer.send_batch([b"f", "not bytes"])
+        with pytest.raises(MessageTooLarge):
+            await producer.send_batch([b"g", b"x" * (producer.sync.max_message_bytes + 1)])
+        async with ac.transaction() as txn:
+            await producer.send_batch([b"committed-1", b"committed-2"], txn=txn)
+        aborted = await ac.new_transaction()
+        await producer.send_batch_nowait([b"aborted"], txn=aborted)
+        await aborted.abort()
+        await producer.send(b"last")
+        values = [(await consumer.receive(timeout=20)).value() for _ in range(8)]
+        assert values == [b"a", b"b", b"c", b"d", b"e", b"committed-1", b"committed-2", b"last"]
+        with pytest.raises(Timeout):
+            await consumer.receive(timeout=0.5)
         for closing in (consumer, producer):
             await closing.close()
         ac.workers.shutdown(wait=False)
