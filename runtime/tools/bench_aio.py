@@ -9,6 +9,8 @@
   calling thread's CPU per message, which a busy machine disturbs less than the wall's rates.
   Beside produce, its floor in the same rounds: ``send_async`` awaited through a bare coroutine
   (``async def`` that only calls it), the least any awaited call per message costs on CPython.
+  And produce in bulk: ``send_batch`` of 1,000 messages a call, against ``await
+  send_batch_nowait`` (its checks, encoding and room on a worker thread), then a flush each.
 * A Ray Serve replica's latency for a trivial request (a handle call of a method returning at
   once) while its consumer waits on an empty topic (``await receive(timeout=5)`` in a loop), as a
   ratio to the same replica's latency with no consumer running, in interleaved rounds. Target:
@@ -42,10 +44,12 @@ PAYLOAD = b"x" * 100
 WAIT_RECEIVE_S = 5.0  # the waiting consumer's receive timeout
 SYNC_RECEIVE_S = 0.2  # the reference's sync receive: short, so the run stays short
 QUIET = {"log_level": "WARNING", "enable_access_log": False}  # not a line per request on the driver's output
-OPERATIONS = ("produce", "consume", "batch")
-WAYS_OF = {"produce": ("sync", "async", "floor"), "consume": ("sync", "async"), "batch": ("sync", "async")}
+OPERATIONS = ("produce", "consume", "batch", "bulk")
+WAYS_OF = {"produce": ("sync", "async", "floor"), "consume": ("sync", "async"), "batch": ("sync", "async"),
+           "bulk": ("sync", "async")}
 WAYS = tuple(f"{operation}-{way}" for operation in OPERATIONS for way in WAYS_OF[operation])
 BATCH = 100  # batch_receive's max_messages
+BULK = 1_000  # messages a send_batch call
 SIZES = {True: {"rounds": 2, "messages": 5_000, "samples": 30},
          False: {"rounds": 5, "messages": 200_000, "samples": 300}}
 
@@ -103,6 +107,31 @@ async def _produce_async(client: aio.AsyncClient, topic: str, count: int) -> tup
     timed = _Timed(count)
     for _ in range(count):
         await producer.send_nowait(PAYLOAD)
+    await producer.flush()
+    figures = timed.done()
+    await producer.close()
+    return figures
+
+
+def _bulk_sync(client: rt.Client, topic: str, count: int) -> tuple[float, float]:
+    producer = client.create_producer(topic)
+    chunks = [[PAYLOAD] * min(BULK, count - start) for start in range(0, count, BULK)]
+    timed = _Timed(count)
+    for chunk in chunks:
+        producer.send_batch(chunk)
+    producer.flush()
+    figures = timed.done()
+    producer.close()
+    return figures
+
+
+async def _bulk_async(client: aio.AsyncClient, topic: str, count: int) -> tuple[float, float]:
+    """The caller's CPU per message leaves out the worker thread's: the figure to read is msgs/s."""
+    producer = await client.create_producer(topic)
+    chunks = [[PAYLOAD] * min(BULK, count - start) for start in range(0, count, BULK)]
+    timed = _Timed(count)
+    for chunk in chunks:
+        await producer.send_batch_nowait(chunk)
     await producer.flush()
     figures = timed.done()
     await producer.close()
@@ -197,7 +226,9 @@ def _throughput(client: rt.Client, count: int, rounds: int, progress: Callable[[
             "consume-sync": lambda name: _consume_sync(client, consumed, name, count),
             "consume-async": lambda name: asyncio.run(_consume_async(async_client, consumed, name, count)),
             "batch-sync": lambda name: _batches_sync(client, consumed, name, count),
-            "batch-async": lambda name: asyncio.run(_batches_async(async_client, consumed, name, count))}
+            "batch-async": lambda name: asyncio.run(_batches_async(async_client, consumed, name, count)),
+            "bulk-sync": lambda _: _bulk_sync(client, produced, count),
+            "bulk-async": lambda _: asyncio.run(_bulk_async(async_client, produced, count))}
     for round_ in range(rounds):
         for operation in OPERATIONS:
             ways = WAYS_OF[operation]
@@ -228,7 +259,9 @@ def throughput_rows(count: int, rates: dict[str, list[float]], cpu: dict[str, li
              "consume-sync": "consume: receive + acknowledge per message",
              "consume-async": "consume: await receive + await acknowledge per message",
              "batch-sync": f"batch: batch_receive({BATCH}) + acknowledge each",
-             "batch-async": f"batch: await batch_receive({BATCH}) + acknowledge each"}
+             "batch-async": f"batch: await batch_receive({BATCH}) + acknowledge each",
+             "bulk-sync": f"bulk: send_batch of {BULK} per call, then flush",
+             "bulk-async": f"bulk: await send_batch_nowait of {BULK} per call, then await flush"}
     rows: list[dict] = [{"bench": "aio", "case": case, "messages": count, "rounds": len(rates[way]),
                          "msgs_per_s": round(max(rates[way]), 1), "all_rounds": [round(r, 1) for r in rates[way]],
                          "caller_us_per_msg": round(min(cpu[way]), 3)}

@@ -232,9 +232,9 @@ def test_bench_aio_short_takes_each_async_figure_beside_the_sync_one_in_the_same
     while a sync receive holds its loop."""
     rows, stdout = run_bench("aio", tmp_path, timeout_s=400)
     throughputs = [row for row in rows if "msgs_per_s" in row]
-    operations = ["produce", "consume", "batch"]
+    operations = ["produce", "consume", "batch", "bulk"]
     assert [row["case"].split(":")[0] for row in throughputs] == [
-        "produce", "produce", "produce floor", "consume", "consume", "batch", "batch"]
+        "produce", "produce", "produce floor", "consume", "consume", "batch", "batch", "bulk", "bulk"]
     floor = throughputs.pop(2)  # produce's floor: send_async awaited through a bare coroutine
     for row in throughputs:
         assert row["rounds"] == 2 and len(row["all_rounds"]) == 2 and min(row["all_rounds"]) > 0
@@ -244,10 +244,10 @@ def test_bench_aio_short_takes_each_async_figure_beside_the_sync_one_in_the_same
     assert [row["case"] for row in ratios] == [*(f"{o}: async/sync throughput ratio" for o in operations),
                                                "produce floor: floor/sync throughput ratio",
                                                "produce: async/floor throughput ratio"]
-    floor_ratios = ratios[3:]
+    floor_ratios = ratios[4:]
     for ratio, under, over in zip(floor_ratios, [throughputs[0], floor], [floor, throughputs[1]], strict=True):
         assert ratio["ratio"] == pytest.approx(over["msgs_per_s"] / under["msgs_per_s"], abs=0.001)
-    for ratio, sync, async_ in zip(ratios[:3], throughputs[::2], throughputs[1::2], strict=True):
+    for ratio, sync, async_ in zip(ratios[:4], throughputs[::2], throughputs[1::2], strict=True):
         assert ratio["ratio"] == pytest.approx(async_["msgs_per_s"] / sync["msgs_per_s"], abs=0.001)
         assert ratio["caller_cpu_ratio"] == pytest.approx(
             async_["caller_us_per_msg"] / sync["caller_us_per_msg"], abs=0.01)
