@@ -91,50 +91,24 @@ class _Timed:
         return self.count / wall, cpu / self.count * 1e6
 
 
-def _produce_sync(client: rt.Client, topic: str, count: int) -> tuple[float, float]:
+def _bulk_chunks(count: int) -> list[list[bytes]]:
+    return [[PAYLOAD] * min(BULK, count - start) for start in range(0, count, BULK)]
+
+
+def _produce_sync(client: rt.Client, topic: str, count: int, bulk: bool = False) -> tuple[float, float]:
+    """``send_async`` per message, or (``bulk``) ``send_batch`` of ``BULK`` a call; then a flush."""
     producer = client.create_producer(topic)
+    chunks = _bulk_chunks(count) if bulk else []
     timed = _Timed(count)
-    for _ in range(count):
-        producer.send_async(PAYLOAD)
+    if bulk:
+        for chunk in chunks:
+            producer.send_batch(chunk)
+    else:
+        for _ in range(count):
+            producer.send_async(PAYLOAD)
     producer.flush()
     figures = timed.done()
     producer.close()
-    return figures
-
-
-async def _produce_async(client: aio.AsyncClient, topic: str, count: int) -> tuple[float, float]:
-    producer = await client.create_producer(topic)
-    timed = _Timed(count)
-    for _ in range(count):
-        await producer.send_nowait(PAYLOAD)
-    await producer.flush()
-    figures = timed.done()
-    await producer.close()
-    return figures
-
-
-def _bulk_sync(client: rt.Client, topic: str, count: int) -> tuple[float, float]:
-    producer = client.create_producer(topic)
-    chunks = [[PAYLOAD] * min(BULK, count - start) for start in range(0, count, BULK)]
-    timed = _Timed(count)
-    for chunk in chunks:
-        producer.send_batch(chunk)
-    producer.flush()
-    figures = timed.done()
-    producer.close()
-    return figures
-
-
-async def _bulk_async(client: aio.AsyncClient, topic: str, count: int) -> tuple[float, float]:
-    """The caller's CPU per message leaves out the worker thread's: the figure to read is msgs/s."""
-    producer = await client.create_producer(topic)
-    chunks = [[PAYLOAD] * min(BULK, count - start) for start in range(0, count, BULK)]
-    timed = _Timed(count)
-    for chunk in chunks:
-        await producer.send_batch_nowait(chunk)
-    await producer.flush()
-    figures = timed.done()
-    await producer.close()
     return figures
 
 
@@ -143,14 +117,24 @@ async def _bare(send: Callable[[bytes], Any], value: bytes) -> Any:
     return send(value)
 
 
-async def _produce_floor(client: aio.AsyncClient, topic: str, count: int) -> tuple[float, float]:
-    """The floor of ``_produce_async``: ``send_async`` per message, each awaited through ``_bare``
-    (blocking the loop for room, as the sync call does: a floor, not a way to use the API)."""
+async def _produce_async(client: aio.AsyncClient, topic: str, count: int, way: str = "async") -> tuple[float, float]:
+    """``way``: "async", ``await send_nowait`` per message; "floor", ``send_async`` per message
+    awaited through ``_bare`` (blocking the loop for room, as the sync call does: a floor, not a
+    way to use the API); "bulk", ``await send_batch_nowait`` of ``BULK`` a call (its work runs on a
+    worker thread, which the caller's CPU leaves out: the figure to read is msgs/s). Then a flush."""
     producer = await client.create_producer(topic)
+    chunks = _bulk_chunks(count) if way == "bulk" else []
     send = producer.sync.send_async
     timed = _Timed(count)
-    for _ in range(count):
-        await _bare(send, PAYLOAD)
+    if way == "async":
+        for _ in range(count):
+            await producer.send_nowait(PAYLOAD)
+    elif way == "floor":
+        for _ in range(count):
+            await _bare(send, PAYLOAD)
+    else:
+        for chunk in chunks:
+            await producer.send_batch_nowait(chunk)
     await producer.flush()
     figures = timed.done()
     await producer.close()
@@ -222,13 +206,13 @@ def _throughput(client: rt.Client, count: int, rounds: int, progress: Callable[[
     cpu: dict[str, list[float]] = {way: [] for way in WAYS}
     runs = {"produce-sync": lambda _: _produce_sync(client, produced, count),
             "produce-async": lambda _: asyncio.run(_produce_async(async_client, produced, count)),
-            "produce-floor": lambda _: asyncio.run(_produce_floor(async_client, produced, count)),
+            "produce-floor": lambda _: asyncio.run(_produce_async(async_client, produced, count, "floor")),
             "consume-sync": lambda name: _consume_sync(client, consumed, name, count),
             "consume-async": lambda name: asyncio.run(_consume_async(async_client, consumed, name, count)),
             "batch-sync": lambda name: _batches_sync(client, consumed, name, count),
             "batch-async": lambda name: asyncio.run(_batches_async(async_client, consumed, name, count)),
-            "bulk-sync": lambda _: _bulk_sync(client, produced, count),
-            "bulk-async": lambda _: asyncio.run(_bulk_async(async_client, produced, count))}
+            "bulk-sync": lambda _: _produce_sync(client, produced, count, bulk=True),
+            "bulk-async": lambda _: asyncio.run(_produce_async(async_client, produced, count, "bulk"))}
     for round_ in range(rounds):
         for operation in OPERATIONS:
             ways = WAYS_OF[operation]
