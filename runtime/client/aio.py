@@ -28,7 +28,7 @@ import concurrent.futures
 import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from raytxn.client.batch import MessageBatch
 from raytxn.client.client import Client
@@ -324,6 +324,10 @@ class _TransactionScope:
             await self._txn.abort()
 
 
+@overload
+def _sync_txn(txn: AsyncTransaction | Transaction) -> Transaction: ...
+@overload
+def _sync_txn(txn: None) -> None: ...
 def _sync_txn(txn: AsyncTransaction | Transaction | None) -> Transaction | None:
     return txn.sync if isinstance(txn, AsyncTransaction) else txn
 
@@ -545,7 +549,7 @@ class AsyncConsumer:
             if done is None:
                 done = self._acked = _done()
             return done
-        return _settled(self.sync._ack_in_txn_now(message, txn.sync if isinstance(txn, AsyncTransaction) else txn))
+        return _settled(self.sync._ack_in_txn_now(message, _sync_txn(txn)))
 
     async def acknowledge_cumulative(self, message: Message | MessageId,
                                      txn: AsyncTransaction | Transaction | None = None) -> None:
