@@ -696,6 +696,8 @@ class Supervisor(SupervisorRestarts, ActorShell, FaultTarget):
         probes = []
         alive: dict[str, str] = {}  # name -> kind of the live partitions and subscriptions known ALIVE
         for name, kind in names:
+            if name in self._passivations and self._health[name]["state"] == "DORMANT":
+                continue  # passivated, being killed: a probe would find it refusing calls, not restarting
             if name in hosted:
                 self._hosted_row(name, kind, hosted[name])
             elif name in live and kind != "coordinator" and self._health.get(name, {}).get("state") == "ALIVE":
@@ -830,10 +832,12 @@ class Supervisor(SupervisorRestarts, ActorShell, FaultTarget):
             return False
         if not answer["passivated"]:
             return False
-        await self._stop_actors([spec.name])
+        # Counted once it agreed: it has stopped serving for good, so it is dormant from here, and
+        # a health call made once Ray released its name (below) already shows the passivation.
         row = self._row(spec.name, spec.kind)
         row.update(state="DORMANT", passivations=row["passivations"] + 1, idle_s=None, passivation_blockers=None)
         passivated(spec.kind)
+        await self._stop_actors([spec.name])
         return True
 
     def _passivation_done(self, name: str, task: asyncio.Task) -> None:
