@@ -44,9 +44,10 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check actors runtime connectors examples tests
 
 # The docs site into build/site: --strict fails on any warning (a broken link, a missing API
-# object). mkdocs-material's banner about its successor is not a warning of this site's.
+# object, one object documented on two pages). Not --quiet: it drops the plugins' warnings before
+# --strict counts them. mkdocs-material's banner about its successor is not a warning of this site's.
 docs: $(STAMP)
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # The public API's types (the modules and settings are in pyproject.toml's [tool.mypy]).
 typecheck: $(STAMP)
